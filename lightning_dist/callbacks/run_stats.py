@@ -1,0 +1,58 @@
+"""RunStats: step timing, tokens/s and peak memory per rank, the numbers behind summary.json."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this rank: CUDA allocator peak on GPUs, process peak RSS on CPUs."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+class RunStats(Callback):
+    """Times each optimizer step on every rank and logs tokens/s and tokens seen."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.step_end_times: list[float] = []
+        self.peak_memory_per_rank: list[int] = []
+        self._last_step = 0
+        self._start = 0.0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start = time.perf_counter()
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._last_step:
+            return  # still accumulating gradients
+        self._last_step = trainer.global_step
+        now = time.perf_counter()
+        previous = self.step_end_times[-1] if self.step_end_times else self._start
+        self.step_end_times.append(now)
+        pl_module.log("train/tokens_per_sec", self.tokens_per_step / max(now - previous, 1e-9),
+                      prog_bar=True, rank_zero_only=True)  # fmt: skip
+        pl_module.log("train/tokens_seen", float(self.tokens_per_step * trainer.global_step),
+                      rank_zero_only=True)  # fmt: skip
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        mine = torch.tensor([peak_memory_bytes(pl_module.device)], device=pl_module.device)
+        gathered = trainer.strategy.all_gather(mine)
+        self.peak_memory_per_rank = [int(v) for v in gathered.flatten().tolist()]
+
+    def tokens_per_sec(self) -> float | None:
+        """Steady-state throughput: every step after the first (which pays for warm-up)."""
+        times = self.step_end_times
+        if len(times) < 2:
+            return None
+        return self.tokens_per_step * (len(times) - 1) / (times[-1] - times[0])

@@ -1,0 +1,187 @@
+"""Typed Hydra schemas, registered in the ConfigStore, and helpers to read a composed config.
+
+Every YAML file in `conf/` extends one of these schemas through its defaults list, so a
+misspelt key fails when the config is composed, before anything runs. This module stays light
+(no Lightning import) because the planner CLI composes configs too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.models.args import ModelArgs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _with_target(cls: type, target: str) -> type:
+    """A schema dataclass: `_target_` followed by the fields of dataclass `cls`."""
+    fields = [("_target_", str, field(default=target))]
+    for f in dataclasses.fields(cls):
+        default = (
+            field(default_factory=f.default_factory)
+            if f.default_factory is not dataclasses.MISSING
+            else field(default=f.default)
+        )
+        fields.append((f.name, f.type, default))
+    return dataclasses.make_dataclass(f"{cls.__name__}Schema", fields, kw_only=True)
+
+
+LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs")
+
+
+@dataclass(kw_only=True)
+class HFModelSchema:
+    _target_: str = "lightning_dist.models.hf.HFModelSpec"
+    config: Any = None
+    pretrained_path: str | None = None
+    attn_implementation: str = "sdpa"
+
+
+@dataclass(kw_only=True)
+class TextDataSchema:
+    _target_: str = "lightning_dist.lm.data.TextDataModule"
+    paths: list[str] | None = None
+    """Files, directories or globs; null means the .py sources of Python's standard library."""
+    tokenizer: str | None = None
+    """Path to a Hugging Face tokenizer.json; null means byte-level (257 tokens)."""
+    seq_len: int = 256
+    global_batch_size: int = 16
+    """Sequences per optimizer step, the same whatever the layout."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per forward; null means global_batch_size / data-parallel size."""
+    val_fraction: float = 0.02
+    val_batches: int = 4
+    cache_dir: str | None = None
+    num_workers: int = 0
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass(kw_only=True)
+class SyntheticDataSchema:
+    _target_: str = "lightning_dist.lm.data.SyntheticDataModule"
+    seq_len: int = 128
+    global_batch_size: int = 8
+    micro_batch_size: int | None = None
+    num_samples: int = 4096
+    val_samples: int = 64
+    val_batches: int = 4
+    num_workers: int = 0
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass(kw_only=True)
+class SingleSchema:
+    name: str = "single"
+    _target_: str = "lightning_dist.strategies.single_device_strategy"
+
+
+@dataclass(kw_only=True)
+class DDPSchema:
+    name: str = "ddp"
+    _target_: str = "lightning.pytorch.strategies.DDPStrategy"
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+
+
+@dataclass(kw_only=True)
+class TrainerSchema:
+    max_steps: int = 300
+    precision: str | None = None
+    """Lightning precision; null takes the hardware's default."""
+    gradient_clip_val: float | None = 1.0
+    val_check_interval: int | None = 100
+    """Validate every this many optimizer steps; null validates only at the end."""
+    log_every_n_steps: int = 10
+    num_sanity_val_steps: int = 0
+    enable_checkpointing: bool = False
+    deterministic: bool = False
+    benchmark: bool = False
+
+
+@dataclass(kw_only=True)
+class OptimSchema:
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    """The cosine schedule decays to lr x min_lr_ratio at trainer.max_steps."""
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+
+@dataclass(kw_only=True)
+class PathsSchema:
+    output_dir: str = "${hydra:runtime.output_dir}"
+    """The run directory; summary.json, logs and checkpoints go here."""
+
+
+@dataclass(kw_only=True)
+class TrainSchema:
+    model: Any = None
+    data: Any = None
+    strategy: Any = None
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    optim: OptimSchema = field(default_factory=OptimSchema)
+    logger: Any = None
+    callbacks: Any = None
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    experiment: Any = None
+    debug: Any = None
+    seed: int = 1234
+    run_name: str | None = None
+    """Name of the run in the logger; null lets the logger choose."""
+    project: str = "lightning_dist"
+    """W&B project (and CSV/TensorBoard sub-folder)."""
+
+
+def register_schemas() -> None:
+    """Register every schema; idempotent, so tests and CLIs may call it freely."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainSchema)
+    cs.store(group="model", name="schema_llama", node=LlamaSchema)
+    cs.store(group="model", name="schema_hf", node=HFModelSchema)
+    cs.store(group="data", name="schema_text", node=TextDataSchema)
+    cs.store(group="data", name="schema_synthetic", node=SyntheticDataSchema)
+    cs.store(group="strategy", name="schema_single", node=SingleSchema)
+    cs.store(group="strategy", name="schema_ddp", node=DDPSchema)
+
+
+register_schemas()
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """Compose `conf/<config_name>.yaml` with Hydra overrides, outside of `@hydra.main`.
+
+    `paths.output_dir` must be overridden (or resolved by the caller) since no Hydra run
+    directory exists here.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def model_spec(cfg: DictConfig):
+    """The model description: `ModelArgs`, or `HFModelSpec` for Hugging Face models."""
+    from hydra.utils import instantiate
+
+    return instantiate(cfg.model, _convert_="all")
+
+
+def hardware_spec(cfg: DictConfig) -> HardwareSpec:
+    return HardwareSpec(**OmegaConf.to_container(cfg.hardware, resolve=True))
+
+
+def choice_names(group: str) -> list[str]:
+    """The selectable config names of a group (the YAML files in conf/<group>/)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))

@@ -1,0 +1,80 @@
+"""HardwareSpec: the one description of the machines a run uses.
+
+The planner, the MFU callback and the pre-flight device check all read this. The figures in
+`conf/hardware/*.yaml` are public datasheet numbers: dense (not sparse) peak FLOP/s, and
+bandwidth per device in one direction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACCELERATORS = ("cpu", "gpu")
+
+
+@dataclass(kw_only=True)
+class HardwareSpec:
+    """One kind of node, and how many of them a run uses."""
+
+    name: str = "cpu"
+    """Config name, as written to summary.json."""
+    accelerator: str = "cpu"
+    """'cpu' (gloo, one process per rank) or 'gpu' (CUDA devices)."""
+    devices: int = 2
+    """Processes (CPU) or GPUs per node; -1 means every GPU on this machine."""
+    num_nodes: int = 1
+    """Nodes in the run; more than one needs torchrun or SLURM to start the other nodes."""
+    memory_gib: float | None = None
+    """Memory per device in GiB; None when unknown (CPU ranks share host memory)."""
+    peak_tflops_bf16: float | None = None
+    """Dense bf16 peak per device in TFLOP/s; None when unknown (MFU is then null)."""
+    peak_tflops_fp32: float | None = None
+    """Dense fp32 peak per device in TFLOP/s (no TF32); None when unknown."""
+    intra_node_gbytes_per_sec: float | None = None
+    """Device-to-device bandwidth inside a node, GB/s per device and direction (NVLink, PCIe)."""
+    inter_node_gbytes_per_sec: float | None = None
+    """Network bandwidth between nodes, GB/s per device and direction (InfiniBand, Ethernet)."""
+    precision: str = "32-true"
+    """Default Lightning precision on this hardware."""
+    backend: str = "gloo"
+    """torch.distributed backend: 'gloo' on CPUs, 'nccl' on NVIDIA GPUs."""
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(
+                f"hardware.accelerator={self.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+            )
+        if self.devices == 0 or self.devices < -1:
+            raise ValueError(f"hardware.devices={self.devices} must be positive (or -1 for all GPUs)")
+        if self.num_nodes < 1:
+            raise ValueError(f"hardware.num_nodes={self.num_nodes} must be at least 1")
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks, once `devices` is known (-1 resolves against this machine)."""
+        return self.resolved_devices() * self.num_nodes
+
+    def resolved_devices(self) -> int:
+        if self.devices != -1:
+            return self.devices
+        import torch
+
+        return max(torch.cuda.device_count(), 1)
+
+    def peak_flops(self, precision: str) -> float | None:
+        """Peak FLOP/s per device for a Lightning precision string, or None if unknown."""
+        tflops = self.peak_tflops_fp32 if precision.startswith("32") else self.peak_tflops_bf16
+        return None if tflops is None else tflops * 1e12
+
+    def check_machine(self) -> None:
+        """Raise ValueError with one clear line if this machine cannot run this spec."""
+        if self.accelerator == "gpu":
+            import torch
+
+            have = torch.cuda.device_count()
+            need = self.devices if self.devices != -1 else 1
+            if have < need:
+                raise ValueError(
+                    f"hardware={self.name} needs {need} CUDA device{'s' if need > 1 else ''} per "
+                    f"node; this machine has {have}. Run here with hardware=cpu."
+                )

@@ -1,0 +1,246 @@
+"""Datasets and Lightning datamodules for causal language modelling.
+
+Every sample is a window of `seq_len + 1` token ids; the model uses `w[:-1]` as inputs and
+`w[1:]` as targets. Training batches come from `GlobalBatchSampler`, so the set of samples of
+each optimizer step does not depend on the parallel layout. The Trainer must be built with
+`use_distributed_sampler=False` so Lightning keeps these samplers as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
+from lightning_dist.lm.sampling import GlobalBatchSampler, batch_plan
+from lightning_dist.lm.token_cache import (
+    TokenCache,
+    build_token_cache,
+    cache_key,
+    open_token_cache,
+    resolve_files,
+    split_files,
+)
+from lightning_dist.lm.tokenizer import describe, load_tokenizer
+
+__all__ = [
+    "GlobalBatchSampler",
+    "LMDataModule",
+    "SyntheticDataModule",
+    "SyntheticTokens",
+    "TextDataModule",
+    "TokenWindows",
+    "batch_plan",
+    "resolve_files",
+]
+
+log = logging.getLogger(__name__)
+
+
+class LMDataModule(pl.LightningDataModule):
+    """Shared batching for the language-model datamodules.
+
+    Subclasses fill `train_set` and `val_set` in `setup()`. Training uses `GlobalBatchSampler`;
+    validation gives each data-parallel rank an equal, disjoint, contiguous shard of the first
+    `val_batches * global_batch_size` validation windows, so the mean of the ranks' mean losses
+    is the global mean.
+    """
+
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        global_batch_size: int,
+        micro_batch_size: int | None,
+        val_batches: int,
+        seed: int,
+        num_workers: int,
+    ):
+        super().__init__()
+        if seq_len < 1:
+            raise ValueError(f"data.seq_len={seq_len} must be at least 1")
+        if val_batches < 1:
+            raise ValueError(f"data.val_batches={val_batches} must be at least 1")
+        # Catches a global batch that no layout could split, before any process group exists.
+        batch_plan(global_batch_size, 1, micro_batch_size)
+        self.seq_len = seq_len
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.val_batches = val_batches
+        self.seed = seed
+        self.num_workers = num_workers
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.tokenizer_vocab_size: int = 0
+
+    def dp_rank_and_size(self) -> tuple[int, int]:
+        """(rank, size) of this process in the data-parallel group; (0, 1) outside a Trainer."""
+        trainer = getattr(self, "trainer", None)
+        strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+        kwargs = getattr(strategy, "distributed_sampler_kwargs", None) if strategy else None
+        if not kwargs:
+            return 0, 1
+        return int(kwargs.get("rank", 0)), int(kwargs.get("num_replicas", 1))
+
+    def plan(self, dp_size: int | None = None) -> tuple[int, int]:
+        """(micro_batch_size, grad_accumulation) for `dp_size` ranks (default: the Trainer's)."""
+        if dp_size is None:
+            dp_size = self.dp_rank_and_size()[1]
+        return batch_plan(self.global_batch_size, dp_size, self.micro_batch_size)
+
+    def train_dataloader(self) -> DataLoader:
+        """This rank's micro-batches, in optimizer-step order: LongTensor [m, seq_len + 1]."""
+        self._ensure_setup()
+        train_set = self.train_set
+        rank, size = self.dp_rank_and_size()
+        micro, _ = self.plan(size)
+        sampler = GlobalBatchSampler(
+            len(train_set), self.global_batch_size, micro, rank, size, seed=self.seed
+        )
+        return self._loader(train_set, sampler=sampler, batch_size=micro)
+
+    def val_dataloader(self) -> DataLoader:
+        """This rank's shard of the validation windows, in micro-batches of the training size."""
+        self._ensure_setup()
+        val_set = self.val_set
+        rank, size = self.dp_rank_and_size()
+        micro, _ = self.plan(size)
+        wanted = self.val_batches * self.global_batch_size
+        per_rank = min(wanted, len(val_set)) // (size * micro) * micro
+        if per_rank == 0:
+            raise ValueError(
+                f"the validation split has {len(val_set)} windows, fewer than one micro-batch "
+                f"for each of {size} data-parallel ranks ({size} x {micro})"
+            )
+        if per_rank * size < wanted:
+            log.warning(
+                "Validation uses %d windows, fewer than data.val_batches=%d x "
+                "data.global_batch_size=%d: the split is short",
+                per_rank * size,
+                self.val_batches,
+                self.global_batch_size,
+            )
+        shard = Subset(val_set, range(rank * per_rank, (rank + 1) * per_rank))
+        return self._loader(shard, sampler=None, batch_size=micro)
+
+    def _loader(self, dataset: Dataset, *, sampler, batch_size: int) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            shuffle=False,
+            drop_last=True,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _ensure_setup(self) -> None:
+        # Lets the loaders work outside a Trainer (tests, notebooks) without a manual setup().
+        if self.train_set is None or self.val_set is None:
+            self.setup("fit")
+
+
+class TextDataModule(LMDataModule):
+    """Windows of real text: files tokenized once into a memory-mapped cache.
+
+    `paths` are files, directories or globs (see `resolve_files`; None means the standard
+    library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
+    `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
+    Files are resolved here, so a bad glob fails before training; the cache is built in
+    `prepare_data()` (once per node) and opened in `setup()` (on every rank).
+    """
+
+    def __init__(
+        self,
+        *,
+        paths: Sequence[str] | str | None = None,
+        tokenizer: str | None = None,
+        seq_len: int = 256,
+        global_batch_size: int = 16,
+        micro_batch_size: int | None = None,
+        val_fraction: float = 0.02,
+        val_batches: int = 4,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+        vocab_size: int | None = None,
+    ):
+        super().__init__(
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            val_batches=val_batches,
+            seed=seed,
+            num_workers=num_workers,
+        )
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.tokenizer_vocab_size = self.tokenizer.vocab_size
+        if vocab_size is not None and self.tokenizer_vocab_size > vocab_size:
+            raise ValueError(
+                f"tokenizer vocabulary {self.tokenizer_vocab_size} ({describe(self.tokenizer)}) "
+                f"is larger than model vocab_size={vocab_size}; use a model with vocab_size >= "
+                f"{self.tokenizer_vocab_size} or a smaller tokenizer"
+            )
+        split_files([], val_fraction)  # validates the fraction now rather than at prepare time
+        self.val_fraction = val_fraction
+        self.files: list[Path] = resolve_files(paths)
+        self.cache_dir = cache_dir
+        self.cache: TokenCache | None = None
+
+    def prepare_data(self) -> None:
+        """Tokenize the corpus into the cache unless an identical cache exists."""
+        self.cache = build_token_cache(
+            self.files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the cached token files as memory maps (building them if prepare_data did not)."""
+        if self.train_set is not None:
+            return
+        if self.cache is None:
+            key = cache_key(self.files, self.tokenizer, self.val_fraction)
+            self.cache = open_token_cache(key, self.cache_dir)
+        if self.cache is None:
+            # Used without a Trainer, or the cache folder is not shared with local rank 0.
+            self.prepare_data()
+        self.train_set = TokenWindows(self.cache.tokens("train"), self.seq_len, split="train")
+        self.val_set = TokenWindows(self.cache.tokens("val"), self.seq_len, split="val")
+
+
+class SyntheticDataModule(LMDataModule):
+    """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        seq_len: int = 128,
+        global_batch_size: int = 8,
+        micro_batch_size: int | None = None,
+        num_samples: int = 4096,
+        val_samples: int = 64,
+        val_batches: int = 4,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__(
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            val_batches=val_batches,
+            seed=seed,
+            num_workers=num_workers,
+        )
+        self.tokenizer_vocab_size = vocab_size
+        self.num_samples = num_samples
+        self.val_samples = val_samples
+        # Build the datasets now: they are cheap and their arguments get checked before training.
+        self.train_set = SyntheticTokens(num_samples, seq_len, vocab_size, seed)
+        self.val_set = SyntheticTokens(val_samples, seq_len, vocab_size, seed, offset=num_samples)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Nothing to do: the datasets are built in __init__."""

@@ -1,0 +1,88 @@
+"""Map-style datasets of token windows: real text from a token array, or synthetic ids.
+
+Every sample is a LongTensor of `seq_len + 1` ids; the model uses `w[:-1]` as inputs and `w[1:]`
+as targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class TokenWindows(Dataset):
+    """Consecutive windows of `seq_len + 1` tokens over a 1-D token array.
+
+    Window i is `tokens[i*seq_len : i*seq_len + seq_len + 1]`, so neighbours share one token and
+    every token except the first is a target exactly once.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, *, split: str = "train"):
+        if seq_len < 1:
+            raise ValueError(f"data.seq_len={seq_len} must be at least 1")
+        n = len(tokens)
+        if n < seq_len + 1:
+            raise ValueError(
+                f"the {split} split has {n} tokens, too few for one window of "
+                f"data.seq_len={seq_len} (needs {seq_len + 1}); add text, lower data.seq_len"
+                + (" or raise data.val_fraction" if split == "val" else "")
+            )
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.split = split
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not 0 <= i < len(self):
+            raise IndexError(f"window {i} is out of range for {len(self)} windows")
+        start = i * self.seq_len
+        return torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
+
+    def __getstate__(self) -> dict:
+        # DataLoader workers pickle the dataset; pickling a memmap would copy the whole corpus,
+        # so workers reopen the file instead.
+        state = dict(self.__dict__)
+        if isinstance(self.tokens, np.memmap) and self.tokens.filename:
+            state["tokens"] = (self.tokens.filename, self.tokens.dtype.str, self.tokens.offset)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        tokens = state["tokens"]
+        if isinstance(tokens, tuple):
+            filename, dtype, offset = tokens
+            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset)
+        self.__dict__.update(state)
+
+
+class SyntheticTokens(Dataset):
+    """`num_samples` windows of uniform random ids, each a pure function of (seed, index)."""
+
+    def __init__(
+        self, num_samples: int, seq_len: int, vocab_size: int, seed: int = 0, offset: int = 0
+    ):
+        if num_samples < 1 or seq_len < 1 or vocab_size < 1:
+            raise ValueError(
+                f"synthetic data needs num_samples={num_samples}, seq_len={seq_len} and "
+                f"vocab_size={vocab_size} all at least 1"
+            )
+        self.num_samples = num_samples
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.offset = offset
+        """Index of the first window in the seed's stream; validation starts after training."""
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {i} is out of range for {self.num_samples} samples")
+        # numpy's SeedSequence mixes the whole (seed, index) pair; torch's CPU generator keeps
+        # only 32 bits of its seed, so packing both into one torch seed would collide.
+        entropy = [self.seed & (2**64 - 1), self.offset + i]
+        ids = np.random.default_rng(entropy).integers(0, self.vocab_size, self.seq_len + 1)
+        return torch.from_numpy(ids.astype(np.int64))

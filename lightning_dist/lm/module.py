@@ -1,0 +1,154 @@
+"""CausalLM: the next-token LightningModule every strategy trains.
+
+The model is built on the meta device in `configure_model()` (the Lightning convention) and then
+either handed to the strategy's `parallelize_model(model)` hook, which applies tensor, data and
+pipeline parallelism and materialises each rank's shard, or materialised whole on this device.
+That is the only place a strategy touches the module, so new strategies need no change here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.text import Perplexity
+
+
+def materialize(model: torch.nn.Module, device: torch.device, seed: int) -> torch.nn.Module:
+    """Allocate a meta-device model on `device` and initialise it from `seed`.
+
+    The seed is applied in a forked RNG so that every layout initialises the same weights,
+    whatever else consumed random numbers before.
+    """
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        model.to_empty(device=device)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            model.init_weights()
+    return model.to(device)
+
+
+class CausalLM(L.LightningModule):
+    """Next-token prediction over batches of `seq_len + 1` token windows."""
+
+    def __init__(
+        self,
+        model_spec: Any,
+        *,
+        lr: float = 3e-3,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 20,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        init_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.model_spec = model_spec
+        self.optim = dict(
+            lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps,
+            weight_decay=weight_decay, betas=tuple(betas), eps=eps,
+        )  # fmt: skip
+        self.init_seed = init_seed
+        self.model: torch.nn.Module | None = None
+        self.val_perplexity = Perplexity()
+        self.step_losses: list[float] = []
+        """Global train loss of each optimizer step (mean over ranks and micro-batches)."""
+        self.val_losses: list[float] = []
+        self._loss_sum = torch.zeros(())
+        self._micro_steps = 0
+
+    # --- model --------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        pretrained = getattr(self.model_spec, "pretrained_path", None)
+        if pretrained:  # real weights must be read, not left on meta
+            model = self.model_spec.build()
+        else:
+            with torch.device("meta"):
+                model = self.model_spec.build()
+        parallelize = getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
+        if parallelize is not None:
+            self.model = parallelize(model, init_seed=self.init_seed)
+        else:
+            self.model = materialize(model, self.device, self.init_seed)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return loss, logits, targets
+
+    # --- training -----------------------------------------------------------------------------
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss, _, _ = self._loss(batch)
+        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        self._micro_steps += 1
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._micro_steps < self.trainer.accumulate_grad_batches:
+            return
+        # One optimizer step is complete: average over micro-batches, then over ranks.
+        local = self._loss_sum / self._micro_steps
+        global_loss = self.trainer.strategy.reduce(local, reduce_op="mean")
+        self._loss_sum = torch.zeros((), device=local.device)
+        self._micro_steps = 0
+        value = float(global_loss)
+        self.step_losses.append(value)
+        self.log("train/loss", value, prog_bar=True, rank_zero_only=True)
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], rank_zero_only=True)
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, logits, targets = self._loss(batch)
+        self.val_perplexity.update(logits.float(), targets)
+        self.log("val/loss", loss, sync_dist=True, prog_bar=True)
+        self.log("val/ppl", self.val_perplexity)
+
+    def on_validation_epoch_end(self) -> None:
+        val = self.trainer.callback_metrics.get("val/loss")
+        if val is not None and not self.trainer.sanity_checking:
+            self.val_losses.append(float(val))
+
+    # --- optimisation -------------------------------------------------------------------------
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay, no_decay = [], []
+        for param in self.model.parameters():
+            if param.requires_grad:
+                # Norm weights and biases are vectors; decaying them only hurts.
+                (decay if param.ndim >= 2 else no_decay).append(param)
+        o = self.optim
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": o["weight_decay"]},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=o["lr"], betas=o["betas"], eps=o["eps"],
+        )  # fmt: skip
+        schedule = warmup_cosine(o["warmup_steps"], self.trainer.max_steps, o["min_lr_ratio"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
+    """LR multiplier: linear warm-up, then a cosine decay to `min_ratio` at `total_steps`."""
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier

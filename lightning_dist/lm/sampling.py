@@ -1,0 +1,117 @@
+"""Global batches that do not depend on the layout.
+
+The design promises that, for one seed and one `data.global_batch_size`, the samples of optimizer
+step k are the same set whatever the number of data-parallel ranks and the micro-batch size. The
+sampler gets there by drawing one permutation for everybody and carving each step's slice of it
+into (micro-step, rank) pieces, instead of first splitting the data by rank as torch's
+DistributedSampler does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+def batch_plan(
+    global_batch_size: int, dp_size: int, micro_batch_size: int | None = None
+) -> tuple[int, int]:
+    """Return (micro_batch_size, grad_accumulation) for one data-parallel rank.
+
+    With `micro_batch_size=None` each rank takes its whole share in one micro-batch. Raises
+    ValueError naming the numbers when the global batch cannot be split evenly.
+    """
+    if global_batch_size < 1:
+        raise ValueError(f"data.global_batch_size={global_batch_size} must be at least 1")
+    if dp_size < 1:
+        raise ValueError(f"data-parallel size {dp_size} must be at least 1")
+    if micro_batch_size is None:
+        if global_batch_size % dp_size:
+            raise ValueError(
+                f"data.global_batch_size={global_batch_size} is not divisible by "
+                f"data-parallel size {dp_size}"
+            )
+        return global_batch_size // dp_size, 1
+    if micro_batch_size < 1:
+        raise ValueError(f"data.micro_batch_size={micro_batch_size} must be at least 1")
+    if global_batch_size % (dp_size * micro_batch_size):
+        raise ValueError(
+            f"data.global_batch_size={global_batch_size} is not divisible by data-parallel size "
+            f"{dp_size} x data.micro_batch_size={micro_batch_size}"
+        )
+    return micro_batch_size, global_batch_size // (dp_size * micro_batch_size)
+
+
+class GlobalBatchSampler(Sampler[int]):
+    """Yields one data-parallel rank's sample indices, step by step and micro-step by micro-step.
+
+    One permutation of `range(num_samples)` (seeded with `seed + epoch`, the same on every rank)
+    is cut into global batches of `global_batch_size`; step k owns `perm[k*G:(k+1)*G]`. Inside it,
+    micro-step a of rank r gets the `micro_batch_size` samples starting at `(a*dp_size + r)*m`.
+    Use it with `DataLoader(batch_size=micro_batch_size, drop_last=True)`. The incomplete last
+    global batch of an epoch is dropped.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch_size: int,
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        super().__init__()
+        _, self.grad_accumulation = batch_plan(global_batch_size, dp_size, micro_batch_size)
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank={dp_rank} is outside data-parallel size {dp_size}")
+        if num_samples < global_batch_size:
+            raise ValueError(
+                f"the training set has {num_samples} samples, fewer than one global batch of "
+                f"data.global_batch_size={global_batch_size}"
+            )
+        self.num_samples = num_samples
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one pass over the data."""
+        return self.num_samples // self.global_batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of `epoch` (Lightning calls this at each epoch start)."""
+        self.epoch = epoch
+
+    def order(self) -> torch.Tensor:
+        """The permutation of the current epoch, shared by all ranks."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def step_indices(self, step: int, micro_step: int) -> list[int]:
+        """This rank's samples for one micro-step of one optimizer step (of the current epoch)."""
+        return self._slice(self.order(), step, micro_step)
+
+    def _slice(self, perm: torch.Tensor, step: int, micro_step: int) -> list[int]:
+        m = self.micro_batch_size
+        start = step * self.global_batch_size + (micro_step * self.dp_size + self.dp_rank) * m
+        return perm[start : start + m].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        perm = self.order()
+        for step in range(self.steps_per_epoch):
+            for micro_step in range(self.grad_accumulation):
+                yield from self._slice(perm, step, micro_step)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.grad_accumulation * self.micro_batch_size

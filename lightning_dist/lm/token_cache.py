@@ -1,0 +1,285 @@
+"""Finding the corpus files, and tokenizing them once into a memory-mapped cache.
+
+The cache lives in `<cache_dir>/<key>.{train,val}.bin` plus `<key>.json`. The key is a sha256 over
+the tokenizer, the validation setting, and the relative path and bytes of every file, so any
+change to the corpus or the tokenizer makes a new cache and an unchanged one is reused. Files are
+written to a temporary name and moved into place with `os.replace`, the metadata last, so a run
+killed mid-way never leaves a cache that looks complete.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = (".py", ".txt", ".md")
+"""File types taken from a directory given in `data.paths`."""
+CACHE_FORMAT = 1
+"""Bumped whenever the layout of the cache files changes, so old caches are not misread."""
+_EXCLUDED_DIRS = {"site-packages", "dist-packages"}
+
+
+def default_corpus() -> list[Path]:
+    """Every `.py` file of this interpreter's standard library, without installed packages."""
+    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    files = []
+    for folder, subdirs, names in os.walk(root):
+        # Pruning site-packages here, rather than filtering afterwards, skips walking every
+        # installed package (torch alone has thousands of files).
+        subdirs[:] = [d for d in subdirs if d not in _EXCLUDED_DIRS]
+        files.extend(Path(folder, n) for n in names if n.endswith(".py"))
+    return sorted({p for p in files if p.is_file()})
+
+
+def resolve_files(paths: Sequence[str] | str | None) -> list[Path]:
+    """Expand `data.paths` into a sorted, deduplicated list of absolute file paths.
+
+    Each entry is a file, a directory (all `*.py`, `*.txt` and `*.md` files under it,
+    recursively) or a glob pattern (`**` matches across directories; a directory it matches is
+    expanded like a directory entry). `None` or an empty list means the default corpus: the
+    standard library's `.py` files. An entry that matches no file raises ValueError naming it.
+    """
+    if paths is None:
+        return default_corpus()
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    entries = [str(p) for p in paths]
+    if not entries:
+        return default_corpus()
+    found: set[Path] = set()
+    for entry in entries:
+        matches = _expand(entry)
+        if not matches:
+            raise ValueError(f"data.paths: {entry!r} matches no file")
+        found.update(matches)
+    return sorted(found)
+
+
+def _expand(entry: str) -> list[Path]:
+    path = Path(entry).expanduser()
+    if path.is_file():
+        return [path.resolve()]
+    if path.is_dir():
+        return _text_files_under(path)
+    out: list[Path] = []
+    for match in glob.glob(str(path), recursive=True):
+        p = Path(match)
+        if p.is_file():
+            out.append(p.resolve())
+        elif p.is_dir():
+            out.extend(_text_files_under(p))
+    return out
+
+
+def _text_files_under(directory: Path) -> list[Path]:
+    return [p.resolve() for p in directory.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()]
+
+
+def default_cache_dir() -> Path:
+    """`$LIGHTNING_DIST_CACHE/tokens` when the variable is set, else `~/.cache/lightning_dist/tokens`."""
+    base = os.environ.get("LIGHTNING_DIST_CACHE")
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "lightning_dist"
+    return root / "tokens"
+
+
+def relative_names(files: Sequence[Path]) -> list[str]:
+    """Paths relative to the files' common folder: stable across machines, used for the split."""
+    if len(files) == 1:
+        return [files[0].name]
+    common = Path(os.path.commonpath([str(f.parent) for f in files]))
+    return [f.relative_to(common).as_posix() for f in files]
+
+
+def split_files(names: Sequence[str], val_fraction: float) -> list[bool]:
+    """Which files go to validation (True), chosen by a stable hash of each relative name.
+
+    A file is held out when sha256(name) mod 1000 < val_fraction * 1000. With two or more files
+    at least one is held out and at least one is kept for training. A single file is not split
+    here: the cache builder holds out the last `val_fraction` of its tokens instead.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction={val_fraction} must be between 0 and 1 (exclusive)")
+    if len(names) < 2:
+        return [False] * len(names)
+    buckets = [int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "big") for n in names]
+    is_val = [b % 1000 < val_fraction * 1000 for b in buckets]
+    if not any(is_val):
+        is_val[min(range(len(names)), key=lambda i: (buckets[i], names[i]))] = True
+    if all(is_val):
+        is_val[max(range(len(names)), key=lambda i: (buckets[i], names[i]))] = False
+    return is_val
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """Where a built cache lives and what it holds."""
+
+    key: str
+    directory: Path
+    meta: dict
+    built: bool
+    """True when this call tokenized the corpus; False when an existing cache was reused."""
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"])
+
+    def path(self, split: str) -> Path:
+        """The token file of `split` ("train" or "val")."""
+        return self.directory / f"{self.key}.{split}.bin"
+
+    def tokens(self, split: str) -> np.ndarray:
+        """The tokens of `split` as a read-only memory map (an empty array when there are none)."""
+        if self.meta["tokens"][split] == 0:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.path(split), dtype=self.dtype, mode="r")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else uint32: halves the cache for vocabularies up to 65,535."""
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+
+
+def cache_key(
+    files: Sequence[Path], tokenizer: ByteTokenizer | HFTokenizer, val_fraction: float
+) -> str:
+    """The content hash that names a cache (reads every file once)."""
+    h = hashlib.sha256()
+    h.update(
+        f"format={CACHE_FORMAT}\0tok={tokenizer.name}\0vocab={tokenizer.vocab_size}\0".encode()
+    )
+    h.update(f"eos={tokenizer.eos_id}\0val_fraction={val_fraction!r}\0".encode())
+    for name, file in zip(relative_names(files), files, strict=True):
+        data = file.read_bytes()
+        # Length-prefixing keeps (name, bytes) boundaries unambiguous.
+        h.update(f"{len(name)}:{name}{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()[:32]
+
+
+def build_token_cache(
+    files: Sequence[Path],
+    tokenizer: ByteTokenizer | HFTokenizer,
+    *,
+    val_fraction: float,
+    cache_dir: str | Path | None = None,
+    key: str | None = None,
+) -> TokenCache:
+    """Tokenize `files` into the cache, or reuse the cache when one with the same key exists."""
+    directory = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    key = key or cache_key(files, tokenizer, val_fraction)
+    existing = open_token_cache(key, directory)
+    if existing is not None:
+        return existing
+    directory.mkdir(parents=True, exist_ok=True)
+    names = relative_names(files)
+    is_val = split_files(names, val_fraction)
+    dtype = token_dtype(tokenizer.vocab_size)
+    start = time.perf_counter()
+    log.info("Tokenizing %d files with %s into %s", len(files), tokenizer.name, directory)
+    suffix = _tmp_suffix()
+    tmp = {s: directory / f"{key}.{s}.bin{suffix}" for s in ("train", "val")}
+    counts = {"train": 0, "val": 0}
+    try:
+        with open(tmp["train"], "wb") as train_f, open(tmp["val"], "wb") as val_f:
+            for i in _progress(range(len(files)), total=len(files)):
+                ids = tokenizer.encode(files[i].read_bytes())
+                if tokenizer.eos_id is not None:
+                    ids = np.append(ids, tokenizer.eos_id)
+                ids = ids.astype(dtype, copy=False)
+                if len(files) == 1:
+                    n_val = max(1, int(len(ids) * val_fraction))
+                    train_f.write(ids[: len(ids) - n_val].tobytes())
+                    val_f.write(ids[len(ids) - n_val :].tobytes())
+                    counts["train"] += len(ids) - n_val
+                    counts["val"] += n_val
+                else:
+                    split = "val" if is_val[i] else "train"
+                    (val_f if is_val[i] else train_f).write(ids.tobytes())
+                    counts[split] += len(ids)
+        for split, path in tmp.items():
+            os.replace(path, directory / f"{key}.{split}.bin")
+    finally:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+    meta = {
+        "format": CACHE_FORMAT,
+        "dtype": dtype.name,
+        "tokenizer": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "val_fraction": val_fraction,
+        "tokens": counts,
+        "files": {"train": len(files) - sum(is_val), "val": sum(is_val)},
+        "split": "tokens" if len(files) == 1 else "files",
+    }
+    _write_json_atomic(directory / f"{key}.json", meta)
+    log.info(
+        "Tokenized %d train / %d val tokens from %d files in %.1fs",
+        counts["train"],
+        counts["val"],
+        len(files),
+        time.perf_counter() - start,
+    )
+    return TokenCache(key=key, directory=directory, meta=meta, built=True)
+
+
+def open_token_cache(key: str, cache_dir: str | Path | None = None) -> TokenCache | None:
+    """The complete cache with this key, or None when there is none (or it is damaged)."""
+    directory = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    meta_path = directory / f"{key}.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        for split in ("train", "val"):
+            size = (directory / f"{key}.{split}.bin").stat().st_size
+            if size != meta["tokens"][split] * itemsize:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        # A damaged or foreign cache is rebuilt rather than trusted.
+        return None
+    return TokenCache(key=key, directory=directory, meta=meta, built=False)
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + _tmp_suffix())
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _tmp_suffix() -> str:
+    # Unique per process even across hosts that share the cache folder (pids can collide).
+    return f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _progress(items: Iterable[int], total: int) -> Iterable[int]:
+    # A live bar only helps a person at a terminal; in logs and CI it would be noise.
+    if not sys.stderr.isatty():
+        yield from items
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("Tokenizing", total=total)
+        for item in items:
+            yield item
+            progress.advance(task)

@@ -1,0 +1,224 @@
+"""Hugging Face causal language models behind the same small interface as `ModelArgs`.
+
+`HFModelSpec` describes the model (a config dict for random init, or a local pretrained
+directory) and answers the planner's questions (parameter count, training FLOPs) by mapping a
+Llama-family config onto `ModelArgs`. `HFCausalLM` is the `nn.Module` that wraps the HF model so
+that the rest of the package sees `forward(tokens) -> logits` and `init_weights()`.
+
+transformers is an optional dependency and is imported only when it is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_dist.models.args import ModelArgs
+
+# LlamaConfig's defaults, used to read a config dict when transformers is not installed (the
+# planner must run on a laptop without the `hf` extra).
+_LLAMA_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "Hugging Face models need the `transformers` package: "
+            'run `pip install -e ".[hf]"` in the lightning_dist checkout.'
+        ) from err
+    return transformers
+
+
+@dataclass(kw_only=True)
+class HFModelSpec:
+    """A Hugging Face causal LM: either a random-init `config` or a local `pretrained_path`."""
+
+    config: dict | None = None
+    """A transformers config as a dict (LlamaConfig keys: hidden_size, num_hidden_layers, ...).
+    `model_type` picks the config class and defaults to "llama"; `architectures` is allowed."""
+    pretrained_path: str | None = None
+    """A local directory written by `save_pretrained` (config.json plus weights)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to transformers ("sdpa", "eager", "flash_attention_2")."""
+
+    def __post_init__(self) -> None:
+        if (self.config is None) == (self.pretrained_path is None):
+            raise ValueError(
+                "HFModelSpec needs exactly one of `config` (random init) and `pretrained_path` "
+                f"(load weights); got config={'set' if self.config is not None else None} and "
+                f"pretrained_path={self.pretrained_path!r}"
+            )
+        if self.config is not None and not isinstance(self.config, dict):
+            # Hydra passes nested mappings as DictConfig; transformers wants plain values.
+            from omegaconf import OmegaConf
+
+            self.config = OmegaConf.to_container(self.config, resolve=True)
+        if self.pretrained_path is not None:
+            path = Path(self.pretrained_path).expanduser()
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"pretrained_path={self.pretrained_path!r} is not a local directory with a "
+                    "config.json (write one with `model.save_pretrained(path)`)"
+                )
+            self.pretrained_path = str(path)
+
+    # --- the model description --------------------------------------------------------------
+
+    def raw_config(self) -> dict[str, Any]:
+        """The config as given: the `config` dict, or the pretrained directory's config.json."""
+        if self.config is not None:
+            return dict(self.config)
+        return json.loads((Path(self.pretrained_path) / "config.json").read_text())
+
+    def hf_config(self):
+        """The transformers `PretrainedConfig` object for this model."""
+        transformers = _import_transformers()
+        if self.pretrained_path is not None:
+            return transformers.AutoConfig.from_pretrained(self.pretrained_path)
+        kwargs = dict(self.config)
+        model_type = kwargs.pop("model_type", "llama")
+        return transformers.AutoConfig.for_model(model_type, **kwargs)
+
+    def _resolved_config(self) -> dict[str, Any]:
+        try:
+            return self.hf_config().to_dict()
+        except ImportError:
+            return {**_LLAMA_DEFAULTS, **self.raw_config()}
+
+    def to_model_args(self) -> ModelArgs:
+        """The equivalent `ModelArgs` of a Llama-family config, for parameter and FLOP counts.
+
+        Raises ValueError for configs whose weights `ModelArgs` cannot count (biases, or a
+        head_dim other than hidden_size / num_attention_heads).
+        """
+        cfg = self._resolved_config()
+        for flag in ("attention_bias", "mlp_bias"):
+            if cfg.get(flag):
+                raise ValueError(f"{flag}=True is not representable by ModelArgs")
+        dim, n_heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or dim // n_heads
+        if head_dim * n_heads != dim:
+            raise ValueError(
+                f"head_dim={head_dim} * num_attention_heads={n_heads} != hidden_size={dim}; "
+                "ModelArgs cannot describe this model"
+            )
+        rope = cfg.get("rope_parameters") or {}
+        return ModelArgs(
+            dim=dim,
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            vocab_size=cfg["vocab_size"],
+            ffn_hidden_size=cfg["intermediate_size"],
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_seq_len=cfg["max_position_embeddings"],
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            init_std=cfg.get("initializer_range", 0.02),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding and of the output projection."""
+        return self.to_model_args().vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sequence the model is configured for (max_position_embeddings)."""
+        return self.to_model_args().max_seq_len
+
+    def num_params(self) -> int:
+        """Total trainable parameters, as the built HF model reports them."""
+        return self.to_model_args().num_params()
+
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, counted as `ModelArgs.train_flops_per_token` does."""
+        return self.to_model_args().train_flops_per_token(seq_len)
+
+    def build(self) -> HFCausalLM:
+        """Build the `HFCausalLM` on the current default device (use meta for large models)."""
+        return HFCausalLM(self)
+
+
+class HFCausalLM(nn.Module):
+    """An HF causal LM with the package's model interface: `forward(tokens) -> logits`.
+
+    The architecture is always created on the meta device and its weights come only from
+    `init_weights()`: random HF init from the current torch RNG, or the checkpoint of
+    `spec.pretrained_path`. Built on a real device it initialises itself right away, so the
+    direct route and the meta route (`to_empty` + `init_weights`) give the same weights.
+    """
+
+    def __init__(self, spec: HFModelSpec):
+        super().__init__()
+        transformers = _import_transformers()
+        self.spec = spec
+        device = torch.empty(0).device  # honours `with torch.device(...)` and the default device
+        with torch.device("meta"):
+            # from_pretrained refuses a meta context, so the pretrained route also starts from
+            # the config; the checkpoint is read in init_weights.
+            self.hf_model = transformers.AutoModelForCausalLM.from_config(
+                spec.hf_config(),
+                attn_implementation=spec.attn_implementation,
+                dtype=torch.get_default_dtype(),
+            )
+        if device.type != "meta":
+            self.to_empty(device=device)
+            self.init_weights()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids [b, s] to logits [b, s, vocab]."""
+        return self.hf_model(input_ids=tokens, use_cache=False).logits
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """(Re)initialise every parameter and buffer in place, after `to_empty` or at any time.
+
+        Runs the model's own HF init from the current torch RNG (buffers such as the rotary
+        frequencies included), then loads the checkpoint when the spec has a pretrained path.
+        `buffer_device` is accepted for interface parity; buffers stay where they are.
+        """
+        del buffer_device
+        model = self.hf_model
+        # HF marks modules and tensors as initialised and skips them afterwards; clear the marks
+        # so a second call (or one after to_empty) really re-draws everything.
+        for module in model.modules():
+            module.__dict__.pop("_is_hf_initialized", None)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if hasattr(tensor, "_is_hf_initialized"):
+                del tensor._is_hf_initialized
+        # to_empty from meta unties lm_head from the embedding; tie before drawing so the RNG
+        # is consumed the same way whichever route built the model.
+        model.tie_weights()
+        model.initialize_weights()
+        model.tie_weights()
+        if self.spec.pretrained_path is not None:
+            self._load_pretrained()
+
+    def _load_pretrained(self) -> None:
+        transformers = _import_transformers()
+        source = transformers.AutoModelForCausalLM.from_pretrained(
+            self.spec.pretrained_path,
+            attn_implementation=self.spec.attn_implementation,
+            dtype=next(self.hf_model.parameters()).dtype,
+        )
+        self.hf_model.load_state_dict(source.state_dict())

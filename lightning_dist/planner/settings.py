@@ -1,0 +1,119 @@
+"""The training settings the planner reasons about, and the constants of its cost model.
+
+Everything here is plain Python: the planner must answer on a laptop in well under a second,
+so nothing under `lightning_dist/planner/` imports torch, torch.distributed or Lightning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+# Lightning precision aliases, folded onto the three regimes the memory model distinguishes.
+_PRECISIONS = {
+    "32-true": "32-true",
+    "32": "32-true",
+    "bf16-mixed": "bf16-mixed",
+    "16-mixed": "bf16-mixed",  # same byte counts as bf16 autocast
+    "bf16-true": "bf16-true",
+    "bf16": "bf16-true",
+    "16-true": "bf16-true",
+}
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+
+# Optimizer states per parameter (Adam keeps m and v; plain SGD keeps nothing).
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
+
+SHARDING_MODES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
+
+# --- cost-model constants (rough, documented; calibration refines them later) -------------
+
+DEFAULT_EFFICIENCY = {"gpu": 0.5, "cpu": 0.5}
+"""Fraction of the datasheet peak a transformer's matmuls sustain (~0.5 on H100 in practice)."""
+DEFAULT_DP_OVERLAP = 0.8
+"""Fraction of the overlappable compute under which data-parallel communication can hide."""
+DEFAULT_HEADROOM = 0.9
+"""A layout fits when its predicted peak is at most this fraction of device memory."""
+RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": 0.25 * GIB}
+"""CUDA context, NCCL buffers and cuBLAS workspaces (GPU), or the runtime itself (CPU)."""
+FRAGMENTATION = 0.05
+"""Caching-allocator slack, as a fraction of everything else on the device."""
+NOMINAL_PEAK_FLOPS = 1e11
+"""Per-device FLOP/s assumed when the hardware spec has no peak (ranking only; MFU is None)."""
+NOMINAL_LINK_GBYTES_PER_SEC = 5.0
+"""Per-device link bandwidth assumed when the hardware spec has none (e.g. gloo on a CPU)."""
+RING_STEP_LATENCY_S = {"intra": 1e-6, "inter": 5e-6}
+"""Latency of one step of a ring collective over NVLink / over the network (NCCL, rough)."""
+HOST_LINK_GBYTES_PER_SEC = 25.0
+"""Device-host copy bandwidth per device for CPU offload (PCIe 4.0 x16, effective)."""
+HOST_OPTIMIZER_PARAMS_PER_SEC = 2.5e8
+"""Parameters per second a CPU Adam step updates per device it serves (a node's cores shared)."""
+
+
+def normalize_precision(precision: str) -> str:
+    """Map a Lightning precision string onto '32-true', 'bf16-mixed' or 'bf16-true'."""
+    key = str(precision)
+    if key not in _PRECISIONS:
+        raise ValueError(
+            f"precision={precision!r} is not one of {', '.join(sorted(_PRECISIONS))}"
+        )
+    return _PRECISIONS[key]
+
+
+def state_bytes(precision: str, optimizer: str) -> tuple[int, int, int]:
+    """Bytes per parameter of (working params, gradients, optimizer state) under ZeRO accounting.
+
+    Mixed precision keeps bf16 params and grads plus an fp32 master copy with the optimizer's
+    fp32 states, so Adam costs 2 + 2 + (4 + 4 + 4) = 16 bytes per parameter (ZeRO paper, Sec. 3);
+    fp32 training costs 4 + 4 + 8; pure bf16 keeps everything in bf16: 2 + 2 + 4.
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZER_STATES)}")
+    states = OPTIMIZER_STATES[optimizer]
+    if precision == "32-true":
+        return 4, 4, 4 * states
+    if precision == "bf16-mixed":
+        return 2, 2, 4 + 4 * states
+    return 2, 2, 2 * states
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """What the planner needs to know about one training configuration besides the layout."""
+
+    global_batch_size: int
+    """Sequences per optimizer step, the same whatever the layout."""
+    seq_len: int
+    """Tokens per sequence."""
+    precision: str = "bf16-mixed"
+    """Lightning precision (aliases are folded onto 32-true, bf16-mixed, bf16-true)."""
+    optimizer: str = "adamw"
+    """'adamw', 'adam', 'sgd_momentum' or 'sgd' (no momentum)."""
+    micro_batch_size: int = 1
+    """Sequences per rank per forward pass (a pipeline microbatch under PP)."""
+    sharding: str = "FULL_SHARD"
+    """FSDP mode over `dp_shard`: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
+    activation_checkpointing: bool = False
+    """Recompute each block in backward, keeping only its input."""
+    offload: bool = False
+    """FSDP CPU offload: sharded params, grads and optimizer state live in host memory."""
+    sequence_parallel: bool = True
+    """Shard norms and the residual stream along the sequence under TP (Megatron SP)."""
+    limit_all_gathers: bool = True
+    """FSDP's rate limiter: at most two layers' gathered params in flight."""
+    attention: str = "flash"
+    """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", normalize_precision(self.precision))
+        for name in ("global_batch_size", "seq_len", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if self.sharding not in SHARDING_MODES:
+            raise ValueError(
+                f"sharding={self.sharding!r} is not one of {', '.join(SHARDING_MODES)}"
+            )
+        if self.attention not in ("flash", "math"):
+            raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
+        state_bytes(self.precision, self.optimizer)  # validates the optimizer name

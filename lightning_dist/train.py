@@ -1,0 +1,220 @@
+"""train(cfg): compose, validate, instantiate, Trainer.fit, summary.json.
+
+Every check that can fail runs before the Trainer starts any process or collective, and it runs
+in every rank (Lightning's launcher re-runs `train.py` for ranks 1..N-1), so a bad config stops
+all ranks with the same one-line message instead of leaving some of them waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_dist.config import hardware_spec, model_spec
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.parallel.layout import Layout
+
+
+class ConfigError(ValueError):
+    """A configuration or machine problem, reported as one line before training starts."""
+
+
+@contextlib.contextmanager
+def config_errors():
+    """Turn the errors of building from config into `ConfigError`, unwrapping Hydra's wrapper."""
+    from hydra.errors import InstantiationException
+
+    try:
+        yield
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        raise ConfigError(str(cause).splitlines()[0]) from e
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def _cluster_launch() -> bool:
+    """True when an external launcher (torchrun, SLURM) started this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
+
+
+def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec):
+    """Instantiate `conf/strategy/*.yaml`, passing the hardware's backend where it is accepted."""
+    from hydra.utils import get_object
+
+    kwargs = OmegaConf.to_container(strategy_cfg, resolve=True)
+    kwargs.pop("name", None)
+    target = get_object(kwargs.pop("_target_"))
+    if "process_group_backend" in inspect.signature(target).parameters:
+        kwargs["process_group_backend"] = hardware.backend
+    return target(**kwargs)
+
+
+def resolve_layout(strategy: Any, world_size: int) -> Layout:
+    """The layout a strategy runs: its own if it has one, else pure data parallelism."""
+    layout = getattr(strategy, "layout", None)
+    if layout is not None:
+        return layout.resolve(world_size)
+    return Layout(dp_replicate=world_size)
+
+
+def quiet_known_warnings() -> None:
+    """Silence deprecation notices raised inside Lightning itself, which users cannot act on."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*all_gather is deprecated.*")
+
+
+def _run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.paths.output_dir)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the configured model and return the summary (written to summary.json on rank 0)."""
+    started = time.perf_counter()
+    quiet_known_warnings()
+    import lightning as L
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from lightning_dist.callbacks.run_stats import RunStats
+    from lightning_dist.lm.data import batch_plan
+    from lightning_dist.lm.module import CausalLM
+    from lightning_dist.strategies import fix_hydra_child_command
+
+    with config_errors():
+        spec = model_spec(cfg)
+        hardware = hardware_spec(cfg)
+        hardware.check_machine()
+        if hardware.num_nodes > 1 and not _cluster_launch():
+            raise ValueError(
+                f"hardware.num_nodes={hardware.num_nodes} needs every node started by torchrun "
+                "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
+            )
+        strategy = build_strategy(cfg.strategy, hardware)
+        single = isinstance(strategy, SingleDeviceStrategy)
+        devices = 1 if single else hardware.resolved_devices()
+        num_nodes = 1 if single else hardware.num_nodes
+        layout = resolve_layout(strategy, devices * num_nodes)
+        seq_len = cfg.data.seq_len
+        if seq_len > spec.max_seq_len:
+            raise ValueError(
+                f"data.seq_len={seq_len} is above the model's maximum {spec.max_seq_len}; "
+                f"lower data.seq_len or raise model.max_seq_len."
+            )
+        micro, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
+        datamodule = instantiate(cfg.data, vocab_size=spec.vocab_size)
+
+    run_dir = _run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fix_hydra_child_command()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    o = cfg.optim
+    module = CausalLM(
+        spec, lr=o.lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, init_seed=cfg.seed,
+    )  # fmt: skip
+    stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
+    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [stats]
+    logger = instantiate(cfg.logger) if cfg.logger else False
+    t = cfg.trainer
+    precision = t.precision or hardware.precision
+    trainer = L.Trainer(
+        accelerator=hardware.accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        precision=precision,
+        max_steps=t.max_steps,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=(t.val_check_interval * accumulate) if t.val_check_interval else None,
+        check_val_every_n_epoch=None if t.val_check_interval else 1,
+        log_every_n_steps=t.log_every_n_steps,
+        num_sanity_val_steps=t.num_sanity_val_steps,
+        enable_checkpointing=t.enable_checkpointing,
+        deterministic=t.deterministic,
+        benchmark=t.benchmark,
+        use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
+        logger=logger,
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+    )
+    if trainer.is_global_zero and logger:
+        logger.log_hyperparams(run_config(cfg, layout, hardware))
+    trainer.fit(module, datamodule=datamodule)
+
+    summary = build_summary(
+        cfg, module, stats, layout=layout, hardware=hardware, world_size=trainer.world_size,
+        precision=precision, flops_per_token=spec.train_flops_per_token(seq_len),
+        wall_seconds=time.perf_counter() - started,
+    )  # fmt: skip
+    if trainer.is_global_zero:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        finish_logger(logger, summary)
+        print(f"summary: {run_dir / 'summary.json'}", flush=True)
+    return summary
+
+
+def run_config(cfg: DictConfig, layout: Layout, hardware: HardwareSpec) -> dict[str, Any]:
+    """The resolved config with secrets redacted, plus the layout, for the experiment logger."""
+    from lightning_dist.loggers import redact
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["layout"] = layout.degrees()
+    resolved["hardware"]["world_size"] = layout.world_size
+    return redact(resolved)
+
+
+def build_summary(cfg, module, stats, *, layout, hardware, world_size, precision,
+                  flops_per_token, wall_seconds) -> dict[str, Any]:  # fmt: skip
+    """The summary.json contract of DESIGN.md (keys are only ever added, never renamed)."""
+    tokens_per_sec = stats.tokens_per_sec()
+    peak = hardware.peak_flops(precision)
+    mfu = None
+    if peak and tokens_per_sec:
+        mfu = flops_per_token * tokens_per_sec / (peak * world_size)
+    losses = module.step_losses
+    return {
+        "losses": losses,
+        "final_loss": losses[-1] if losses else None,
+        "val_losses": module.val_losses,
+        "steps": len(losses),
+        "tokens_per_sec": tokens_per_sec,
+        "world_size": world_size,
+        "layout": layout.degrees(),
+        "strategy": cfg.strategy.name,
+        "hardware": hardware.name,
+        "model": module.model_spec.__class__.__name__,
+        "precision": precision,
+        "global_batch_size": cfg.data.global_batch_size,
+        "seq_len": cfg.data.seq_len,
+        "peak_memory_bytes": stats.peak_memory_per_rank,
+        "mfu": mfu,
+        "wall_seconds": wall_seconds,
+    }
+
+
+def finish_logger(logger: Any, summary: dict[str, Any]) -> None:
+    """Send the summary to W&B and say where an offline run was saved."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_dist.loggers import offline_run_dir
+
+    if not isinstance(logger, WandbLogger):
+        return
+    logger.experiment.summary.update(
+        {f"summary/{k}": v for k, v in summary.items() if k != "losses" and v is not None}
+    )
+    offline = offline_run_dir(logger)
+    logger.experiment.finish()
+    if offline:
+        print(f"W&B run saved offline in {offline}; upload it with `wandb sync {offline}`", flush=True)
