@@ -94,7 +94,7 @@ class DDPSchema:
 
 @dataclass(kw_only=True)
 class TrainerSchema:
-    max_steps: int = 300
+    max_steps: int = 200
     precision: str | None = None
     """Lightning precision; null takes the hardware's default."""
     gradient_clip_val: float | None = 1.0

@@ -118,12 +118,14 @@ def test_published_parameter_counts(flavor, billions, digits):
 def test_init_weights_is_deterministic_and_complete():
     args = debug_args()
     a, b, c = materialize(args, seed=3), materialize(args, seed=3), materialize(args, seed=4)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, pc in zip(
+        a.named_parameters(), b.parameters(), c.parameters(), strict=True
+    ):
         assert not pa.is_meta and torch.isfinite(pa).all(), name
         assert torch.equal(pa, pb), name
         if "norm" not in name:
             assert not torch.equal(pa, pc), name
-    for (name, buf), other in zip(a.named_buffers(), b.buffers()):
+    for (name, buf), other in zip(a.named_buffers(), b.buffers(), strict=True):
         assert not buf.is_meta and torch.isfinite(buf).all() and torch.equal(buf, other), name
     assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in _norms(a))
     std = a.layers["0"].attention.wq.weight.std().item()
@@ -136,7 +138,7 @@ def test_direct_build_equals_meta_route():
     torch.manual_seed(5)
     direct = args.build()
     meta = materialize(args, seed=5)
-    for (name, p), q in zip(direct.state_dict().items(), meta.state_dict().values()):
+    for (name, p), q in zip(direct.state_dict().items(), meta.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 

@@ -66,12 +66,8 @@ class CausalLM(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        pretrained = getattr(self.model_spec, "pretrained_path", None)
-        if pretrained:  # real weights must be read, not left on meta
+        with torch.device("meta"):  # nothing is allocated until the layout is known
             model = self.model_spec.build()
-        else:
-            with torch.device("meta"):
-                model = self.model_spec.build()
         parallelize = getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
         if parallelize is not None:
             self.model = parallelize(model, init_seed=self.init_seed)
