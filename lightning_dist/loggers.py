@@ -13,9 +13,7 @@ REDACTED = "<redacted>"
 def redact(value: Any) -> Any:
     """A copy of a nested dict/list with the values of secret-looking keys replaced."""
     if isinstance(value, dict):
-        return {
-            k: (REDACTED if SECRET_KEY.search(str(k)) else redact(v)) for k, v in value.items()
-        }
+        return {k: (REDACTED if SECRET_KEY.search(str(k)) else redact(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value

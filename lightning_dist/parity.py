@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         try:
-            diff, table = compare(args.overrides, tolerance=args.tolerance, workdir=args.workdir or tmp)
+            diff, table = compare(
+                args.overrides, tolerance=args.tolerance, workdir=args.workdir or tmp
+            )
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -109,7 +109,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 f"data.seq_len={seq_len} is above the model's maximum {spec.max_seq_len}; "
                 f"lower data.seq_len or raise model.max_seq_len."
             )
-        micro, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
+        micro, accumulate = batch_plan(
+            cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size
+        )
         datamodule = instantiate(cfg.data, vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
@@ -217,4 +219,6 @@ def finish_logger(logger: Any, summary: dict[str, Any]) -> None:
     offline = offline_run_dir(logger)
     logger.experiment.finish()
     if offline:
-        print(f"W&B run saved offline in {offline}; upload it with `wandb sync {offline}`", flush=True)
+        print(
+            f"W&B run saved offline in {offline}; upload it with `wandb sync {offline}`", flush=True
+        )

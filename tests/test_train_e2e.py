@@ -132,7 +132,9 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
 
 def test_bad_inputs_fail_with_one_line(tmp_path):
     for name, (overrides, expected) in _bad_inputs(tmp_path).items():
-        result = train_py(*overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+        result = train_py(
+            *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}", timeout=120
+        )
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2, f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}"
         assert "Traceback" not in result.stderr, f"{name}: {result.stderr[-2000:]}"

@@ -68,7 +68,9 @@ class CausalLM(L.LightningModule):
             return
         with torch.device("meta"):  # nothing is allocated until the layout is known
             model = self.model_spec.build()
-        parallelize = getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
+        parallelize = (
+            getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
+        )
         if parallelize is not None:
             self.model = parallelize(model, init_seed=self.init_seed)
         else:
@@ -135,7 +137,10 @@ class CausalLM(L.LightningModule):
         )  # fmt: skip
         schedule = warmup_cosine(o["warmup_steps"], self.trainer.max_steps, o["min_lr_ratio"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):

@@ -45,7 +45,9 @@ class ModelArgs:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive")
         if self.dim % self.n_heads:
-            raise ValueError(f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}")
+            raise ValueError(
+                f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}"
+            )
         if self.kv_heads <= 0 or self.n_heads % self.kv_heads:
             raise ValueError(
                 f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.kv_heads}"
@@ -95,7 +97,9 @@ class ModelArgs:
         QK^T and AV matmuls of forward and backward without a causal discount, as the PaLM paper
         and torch's FLOP counter do. Recomputation (activation checkpointing) is not counted.
         """
-        matmul_params = self.n_layers * (self.block_params() - 2 * self.dim) + self.vocab_size * self.dim
+        matmul_params = (
+            self.n_layers * (self.block_params() - 2 * self.dim) + self.vocab_size * self.dim
+        )
         return 6.0 * matmul_params + 12.0 * self.n_layers * self.dim * seq_len
 
     def build(self):

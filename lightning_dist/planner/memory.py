@@ -40,7 +40,12 @@ class MemoryBreakdown:
     def total(self) -> float:
         """Predicted peak on the device (everything but `host`)."""
         return (
-            self.params + self.grads + self.optimizer + self.activations + self.buffers + self.reserve
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.buffers
+            + self.reserve
         )
 
     def as_dict(self) -> dict[str, float]:

@@ -33,6 +33,8 @@ DEFAULT_EFFICIENCY = {"gpu": 0.5, "cpu": 0.5}
 """Fraction of the datasheet peak a transformer's matmuls sustain (~0.5 on H100 in practice)."""
 DEFAULT_DP_OVERLAP = 0.8
 """Fraction of the overlappable compute under which data-parallel communication can hide."""
+DEFAULT_OVERLAP_SLOWDOWN = 0.2
+"""Slowdown of compute while hidden communication runs beside it (SM and HBM contention)."""
 DEFAULT_HEADROOM = 0.9
 """A layout fits when its predicted peak is at most this fraction of device memory."""
 RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": 0.25 * GIB}
@@ -55,9 +57,7 @@ def normalize_precision(precision: str) -> str:
     """Map a Lightning precision string onto '32-true', 'bf16-mixed' or 'bf16-true'."""
     key = str(precision)
     if key not in _PRECISIONS:
-        raise ValueError(
-            f"precision={precision!r} is not one of {', '.join(sorted(_PRECISIONS))}"
-        )
+        raise ValueError(f"precision={precision!r} is not one of {', '.join(sorted(_PRECISIONS))}")
     return _PRECISIONS[key]
 
 

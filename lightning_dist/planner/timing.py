@@ -16,6 +16,7 @@ from lightning_dist.planner.memory import SHARDED_MODES, StageShape, stage_shape
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
     DEFAULT_EFFICIENCY,
+    DEFAULT_OVERLAP_SLOWDOWN,
     HOST_LINK_GBYTES_PER_SEC,
     HOST_OPTIMIZER_PARAMS_PER_SEC,
     NOMINAL_LINK_GBYTES_PER_SEC,
@@ -113,6 +114,20 @@ def _stage_flops_per_token(model, shape: StageShape, seq_len: int, recompute: bo
     return shape.layers * per_layer + output
 
 
+def exposed_seconds(phases: list[tuple[float, float]], overlap: float, slowdown: float) -> float:
+    """Time DP traffic adds to a step, given (comm, compute it can run under) per phase.
+
+    Communication hides under at most `overlap` x the compute of its phase; the excess is
+    exposed, and the hidden part still slows that compute by `slowdown` (NCCL kernels take SMs
+    and memory bandwidth from the matmuls).
+    """
+    total = 0.0
+    for comm, compute in phases:
+        hidden = min(comm, overlap * compute)
+        total += comm - hidden + slowdown * hidden
+    return total
+
+
 def step_time(
     model,
     hardware,
@@ -121,6 +136,7 @@ def step_time(
     *,
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
+    slowdown: float = DEFAULT_OVERLAP_SLOWDOWN,
 ) -> StepTime:
     """Time one step of `layout` (resolved) on `hardware`.
 
@@ -128,91 +144,115 @@ def step_time(
       peak x efficiency, for each of the m = (global_batch / dp) / micro_batch microbatches;
     - pipeline: m + (p-1)/v stage-times for GPipe/1F1B/interleaved, m for zero-bubble;
     - TP: 4 all-reduce-equivalents of b x s x dim activations per block per microbatch (2 in
-      forward, 2 in backward; 6 with recomputation), inside the tp group's link, exposed;
+      forward, 2 in backward; 6 with recomputation), over the tp group's link, exposed;
     - PP: one activation forward and one gradient backward per microbatch and chunk, exposed;
-    - DP: DDP all-reduces gradients once per step; FSDP all-gathers twice and reduce-scatters
-      once per microbatch (FULL_SHARD; SHARD_GRAD_OP gathers once), or once per step under PP;
-      HSDP adds an all-reduce of the gradient shard over dp_replicate. DP traffic hides behind
-      `overlap` x the compute it can run under (the whole step for FSDP, the last backward for
-      DDP, one microbatch under PP); the rest is exposed;
+    - DP: see `dp_phases`; it hides under compute as `exposed_seconds` describes;
     - offload: host copies of the shards and a CPU optimizer step, exposed;
     - ring latency: (n-1) steps per ring all-gather/reduce-scatter, 2 log2 n per all-reduce.
     """
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
-    per_node = hardware.resolved_devices()
+    tp, pp = layout.tp, layout.pp
     b, s = settings.micro_batch_size, settings.seq_len
-    tokens_mb = b * s
-    m = max(settings.global_batch_size // dp // b, 1)
-    accel = hardware.accelerator
-    eff = efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(accel, 0.5)
+    m = max(settings.global_batch_size // layout.dp // b, 1)
+    eff = (
+        efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(hardware.accelerator, 0.5)
+    )
     peak = hardware.peak_flops(settings.precision)
-    flops_rate = (peak or NOMINAL_PEAK_FLOPS) * eff
     shapes = [shape for _, shape in stage_shapes(model, layout)]
     ac = settings.activation_checkpointing
     stage_flops = max(_stage_flops_per_token(model, sh, s, ac) for sh in shapes)
-    t_mb = stage_flops * tokens_mb / tp / flops_rate
+    t_mb = stage_flops * b * s / tp / ((peak or NOMINAL_PEAK_FLOPS) * eff)
     compute = m * t_mb
     bubble = bubble_fraction(layout.schedule, pp, m, layout.virtual_stages)
     pipeline = compute / (1 - bubble)
-    layers = max(sh.layers for sh in shapes)
-    psi = max(sh.params for sh in shapes)
-    units = max(sh.layers + len(sh.roots) for sh in shapes)
+    link = _links(hardware, layout)
     w = 4 if settings.precision == "32-true" else 2
-    alpha = RING_STEP_LATENCY_S
-
-    def link(inner: int, size: int) -> tuple[float, float]:
-        crosses, members = group_span(inner, size, per_node)
-        return link_bandwidth(hardware, crosses, members), alpha["inter" if crosses else "intra"]
+    act_bytes = b * s * model.dim * w  # one microbatch's hidden states
 
     tp_comm = 0.0
     if tp > 1:
         bw, lat = link(1, tp)
-        calls = m * layers * (6 if ac else 4)
-        tp_comm = calls * (allreduce_volume(tokens_mb * model.dim * w, tp) / bw + 2 * (tp - 1) * lat)
-
+        calls = m * max(sh.layers for sh in shapes) * (6 if ac else 4)
+        tp_comm = calls * (allreduce_volume(act_bytes, tp) / bw + 2 * (tp - 1) * lat)
     pp_comm = 0.0
     if pp > 1:
         bw, lat = link(layout.dp * tp, pp)
         sp = tp if settings.sequence_parallel else 1
-        v = layout.virtual_stages
-        pp_comm = m * v * 2 * (tokens_mb * model.dim * w / sp / bw + lat)
-
-    p_b, g_b, _ = state_bytes(settings.precision, settings.optimizer)
-    p_b, g_b = min(p_b, w), min(g_b, w)  # collectives run in the compute dtype
-    sharded = settings.sharding in SHARDED_MODES and layout.dp_shard > 1
-    dp_comm = offload = 0.0
-    if not sharded and dp > 1:
-        bw, lat = link(tp, dp)
-        buckets = math.ceil(g_b * psi / DDP_BUCKET_BYTES)
-        dp_comm = allreduce_volume(g_b * psi, dp) / bw + buckets * 2 * math.log2(dp) * lat
-        hideable = t_mb * 2 / 3
-    elif sharded:
-        n, r = layout.dp_shard, layout.dp_replicate
-        bw, lat = link(tp, n)
-        gathers = 2 if (pp == 1 and settings.sharding != "SHARD_GRAD_OP") else 1
-        rounds = m if pp == 1 else 1
-        per_round = (gathers * allgather_volume(p_b * psi, n) + reduce_scatter_volume(g_b * psi, n)) / bw
-        per_round += units * (gathers + 1) * (n - 1) * lat
-        if r > 1:
-            bw_r, lat_r = link(tp * n, r)
-            per_round += allreduce_volume(g_b * psi / n, r) / bw_r + units * 2 * math.log2(r) * lat_r
-        dp_comm = rounds * per_round
-        hideable = compute if pp == 1 else t_mb
-        if settings.offload:
-            copies = rounds * (gathers * p_b + g_b) * psi / n / (HOST_LINK_GBYTES_PER_SEC * 1e9)
-            offload = copies + psi / n / HOST_OPTIMIZER_PARAMS_PER_SEC
-    else:
-        hideable = 0.0
-    exposed_dp = max(0.0, dp_comm - overlap * hideable)
-    exposed = tp_comm + pp_comm + exposed_dp
+        pp_comm = m * layout.virtual_stages * 2 * (act_bytes / sp / bw + lat)
+    # Forward is a third of a block's training FLOPs, a quarter once backward recomputes it.
+    fwd = t_mb * (0.25 if ac else 1 / 3)
+    phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
+    dp_comm = sum(comm for comm, _ in phases)
+    exposed = tp_comm + pp_comm + exposed_seconds(phases, overlap, slowdown)
     step = pipeline + exposed + offload
-    tokens = settings.global_batch_size * s
-    tokens_per_sec = tokens / step
+    tokens_per_sec = settings.global_batch_size * s / step
     mfu = None
     if peak:
         mfu = model.train_flops_per_token(s) * tokens_per_sec / (layout.world_size * peak)
     ratio = (tp_comm + pp_comm + dp_comm) / compute
     return StepTime(
-        compute, pipeline, tp_comm, dp_comm, pp_comm, offload, exposed, step, tokens_per_sec, mfu,
-        ratio, bubble,
+        compute,
+        pipeline,
+        tp_comm,
+        dp_comm,
+        pp_comm,
+        offload,
+        exposed,
+        step,
+        tokens_per_sec,
+        mfu,
+        ratio,
+        bubble,
     )
+
+
+def _links(hardware, layout: Layout):
+    per_node = hardware.resolved_devices()
+
+    def link(inner: int, size: int) -> tuple[float, float]:
+        """(bytes/s, seconds per ring step) of a group of `size` ranks strided by `inner`."""
+        crosses, members = group_span(inner, size, per_node)
+        latency = RING_STEP_LATENCY_S["inter" if crosses else "intra"]
+        return link_bandwidth(hardware, crosses, members), latency
+
+    return link
+
+
+def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
+    """Data-parallel traffic as [(comm seconds, compute seconds it may hide under)], plus the
+    offload seconds.
+
+    DDP all-reduces the gradients once per step, under the last microbatch's backward. FSDP
+    FULL_SHARD all-gathers in forward, all-gathers again and reduce-scatters in backward, for
+    every microbatch (FSDP does not skip gradient sync while accumulating); SHARD_GRAD_OP keeps
+    the forward gather for backward. Under PP the stage stays gathered for the whole step: one
+    all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
+    all-reduce of the gradient shard over dp_replicate after each reduce-scatter.
+    """
+    psi = max(sh.params for sh in shapes)
+    units = max(sh.layers + len(sh.roots) for sh in shapes)
+    w = 4 if settings.precision == "32-true" else 2
+    p_b, g_b, _ = (min(x, w) for x in state_bytes(settings.precision, settings.optimizer))
+    tp, dp, n, r = layout.tp, layout.dp, layout.dp_shard, layout.dp_replicate
+    if dp == 1:
+        return [], 0.0
+    if settings.sharding not in SHARDED_MODES or n == 1:
+        bw, lat = link(tp, dp)
+        buckets = math.ceil(g_b * psi / DDP_BUCKET_BYTES)
+        comm = allreduce_volume(g_b * psi, dp) / bw + buckets * 2 * math.log2(dp) * lat
+        return [(comm, bwd)], 0.0
+    bw, lat = link(tp, n)
+    gather = allgather_volume(p_b * psi, n) / bw + units * (n - 1) * lat
+    scatter = reduce_scatter_volume(g_b * psi, n) / bw + units * (n - 1) * lat
+    if r > 1:
+        bw_r, lat_r = link(tp * n, r)
+        scatter += allreduce_volume(g_b * psi / n, r) / bw_r + units * 2 * math.log2(r) * lat_r
+    full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
+    rounds = m if layout.pp == 1 else 1
+    phases = [(gather, fwd), (scatter + (gather if full else 0.0), bwd)] * rounds
+    offload = 0.0
+    if settings.offload:
+        copied = rounds * ((2 if full else 1) * p_b + g_b) * psi / n
+        offload = (
+            copied / (HOST_LINK_GBYTES_PER_SEC * 1e9) + psi / n / HOST_OPTIMIZER_PARAMS_PER_SEC
+        )
+    return phases, offload
