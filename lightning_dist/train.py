@@ -195,7 +195,7 @@ def build_summary(cfg, module, stats, *, layout, hardware, world_size, precision
         "layout": layout.degrees(),
         "strategy": cfg.strategy.name,
         "hardware": hardware.name,
-        "model": module.model_spec.__class__.__name__,
+        "model": _config_choice("model") or module.model_spec.__class__.__name__,
         "precision": precision,
         "global_batch_size": cfg.data.global_batch_size,
         "seq_len": cfg.data.seq_len,
@@ -203,6 +203,13 @@ def build_summary(cfg, module, stats, *, layout, hardware, world_size, precision
         "mfu": mfu,
         "wall_seconds": wall_seconds,
     }
+
+
+def _config_choice(group: str) -> str | None:
+    """The config name chosen for a group (`model=tiny` -> 'tiny') when Hydra is running."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
 
 
 def finish_logger(logger: Any, summary: dict[str, Any]) -> None:

@@ -101,7 +101,7 @@ def test_hugging_face_llama_trains(tmp_path, strategy):
         tmp_path,
     )  # fmt: skip
     assert summary["steps"] == 6
-    assert summary["model"] == "HFModelSpec"
+    assert summary["model"] == "hf_llama"
     assert summary["final_loss"] < summary["losses"][0]
 
 

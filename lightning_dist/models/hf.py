@@ -159,6 +159,22 @@ class HFModelSpec:
         return HFCausalLM(self)
 
 
+# Tensor-parallel plan of LlamaForCausalLM and the architectures with its module names (Mistral,
+# Qwen2, ...). No sequence parallelism: HF computes rotary positions from the length of the
+# hidden states, which would be the local sequence shard.
+HF_LLAMA_TP_PLAN: dict[str, str] = {
+    "hf_model.model.embed_tokens": "embedding",
+    "hf_model.model.layers.*.self_attn.q_proj": "colwise",
+    "hf_model.model.layers.*.self_attn.k_proj": "colwise",
+    "hf_model.model.layers.*.self_attn.v_proj": "colwise",
+    "hf_model.model.layers.*.self_attn.o_proj": "rowwise",
+    "hf_model.model.layers.*.mlp.gate_proj": "colwise",
+    "hf_model.model.layers.*.mlp.up_proj": "colwise",
+    "hf_model.model.layers.*.mlp.down_proj": "rowwise",
+    "hf_model.lm_head": "output",
+}
+
+
 class HFCausalLM(nn.Module):
     """An HF causal LM with the package's model interface: `forward(tokens) -> logits`.
 
@@ -166,7 +182,15 @@ class HFCausalLM(nn.Module):
     `init_weights()`: random HF init from the current torch RNG, or the checkpoint of
     `spec.pretrained_path`. Built on a real device it initialises itself right away, so the
     direct route and the meta route (`to_empty` + `init_weights`) give the same weights.
+
+    It implements both contracts of `lightning_dist.models.protocol`: the Llama-family TP plan,
+    and the pipeline layers, for which a stage runs the decoder layers itself (`_stage_forward`).
     """
+
+    tp_plan = HF_LLAMA_TP_PLAN
+    pipeline_blocks = "hf_model.model.layers"
+    pipeline_first = ("hf_model.model.embed_tokens",)
+    pipeline_last = ("hf_model.model.norm", "hf_model.lm_head")
 
     def __init__(self, spec: HFModelSpec):
         super().__init__()
@@ -186,8 +210,29 @@ class HFCausalLM(nn.Module):
             self.init_weights()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids [b, s] to logits [b, s, vocab]."""
+        """Token ids [b, s] to logits [b, s, vocab] (a pipeline stage: see `_stage_forward`)."""
+        if self._is_stage():
+            return self._stage_forward(tokens)
         return self.hf_model(input_ids=tokens, use_cache=False).logits
+
+    def _is_stage(self) -> bool:
+        # Pipeline splitting replaces the ModuleList of layers by a ModuleDict of the kept ones.
+        return not isinstance(self.hf_model.model.layers, nn.ModuleList)
+
+    def _stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """What a pipeline stage keeps of the Llama forward: token ids or hidden states in,
+        hidden states or logits out. Causal attention without padding, as in training."""
+        core = self.hf_model.model
+        h = core.embed_tokens(x) if core.embed_tokens is not None else x
+        positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        rope = core.rotary_emb(h, position_ids=positions)
+        for layer in core.layers.values():
+            h = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rope)
+        if core.norm is not None:
+            h = core.norm(h)
+        if self.hf_model.lm_head is not None:
+            h = self.hf_model.lm_head(h)
+        return h
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
@@ -207,10 +252,14 @@ class HFCausalLM(nn.Module):
             if hasattr(tensor, "_is_hf_initialized"):
                 del tensor._is_hf_initialized
         # to_empty from meta unties lm_head from the embedding; tie before drawing so the RNG
-        # is consumed the same way whichever route built the model.
-        model.tie_weights()
+        # is consumed the same way whichever route built the model. A pipeline stage holds at
+        # most one of the two, so there is nothing to tie.
+        whole = not self._is_stage()
+        if whole:
+            model.tie_weights()
         model.initialize_weights()
-        model.tie_weights()
+        if whole:
+            model.tie_weights()
         if self.spec.pretrained_path is not None:
             self._load_pretrained()
 

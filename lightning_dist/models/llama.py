@@ -145,13 +145,38 @@ class TransformerBlock(nn.Module):
         self.ffn_norm.reset_parameters()
 
 
+# Megatron-style tensor-parallel plan (see lightning_dist.models.protocol for the style names).
+TP_PLAN: dict[str, str] = {
+    "tok_embeddings": "embedding",
+    "layers.*.attention_norm": "norm",
+    "layers.*.attention": "sp_input",
+    "layers.*.attention.wq": "colwise",
+    "layers.*.attention.wk": "colwise",
+    "layers.*.attention.wv": "colwise",
+    "layers.*.attention.wo": "rowwise",
+    "layers.*.ffn_norm": "norm",
+    "layers.*.feed_forward": "sp_input",
+    "layers.*.feed_forward.w1": "colwise",
+    "layers.*.feed_forward.w3": "colwise",
+    "layers.*.feed_forward.w2": "rowwise",
+    "norm": "norm",
+    "output": "output",
+}
+
+
 class Transformer(nn.Module):
     """Llama-style decoder: embeddings, `n_layers` blocks, final norm, output projection.
 
     Built under `torch.device("meta")` it allocates nothing. Built on a real device it is
     initialised right away, and for the same RNG state its weights equal those of the meta route
     (`to_empty` + `init_weights`), so either route gives the same model for the same seed.
+    It implements both contracts of `lightning_dist.models.protocol` (TP plan, pipeline layers).
     """
+
+    tp_plan = TP_PLAN
+    pipeline_blocks = "layers"
+    pipeline_first = ("tok_embeddings",)
+    pipeline_last = ("norm", "output")
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 # Mesh dimensions from outermost (slowest links, across nodes) to innermost (NVLink).
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+INTERLEAVED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,28 @@ class Layout:
             raise ValueError(
                 f"schedule=1F1B needs at least pp={self.pp} microbatches, got {self.num_microbatches}"
             )
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """Each schedule's rule on stages per rank and microbatches (torch's own constraints)."""
+        v, sched = self.virtual_stages, self.schedule
+        if sched in SINGLE_STAGE_SCHEDULES and v != 1:
+            raise ValueError(
+                f"schedule={sched} runs one stage per rank, got virtual_stages={v}; "
+                f"use one of {', '.join(s for s in SCHEDULES if s not in SINGLE_STAGE_SCHEDULES)}"
+            )
+        if sched == "ZBVZeroBubble" and v != 2:
+            raise ValueError(f"schedule=ZBVZeroBubble needs virtual_stages=2, got {v}")
+        if sched in INTERLEAVED_SCHEDULES and v < 2:
+            raise ValueError(f"schedule={sched} needs virtual_stages >= 2, got {v}")
+        if self.pp > 1 and sched in INTERLEAVED_SCHEDULES:
+            m = self.num_microbatches
+            rounds = max(1, m // self.pp)
+            if m % rounds:
+                raise ValueError(
+                    f"schedule={sched} needs microbatches={m} to be a multiple of "
+                    f"microbatches // pp = {rounds} (pp={self.pp})"
+                )
 
     def degrees(self) -> dict[str, int]:
         """The degrees in mesh order (outermost first)."""
@@ -90,12 +114,103 @@ class Layout:
             )
         return replace(self, **degrees)
 
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages in total: pp ranks x virtual stages per rank."""
+        return self.pp * self.virtual_stages
+
+    # --- rank arithmetic (row-major over MESH_DIMS, as init_device_mesh lays ranks out) -------
+
+    def coordinate(self, rank: int) -> dict[str, int]:
+        """The position of global `rank` along each mesh dimension."""
+        self._require_resolved()
+        coords = {}
+        for name in reversed(MESH_DIMS):
+            size = getattr(self, name)
+            coords[name] = rank % size
+            rank //= size
+        return {name: coords[name] for name in MESH_DIMS}
+
+    def group_ranks(self, *dims: str) -> list[list[int]]:
+        """The global ranks of every group spanning `dims` (e.g. "tp"), the rest held fixed."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coordinate(rank)
+            groups.setdefault(tuple(v for k, v in c.items() if k not in dims), []).append(rank)
+        return list(groups.values())
+
+    def dp_rank(self, rank: int) -> int:
+        """Rank of global `rank` among the data-parallel ranks (replicate-major, then shard)."""
+        c = self.coordinate(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def stage_ids(self, pp_rank: int) -> list[int]:
+        """Pipeline stages held by `pp_rank`: looped (r, r + pp, ...), or a V for ZBVZeroBubble."""
+        if self.schedule == "ZBVZeroBubble":
+            return [pp_rank, self.num_stages - 1 - pp_rank]
+        return [pp_rank + k * self.pp for k in range(self.virtual_stages)]
+
+    # --- checks against the model, the batch and the machine ---------------------------------
+
+    def check_model(self, args) -> None:
+        """Raise ValueError if `args` (a ModelArgs) cannot be split by this layout's tp and pp."""
+        tp = self.tp
+        if tp > 1:
+            for name, value in (
+                ("n_heads", args.n_heads),
+                ("n_kv_heads", args.kv_heads),
+                ("ffn_hidden_size", args.hidden_dim),
+                ("vocab_size", args.vocab_size),
+            ):
+                if value % tp:
+                    raise ValueError(f"model {name}={value} is not divisible by tp={tp}")
+        if args.n_layers < self.num_stages:
+            raise ValueError(
+                f"model n_layers={args.n_layers} is fewer than pp={self.pp} x "
+                f"virtual_stages={self.virtual_stages} = {self.num_stages} pipeline stages"
+            )
+        if self.pp > 1 and args.tie_embeddings:
+            raise ValueError(
+                f"tie_embeddings=True shares the embedding with the output layer, which pp={self.pp} "
+                "puts on different stages; untie them or use pp=1"
+            )
+
+    def check_batch(self, global_batch_size: int, micro_batch_size: int | None = None) -> None:
+        """Raise ValueError unless each data-parallel micro-batch splits into the microbatches.
+
+        Under PP a rank's micro-batch (global / dp unless micro_batch_size is set) is cut into
+        `num_microbatches` equal pipeline microbatches.
+        """
+        if self.pp == 1:
+            return
+        m = self.num_microbatches
+        if micro_batch_size is None and global_batch_size % (self.dp * m):
+            raise ValueError(
+                f"data.global_batch_size={global_batch_size} is not divisible by dp={self.dp} x "
+                f"microbatches={m} = {self.dp * m}"
+            )
+        if micro_batch_size is not None and micro_batch_size % m:
+            raise ValueError(
+                f"data.micro_batch_size={micro_batch_size} is not divisible by microbatches={m}"
+            )
+
+    def check_nodes(self, devices_per_node: int, num_nodes: int) -> None:
+        """Raise ValueError if a tensor-parallel group would span nodes (tp is innermost)."""
+        if num_nodes > 1 and devices_per_node % self.tp:
+            raise ValueError(
+                f"tp={self.tp} does not divide the {devices_per_node} devices of a node, so "
+                "tensor-parallel groups would cross nodes; pick tp dividing hardware.devices"
+            )
+
+    def _require_resolved(self) -> None:
+        if -1 in self.degrees().values():
+            raise ValueError("resolve(world_size) the layout first")
+
     def build_mesh(self, device_type: str):
         """Build the named DeviceMesh; dimensions of size 1 are kept so names always resolve."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        if -1 in self.degrees().values():
-            raise ValueError("resolve(world_size) the layout before building its mesh")
+        self._require_resolved()
         return init_device_mesh(
             device_type, tuple(self.degrees().values()), mesh_dim_names=MESH_DIMS
         )

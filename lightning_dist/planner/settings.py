@@ -49,6 +49,9 @@ RING_STEP_LATENCY_S = {"intra": 1e-6, "inter": 5e-6}
 """Latency of one step of a ring collective over NVLink / over the network (NCCL, rough)."""
 HOST_LINK_GBYTES_PER_SEC = 25.0
 """Device-host copy bandwidth per device for CPU offload (PCIe 4.0 x16, effective)."""
+HOST_MEMORY_GIB_PER_DEVICE = 192.0
+"""Host memory per device for offloaded state when the spec has none (a DGX: 2 TB / 8 GPUs,
+less the OS and page cache)."""
 HOST_OPTIMIZER_PARAMS_PER_SEC = 2.5e8
 """Parameters per second a CPU Adam step updates per device it serves (a node's cores shared)."""
 
