@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -60,3 +64,30 @@ def offline_run_dir(logger: Any) -> str | None:
     if getattr(run.settings, "mode", None) != "offline" and not run.offline:
         return None
     return os.path.dirname(run.dir.rstrip("/"))
+
+
+class JsonlMetrics(Logger):
+    """Appends every logged metric to `<run_dir>/metrics.jsonl` from rank 0, whatever other
+    logger runs: the record that `python -m lightning_dist.report` plots."""
+
+    def __init__(self, run_dir: str) -> None:
+        super().__init__()
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+
+    @property
+    def name(self) -> str:
+        return "metrics"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """The config is in .hydra/config.yaml already; nothing to add here."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")

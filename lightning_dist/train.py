@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dist.callbacks.context import RunContext
 from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.parallel.layout import Layout
@@ -66,6 +67,39 @@ def resolve_layout(strategy: Any, world_size: int) -> Layout:
     return Layout(dp_replicate=world_size)
 
 
+def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, devices: int,
+                   num_nodes: int) -> None:  # fmt: skip
+    """Run a strategy's own checks that need the whole run (the FSDP strategies have them):
+    world size, precision, accelerator, and the model's classes (built on the meta device)."""
+    check = getattr(strategy, "check_run", None)
+    if check is None:
+        return
+    import torch
+
+    with torch.device("meta"):
+        model = spec.build()
+    check(devices=devices, num_nodes=num_nodes, model=model,
+          precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator)  # fmt: skip
+
+
+def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
+    """A ModelCheckpoint saving every `trainer.checkpoint.every_n_train_steps` steps, if set.
+
+    The file (or, for sharded strategies, folder) is `step<N>.ckpt`; resume with
+    `trainer.ckpt_path=<it>`. Each is kept, so a run can be resumed from any of them.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    every = trainer_cfg.checkpoint.every_n_train_steps
+    if not every:
+        return []
+    dirpath = trainer_cfg.checkpoint.dirpath or run_dir / "checkpoints"
+    return [
+        ModelCheckpoint(dirpath=dirpath, filename="step{step}", auto_insert_metric_name=False,
+                        every_n_train_steps=every, save_top_k=-1, save_last=False)  # fmt: skip
+    ]
+
+
 def quiet_known_warnings() -> None:
     """Silence deprecation notices raised inside Lightning itself, which users cannot act on."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -84,9 +118,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
+    from lightning_dist.callbacks.memory import MemoryByCategory
     from lightning_dist.callbacks.run_stats import RunStats
     from lightning_dist.lm.data import batch_plan
     from lightning_dist.lm.module import CausalLM
+    from lightning_dist.loggers import JsonlMetrics
     from lightning_dist.strategies import fix_hydra_child_command
 
     with config_errors():
@@ -102,6 +138,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         single = isinstance(strategy, SingleDeviceStrategy)
         devices = 1 if single else hardware.resolved_devices()
         num_nodes = 1 if single else hardware.num_nodes
+        check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes)
+        if cfg.trainer.ckpt_path and not Path(cfg.trainer.ckpt_path).exists():
+            raise FileNotFoundError(f"trainer.ckpt_path={cfg.trainer.ckpt_path} does not exist")
         layout = resolve_layout(strategy, devices * num_nodes)
         seq_len = cfg.data.seq_len
         if seq_len > spec.max_seq_len:
@@ -125,9 +164,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )  # fmt: skip
     stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [stats]
-    logger = instantiate(cfg.logger) if cfg.logger else False
+    callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir)]
+    precision = cfg.trainer.precision or hardware.precision
+    context = RunContext(
+        hardware=hardware, layout=layout, precision=precision, seq_len=seq_len,
+        global_batch_size=cfg.data.global_batch_size,
+        flops_per_token=spec.train_flops_per_token(seq_len),
+    )  # fmt: skip
+    for callback in callbacks:
+        if hasattr(callback, "bind"):
+            callback.bind(context)
+    logger = instantiate(cfg.logger) if cfg.logger else None
     t = cfg.trainer
-    precision = t.precision or hardware.precision
     trainer = L.Trainer(
         accelerator=hardware.accelerator,
         devices=devices,
@@ -141,24 +189,26 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_val_every_n_epoch=None if t.val_check_interval else 1,
         log_every_n_steps=t.log_every_n_steps,
         num_sanity_val_steps=t.num_sanity_val_steps,
-        enable_checkpointing=t.enable_checkpointing,
+        enable_checkpointing=t.enable_checkpointing or bool(t.checkpoint.every_n_train_steps),
         deterministic=t.deterministic,
         benchmark=t.benchmark,
         use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
-        logger=logger,
+        logger=[lg for lg in (logger, JsonlMetrics(str(run_dir))) if lg is not None],
         callbacks=callbacks,
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
     if trainer.is_global_zero and logger:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=t.ckpt_path)
 
     summary = build_summary(
-        cfg, module, stats, layout=layout, hardware=hardware, world_size=trainer.world_size,
-        precision=precision, flops_per_token=spec.train_flops_per_token(seq_len),
+        cfg, module, stats, context, world_size=trainer.world_size,
         wall_seconds=time.perf_counter() - started,
     )  # fmt: skip
+    for callback in callbacks:
+        if hasattr(callback, "summary"):
+            summary.update(callback.summary(trainer.world_size))
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finish_logger(logger, summary)
@@ -176,14 +226,10 @@ def run_config(cfg: DictConfig, layout: Layout, hardware: HardwareSpec) -> dict[
     return redact(resolved)
 
 
-def build_summary(cfg, module, stats, *, layout, hardware, world_size, precision,
-                  flops_per_token, wall_seconds) -> dict[str, Any]:  # fmt: skip
+def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
+                  wall_seconds: float) -> dict[str, Any]:  # fmt: skip
     """The summary.json contract of DESIGN.md (keys are only ever added, never renamed)."""
     tokens_per_sec = stats.tokens_per_sec()
-    peak = hardware.peak_flops(precision)
-    mfu = None
-    if peak and tokens_per_sec:
-        mfu = flops_per_token * tokens_per_sec / (peak * world_size)
     losses = module.step_losses
     return {
         "losses": losses,
@@ -192,15 +238,15 @@ def build_summary(cfg, module, stats, *, layout, hardware, world_size, precision
         "steps": len(losses),
         "tokens_per_sec": tokens_per_sec,
         "world_size": world_size,
-        "layout": layout.degrees(),
+        "layout": context.layout.degrees(),
         "strategy": cfg.strategy.name,
-        "hardware": hardware.name,
+        "hardware": context.hardware.name,
         "model": _config_choice("model") or module.model_spec.__class__.__name__,
-        "precision": precision,
+        "precision": context.precision,
         "global_batch_size": cfg.data.global_batch_size,
         "seq_len": cfg.data.seq_len,
         "peak_memory_bytes": stats.peak_memory_per_rank,
-        "mfu": mfu,
+        "mfu": context.mfu(tokens_per_sec, world_size),
         "wall_seconds": wall_seconds,
     }
 

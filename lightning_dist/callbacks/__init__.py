@@ -1,6 +1,19 @@
-"""Telemetry callbacks: progress, throughput and the per-run statistics behind summary.json."""
+"""Telemetry callbacks: progress, throughput/MFU, communication vs compute, the pipeline
+bubble, stragglers, and the per-run statistics behind summary.json."""
 
+from lightning_dist.callbacks.comm import CommComputeMonitor
+from lightning_dist.callbacks.context import RunContext
 from lightning_dist.callbacks.progress import PlainProgress, progress_bar
 from lightning_dist.callbacks.run_stats import RunStats
+from lightning_dist.callbacks.stragglers import StragglerMonitor
+from lightning_dist.callbacks.throughput import ThroughputMonitor
 
-__all__ = ["PlainProgress", "RunStats", "progress_bar"]
+__all__ = [
+    "CommComputeMonitor",
+    "PlainProgress",
+    "RunContext",
+    "RunStats",
+    "StragglerMonitor",
+    "ThroughputMonitor",
+    "progress_bar",
+]

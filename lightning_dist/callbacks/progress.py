@@ -47,7 +47,7 @@ class PlainProgress(ProgressBar):
         for key, label, fmt in (
             ("train/loss", "loss", "{:.4f}"),
             ("val/loss", "val_loss", "{:.4f}"),
-            ("train/tokens_per_sec", "tok/s", "{:,.0f}"),
+            ("throughput/tokens_per_sec", "tok/s", "{:,.0f}"),
         ):
             if key in metrics:
                 shown.append(f"{label} {fmt.format(float(metrics[key]))}")

@@ -20,7 +20,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class RunStats(Callback):
-    """Times each optimizer step on every rank and logs tokens/s and tokens seen."""
+    """Always on: times each optimizer step and gathers every rank's peak memory at the end."""
 
     def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
@@ -40,10 +40,6 @@ class RunStats(Callback):
         now = time.perf_counter()
         previous = self.step_end_times[-1] if self.step_end_times else self._start
         self.step_end_times.append(now)
-        pl_module.log("train/tokens_per_sec", self.tokens_per_step / max(now - previous, 1e-9),
-                      prog_bar=True, rank_zero_only=True)  # fmt: skip
-        pl_module.log("train/tokens_seen", float(self.tokens_per_step * trainer.global_step),
-                      rank_zero_only=True)  # fmt: skip
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         mine = torch.tensor([peak_memory_bytes(pl_module.device)], device=pl_module.device)

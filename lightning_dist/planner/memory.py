@@ -240,12 +240,14 @@ def buffer_bytes(layout: Layout, settings: TrainSettings, shape: StageShape) -> 
     the prefetched next). Without it the CPU can run ahead of the GPU and issue the all-gathers
     of every unit of the stage, so we budget for that worst case. Each sharded mode also holds
     one unit's unsharded gradient before its reduce-scatter. DDP's buckets are views of the
-    gradients (gradient_as_bucket_view=True, as conf/strategy/ddp.yaml sets) and cost nothing.
+    gradients (gradient_as_bucket_view=True, as conf/strategy/ddp.yaml sets) and cost nothing;
+    but without FSDP's bf16 parameters, bf16-mixed autocast saves a bf16 copy of every weight
+    for backward: 2 bytes per parameter of the stage.
     """
     n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
-    if n == 1:
-        return 0.0
     p_b, g_b, _ = state_bytes(settings.precision, settings.optimizer)
+    if n == 1:
+        return 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
     units = shape.units()
     gathered = 0.0
     if layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP":

@@ -1,0 +1,226 @@
+"""Communication vs compute, and the pipeline bubble, measured with torch.profiler.
+
+Every `every_n_steps` optimizer steps (and once early, at `first_step`) one whole step is
+profiled on every rank. From its events:
+
+- communication = the union of the intervals in which collective work ran (gloo worker threads,
+  NCCL kernels), whatever overlapped it;
+- compute = the union of the intervals of computation (aten ops on the training thread on CPUs,
+  where backward runs on that thread too; non-communication kernels on GPUs);
+- exposed communication = communication during which no computation ran;
+- idle (the pipeline bubble under PP) = the part of the step in which this rank computed nothing.
+
+Collectives are attributed to a mesh dimension by where they run: at start-up one tiny
+collective per process group is profiled to learn which worker threads (or CUDA streams) serve
+which dimension; point-to-point sends and receives are the pipeline's.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from lightning_dist.callbacks.context import RunContext, StepClock
+from lightning_dist.callbacks.intervals import subtract, union_length, union_of
+
+COMM_EVENT = re.compile(r"^(gloo|nccl):|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
+P2P_EVENT = re.compile(r"(send|recv)", re.IGNORECASE)
+MARKER = "lightning_dist::profiled_step"
+
+
+def _activities() -> list[ProfilerActivity]:
+    cuda = torch.cuda.is_available()
+    return [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+
+
+def _interval(event: Any) -> tuple[float, float]:
+    return (event.time_range.start, event.time_range.end)
+
+
+def _where(event: Any) -> tuple[str, int]:
+    return (str(event.device_type), int(event.thread))
+
+
+def _mesh_groups(strategy: Any) -> dict[str, Any]:
+    """Process group of each mesh dimension of size > 1; the world is 'dp' without a mesh."""
+    mesh = getattr(strategy, "device_mesh", None)
+    if mesh is None or not mesh.mesh_dim_names:
+        return {"dp": None} if dist.is_initialized() and dist.get_world_size() > 1 else {}
+    return {
+        name: mesh.get_group(name)
+        for name in mesh.mesh_dim_names
+        if mesh.size(mesh.mesh_dim_names.index(name)) > 1
+    }
+
+
+def locate_process_groups(strategy: Any) -> dict[tuple[str, int], str]:
+    """Map each (device type, thread or stream) that runs collectives to its mesh dimension."""
+    located: dict[tuple[str, int], str] = {}
+    device = strategy.root_device
+    for name, group in _mesh_groups(strategy).items():
+        with profile(activities=_activities()) as prof:
+            for _ in range(4):  # gloo spreads work over several threads: visit them all
+                dist.all_reduce(torch.zeros(1, device=device), group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        for event in prof.events():
+            if COMM_EVENT.search(event.name) and not P2P_EVENT.search(event.name):
+                located[_where(event)] = name
+    return located
+
+
+def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: float,
+                 main_thread: int) -> dict[str, Any]:  # fmt: skip
+    """Communication, compute and idle time (seconds) of one profiled step."""
+    comm, compute, per_dim = [], [], {}
+    for event in events:
+        if COMM_EVENT.search(event.name):
+            dim = "pp" if P2P_EVENT.search(event.name) else located.get(_where(event), "other")
+            per_dim.setdefault(dim, []).append(_interval(event))
+            comm.append(_interval(event))
+        elif str(event.device_type).endswith("CUDA") or (
+            event.thread == main_thread and event.name.startswith("aten::")
+        ):
+            compute.append(_interval(event))
+    compute_union = union_of(compute)
+    seconds = 1e-6  # the profiler reports microseconds
+    comm_time = union_length(comm) * seconds
+    compute_time = union_length(compute_union) * seconds
+    exposed = sum(e - s for s, e in subtract(union_of(comm), compute_union)) * seconds
+    return {
+        "step_seconds": span,
+        "comm_seconds": comm_time,
+        "compute_seconds": compute_time,
+        "exposed_comm_seconds": exposed,
+        "comm_seconds_by_dim": {d: union_length(v) * seconds for d, v in per_dim.items()},
+        "comm_compute_ratio": comm_time / compute_time if compute_time else None,
+        "idle_fraction": max(0.0, 1.0 - compute_time / span) if span else None,
+    }
+
+
+class CommComputeMonitor(Callback):
+    """Profiles one step every `every_n_steps` and logs `comm/*` (and `bubble/*` under PP)."""
+
+    def __init__(self, every_n_steps: int = 50, first_step: int = 2, warn_ratio: float = 0.3):
+        self.every_n_steps = every_n_steps
+        self.first_step = first_step
+        self.warn_ratio = warn_ratio
+        self.context: RunContext | None = None
+        self.measurements: list[list[dict[str, Any]]] = []
+        """One entry per profiled step: the analysis of every rank, in rank order."""
+        self._located: dict[tuple[str, int], str] = {}
+        self._clock = StepClock()
+        self._prof = None
+        self._started = 0.0
+
+    def bind(self, context: RunContext) -> None:
+        self.context = context
+
+    def _profiled(self, step: int) -> bool:
+        """Whether optimizer step `step` (1-based) is measured."""
+        return step == self.first_step or (
+            step > self.first_step and step % self.every_n_steps == 0
+        )
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._clock.start(trainer)
+        if dist.is_initialized():
+            self._located = locate_process_groups(trainer.strategy)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._prof is None and self._profiled(trainer.global_step + 1):
+            self._prof = profile(activities=_activities())
+            self._prof.__enter__()
+            with record_function(MARKER):  # marks the training thread in the profile
+                pass
+            self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._clock.stepped(trainer) or self._prof is None:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        span = time.perf_counter() - self._started
+        self._prof.__exit__(None, None, None)
+        events, self._prof = self._prof.events(), None
+        main_thread = next((e.thread for e in events if e.name == MARKER), None)
+        mine = analyse_step(events, self._located, span, main_thread)
+        gathered = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        self.measurements.append(gathered)
+        self._log(trainer, pl_module, gathered)
+
+    def _log(self, trainer: Any, pl_module: Any, per_rank: list[dict[str, Any]]) -> None:
+        ratio = statistics.fmean(r["comm_compute_ratio"] or 0.0 for r in per_rank)
+        exposed = statistics.fmean(r["exposed_comm_seconds"] for r in per_rank)
+        pl_module.log("comm/comm_compute_ratio", ratio, rank_zero_only=True)
+        pl_module.log("comm/exposed_seconds", exposed, rank_zero_only=True)
+        dims = {d for r in per_rank for d in r["comm_seconds_by_dim"]}
+        for dim in sorted(dims):
+            seconds = statistics.fmean(r["comm_seconds_by_dim"].get(dim, 0.0) for r in per_rank)
+            pl_module.log(f"comm/{dim}_seconds", seconds, rank_zero_only=True)
+        bubble = self.bubble(per_rank)
+        if bubble:
+            pl_module.log("bubble/measured", bubble["measured"], rank_zero_only=True)
+            pl_module.log("bubble/theoretical", bubble["theoretical"], rank_zero_only=True)
+        if ratio > self.warn_ratio and trainer.is_global_zero:
+            rank_zero_warn(
+                f"communication takes {ratio:.0%} of compute time at step {trainer.global_step} "
+                f"(above {self.warn_ratio:.0%}): see comm/*_seconds for the dimension to rethink"
+            )
+
+    def bubble(self, per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Measured idle fraction per pipeline stage next to the schedule's theoretical value."""
+        layout = self.context.layout if self.context else None
+        if layout is None or layout.pp == 1:
+            return None
+        stage_of_rank = [r // (len(per_rank) // layout.pp) for r in range(len(per_rank))]
+        per_stage = [
+            statistics.fmean(
+                m["idle_fraction"]
+                for m, s in zip(per_rank, stage_of_rank, strict=True)
+                if s == stage
+            )
+            for stage in range(layout.pp)
+        ]
+        return {
+            "measured": statistics.fmean(per_stage),
+            "per_stage": per_stage,
+            "theoretical": theoretical_bubble(layout),
+        }
+
+    def summary(self, world_size: int) -> dict[str, Any]:
+        if not self.measurements:
+            return {}
+        last = self.measurements[-1]
+        out: dict[str, Any] = {
+            "comm": {
+                "per_rank": last,
+                "comm_compute_ratio": statistics.fmean(
+                    r["comm_compute_ratio"] or 0.0 for r in last
+                ),
+                "exposed_comm_seconds": statistics.fmean(r["exposed_comm_seconds"] for r in last),
+            }
+        }
+        bubble = self.bubble(last)
+        if bubble:
+            out["bubble"] = bubble
+        return out
+
+
+def theoretical_bubble(layout: Any) -> float:
+    """Idle fraction of a pipeline schedule: (p-1)/(m+p-1), shrunk by interleaving, ~0 for ZB."""
+    p, m, v = layout.pp, layout.num_microbatches, layout.virtual_stages
+    if "ZeroBubble" in layout.schedule:
+        return 0.0
+    return (p - 1) / (v * m + p - 1)

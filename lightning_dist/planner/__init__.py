@@ -1,0 +1,44 @@
+"""Pre-flight planner: what fits and what runs fastest, as plain functions over the model args,
+the hardware spec and a layout.
+
+Nothing here imports torch, torch.distributed or Lightning, so it answers on a laptop.
+"""
+
+from lightning_dist.planner.estimate import (
+    Candidate,
+    NoLayoutFitsError,
+    check_layout,
+    describe,
+    estimate,
+)
+from lightning_dist.planner.memory import MemoryBreakdown, memory_per_device
+from lightning_dist.planner.search import PlanResult, plan_layouts
+from lightning_dist.planner.settings import TrainSettings, state_bytes
+from lightning_dist.planner.timing import (
+    StepTime,
+    allgather_volume,
+    allreduce_volume,
+    bubble_fraction,
+    reduce_scatter_volume,
+    step_time,
+)
+
+__all__ = [
+    "Candidate",
+    "MemoryBreakdown",
+    "NoLayoutFitsError",
+    "PlanResult",
+    "StepTime",
+    "TrainSettings",
+    "allgather_volume",
+    "allreduce_volume",
+    "bubble_fraction",
+    "check_layout",
+    "describe",
+    "estimate",
+    "memory_per_device",
+    "plan_layouts",
+    "reduce_scatter_volume",
+    "state_bytes",
+    "step_time",
+]

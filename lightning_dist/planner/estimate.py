@@ -1,0 +1,274 @@
+"""Estimate one layout: validate it against the hardware, predict its memory and step time.
+
+`estimate` is what an explicit strategy is checked with before launch; `plan_layouts`
+(search.py) calls the same pieces for every layout it enumerates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
+from lightning_dist.planner.settings import (
+    DEFAULT_DP_OVERLAP,
+    DEFAULT_HEADROOM,
+    GIB,
+    HOST_MEMORY_GIB_PER_DEVICE,
+    TrainSettings,
+)
+from lightning_dist.planner.timing import StepTime, step_time
+
+
+class NoLayoutFitsError(ValueError):
+    """No enumerated layout fits in device memory; the message says what would help."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout with its settings, predicted memory and time."""
+
+    layout: Layout
+    settings: TrainSettings
+    memory: MemoryBreakdown
+    time: StepTime
+    fits: bool
+    reason: str | None = None
+    """Why it does not fit, with the numbers; None when it fits."""
+
+    @property
+    def grad_accumulation(self) -> int:
+        """Microbatches per step on each rank (gradient accumulation steps when pp == 1)."""
+        return self.settings.global_batch_size // self.layout.dp // self.settings.micro_batch_size
+
+    def describe(self) -> str:
+        """A short human label, e.g. 'tp=8 pp=4 dp_shard=16 1F1B FULL_SHARD mbs=1 ac'."""
+        return describe(self.layout, self.settings)
+
+    def as_dict(self) -> dict:
+        """The JSON form used by `python -m lightning_dist.plan --json`."""
+        lay, st, t = self.layout, self.settings, self.time
+        return {
+            "layout": {
+                **lay.degrees(),
+                "schedule": lay.schedule if lay.pp > 1 else None,
+                "microbatches": self.grad_accumulation if lay.pp > 1 else None,
+                "virtual_stages": lay.virtual_stages,
+            },
+            "memory_bytes": self.memory.as_dict(),
+            "fits": self.fits,
+            "reason": self.reason,
+            "step_seconds": t.step_seconds,
+            "tokens_per_sec": t.tokens_per_sec,
+            "mfu": t.mfu,
+            "comm_compute_ratio": t.comm_compute_ratio,
+            "bubble_fraction": t.bubble_fraction,
+            "sharding": st.sharding if lay.dp_shard > 1 else "NO_SHARD",
+            "activation_checkpointing": st.activation_checkpointing,
+            "offload": st.offload,
+            "micro_batch_size": st.micro_batch_size,
+            "grad_accumulation": self.grad_accumulation if lay.pp == 1 else 1,
+            "precision": st.precision,
+            "label": self.describe(),
+        }
+
+
+def describe(layout: Layout, settings: TrainSettings) -> str:
+    """A short human label of a layout and its settings."""
+    parts = [f"{k}={v}" for k, v in layout.degrees().items() if v > 1] or ["single device"]
+    if layout.pp > 1:
+        v = layout.virtual_stages
+        parts.append(layout.schedule + (f"(v={v})" if v > 1 else ""))
+    if layout.dp_shard > 1 and settings.sharding in SHARDED_MODES:
+        parts.append(settings.sharding)
+    elif layout.dp > 1:
+        parts.append("NO_SHARD")
+    parts.append(f"mbs={settings.micro_batch_size}")
+    parts += ["ac"] * settings.activation_checkpointing + ["offload"] * settings.offload
+    return " ".join(parts)
+
+
+def as_model_args(model):
+    """Accept `ModelArgs` or anything with `.to_model_args()` (a Hugging Face spec)."""
+    return model.to_model_args() if hasattr(model, "to_model_args") else model
+
+
+def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
+    """Why `tp` cannot split this model inside one node, or None."""
+    if tp > devices_per_node:
+        return f"tp={tp} crosses the node boundary ({devices_per_node} devices per node)"
+    if devices_per_node % tp:
+        return f"tp={tp} does not divide the {devices_per_node} devices per node"
+    for name, value in (
+        ("n_heads", model.n_heads),
+        ("n_kv_heads", model.kv_heads),
+        ("hidden_dim", model.hidden_dim),
+        ("vocab_size", model.vocab_size),
+    ):
+        if value % tp:
+            return f"model {name}={value} is not divisible by tp={tp}"
+    return None
+
+
+def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
+    """Why `pp` stages (of `virtual_stages` chunks each) cannot split the layers, or None."""
+    chunks = pp * (virtual_stages if pp > 1 else 1)
+    if chunks > model.n_layers:
+        extra = f" x virtual_stages={virtual_stages}" if virtual_stages > 1 else ""
+        return f"pp={pp}{extra} exceeds n_layers={model.n_layers}"
+    return None
+
+
+def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
+    """Why the global batch cannot be split over this layout's dp ranks and microbatches."""
+    gbs, dp, pp = settings.global_batch_size, layout.dp, layout.pp
+    if gbs % dp:
+        verb = "is smaller than" if gbs < dp else "is not divisible by"
+        return f"global_batch_size={gbs} {verb} dp={dp}"
+    per_rank = gbs // dp
+    if per_rank % settings.micro_batch_size:
+        return (
+            f"micro_batch_size={settings.micro_batch_size} does not divide the per-rank batch "
+            f"{per_rank} (global_batch_size={gbs} / dp={dp})"
+        )
+    m = per_rank // settings.micro_batch_size
+    if pp > 1 and layout.schedule != "GPipe" and m < pp:
+        return (
+            f"schedule={layout.schedule} needs at least pp={pp} microbatches, the per-rank "
+            f"batch of {per_rank} gives {m}"
+        )
+    if pp > 1 and layout.schedule.startswith("Interleaved") and m % pp:
+        return f"schedule={layout.schedule} needs microbatches={m} divisible by pp={pp}"
+    return None
+
+
+def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
+    """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
+    problem = (
+        tp_problem(model, hardware.resolved_devices(), layout.tp)
+        or pp_problem(model, layout.pp, layout.virtual_stages)
+        or batch_problem(layout, settings)
+    )
+    max_seq = getattr(model, "max_seq_len", None)
+    if problem is None and max_seq is not None and settings.seq_len > max_seq:
+        problem = f"seq_len={settings.seq_len} exceeds the model's max_seq_len={max_seq}"
+    if (
+        problem is None
+        and settings.offload
+        and not (settings.sharding in SHARDED_MODES and layout.dp_shard > 1)
+    ):
+        problem = "offload needs a sharded FSDP mode with dp_shard > 1"
+    if problem:
+        raise ValueError(problem)
+
+
+def fit_problem(memory: MemoryBreakdown, hardware, headroom: float) -> str | None:
+    """Why `memory` does not fit on `hardware` with `headroom`, or None if it fits.
+
+    Device memory unknown (CPU ranks share the host) means anything fits. Offloaded state must
+    fit in host memory: `hardware.host_memory_gib` per node when the spec has it, else
+    HOST_MEMORY_GIB_PER_DEVICE per device.
+    """
+    if hardware.memory_gib is not None:
+        usable = hardware.memory_gib * GIB * headroom
+        if memory.total > usable:
+            return (
+                f"needs {memory.total / GIB:.1f} GiB/device, has {hardware.memory_gib:g} "
+                f"({usable / GIB:.1f} usable at {headroom:.0%})"
+            )
+    if memory.host:
+        host_gib = getattr(hardware, "host_memory_gib", None)
+        per_device = (
+            host_gib / hardware.resolved_devices() if host_gib else HOST_MEMORY_GIB_PER_DEVICE
+        )
+        if memory.host > per_device * GIB * headroom:
+            return (
+                f"offload needs {memory.host / GIB:.1f} GiB of host memory per device, "
+                f"has about {per_device:g}"
+            )
+    return None
+
+
+def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None):
+    """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`)."""
+    memory = memory_per_device(model, layout, settings, accelerator=hardware.accelerator)
+    problem = fit_problem(memory, hardware, headroom)
+    kwargs = {} if overlap is None else {"overlap": overlap}
+    time = step_time(model, hardware, layout, settings, efficiency=efficiency, **kwargs)
+    return Candidate(layout, settings, memory, time, problem is None, problem)
+
+
+def estimate(
+    model,
+    hardware,
+    layout: Layout,
+    *,
+    global_batch_size: int,
+    seq_len: int,
+    precision: str | None = None,
+    optimizer: str = "adamw",
+    sharding: str | None = None,
+    micro_batch_size: int | None = None,
+    activation_checkpointing: bool = False,
+    offload: bool = False,
+    sequence_parallel: bool = True,
+    limit_all_gathers: bool = True,
+    attention: str = "flash",
+    efficiency: float | None = None,
+    overlap: float = DEFAULT_DP_OVERLAP,
+    headroom: float = DEFAULT_HEADROOM,
+) -> Candidate:
+    """Predict memory and step time of ONE layout; `fits` says whether it fits with headroom.
+
+    `layout` may hold one -1 degree; it is resolved against the hardware's world size.
+    `sharding` defaults to FULL_SHARD when dp_shard > 1 (HYBRID when dp_replicate > 1 too), else
+    NO_SHARD. `micro_batch_size` defaults to the per-rank batch over the layout's microbatches
+    under PP, and to the whole per-rank batch (no accumulation) without. `precision` defaults to
+    the hardware's. Raises ValueError when the layout cannot exist on the hardware.
+    """
+    model = as_model_args(model)
+    layout = layout.resolve(hardware.world_size)
+    if sharding is None:
+        sharding = (
+            "NO_SHARD"
+            if layout.dp_shard == 1
+            else ("HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD")
+        )
+    if global_batch_size % layout.dp:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by dp={layout.dp}"
+        )
+    per_rank = global_batch_size // layout.dp
+    if micro_batch_size is None:
+        m = layout.num_microbatches if layout.pp > 1 else 1
+        if per_rank % m:
+            raise ValueError(
+                f"microbatches={m} does not divide the per-rank batch {per_rank} "
+                f"(global_batch_size={global_batch_size} / dp={layout.dp})"
+            )
+        micro_batch_size = per_rank // m
+    elif layout.pp > 1 and layout.microbatches is not None:
+        if per_rank != micro_batch_size * layout.microbatches:
+            raise ValueError(
+                f"microbatches={layout.microbatches} x micro_batch_size={micro_batch_size} "
+                f"is not the per-rank batch {per_rank}"
+            )
+    settings = TrainSettings(
+        global_batch_size=global_batch_size,
+        seq_len=seq_len,
+        precision=precision or hardware.precision,
+        optimizer=optimizer,
+        micro_batch_size=micro_batch_size,
+        sharding=sharding,
+        activation_checkpointing=activation_checkpointing,
+        offload=offload,
+        sequence_parallel=sequence_parallel,
+        limit_all_gathers=limit_all_gathers,
+        attention=attention,
+    )
+    check_layout(model, hardware, layout, settings)
+    if layout.pp > 1:
+        layout = replace(layout, microbatches=per_rank // micro_batch_size)
+    return evaluate(
+        model, hardware, layout, settings, headroom=headroom, efficiency=efficiency, overlap=overlap
+    )

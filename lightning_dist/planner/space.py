@@ -1,0 +1,78 @@
+"""The space of layouts the search walks, pruned to what is worth estimating.
+
+TP takes powers of two inside a node; PP takes the divisors of the remaining ranks that are
+powers of two or divide the layer count (uneven splits are allowed, the busiest stage sets the
+pace); DP is pure replication (DDP), pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a
+power-of-two shard group; interleaved schedules try 2, 4 and 8 chunks per rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.planner.estimate import pp_problem
+
+INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def layout_makers(model, pp, r, s, tp, schedules):
+    """Functions from a microbatch count to a Layout, one per schedule (and interleaving
+    depth v in 2, 4, 8 for the interleaved schedules, while pp x v <= n_layers)."""
+    if pp == 1:
+        return [lambda m: Layout(pp=1, dp_replicate=r, dp_shard=s, tp=tp)]
+    makers = []
+    for sched in schedules:
+        depths = (2,) if sched == "ZBVZeroBubble" else (2, 4, 8) if sched in INTERLEAVED else (1,)
+        for v in depths:
+            if pp_problem(model, pp, v) is None:
+                makers.append(
+                    lambda m, sched=sched, v=v: Layout(
+                        pp=pp,
+                        dp_replicate=r,
+                        dp_shard=s,
+                        tp=tp,
+                        schedule=sched,
+                        microbatches=m,
+                        virtual_stages=v,
+                    )
+                )
+    return makers
+
+
+def dp_splits(dp, pp, shard_start, modes):
+    """(dp_replicate, dp_shard, mode) options: DDP, full sharding, and HSDP splits whose shard
+    group is a power of two from one node's worth of ranks up to half of dp."""
+    if dp == 1:
+        return [(1, 1, "NO_SHARD")]
+    splits = [(dp, 1, "NO_SHARD"), (1, dp, "FULL_SHARD")]
+    if pp == 1:
+        splits.append((1, dp, "SHARD_GRAD_OP"))  # under PP it behaves as FULL_SHARD does
+    s = max(2, shard_start)
+    while s < dp:
+        if dp % s == 0:
+            splits.append((dp // s, s, "HYBRID_SHARD"))
+        s *= 2
+    return [x for x in splits if x[2] in modes]
+
+
+def pp_values(ranks: int, n_layers: int) -> list[int]:
+    """Pipeline degrees to try for `ranks` ranks, plus the first one past the layer count."""
+    values = [d for d in divisors(ranks) if d & (d - 1) == 0 or n_layers % d == 0]
+    return [d for d in values if d <= n_layers] + [d for d in values if d > n_layers][:1]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit`."""
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def powers_dividing(n: int) -> list[int]:
+    """The powers of two that divide `n`."""
+    return [p for p in powers_of_two(n) if n % p == 0]
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of `n`, ascending."""
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted(set(small + [n // i for i in small]))
