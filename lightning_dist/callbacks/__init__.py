@@ -1,11 +1,10 @@
 """Telemetry callbacks: progress, throughput/MFU, communication vs compute, the pipeline
-bubble, stragglers, and the per-run statistics behind summary.json."""
+bubble and stragglers, and the per-run statistics behind summary.json."""
 
 from lightning_dist.callbacks.comm import CommComputeMonitor
 from lightning_dist.callbacks.context import RunContext
 from lightning_dist.callbacks.progress import PlainProgress, progress_bar
 from lightning_dist.callbacks.run_stats import RunStats
-from lightning_dist.callbacks.stragglers import StragglerMonitor
 from lightning_dist.callbacks.throughput import ThroughputMonitor
 
 __all__ = [
@@ -13,7 +12,6 @@ __all__ = [
     "PlainProgress",
     "RunContext",
     "RunStats",
-    "StragglerMonitor",
     "ThroughputMonitor",
     "progress_bar",
 ]

@@ -8,7 +8,10 @@ profiled on every rank. From its events:
 - compute = the union of the intervals of computation (aten ops on the training thread on CPUs,
   where backward runs on that thread too; non-communication kernels on GPUs);
 - exposed communication = communication during which no computation ran;
-- idle (the pipeline bubble under PP) = the part of the step in which this rank computed nothing.
+- idle (the pipeline bubble under PP) = the part of the step in which this rank computed nothing;
+- busy = the step minus exposed communication: what this rank spent on its own work. In a
+  synchronous step every rank ends together, the fast ones waiting inside a collective for the
+  slow one, so the rank with the largest busy time is the straggler.
 
 Collectives are attributed to a mesh dimension by where they run: at start-up one tiny
 collective per process group is profiled to learn which worker threads (or CUDA streams) serve
@@ -103,16 +106,20 @@ def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: f
         "comm_seconds_by_dim": {d: union_length(v) * seconds for d, v in per_dim.items()},
         "comm_compute_ratio": comm_time / compute_time if compute_time else None,
         "idle_fraction": max(0.0, 1.0 - compute_time / span) if span else None,
+        "busy_seconds": max(0.0, span - exposed),
     }
 
 
 class CommComputeMonitor(Callback):
-    """Profiles one step every `every_n_steps` and logs `comm/*` (and `bubble/*` under PP)."""
+    """Profiles one step every `every_n_steps`; logs `comm/*`, `stragglers/*` and, under PP,
+    `bubble/*`."""
 
-    def __init__(self, every_n_steps: int = 50, first_step: int = 2, warn_ratio: float = 0.3):
+    def __init__(self, every_n_steps: int = 50, first_step: int = 2, warn_ratio: float = 0.3,
+                 straggler_ratio: float = 1.2) -> None:  # fmt: skip
         self.every_n_steps = every_n_steps
         self.first_step = first_step
         self.warn_ratio = warn_ratio
+        self.straggler_ratio = straggler_ratio
         self.context: RunContext | None = None
         self.measurements: list[list[dict[str, Any]]] = []
         """One entry per profiled step: the analysis of every rank, in rank order."""
@@ -169,6 +176,22 @@ class CommComputeMonitor(Callback):
         for dim in sorted(dims):
             seconds = statistics.fmean(r["comm_seconds_by_dim"].get(dim, 0.0) for r in per_rank)
             pl_module.log(f"comm/{dim}_seconds", seconds, rank_zero_only=True)
+        stragglers = self.stragglers(per_rank)
+        pl_module.log(
+            "stragglers/slowest_rank", float(stragglers["slowest_rank"]), rank_zero_only=True
+        )
+        pl_module.log("stragglers/spread", stragglers["spread"], rank_zero_only=True)
+        if (
+            len(per_rank) > 1
+            and stragglers["spread"] > self.straggler_ratio
+            and trainer.is_global_zero
+        ):
+            busy = stragglers["busy_seconds_per_rank"]
+            rank_zero_warn(
+                f"rank {stragglers['slowest_rank']} is a straggler at step {trainer.global_step}: "
+                f"busy {max(busy) * 1e3:.1f} ms per step, {stragglers['spread']:.2f}x the median "
+                f"{statistics.median(busy) * 1e3:.1f} ms"
+            )
         bubble = self.bubble(per_rank)
         if bubble:
             pl_module.log("bubble/measured", bubble["measured"], rank_zero_only=True)
@@ -178,6 +201,18 @@ class CommComputeMonitor(Callback):
                 f"communication takes {ratio:.0%} of compute time at step {trainer.global_step} "
                 f"(above {self.warn_ratio:.0%}): see comm/*_seconds for the dimension to rethink"
             )
+
+    @staticmethod
+    def stragglers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per-rank busy time, the slowest rank, and its busy time over the median's."""
+        busy = [r["busy_seconds"] for r in per_rank]
+        median = statistics.median(busy)
+        slowest = max(range(len(busy)), key=busy.__getitem__)
+        return {
+            "busy_seconds_per_rank": busy,
+            "slowest_rank": slowest,
+            "spread": busy[slowest] / median if median > 0 else 1.0,
+        }
 
     def bubble(self, per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Measured idle fraction per pipeline stage next to the schedule's theoretical value."""
@@ -212,6 +247,7 @@ class CommComputeMonitor(Callback):
                 "exposed_comm_seconds": statistics.fmean(r["exposed_comm_seconds"] for r in last),
             }
         }
+        out["stragglers"] = self.stragglers(last)
         bubble = self.bubble(last)
         if bubble:
             out["bubble"] = bubble

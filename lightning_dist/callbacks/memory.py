@@ -38,14 +38,20 @@ class MemoryByCategory(Callback):
         if last is not None:
             self._target = min(self._target, last)
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._meter is None and self._mine is None and trainer.global_step == self._target:
-            self._meter = StepMemoryMeter(trainer.strategy.root_device)
+            self._meter = StepMemoryMeter(trainer.strategy.root_device, closure_step=True)
             try:
                 self._meter.start(trainer.strategy.model, trainer.optimizers)
             except Exception as e:  # the measurement must never cost the run
                 log.warning("Memory by category is not measured: %s", e)
                 self._meter, self._mine = None, {}
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._meter is not None:  # Lightning runs forward and backward inside step(closure)
+            self._meter.optimizer_step_begins()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs, batch, batch_idx) -> None:
         if self._meter is not None and trainer.global_step > self._target:

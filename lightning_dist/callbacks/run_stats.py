@@ -38,7 +38,6 @@ class RunStats(Callback):
             return  # still accumulating gradients
         self._last_step = trainer.global_step
         now = time.perf_counter()
-        previous = self.step_end_times[-1] if self.step_end_times else self._start
         self.step_end_times.append(now)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
