@@ -45,6 +45,11 @@ class RunStats(Callback):
         gathered = trainer.strategy.all_gather(mine)
         self.peak_memory_per_rank = [int(v) for v in gathered.flatten().tolist()]
 
+    def step_seconds(self) -> list[float]:
+        """Wall time of each optimizer step on this rank (the first includes warm-up)."""
+        ends = [self._start, *self.step_end_times]
+        return [b - a for a, b in zip(ends, ends[1:], strict=False)]
+
     def tokens_per_sec(self) -> float | None:
         """Steady-state throughput: every step after the first (which pays for warm-up)."""
         times = self.step_end_times
