@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from lightning_dist.callbacks.context import RunContext, StepClock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
+from lightning_dist.planner.timing import bubble_fraction
 
 COMM_EVENT = re.compile(r"^(gloo|nccl):|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
 P2P_EVENT = re.compile(r"(send|recv)", re.IGNORECASE)
@@ -255,8 +256,7 @@ class CommComputeMonitor(Callback):
 
 
 def theoretical_bubble(layout: Any) -> float:
-    """Idle fraction of a pipeline schedule: (p-1)/(m+p-1), shrunk by interleaving, ~0 for ZB."""
-    p, m, v = layout.pp, layout.num_microbatches, layout.virtual_stages
-    if "ZeroBubble" in layout.schedule:
-        return 0.0
-    return (p - 1) / (v * m + p - 1)
+    """The schedule's idle fraction for this layout (the planner's formula)."""
+    return bubble_fraction(
+        layout.schedule, layout.pp, layout.num_microbatches, layout.virtual_stages
+    )

@@ -1,0 +1,103 @@
+"""Pre-flight: check a configured run against the planner before any process starts.
+
+`train.py plan.only=true` prints the prediction for the configured strategy and layout (and
+the planner's best layout) and exits, so it works on a laptop for any hardware spec. With
+`plan.check=true` (the default) a layout predicted not to fit stops the run with the numbers
+and the planner's suggestion, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.parallel.layout import Layout
+
+
+def planned_sharding(strategy: Any, layout: Layout) -> str:
+    """The planner's FSDP mode for a strategy object (duck-typed: no Lightning import)."""
+    if layout.dp_shard == 1:
+        return "NO_SHARD"
+    mode = getattr(strategy, "sharding_strategy", None)  # FSDP1: a ShardingStrategy enum
+    name = getattr(mode, "name", None) or (str(mode) if mode else None)
+    if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        return "SHARD_GRAD_OP"
+    if name == "NO_SHARD":
+        return "NO_SHARD"
+    if getattr(strategy, "reshard_after_forward", True) is False:  # FSDP2 keeps params gathered
+        return "SHARD_GRAD_OP"
+    return "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+
+
+def _offloads(strategy: Any) -> bool:
+    """FSDP1 keeps a CPUOffload object (truthy even when off); FSDP2 strategies a bool."""
+    offload = getattr(strategy, "cpu_offload", False)
+    return bool(getattr(offload, "offload_params", offload))
+
+
+def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout,
+                 precision: str):  # fmt: skip
+    """The planner's prediction for exactly this run (one layout, its sharding and batch)."""
+    from lightning_dist.planner import estimate
+
+    return estimate(
+        spec,
+        hardware,
+        layout,
+        global_batch_size=int(cfg.data.global_batch_size),
+        seq_len=int(cfg.data.seq_len),
+        precision=precision,
+        sharding=planned_sharding(strategy, layout),
+        micro_batch_size=cfg.data.micro_batch_size,
+        activation_checkpointing=bool(getattr(strategy, "activation_checkpointing", False)),
+        offload=_offloads(strategy),
+    )
+
+
+def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str) -> str:
+    """One line: the planner's best layout for this model and hardware, or why none fits."""
+    from lightning_dist.planner import plan_layouts
+
+    result = plan_layouts(
+        spec,
+        hardware,
+        global_batch_size=int(cfg.data.global_batch_size),
+        seq_len=int(cfg.data.seq_len),
+        precision=precision,
+    )
+    if result.chosen is None:
+        return result.message
+    return f"the planner suggests: {result.candidates[result.chosen].describe()}"
+
+
+def check_fits(cfg, spec, hardware, strategy, layout, precision) -> None:
+    """Raise ValueError with the numbers if the planner predicts this run does not fit."""
+    if hardware.memory_gib is None:
+        return  # CPU ranks share host memory: nothing to check against
+    candidate = estimate_run(cfg, spec, hardware, strategy, layout, precision)
+    if not candidate.fits:
+        raise ValueError(
+            f"{candidate.reason}; {best_layout_hint(cfg, spec, hardware, precision)} "
+            "(run anyway with plan.check=false)"
+        )
+
+
+def print_prediction(cfg, spec, hardware, strategy, layout, precision) -> bool:
+    """Print the prediction for this run and the planner's best; return whether it fits."""
+    candidate = estimate_run(cfg, spec, hardware, strategy, layout, precision)
+    memory = candidate.as_dict()
+    gib = {k: v / 1024**3 for k, v in memory["memory_bytes"].items()}
+    print(f"plan for strategy={cfg.strategy.name} on {hardware.name} "
+          f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):")  # fmt: skip
+    print(f"  layout: {candidate.describe()}")
+    print("  memory per device (GiB): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in gib.items()))  # fmt: skip
+    step = memory.get("step_seconds")
+    if step:
+        mfu = memory.get("mfu")
+        print(f"  step {step:.3f} s, {memory['tokens_per_sec']:,.0f} tokens/s, "
+              f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
+              f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
+    print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
+    print(f"  {best_layout_hint(cfg, spec, hardware, precision)}")
+    return candidate.fits

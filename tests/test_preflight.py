@@ -1,0 +1,44 @@
+"""train.py's pre-flight check: plan.only on a machine without GPUs, and a layout predicted
+not to fit stops with the numbers and the planner's suggestion."""
+
+import os
+import subprocess
+import sys
+
+from lightning_dist.config import compose_config, hardware_spec, model_spec
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.parity import REPO_ROOT
+from lightning_dist.preflight import estimate_run, planned_sharding
+
+
+def _train(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *overrides],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def test_plan_only_works_without_gpus():
+    result = _train("strategy=fsdp", "hardware=dgx_h100", "model=llama3_70b", "plan.only=true")
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "plan for strategy=fsdp on dgx_h100" in result.stdout
+    assert "fits: no" in result.stdout and "planner suggests" in result.stdout
+    assert result.returncode == 1  # 70B does not fit on 8 x 80 GiB with plain FSDP
+
+
+def test_layout_predicted_not_to_fit_stops_before_launch():
+    result = _train("strategy=ddp", "hardware=dgx_h100", "model=llama3_8b")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    assert "GiB/device, has 80" in errors[0] and "planner suggests" in errors[0]
+    assert "plan.check=false" in errors[0]
+
+
+def test_ddp_prediction_is_unsharded(tmp_path):
+    cfg = compose_config(["hardware=dgx_h100", "model=llama3_8b", f"paths.output_dir={tmp_path}"])
+    layout = Layout(dp_replicate=8)
+    assert planned_sharding(object(), layout) == "NO_SHARD"
+    candidate = estimate_run(cfg, model_spec(cfg), hardware_spec(cfg), object(), layout,
+                             "bf16-mixed")  # fmt: skip
+    states = candidate.as_dict()["memory_bytes"]
+    model_states = states["params"] + states["grads"] + states["optimizer"]
+    assert abs(model_states / (16 * 8.03e9) - 1) < 0.01
