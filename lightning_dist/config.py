@@ -90,6 +90,113 @@ class DDPSchema:
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    broadcast_buffers: bool = False
+    """Re-broadcast buffers every forward; off, since our buffers (RoPE tables) never change."""
+
+
+@dataclass(kw_only=True)
+class FSDPSchema:
+    """`strategy=fsdp`: FSDP1 with the tuned recipe (docs/FSDP.md explains each default)."""
+
+    name: str = "fsdp"
+    _target_: str = "lightning_dist.strategies.fsdp.TunedFSDPStrategy"
+    sharding_strategy: str | None = None
+    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or NO_SHARD; null picks
+    SHARD_GRAD_OP on one node and HYBRID_SHARD across nodes."""
+    hybrid_shard_size: int | None = None
+    """Ranks per shard group under HYBRID_SHARD; null means one node."""
+    forward_prefetch: bool = True
+    backward_prefetch: str | None = "BACKWARD_PRE"
+    """BACKWARD_PRE, BACKWARD_POST or none."""
+    limit_all_gathers: bool = True
+    param_dtype: str | None = None
+    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
+    reduce_dtype: str | None = "fp32"
+    buffer_dtype: str | None = "fp32"
+    activation_checkpointing: int = 0
+    """0: off; n: checkpoint every n-th block (1: every block)."""
+    cpu_offload: bool = False
+    use_orig_params: bool = True
+    sync_module_states: bool = False
+    auto_wrap: list[str] | None = None
+    """Block class names to wrap as FSDP units; null detects them, [] wraps the root only."""
+    state_dict_type: str = "sharded"
+    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
+
+
+@dataclass(kw_only=True)
+class FSDP2Schema:
+    """`strategy=fsdp2`: per-parameter sharding with fully_shard; HSDP with dp_replicate > 1."""
+
+    name: str = "fsdp2"
+    _target_: str = "lightning_dist.strategies.fsdp2.FSDP2Strategy"
+    dp_replicate: int | None = None
+    """Replica groups (HSDP); null means one per node. Shards: world size / dp_replicate."""
+    reshard_after_forward: Any = True
+    """true, false, or an int (reshard to groups of that size)."""
+    prefetch_forward: int = 1
+    prefetch_backward: int = 1
+    param_dtype: str | None = None
+    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
+    reduce_dtype: str | None = "fp32"
+    cpu_offload: bool = False
+    activation_checkpointing: int = 0
+    """0: off; n: checkpoint every n-th block (1: every block)."""
+    auto_wrap: list[str] | None = None
+    """Block class names to shard one by one; null detects them."""
+    state_dict_type: str = "sharded"
+    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
+    init_sharded: bool = False
+    """Initialise after sharding (scale) instead of materialising whole (parity)."""
+
+
+@dataclass(kw_only=True)
+class Parallel3DSchema:
+    """`strategy=3d`, `tp`, `pp`: data x tensor x pipeline parallelism (docs/PARALLEL3D.md)."""
+
+    name: str = "3d"
+    _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
+    dp_shard: int = -1
+    """Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks."""
+    dp_replicate: int = 1
+    """Data-parallel replica groups (HSDP across them)."""
+    tp: int = 1
+    """Tensor-parallel ranks (innermost: keep within a node)."""
+    pp: int = 1
+    """Pipeline stages' ranks (outermost)."""
+    schedule: str = "1F1B"
+    """GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble."""
+    microbatches: int | None = None
+    """Pipeline microbatches per step; null means 2 x pp."""
+    virtual_stages: int = 1
+    """Stages per pipeline rank (2+ for the interleaved schedules, 2 for ZBVZeroBubble)."""
+    split_points: list[int] | None = None
+    """First layer index of each stage after the first; null balances stages by cost."""
+    tp_plan: Any = None
+    """{module pattern: style}; null uses the model's own plan. On the command line a key
+    cannot hold `*`: name modules exactly there, or write the plan in a YAML file."""
+    sequence_parallel: bool = False
+    loss_parallel: bool = True
+    """Keep logits split along the vocabulary for the cross-entropy (tp > 1)."""
+    activation_checkpointing: int = 0
+    """0: off; n: checkpoint every n-th block (1: every block)."""
+    reshard_after_forward: Any = True
+    param_dtype: str | None = None
+    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
+    reduce_dtype: str | None = "fp32"
+    init_sharded: bool = False
+    """Initialise each shard on its rank (no full copy; init differs from a single process)."""
+    state_dict_type: str = "sharded"
+    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointSchema:
+    every_n_train_steps: int | None = None
+    """Save a checkpoint every this many optimizer steps, as <dirpath>/step<N>.ckpt (a folder
+    when the strategy saves sharded); null saves none."""
+    dirpath: str | None = None
+    """Where checkpoints go; null means <run dir>/checkpoints."""
 
 
 @dataclass(kw_only=True)
@@ -103,6 +210,9 @@ class TrainerSchema:
     log_every_n_steps: int = 10
     num_sanity_val_steps: int = 0
     enable_checkpointing: bool = False
+    checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
+    ckpt_path: str | None = None
+    """Resume from this checkpoint (a file, or a sharded checkpoint's folder)."""
     deterministic: bool = False
     benchmark: bool = False
 
@@ -116,6 +226,14 @@ class OptimSchema:
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
+
+
+@dataclass(kw_only=True)
+class PlanSchema:
+    only: bool = False
+    """Print the planner's prediction for this run (and its best layout) and exit."""
+    check: bool = True
+    """Stop before launch when the planner predicts the layout does not fit in memory."""
 
 
 @dataclass(kw_only=True)
@@ -135,6 +253,7 @@ class TrainSchema:
     logger: Any = None
     callbacks: Any = None
     paths: PathsSchema = field(default_factory=PathsSchema)
+    plan: PlanSchema = field(default_factory=PlanSchema)
     experiment: Any = None
     debug: Any = None
     seed: int = 1234
@@ -154,6 +273,9 @@ def register_schemas() -> None:
     cs.store(group="data", name="schema_synthetic", node=SyntheticDataSchema)
     cs.store(group="strategy", name="schema_single", node=SingleSchema)
     cs.store(group="strategy", name="schema_ddp", node=DDPSchema)
+    cs.store(group="strategy", name="schema_fsdp", node=FSDPSchema)
+    cs.store(group="strategy", name="schema_fsdp2", node=FSDP2Schema)
+    cs.store(group="strategy", name="schema_parallel3d", node=Parallel3DSchema)
 
 
 register_schemas()

@@ -70,7 +70,8 @@ def resolve_layout(strategy: Any, world_size: int) -> Layout:
 def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, devices: int,
                    num_nodes: int) -> None:  # fmt: skip
     """Run a strategy's own checks that need the whole run (the FSDP strategies have them):
-    world size, precision, accelerator, and the model's classes (built on the meta device)."""
+    world size, precision, accelerator, batch split, and the model's classes (built on the
+    meta device)."""
     check = getattr(strategy, "check_run", None)
     if check is None:
         return
@@ -79,7 +80,8 @@ def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, d
     with torch.device("meta"):
         model = spec.build()
     check(devices=devices, num_nodes=num_nodes, model=model,
-          precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator)  # fmt: skip
+          precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator,
+          global_batch_size=cfg.data.global_batch_size, micro_batch_size=cfg.data.micro_batch_size)  # fmt: skip
 
 
 def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
@@ -95,8 +97,14 @@ def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
         return []
     dirpath = trainer_cfg.checkpoint.dirpath or run_dir / "checkpoints"
     return [
-        ModelCheckpoint(dirpath=dirpath, filename="step{step}", auto_insert_metric_name=False,
-                        every_n_train_steps=every, save_top_k=-1, save_last=False)  # fmt: skip
+        ModelCheckpoint(
+            dirpath=dirpath,
+            filename="step{step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every,
+            save_top_k=-1,
+            save_last=False,
+        )
     ]
 
 
@@ -123,17 +131,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from lightning_dist.lm.data import batch_plan
     from lightning_dist.lm.module import CausalLM
     from lightning_dist.loggers import JsonlMetrics
+    from lightning_dist.preflight import check_fits, print_prediction
     from lightning_dist.strategies import fix_hydra_child_command
 
     with config_errors():
         spec = model_spec(cfg)
         hardware = hardware_spec(cfg)
-        hardware.check_machine()
-        if hardware.num_nodes > 1 and not _cluster_launch():
-            raise ValueError(
-                f"hardware.num_nodes={hardware.num_nodes} needs every node started by torchrun "
-                "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
-            )
         strategy = build_strategy(cfg.strategy, hardware)
         single = isinstance(strategy, SingleDeviceStrategy)
         devices = 1 if single else hardware.resolved_devices()
@@ -142,6 +145,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.trainer.ckpt_path and not Path(cfg.trainer.ckpt_path).exists():
             raise FileNotFoundError(f"trainer.ckpt_path={cfg.trainer.ckpt_path} does not exist")
         layout = resolve_layout(strategy, devices * num_nodes)
+        precision = cfg.trainer.precision or hardware.precision
+        if cfg.plan.only:  # a prediction for any hardware, on any machine
+            return {"plan_only": True, "fits": print_prediction(cfg, spec, hardware, strategy,
+                                                                layout, precision)}  # fmt: skip
+        if cfg.plan.check:
+            check_fits(cfg, spec, hardware, strategy, layout, precision)
+        hardware.check_machine()
+        if hardware.num_nodes > 1 and not _cluster_launch():
+            raise ValueError(
+                f"hardware.num_nodes={hardware.num_nodes} needs every node started by torchrun "
+                "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
+            )
         seq_len = cfg.data.seq_len
         if seq_len > spec.max_seq_len:
             raise ValueError(
@@ -165,7 +180,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [stats]
     callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir)]
-    precision = cfg.trainer.precision or hardware.precision
     context = RunContext(
         hardware=hardware, layout=layout, precision=precision, seq_len=seq_len,
         global_batch_size=cfg.data.global_batch_size,
@@ -237,6 +251,7 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
         "val_losses": module.val_losses,
         "steps": len(losses),
         "tokens_per_sec": tokens_per_sec,
+        "step_seconds": stats.step_seconds(),
         "world_size": world_size,
         "layout": context.layout.degrees(),
         "strategy": cfg.strategy.name,

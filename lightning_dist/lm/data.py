@@ -76,6 +76,15 @@ class LMDataModule(pl.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.tokenizer_vocab_size: int = 0
+        self.resume_step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Saved in checkpoints: the optimizer steps taken, so a resumed run reads on from there."""
+        trainer = getattr(self, "trainer", None)
+        return {"global_step": trainer.global_step} if trainer is not None else {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.resume_step = int(state.get("global_step", 0))
 
     def dp_rank_and_size(self) -> tuple[int, int]:
         """(rank, size) of this process in the data-parallel group; (0, 1) outside a Trainer."""
@@ -99,8 +108,9 @@ class LMDataModule(pl.LightningDataModule):
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
         sampler = GlobalBatchSampler(
-            len(train_set), self.global_batch_size, micro, rank, size, seed=self.seed
-        )
+            len(train_set), self.global_batch_size, micro, rank, size, seed=self.seed,
+            start_step=self.resume_step,
+        )  # fmt: skip
         return self._loader(train_set, sampler=sampler, batch_size=micro)
 
     def val_dataloader(self) -> DataLoader:

@@ -9,11 +9,13 @@ That is the only place a strategy touches the module, so new strategies need no 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torchmetrics.text import Perplexity
 
 
@@ -29,6 +31,13 @@ def materialize(model: torch.nn.Module, device: torch.device, seed: int) -> torc
             torch.manual_seed(seed)
             model.init_weights()
     return model.to(device)
+
+
+# Name segments that FSDP1, activation checkpointing and torch.compile insert into parameter names,
+# and the `parts.<i>.` prefix of a pipeline stage (PipelinedModel).
+WRAPPER_SEGMENTS = re.compile(
+    r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.|^parts\.\d+\."
+)
 
 
 class CausalLM(L.LightningModule):
@@ -54,12 +63,14 @@ class CausalLM(L.LightningModule):
         )  # fmt: skip
         self.init_seed = init_seed
         self.model: torch.nn.Module | None = None
+        self._matrix_names: set[str] = set()
         self.val_perplexity = Perplexity()
         self.step_losses: list[float] = []
         """Global train loss of each optimizer step (mean over ranks and micro-batches)."""
         self.val_losses: list[float] = []
         self._loss_sum = torch.zeros(())
         self._micro_steps = 0
+        self._ppl_from_loss = False
 
     # --- model --------------------------------------------------------------------------------
 
@@ -68,6 +79,8 @@ class CausalLM(L.LightningModule):
             return
         with torch.device("meta"):  # nothing is allocated until the layout is known
             model = self.model_spec.build()
+        # Weight decay goes by each parameter's original rank; FSDP1 shows flat 1-D shards later.
+        self._matrix_names = {n for n, p in model.named_parameters() if p.ndim >= 2}
         parallelize = (
             getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
         )
@@ -79,11 +92,20 @@ class CausalLM(L.LightningModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
-    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        logits = self.model(inputs)
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy; also the loss each pipeline microbatch runs."""
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        return loss, logits, targets
+        # With loss parallelism the logits, and so the loss, are DTensors; hand on a plain one.
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        if getattr(self.model, "computes_loss", False):
+            # A pipeline: the stages run forward (and backward, in training) over microbatches
+            # and return the batch's mean loss on every rank; no rank has the whole logits.
+            return self.model(inputs, targets, self.loss_fn), None, targets
+        logits = self.model(inputs)
+        return self.loss_fn(logits, targets), logits, targets
 
     # --- training -----------------------------------------------------------------------------
 
@@ -110,23 +132,32 @@ class CausalLM(L.LightningModule):
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         loss, logits, targets = self._loss(batch)
-        self.val_perplexity.update(logits.float(), targets)
         self.log("val/loss", loss, sync_dist=True, prog_bar=True)
-        self.log("val/ppl", self.val_perplexity)
+        self._ppl_from_loss = logits is None or isinstance(logits, DTensor)
+        if not self._ppl_from_loss:
+            self.val_perplexity.update(logits.float(), targets)
+            self.log("val/ppl", self.val_perplexity)
 
     def on_validation_epoch_end(self) -> None:
         val = self.trainer.callback_metrics.get("val/loss")
         if val is not None and not self.trainer.sanity_checking:
             self.val_losses.append(float(val))
+            if self._ppl_from_loss:
+                # Pipeline or vocab-split logits: every batch has as many tokens, so the
+                # perplexity is exp of the mean loss.
+                self.log("val/ppl", torch.exp(val))
 
     # --- optimisation -------------------------------------------------------------------------
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay, no_decay = [], []
-        for param in self.model.parameters():
+        for name, param in self.model.named_parameters():
             if param.requires_grad:
                 # Norm weights and biases are vectors; decaying them only hurts.
-                (decay if param.ndim >= 2 else no_decay).append(param)
+                matrix = param.ndim >= 2
+                if self._matrix_names:
+                    matrix = WRAPPER_SEGMENTS.sub("", name) in self._matrix_names
+                (decay if matrix else no_decay).append(param)
         o = self.optim
         optimizer = torch.optim.AdamW(
             [

@@ -51,7 +51,8 @@ class GlobalBatchSampler(Sampler[int]):
     is cut into global batches of `global_batch_size`; step k owns `perm[k*G:(k+1)*G]`. Inside it,
     micro-step a of rank r gets the `micro_batch_size` samples starting at `(a*dp_size + r)*m`.
     Use it with `DataLoader(batch_size=micro_batch_size, drop_last=True)`. The incomplete last
-    global batch of an epoch is dropped.
+    global batch of an epoch is dropped. `start_step` (optimizer steps already taken, counted
+    over all epochs) resumes a run: its epoch starts at the step after it.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class GlobalBatchSampler(Sampler[int]):
         dp_size: int,
         seed: int = 0,
         shuffle: bool = True,
+        start_step: int = 0,
     ):
         super().__init__()
         _, self.grad_accumulation = batch_plan(global_batch_size, dp_size, micro_batch_size)
@@ -80,6 +82,7 @@ class GlobalBatchSampler(Sampler[int]):
         self.dp_size = dp_size
         self.seed = seed
         self.shuffle = shuffle
+        self.start_step = start_step
         self.epoch = 0
 
     @property
@@ -109,7 +112,10 @@ class GlobalBatchSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         perm = self.order()
-        for step in range(self.steps_per_epoch):
+        skip = min(
+            max(self.start_step - self.epoch * self.steps_per_epoch, 0), self.steps_per_epoch
+        )
+        for step in range(skip, self.steps_per_epoch):
             for micro_step in range(self.grad_accumulation):
                 yield from self._slice(perm, step, micro_step)
 

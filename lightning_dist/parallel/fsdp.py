@@ -1,0 +1,174 @@
+"""FSDP2 as plain functions: find a model's transformer blocks and shard them with `fully_shard`.
+
+`apply_fsdp(model, mesh, ...)` is the data-parallel dimension of every strategy that shards
+parameters: `strategy=fsdp2` calls it on the whole mesh, the 3D strategy on its DP sub-mesh. The
+block finder is shared with the FSDP1 strategy, whose auto-wrap policy needs the same classes.
+No Lightning import here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# Block classes wrapped by default: our decoder block; Hugging Face models name theirs in
+# `_no_split_modules` (LlamaDecoderLayer, MistralDecoderLayer, ...).
+KNOWN_BLOCKS = ("TransformerBlock",)
+
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def parse_dtype(name: str | torch.dtype | None, field: str) -> torch.dtype | None:
+    """`'bf16'` -> torch.bfloat16; None stays None. Raises ValueError naming `field`."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if str(name).lower() not in DTYPES:
+        raise ValueError(f"{field}={name!r} is not one of fp32, bf16, fp16 (or null)")
+    return DTYPES[str(name).lower()]
+
+
+def block_classes_present(model: nn.Module) -> list[str]:
+    """Names of the classes that look like repeated blocks, outermost first: those in HF's
+    `_no_split_modules`, our `TransformerBlock`, and any class repeated in a ModuleList/Dict."""
+    present = {type(m).__name__ for m in model.modules()}
+    candidates: list[str] = []
+    for module in model.modules():
+        candidates += list(getattr(module, "_no_split_modules", None) or ())
+        if type(module).__name__ in KNOWN_BLOCKS:
+            candidates.append(type(module).__name__)
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            kinds = Counter(type(child).__name__ for child in module.children())
+            candidates += [name for name, count in kinds.items() if count > 1]
+    return [name for name in dict.fromkeys(candidates) if name in present]
+
+
+def find_block_types(
+    model: nn.Module, wanted: Iterable[str | type[nn.Module]] | None = None
+) -> tuple[type[nn.Module], ...]:
+    """The module classes to wrap (FSDP units) or checkpoint.
+
+    `wanted=None` detects them (see `block_classes_present`); an empty list means none (the
+    root only). A name or class that is not in the model raises ValueError listing the block
+    classes that are.
+    """
+    by_name: dict[str, type[nn.Module]] = {}
+    for module in model.modules():
+        by_name.setdefault(type(module).__name__, type(module))
+        by_name.setdefault(f"{type(module).__module__}.{type(module).__qualname__}", type(module))
+    if wanted is None:
+        return tuple(by_name[n] for n in block_classes_present(model))
+    found, missing = [], []
+    for item in wanted:
+        key = item if isinstance(item, str) else f"{item.__module__}.{item.__qualname__}"
+        (found if key in by_name else missing).append(by_name.get(key, key))
+    if missing:
+        blocks = block_classes_present(model) or sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(
+            f"auto-wrap class {', '.join(map(str, missing))} is not in the model "
+            f"{type(model).__name__}; its block classes are: {', '.join(blocks)}. "
+            "Set strategy.auto_wrap to one of them, or to null to detect them."
+        )
+    return tuple(dict.fromkeys(found))
+
+
+def block_modules(model: nn.Module, block_types: Sequence[type[nn.Module]]) -> list[nn.Module]:
+    """The outermost instances of `block_types` in `model`, in registration (= forward) order."""
+    if not block_types:
+        return []
+    blocks, prefixes = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, tuple(block_types)) and module is not model:
+            if not any(name.startswith(p) for p in prefixes):
+                blocks.append(module)
+                prefixes.append(name + ".")
+    return blocks
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh,
+    *,
+    reshard_after_forward: bool | int = True,
+    mp_policy=None,
+    offload_policy=None,
+    prefetch_forward: int = 1,
+    prefetch_backward: int = 1,
+    block_types: Sequence[type[nn.Module]] | None = None,
+) -> nn.Module:
+    """Shard `model` with FSDP2: `fully_shard` on every block, then on the root.
+
+    `mesh` is 1-D (FSDP: shard over all its ranks) or 2-D `(dp_replicate, dp_shard)` (HSDP:
+    shard within a group, replicate across groups). `reshard_after_forward` is True (ZeRO-3),
+    False (ZeRO-2: keep gathered parameters until backward) or an int (reshard to groups of that
+    size). `prefetch_forward`/`prefetch_backward` are how many blocks ahead each block's
+    all-gather is issued (0: FSDP2's implicit default). `block_types=None` detects the block
+    classes. Returns `model`, sharded in place.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"apply_fsdp needs a 1-D or 2-D mesh, got {mesh.ndim}-D {mesh}")
+    check_reshard(reshard_after_forward, mesh.size(mesh.ndim - 1))
+    if prefetch_forward < 0 or prefetch_backward < 0:
+        raise ValueError(
+            f"prefetch_forward={prefetch_forward} and prefetch_backward={prefetch_backward} "
+            "must be 0 or more"
+        )
+    if block_types is None:
+        block_types = find_block_types(model)
+    blocks = block_modules(model, block_types)
+    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload_policy}
+    options = {k: v for k, v in options.items() if v is not None}
+    for i, block in enumerate(blocks):
+        # Backward starts with the last block, so resharding it after forward would only
+        # all-gather it again at once.
+        last = i == len(blocks) - 1
+        fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **options)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **options)
+    set_prefetch(blocks, prefetch_forward, prefetch_backward)
+    log.info(
+        "Applied FSDP2 to %d %s blocks on a %s mesh (reshard_after_forward=%s)",
+        len(blocks), "/".join(t.__name__ for t in block_types) or "no", tuple(mesh.shape),
+        reshard_after_forward,
+    )  # fmt: skip
+    return model
+
+
+def check_reshard(reshard_after_forward: bool | int, shard_size: int | None) -> None:
+    """An int `reshard_after_forward` must be above 1 and divide the shard group size (when
+    `shard_size` is known). Raises ValueError."""
+    if isinstance(reshard_after_forward, bool):
+        return
+    n = reshard_after_forward
+    if not isinstance(n, int) or n < 2 or (shard_size is not None and shard_size % n):
+        raise ValueError(
+            f"reshard_after_forward={n!r} must be true, false or an integer above 1 that "
+            f"divides the shard group size {shard_size}"
+        )
+
+
+def set_prefetch(blocks: Sequence[nn.Module], forward: int, backward: int) -> None:
+    """Explicit prefetching: each block's all-gather is issued `forward` blocks ahead in the
+    forward pass and `backward` blocks ahead (in reverse order) in the backward pass."""
+    for i, block in enumerate(blocks):
+        if forward:
+            ahead = list(blocks[i + 1 : i + 1 + forward])
+            if ahead:
+                block.set_modules_to_forward_prefetch(ahead)
+        if backward:
+            behind = list(reversed(blocks[max(0, i - backward) : i]))
+            if behind:
+                block.set_modules_to_backward_prefetch(behind)

@@ -1,0 +1,60 @@
+"""Registry names for plain Lightning code: `Trainer(strategy="fsdp_tuned")` after
+`import lightning_dist`.
+
+Importing Lightning takes seconds and the planner imports this package on laptops, so the names
+are registered when `lightning.pytorch` finishes loading (at once if it already has), not by
+importing Lightning here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+STRATEGIES = {
+    "fsdp_tuned": "lightning_dist.strategies.fsdp:TunedFSDPStrategy",
+    "fsdp2": "lightning_dist.strategies.fsdp2:FSDP2Strategy",
+    "parallel3d": "lightning_dist.strategies.parallel3d:Parallel3DStrategy",
+}
+"""Registry name -> "module:class"; each class registers itself in `register_strategies`."""
+
+_TRIGGER = "lightning.pytorch"
+
+
+def register_strategies() -> None:
+    """Add our names to Lightning's StrategyRegistry (idempotent)."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    for name, target in STRATEGIES.items():
+        if name not in StrategyRegistry:
+            module, cls = target.split(":")
+            getattr(importlib.import_module(module), cls).register_strategies(StrategyRegistry)
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Finds `lightning.pytorch` through the other finders and registers once it has run."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _TRIGGER:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            run_module = spec.loader.exec_module
+
+            def exec_module(module):
+                run_module(module)
+                register_strategies()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_when_lightning_loads() -> None:
+    """Register now if Lightning is loaded, else as soon as it is."""
+    if _TRIGGER in sys.modules:
+        register_strategies()
+    elif not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())

@@ -1,0 +1,326 @@
+"""`strategy=fsdp` / `Trainer(strategy="fsdp_tuned")`: Lightning's FSDPStrategy (FSDP1) with the
+tuned recipe as defaults and every knob a typed argument.
+
+What it changes on top of Lightning's class:
+
+- defaults: SHARD_GRAD_OP (HYBRID_SHARD across nodes), limit_all_gathers, forward and backward
+  prefetch, bf16 parameters with fp32 reductions and buffers on GPUs, sharded checkpoints;
+- auto-wrap on the model's transformer block class, found automatically;
+- HYBRID_SHARD with a settable shard group size, on a DeviceMesh of this run's device type;
+- runs on CPUs (FSDP1 needs `device_id=cpu` there), so everything is testable with gloo;
+- gradient clipping by norm computes the global norm through the root FSDP module, where
+  Lightning's FSDP precision plugin refuses.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import nn
+
+from lightning_dist.lm.sampling import batch_plan
+from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.fsdp import parse_dtype
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.strategies import sharding
+
+SHARDING_STRATEGIES = (
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "HYBRID_SHARD",
+    "_HYBRID_SHARD_ZERO2",
+    "NO_SHARD",
+)
+HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "none")
+
+
+class GlobalNormFSDPPrecision(FSDPPrecision):
+    """FSDPPrecision that clips by the global gradient norm via the root FSDP module.
+
+    `torch.nn.utils.clip_grad_norm_` would only see this rank's shards; FSDP1's own
+    `clip_grad_norm_` all-reduces the shard norms first.
+    """
+
+    def __init__(self, precision: str, scaler=None, *, strategy: FSDPStrategy) -> None:
+        super().__init__(precision, scaler)
+        self._strategy = strategy
+
+    def clip_grad_by_norm(self, optimizer, clip_val) -> None:
+        self._strategy.model.clip_grad_norm_(clip_val)
+
+
+class TunedFSDPStrategy(FSDPStrategy):
+    """FSDP1 with the tuned recipe; every argument is a typed knob (see docs/FSDP.md).
+
+    Args:
+        sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or
+            NO_SHARD; None picks SHARD_GRAD_OP on one node, HYBRID_SHARD across nodes (or when
+            `hybrid_shard_size` is set).
+        hybrid_shard_size: ranks per shard group under HYBRID_SHARD; None means one node.
+        forward_prefetch / backward_prefetch / limit_all_gathers: FSDP1's overlap knobs;
+            backward_prefetch is BACKWARD_PRE, BACKWARD_POST or "none".
+        param_dtype / reduce_dtype / buffer_dtype: mixed precision ("bf16", "fp16", "fp32");
+            param_dtype None follows the Trainer's precision on GPUs and stays fp32 on CPUs.
+        activation_checkpointing: 0 off; n checkpoints every n-th block.
+        cpu_offload: keep parameters and gradients in host memory (GPU runs only).
+        use_orig_params / sync_module_states: passed to FSDP.
+        auto_wrap: block classes (or their names) to wrap as FSDP units; None detects them, []
+            wraps the root only (Lightning's default).
+        state_dict_type: "sharded" (torch.distributed.checkpoint folder) or "full" (one file).
+    """
+
+    strategy_name = "fsdp_tuned"
+
+    def __init__(
+        self,
+        *,
+        sharding_strategy: str | None = None,
+        hybrid_shard_size: int | None = None,
+        forward_prefetch: bool = True,
+        backward_prefetch: str | None = "BACKWARD_PRE",
+        limit_all_gathers: bool = True,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = "fp32",
+        buffer_dtype: str | None = "fp32",
+        activation_checkpointing: int = 0,
+        cpu_offload: bool = False,
+        use_orig_params: bool = True,
+        sync_module_states: bool = False,
+        auto_wrap: list[str | type[nn.Module]] | None = None,
+        state_dict_type: str = "sharded",
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        accelerator=None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment=None,
+        checkpoint_io=None,
+        precision_plugin=None,
+    ) -> None:
+        from torch.distributed.fsdp import BackwardPrefetch
+
+        self._sharding_choice = _check_sharding(sharding_strategy)
+        _check_hybrid_shard_size(hybrid_shard_size, self._sharding_choice)
+        prefetch = _check_backward_prefetch(backward_prefetch)
+        for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
+                             ("buffer_dtype", buffer_dtype)):  # fmt: skip
+            parse_dtype(value, f"strategy.{field}")
+        super().__init__(
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            cpu_offload=cpu_offload,
+            state_dict_type=sharding.check_state_dict_type(state_dict_type),
+            limit_all_gathers=limit_all_gathers,
+            forward_prefetch=forward_prefetch,
+            backward_prefetch=BackwardPrefetch[prefetch] if prefetch else None,
+            use_orig_params=use_orig_params,
+            sync_module_states=sync_module_states,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        self.hybrid_shard_size = hybrid_shard_size
+        self.param_dtype = param_dtype
+        self.reduce_dtype = reduce_dtype
+        self.buffer_dtype = buffer_dtype
+        self.activation_checkpointing = sharding.check_activation_checkpointing(
+            activation_checkpointing
+        )
+        self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
+        self.sharding_strategy = _sharding_enum(self.resolved_sharding())
+
+    # --- the layout and the checks that need the run ------------------------------------------
+
+    def resolved_sharding(self) -> str:
+        """The sharding strategy this run uses, once `num_nodes` is known."""
+        if self._sharding_choice is not None:
+            return self._sharding_choice
+        if self.num_nodes > 1 or self.hybrid_shard_size is not None:
+            return "HYBRID_SHARD"
+        return "SHARD_GRAD_OP"
+
+    @property
+    def layout(self) -> Layout:
+        """Data-parallel degrees: sharded over all ranks, or replicate x shard when hybrid."""
+        name = self.resolved_sharding()
+        if name == "NO_SHARD":
+            return Layout(dp_replicate=-1)
+        if name in HYBRID:
+            if self.hybrid_shard_size is not None:
+                return Layout(dp_replicate=-1, dp_shard=self.hybrid_shard_size)
+            return Layout(dp_replicate=self.num_nodes, dp_shard=-1)
+        return Layout(dp_shard=-1)
+
+    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
+                  model: nn.Module | None = None, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+        """Validate against the run before any process starts; raises ValueError.
+
+        Records `num_nodes` (Lightning sets the same value later) so that `layout` and the
+        default sharding are right before the Trainer exists.
+        """
+        self.num_nodes = num_nodes
+        self.sharding_strategy = _sharding_enum(self.resolved_sharding())
+        self._check_world(devices * num_nodes, devices)
+        sharding.check_param_dtype(self.param_dtype, precision)
+        if self.cpu_offload.offload_params and accelerator == "cpu":
+            raise ValueError(
+                "strategy.cpu_offload=true cannot run on hardware.accelerator=cpu: FSDP1 offloads "
+                "to pinned host memory, which needs a GPU; drop cpu_offload on CPUs"
+            )
+        if global_batch_size is not None:
+            dp = self.layout.resolve(devices * num_nodes).dp
+            _, accumulate = batch_plan(global_batch_size, dp, micro_batch_size)
+            self._check_offload_accumulation(accumulate)
+        if model is not None:
+            sharding.check_auto_wrap(model, self.auto_wrap)
+
+    def _check_world(self, world_size: int, devices_per_node: int) -> None:
+        if self.resolved_sharding() not in HYBRID:
+            return
+        size = self.hybrid_shard_size or devices_per_node
+        if world_size % size:
+            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ValueError(
+                f"strategy.hybrid_shard_size={size} does not divide the world size {world_size}; "
+                f"use one of {', '.join(map(str, divisors))}"
+            )
+
+    # --- Lightning hooks ---------------------------------------------------------------------
+
+    @property
+    def precision_plugin(self) -> FSDPPrecision:
+        plugin = self._precision_plugin
+        return plugin if plugin is not None else GlobalNormFSDPPrecision("32-true", strategy=self)
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin) -> None:
+        if plugin is not None and type(plugin) is FSDPPrecision:
+            plugin = GlobalNormFSDPPrecision(plugin.precision, plugin.scaler, strategy=self)
+        FSDPStrategy.precision_plugin.fset(self, plugin)
+
+    @property
+    def mixed_precision_config(self):
+        """FSDP1 MixedPrecision: None (fp32) unless a lower compute dtype applies (GPUs)."""
+        from torch.distributed.fsdp import MixedPrecision
+
+        precision = self.precision_plugin.precision
+        compute = sharding.compute_dtype(self.param_dtype, precision, self.root_device.type)
+        reduce = parse_dtype(self.reduce_dtype, "strategy.reduce_dtype") or compute
+        buffer = parse_dtype(self.buffer_dtype, "strategy.buffer_dtype") or compute
+        if compute == reduce == buffer == torch.float32:
+            return None
+        return MixedPrecision(param_dtype=compute, reduce_dtype=reduce, buffer_dtype=buffer)
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._check_world(self.world_size, self.num_processes)
+        sharding.check_param_dtype(self.param_dtype, self.precision_plugin.precision)
+        self.sharding_strategy = _sharding_enum(self.resolved_sharding())
+        if self.resolved_sharding() in HYBRID:
+            shard = self.hybrid_shard_size or self.num_processes
+            # Outer dimension replicates (across nodes), inner shards (within a node).
+            self.kwargs["device_mesh"] = init_device_mesh(
+                self.root_device.type, (self.world_size // shard, shard),
+                mesh_dim_names=("dp_replicate", "dp_shard"),
+            )  # fmt: skip
+
+    def _check_offload_accumulation(self, accumulate: int) -> None:
+        if self.cpu_offload.offload_params and accumulate > 1:
+            raise ValueError(
+                f"strategy.cpu_offload=true cannot accumulate gradients ({accumulate} micro-batches "
+                "per step): FSDP1 overwrites offloaded gradients outside no_sync; make "
+                "data.micro_batch_size the whole per-rank batch, or use strategy=fsdp2"
+            )
+
+    def setup(self, trainer) -> None:
+        self._check_offload_accumulation(trainer.accumulate_grad_batches)
+        super().setup(trainer)
+
+    def parallelize_model(self, model: nn.Module, *, init_seed: int) -> nn.Module:
+        """CausalLM's hook: materialise the whole model with the single-process weights.
+
+        FSDP1 then shards it in `setup()`. At scale one would initialise each unit after
+        sharding (FSDP1's `param_init_fn`) so no rank ever holds the whole model; the weights
+        would then differ from a single process's, so parity runs use this route.
+        """
+        from lightning_dist.lm.module import materialize
+
+        return materialize(model, self.root_device, init_seed)
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            return super()._setup_model(model)  # the user wrapped it in configure_model
+        block_types = sharding.check_auto_wrap(model, self.auto_wrap)
+        policy = ModuleWrapPolicy(set(block_types)) if block_types else None
+        wrapped = FullyShardedDataParallel(
+            module=model,
+            auto_wrap_policy=policy,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.root_device,  # an index only, as Lightning passes, is None on CPUs
+            **self.kwargs,
+        )
+        sharding.move_metrics(wrapped, self.root_device)
+        # After wrapping, as Lightning does: each checkpointed block runs inside its FSDP unit.
+        apply_activation_checkpointing(wrapped, block_types, every_n=self.activation_checkpointing)
+        return wrapped
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(
+            "fsdp_tuned", cls, description="FSDP1 with tuned defaults (lightning_dist)"
+        )
+
+
+def _check_sharding(value: str | None) -> str | None:
+    if value is None:
+        return None
+    name = str(value).upper()
+    if name not in SHARDING_STRATEGIES:
+        raise ValueError(
+            f"strategy.sharding_strategy={value!r} is not one of {', '.join(SHARDING_STRATEGIES)} "
+            "(or null for the tuned default)"
+        )
+    return name
+
+
+def _check_hybrid_shard_size(size: int | None, choice: str | None) -> None:
+    if size is None:
+        return
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"strategy.hybrid_shard_size={size!r} must be a positive integer")
+    if choice not in (None, *HYBRID):
+        raise ValueError(
+            f"strategy.hybrid_shard_size={size} needs a hybrid sharding strategy, not "
+            f"{choice}; set strategy.sharding_strategy=HYBRID_SHARD"
+        )
+
+
+def _check_backward_prefetch(value: str | None) -> str | None:
+    if value is None or str(value).lower() == "none":
+        return None
+    name = str(value).upper()
+    if name not in BACKWARD_PREFETCH:
+        raise ValueError(
+            f"strategy.backward_prefetch={value!r} is not one of {', '.join(BACKWARD_PREFETCH)}"
+        )
+    return name
+
+
+def _sharding_enum(name: str):
+    from torch.distributed.fsdp import ShardingStrategy
+
+    return ShardingStrategy[name]
