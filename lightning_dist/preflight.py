@@ -51,6 +51,9 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
         micro_batch_size=cfg.data.micro_batch_size,
         activation_checkpointing=bool(getattr(strategy, "activation_checkpointing", False)),
         offload=_offloads(strategy),
+        sequence_parallel=bool(getattr(strategy, "sequence_parallel", False)),
+        # FSDP1 keeps it among Lightning's FSDP kwargs; FSDP2 always rate-limits its gathers.
+        limit_all_gathers=bool(getattr(strategy, "kwargs", {}).get("limit_all_gathers", True)),
     )
 
 

@@ -88,7 +88,11 @@ def test_zero2_and_hsdp_accounting():
         seq_len=1024,
         sharding="SHARD_GRAD_OP",
     )
-    assert model_states(zero2) == pytest.approx(2 * psi + 14 * psi / 16, rel=0.01)
+    # FSDP's SHARD_GRAD_OP reshards after backward: at rest all three states are sharded, and
+    # ZeRO-2's replicated bf16 parameters are a within-step buffer (gathered from forward to
+    # backward). That is what the calibration measures (docs/PLANNER.md).
+    assert model_states(zero2) == pytest.approx(16 * psi / 16, rel=0.01)
+    assert zero2.memory.buffers == pytest.approx(2 * psi, rel=0.01)
     hsdp = estimate(
         llama, h100, Layout(dp_replicate=2, dp_shard=8), global_batch_size=16, seq_len=1024
     )
@@ -110,8 +114,9 @@ def test_tp_and_pp_divide_the_parameters():
     psi = llama.num_params()
     tp8 = estimate(llama, h100, Layout(tp=8, dp_shard=4), global_batch_size=8, seq_len=1024)
     assert model_states(tp8) == pytest.approx(16 * psi / 32, rel=0.01)
-    # PP: the worst stage holds ceil(80 / 4) blocks plus the embedding or the output; under PP
-    # the stage stays gathered, so params and grads are whole and only the optimizer shards.
+    # PP: the worst stage holds ceil(80 / 4) blocks plus the embedding or the output. At rest
+    # every state is sharded over dp_shard=2; within the step the stage stays gathered with
+    # unsharded grads (a buffer of 2 + 2 bytes per parameter).
     pp4 = estimate(
         llama,
         hardware("dgx_h100", 8),
@@ -124,9 +129,10 @@ def test_tp_and_pp_divide_the_parameters():
         + 40 * llama.dim
         + llama.vocab_size * llama.dim / 8
     )
-    assert pp4.memory.params == pytest.approx(2 * stage, rel=0.01)
-    assert pp4.memory.grads == pytest.approx(2 * stage, rel=0.01)
+    assert pp4.memory.params == pytest.approx(2 * stage / 2, rel=0.01)
+    assert pp4.memory.grads == pytest.approx(2 * stage / 2, rel=0.01)
     assert pp4.memory.optimizer == pytest.approx(12 * stage / 2, rel=0.01)
+    assert pp4.memory.buffers == pytest.approx(4 * stage, rel=0.01)
 
 
 def _settings(**kw) -> TrainSettings:

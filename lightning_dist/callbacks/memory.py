@@ -42,13 +42,10 @@ class MemoryByCategory(Callback):
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._meter is None and self._mine is None and trainer.global_step == self._target:
-            if getattr(trainer.strategy, "pipelined", False):
-                # torch's MemTracker refuses a module run more than once per step, which is
-                # what a pipeline stage does with its microbatches.
-                log.info("Memory by category is not measured under pipeline parallelism")
-                self._mine = {}
-                return
-            self._meter = StepMemoryMeter(trainer.strategy.root_device, closure_step=True)
+            pipelined = bool(getattr(trainer.strategy, "pipelined", False))
+            self._meter = StepMemoryMeter(
+                trainer.strategy.root_device, closure_step=True, module_hooks=not pipelined
+            )
             try:
                 self._meter.start(trainer.strategy.model, trainer.optimizers)
             except Exception as e:  # the measurement must never cost the run

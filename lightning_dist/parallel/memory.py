@@ -60,10 +60,41 @@ def model_state_bytes(
     }
 
 
-def _tracker_class(optimizer_hooks: bool):
+class _NoModuleHooks:
+    """Stands in for MemTracker's ModTracker when module hooks cannot be used: a pipeline stage
+    runs its modules once per microbatch, and its schedule runs backward inside the root
+    module's forward, both of which break the module hierarchy the hooks keep. Without them a
+    tensor is an activation when created outside backward and the optimizer step, a temporary
+    inside backward (gradients included; the model state is counted from the tensors anyway)."""
+
+    parents = frozenset({"Global"})
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def register_user_hooks(self, *hooks) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        pass
+
+
+def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class Tracker(MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            if not module_hooks:
+                self._mod_tracker = _NoModuleHooks()
+
         # The tracker counts everything after `optimizer.step()` begins as optimizer state. A
         # closure-style step (Lightning's) runs forward and backward inside it, so there the
         # caller marks the optimizer's own part with `StepMemoryMeter.optimizer_step_begins`.
@@ -94,14 +125,17 @@ def _tracker_class(optimizer_hooks: bool):
 class StepMemoryMeter:
     """Measures one step: `start(model, optimizers)` before it, `stop()` after the optimizer
     step. The step may span hooks or callbacks (the tracker is a context entered in `start`).
+    `module_hooks=False` measures a pipeline stage (see `_NoModuleHooks`).
 
     With `closure_step=True` (the optimizer runs forward and backward inside `step(closure)`),
     call `optimizer_step_begins()` once backward is done.
     """
 
-    def __init__(self, device: torch.device | None = None, *, closure_step: bool = False) -> None:
+    def __init__(self, device: torch.device | None = None, *, closure_step: bool = False,
+                 module_hooks: bool = True) -> None:  # fmt: skip
         self.device = device
         self.closure_step = closure_step
+        self.module_hooks = module_hooks
         self._tracker = None
         self._model: nn.Module | None = None
         self._optimizers: Sequence[torch.optim.Optimizer] = ()
@@ -109,7 +143,7 @@ class StepMemoryMeter:
     def start(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Begin tracking; tensors that exist already (weights, optimizer state) are counted."""
         self._model, self._optimizers = model, list(optimizers)
-        self._tracker = _tracker_class(optimizer_hooks=not self.closure_step)()
+        self._tracker = _tracker_class(not self.closure_step, self.module_hooks)()
         self._tracker.peak_activations = {}
         self._tracker.track_external(model, *self._optimizers)
         self._tracker.__enter__()

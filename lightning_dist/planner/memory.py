@@ -37,16 +37,15 @@ class MemoryBreakdown:
     stage: str = "only"
 
     @property
+    def tensors(self) -> float:
+        """Predicted peak of live tensor bytes: what a tensor-level tracker (torch's MemTracker,
+        `memory_by_category` in summary.json) measures, i.e. everything but the reserve."""
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    @property
     def total(self) -> float:
         """Predicted peak on the device (everything but `host`)."""
-        return (
-            self.params
-            + self.grads
-            + self.optimizer
-            + self.activations
-            + self.buffers
-            + self.reserve
-        )
+        return self.tensors + self.reserve
 
     def as_dict(self) -> dict[str, float]:
         """The JSON form: every category plus `total`, as whole bytes."""
@@ -64,13 +63,10 @@ class StageShape:
     block: float
     """Parameters of one block: one FSDP unit."""
     roots: tuple[float, ...]
-    """The other FSDP units of the stage: the embedding, the final norm with the output."""
+    """The stage's parameters outside its blocks (the embedding; the final norm with the
+    output): FSDP's root unit."""
     has_embedding: bool
     has_output: bool
-
-    def units(self) -> list[float]:
-        """Every FSDP unit of the stage, largest first."""
-        return sorted([*self.roots, *[self.block] * self.layers], reverse=True)
 
 
 def stage_layers(n_layers: int, layout: Layout) -> int:
@@ -176,7 +172,8 @@ def activation_bytes(
       by tp under SP), n x layers x d x r, plus one block's recomputed activations while its
       backward runs;
     - the last stage adds its final norm and the logits, b x s x V / tp elements held as the
-      matmul output, its fp32 copy for the loss and the log-softmax (w + 8 bytes each). With
+      matmul output, its fp32 copy for the loss (none in 32-true, where `.float()` is the
+      same tensor) and the log-softmax: w + 8 bytes each, 8 in 32-true. With
       checkpointing the logits are freed before the blocks' backward, so the peak is the larger
       of the logits and one recomputed block, not their sum.
     """
@@ -189,7 +186,8 @@ def activation_bytes(
     inflight = inflight_microbatches(layout, stage, microbatches)
     logits = 0.0
     if shape.has_output:
-        logits = tokens * (model.vocab_size / tp * (w + 8) + 8 * d / sp + w * d)
+        per_vocab = 8 if settings.precision == "32-true" else w + 8
+        logits = tokens * (model.vocab_size / tp * per_vocab + 8 * d / sp + w * d)
     if settings.activation_checkpointing:
         kept = inflight * shape.layers * tokens * d * residual / sp
         return kept + max(per_layer, logits)
@@ -199,61 +197,63 @@ def activation_bytes(
 def model_state_bytes(
     layout: Layout, settings: TrainSettings, shape: StageShape
 ) -> tuple[float, float, float, float]:
-    """(params, grads, optimizer, host) bytes of one rank under the settings' sharding.
+    """(params, grads, optimizer, host) bytes of one rank that persist between steps.
 
-    ZeRO accounting over the shard group N = dp_shard (NO_SHARD: N = 1):
-
-    - NO_SHARD (DDP): everything replicated;
-    - SHARD_GRAD_OP (ZeRO-2): params replicated, grads and optimizer state / N;
-    - FULL_SHARD / HYBRID_SHARD (ZeRO-3): all three / N (HSDP replicates over dp_replicate);
-    - under PP a sharded stage stays gathered with unsharded grads across the microbatches of
-      a step (torch.distributed.pipelining disables resharding and gradient sync until the last
-      backward), so only the optimizer state divides by N (ZeRO-1);
-    - offload moves every sharded state to host memory.
+    ZeRO accounting of the bytes per parameter, over the shard group N = dp_shard (NO_SHARD,
+    DDP: N = 1, everything replicated). Every sharded mode keeps all three states sharded at
+    rest (HSDP replicates them over dp_replicate); the modes differ in how long the gathered
+    parameters and unsharded gradients live within a step, which `buffer_bytes` counts:
+    FSDP's SHARD_GRAD_OP reshards after backward, so unlike DeepSpeed's ZeRO-2 it holds no
+    replicated parameters between steps. Offload moves the sharded states to host memory.
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
-    psi = shape.params
     n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
-    if settings.sharding == "NO_SHARD" or n == 1:
-        sharded = (False, False, False)
-    elif layout.pp > 1:
-        sharded = (False, False, True)
-    elif settings.sharding == "SHARD_GRAD_OP":
-        sharded = (False, True, True)
-    else:
-        sharded = (True, True, True)
-    device, host = [], 0.0
-    for nbytes, is_sharded in zip((p_b, g_b, o_b), sharded, strict=True):
-        amount = nbytes * psi / n if is_sharded else nbytes * psi
-        if is_sharded and settings.offload:
-            host += amount
-            amount = 0.0
-        device.append(amount)
-    return device[0], device[1], device[2], host
+    device = [nbytes * shape.params / n for nbytes in (p_b, g_b, o_b)]
+    if n > 1 and settings.offload:
+        return 0.0, 0.0, 0.0, sum(device)
+    return device[0], device[1], device[2], 0.0
 
 
-def buffer_bytes(layout: Layout, settings: TrainSettings, shape: StageShape) -> float:
-    """FSDP communication buffers of one rank.
+def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageShape,
+                 microbatches: int) -> float:  # fmt: skip
+    """Bytes of one rank that live only within a step, beside the activations at their peak.
 
-    FULL_SHARD gathers one unit (a block, the embedding, the output) at a time; with
-    limit_all_gathers the rate limiter allows two gathered units in flight (the current one and
-    the prefetched next). Without it the CPU can run ahead of the GPU and issue the all-gathers
-    of every unit of the stage, so we budget for that worst case. Each sharded mode also holds
-    one unit's unsharded gradient before its reduce-scatter. DDP's buckets are views of the
-    gradients (gradient_as_bucket_view=True, as conf/strategy/ddp.yaml sets) and cost nothing;
-    but without FSDP's bf16 parameters, bf16-mixed autocast saves a bf16 copy of every weight
-    for backward: 2 bytes per parameter of the stage.
+    The peak is the turn from forward to backward, where every activation is alive:
+
+    - FULL_SHARD / HYBRID_SHARD: the root unit (embedding, final norm, output) stays gathered
+      from forward into backward (FSDP does not reshard the root, backward starts with it),
+      and so does one block (FSDP2 keeps the last one; FSDP1 prefetches it for backward).
+      Without limit_all_gathers the CPU can run ahead and gather every unit: the worst case.
+      A unit's unsharded gradient appears only in backward, after the logits' activations
+      (larger than any unit) are freed, so none is counted;
+    - SHARD_GRAD_OP: every unit stays gathered from its forward until its backward;
+    - under PP a sharded stage stays gathered with unsharded grads from its first backward to
+      its last (torch.distributed.pipelining defers resharding and the reduce-scatter);
+    - without sharding, bf16-mixed autocast saves a bf16 copy of every weight for backward
+      (FSDP's bf16 parameters make it unnecessary). DDP's buckets are views of the gradients
+      (gradient_as_bucket_view=True) and cost nothing;
+    - a pipeline stage receives each microbatch's input (a non-first stage) or output gradient
+      (a non-last one) into its own buffer, [mbs, seq_len, dim] each, kept for the step.
     """
     n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
     p_b, g_b, _ = state_bytes(settings.precision, settings.optimizer)
     if n == 1:
-        return 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
-    units = shape.units()
-    gathered = 0.0
-    if layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP":
-        depth = 2 if settings.limit_all_gathers else len(units)
-        gathered = p_b * sum(units[:depth])
-    return gathered + g_b * units[0]
+        gathered = 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
+    elif layout.pp > 1:
+        gathered = (p_b + g_b) * shape.params
+    elif settings.sharding == "SHARD_GRAD_OP" or not settings.limit_all_gathers:
+        gathered = p_b * shape.params
+    else:
+        gathered = p_b * (sum(shape.roots) + (shape.block if shape.layers else 0.0))
+    p2p = 0.0
+    if layout.pp > 1:
+        sp = layout.tp if settings.sequence_parallel else 1
+        # Each chunk on this rank receives both ways, but the model's first and last chunks.
+        recvs = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
+        residual = 2 if settings.precision == "bf16-true" else 4
+        tokens = microbatches * settings.micro_batch_size * settings.seq_len
+        p2p = recvs * tokens * model.dim / sp * residual
+    return gathered + p2p
 
 
 def memory_per_device(
@@ -263,16 +263,18 @@ def memory_per_device(
 
     `layout` must be resolved; the number of microbatches per step is the per-rank batch
     (global_batch_size / dp) over micro_batch_size. The reserve is a fixed runtime cost
-    (RESERVE_BYTES) plus FRAGMENTATION of everything else.
+    (RESERVE_BYTES) plus FRAGMENTATION of everything else; neither is a tensor, so
+    `MemoryBreakdown.tensors` leaves them out.
     """
     microbatches = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
     worst = None
     for stage, shape in stage_shapes(model, layout):
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)
         acts = activation_bytes(model, layout, settings, shape, stage, microbatches)
-        buffers = buffer_bytes(layout, settings, shape)
+        buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         subtotal = params + grads + optimizer + acts + buffers
-        reserve = RESERVE_BYTES.get(accelerator, RESERVE_BYTES["gpu"]) + FRAGMENTATION * subtotal
+        fragmentation = FRAGMENTATION.get(accelerator, FRAGMENTATION["gpu"])
+        reserve = RESERVE_BYTES.get(accelerator, RESERVE_BYTES["gpu"]) + fragmentation * subtotal
         mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage)
         if worst is None or mem.total > worst.total:
             worst = mem

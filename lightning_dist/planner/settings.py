@@ -37,10 +37,12 @@ DEFAULT_OVERLAP_SLOWDOWN = 0.2
 """Slowdown of compute while hidden communication runs beside it (SM and HBM contention)."""
 DEFAULT_HEADROOM = 0.9
 """A layout fits when its predicted peak is at most this fraction of device memory."""
-RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": 0.25 * GIB}
-"""CUDA context, NCCL buffers and cuBLAS workspaces (GPU), or the runtime itself (CPU)."""
-FRAGMENTATION = 0.05
-"""Caching-allocator slack, as a fraction of everything else on the device."""
+RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": 0.5 * GIB}
+"""CUDA context, NCCL buffers and cuBLAS workspaces (GPU), or the runtime itself (CPU: torch,
+Lightning, gloo and Python hold about 0.5 GiB resident per rank; docs/PLANNER.md)."""
+FRAGMENTATION = {"gpu": 0.05, "cpu": 0.0}
+"""Caching-allocator slack, as a fraction of everything else on the device. A CPU tensor is a
+plain malloc (large ones are mmapped and returned on free), so there is none to budget."""
 NOMINAL_PEAK_FLOPS = 1e11
 """Per-device FLOP/s assumed when the hardware spec has no peak (ranking only; MFU is None)."""
 NOMINAL_LINK_GBYTES_PER_SEC = 5.0

@@ -1,0 +1,160 @@
+"""Calibration: the planner's memory per rank against what `train.py` measures on this machine.
+
+For each layout it runs `train.py` (a few steps; `MemoryByCategory` measures step 2 on every
+rank with torch's MemTracker) and asks the planner for the same run through
+`preflight.estimate_run`, the path `plan.check` takes. Like is compared with like:
+
+- **model states** = params + grads + optimizer, counted from the tensors after the step;
+- **activations** = the high-water mark of tensors created in forward (the planner's
+  `activations`);
+- **total** = the step's peak of live tensor bytes. MemTracker sees tensors, not the process,
+  so the planner's side is `MemoryBreakdown.tensors`: its total without the framework reserve
+  (the runtime itself on a CPU; the CUDA context, NCCL and allocator slack on a GPU);
+- **process** = the process's peak resident memory against the planner's total with the
+  reserve: no tolerance, it shows how far the reserve is from what the runtime costs here.
+
+Every measured number is the largest over the ranks, as the planner predicts the worst rank.
+`bench/planner_accuracy.py` prints the table; docs/PLANNER.md holds the last one.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMON = (
+    "model=tiny",
+    "data=synthetic",
+    "data.seq_len=128",
+    "data.global_batch_size=8",
+    "logger=none",
+    "callbacks=none",
+    "trainer.max_steps=3",
+    "trainer.val_check_interval=null",
+)
+"""A model and batch where activations are a large share of the peak (about 2/3 on one rank)."""
+
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "single": ("strategy=single", "hardware.devices=1"),
+    "ddp 2": ("strategy=ddp", "hardware.devices=2"),
+    "fsdp FULL_SHARD 2": ("strategy=fsdp", "strategy.sharding_strategy=FULL_SHARD",
+                          "hardware.devices=2"),
+    "fsdp SHARD_GRAD_OP 2": ("strategy=fsdp", "strategy.sharding_strategy=SHARD_GRAD_OP",
+                             "hardware.devices=2"),
+    "fsdp HYBRID_SHARD 2x2": ("strategy=fsdp", "strategy.sharding_strategy=HYBRID_SHARD",
+                              "strategy.hybrid_shard_size=2", "hardware.devices=4"),
+    "fsdp2 reshard 2": ("strategy=fsdp2", "hardware.devices=2"),
+    "fsdp2 no reshard 2": ("strategy=fsdp2", "strategy.reshard_after_forward=false",
+                           "hardware.devices=2"),
+    "tp 2": ("strategy=tp", "hardware.devices=2"),
+    "pp 2 (1F1B, 4 mb)": ("strategy=pp", "hardware.devices=2"),
+    "3d dp2 x tp2 x pp2": ("strategy=3d", "strategy.tp=2", "strategy.pp=2",
+                           "hardware.devices=8"),
+}  # fmt: skip
+"""Name -> the overrides that select the layout (on top of COMMON)."""
+
+CHEAP = ("single", "ddp 2", "fsdp FULL_SHARD 2")
+"""The layouts the slow test runs."""
+
+CATEGORIES = ("model states", "activations", "total", "process")
+"""What each layout compares; `process` (peak RSS against the total with the reserve) only
+shows the reserve: RSS also holds the libraries, the Python heap and freed-but-kept pages."""
+
+TOLERANCES = {"model states": 0.02, "total": 0.10}
+"""Largest relative error allowed, by category (the planner issue's acceptance line)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One layout: predicted and measured bytes by category (see CATEGORIES)."""
+
+    name: str
+    label: str
+    """The planner's description of the layout."""
+    predicted: dict[str, float]
+    measured: dict[str, float]
+
+    def error(self, category: str) -> float:
+        """(predicted - measured) / measured."""
+        return self.predicted[category] / max(self.measured[category], 1) - 1.0
+
+    def failures(self) -> list[str]:
+        """The categories outside TOLERANCES, each with its error."""
+        return [
+            f"{self.name}: {cat} off by {self.error(cat):+.1%} (allowed {tol:.0%})"
+            for cat, tol in TOLERANCES.items()
+            if abs(self.error(cat)) > tol
+        ]
+
+
+def predict(overrides: list[str]):
+    """The planner's `Candidate` for the run `train.py OVERRIDES` would start."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from lightning_dist.config import compose_config, hardware_spec, model_spec
+    from lightning_dist.preflight import estimate_run
+    from lightning_dist.train import build_strategy, resolve_layout
+
+    cfg = compose_config(list(overrides))
+    spec, hardware = model_spec(cfg), hardware_spec(cfg)
+    strategy = build_strategy(cfg.strategy, hardware)
+    single = isinstance(strategy, SingleDeviceStrategy)
+    world = 1 if single else hardware.resolved_devices() * hardware.num_nodes
+    layout = resolve_layout(strategy, world)
+    precision = cfg.trainer.precision or hardware.precision
+    return estimate_run(cfg, spec, hardware, strategy, layout, precision)
+
+
+def measure(overrides: list[str], run_dir: str | Path) -> dict[str, float]:
+    """Run train.py; the largest over ranks of model states, activations, the step's peak of
+    tensors (total) and the process's peak resident memory (process, for the reserve)."""
+    from lightning_dist.parity import run_train
+
+    summary = run_train(list(overrides), run_dir)
+    ranks = [r for r in summary.get("memory_by_category") or [] if r]
+    if not ranks:
+        raise RuntimeError(f"train.py {' '.join(overrides)} measured no memory by category")
+    return {
+        "model states": max(r["params"] + r["grads"] + r["optimizer"] for r in ranks),
+        "activations": max(r["activations"] for r in ranks),
+        "total": max(r["total"] for r in ranks),
+        "process": max(summary.get("peak_memory_bytes") or [0]),
+    }
+
+
+def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None = None):
+    """Predict and measure layout `name` of LAYOUTS (with `extra` overrides appended)."""
+    overrides = [*COMMON, *LAYOUTS[name], *extra]
+    candidate = predict(overrides)
+    mem = candidate.memory
+    predicted = {
+        "model states": mem.params + mem.grads + mem.optimizer,
+        "activations": mem.activations,
+        "total": mem.tensors,
+        "process": mem.total,
+    }
+    with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
+        measured = measure(overrides, Path(tmp) / "run")
+    return Comparison(name, candidate.describe(), predicted, measured)
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f}"
+
+
+def markdown_table(results: list[Comparison]) -> str:
+    """One row per layout and category: predicted and measured MiB, and the error."""
+    lines = [
+        "| layout | planner's layout | category | predicted MiB | measured MiB | error |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        for cat in CATEGORIES:
+            bound = TOLERANCES.get(cat)
+            mark = "" if bound is None or abs(r.error(cat)) <= bound else " ✗"
+            lines.append(
+                f"| {r.name} | {r.label} | {cat} | {_mib(r.predicted[cat])} | "
+                f"{_mib(r.measured[cat])} | {r.error(cat):+.1%}{mark} |"
+            )
+    return "\n".join(lines)
