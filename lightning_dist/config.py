@@ -191,6 +191,14 @@ class Parallel3DSchema:
 
 
 @dataclass(kw_only=True)
+class AutoSchema:
+    """`strategy=auto`: the planner picks the layout, run by Parallel3DStrategy."""
+
+    name: str = "auto"
+    _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
+
+
+@dataclass(kw_only=True)
 class CheckpointSchema:
     every_n_train_steps: int | None = None
     """Save a checkpoint every this many optimizer steps, as <dirpath>/step<N>.ckpt (a folder
@@ -273,6 +281,7 @@ def register_schemas() -> None:
     cs.store(group="data", name="schema_synthetic", node=SyntheticDataSchema)
     cs.store(group="strategy", name="schema_single", node=SingleSchema)
     cs.store(group="strategy", name="schema_ddp", node=DDPSchema)
+    cs.store(group="strategy", name="schema_auto", node=AutoSchema)
     cs.store(group="strategy", name="schema_fsdp", node=FSDPSchema)
     cs.store(group="strategy", name="schema_fsdp2", node=FSDP2Schema)
     cs.store(group="strategy", name="schema_parallel3d", node=Parallel3DSchema)

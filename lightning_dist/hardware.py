@@ -45,7 +45,9 @@ class HardwareSpec:
                 f"hardware.accelerator={self.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
             )
         if self.devices == 0 or self.devices < -1:
-            raise ValueError(f"hardware.devices={self.devices} must be positive (or -1 for all GPUs)")
+            raise ValueError(
+                f"hardware.devices={self.devices} must be positive (or -1 for all GPUs)"
+            )
         if self.num_nodes < 1:
             raise ValueError(f"hardware.num_nodes={self.num_nodes} must be at least 1")
 

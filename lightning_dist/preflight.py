@@ -104,3 +104,39 @@ def print_prediction(cfg, spec, hardware, strategy, layout, precision) -> bool:
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
     print(f"  {best_layout_hint(cfg, spec, hardware, precision)}")
     return candidate.fits
+
+
+def planned_strategy(cfg: Any, spec: Any, hardware: HardwareSpec) -> tuple[dict, int | None, str]:
+    """`strategy=auto`: the planner's fastest layout that fits, as Parallel3DStrategy keyword
+    arguments, the per-rank micro-batch size to use (None under PP, where the strategy cuts a
+    rank's batch into the pipeline microbatches), and a one-line description.
+
+    Raises ValueError (the planner's NoLayoutFitsError) when nothing fits.
+    """
+    from lightning_dist.planner import plan_layouts
+
+    micro = cfg.data.micro_batch_size
+    result = plan_layouts(
+        spec,
+        hardware,
+        global_batch_size=int(cfg.data.global_batch_size),
+        seq_len=int(cfg.data.seq_len),
+        precision=cfg.trainer.precision or hardware.precision,
+        micro_batch_sizes=(int(micro),) if micro else None,
+        allow_offload=False,  # the 3D strategy does not offload
+    )
+    best = result.best()
+    layout, settings = best.layout, best.settings
+    kwargs = {
+        "pp": layout.pp,
+        "dp_replicate": layout.dp_replicate,
+        "dp_shard": layout.dp_shard,
+        "tp": layout.tp,
+        "schedule": layout.schedule,
+        "microbatches": best.grad_accumulation if layout.pp > 1 else None,
+        "virtual_stages": layout.virtual_stages,
+        "sequence_parallel": bool(settings.sequence_parallel and layout.tp > 1),
+        "activation_checkpointing": 1 if settings.activation_checkpointing else 0,
+        "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
+    }
+    return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe()

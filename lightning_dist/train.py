@@ -59,6 +59,20 @@ def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec):
     return target(**kwargs)
 
 
+def build_planned_strategy(cfg: DictConfig, spec: Any, hardware: HardwareSpec):
+    """`strategy=auto`: the planner's best layout; sets `data.micro_batch_size` to match."""
+    from hydra.utils import get_object
+
+    from lightning_dist.preflight import planned_strategy
+
+    kwargs, micro, description = planned_strategy(cfg, spec, hardware)
+    cfg.data.micro_batch_size = micro
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
+        print(f"strategy=auto: the planner chose {description}", flush=True)
+    target = get_object(cfg.strategy._target_)
+    return target(**kwargs, process_group_backend=hardware.backend)
+
+
 def resolve_layout(strategy: Any, world_size: int) -> Layout:
     """The layout a strategy runs: its own if it has one, else pure data parallelism."""
     layout = getattr(strategy, "layout", None)
@@ -137,7 +151,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     with config_errors():
         spec = model_spec(cfg)
         hardware = hardware_spec(cfg)
-        strategy = build_strategy(cfg.strategy, hardware)
+        if cfg.strategy.name == "auto":
+            strategy = build_planned_strategy(cfg, spec, hardware)
+        else:
+            strategy = build_strategy(cfg.strategy, hardware)
         single = isinstance(strategy, SingleDeviceStrategy)
         devices = 1 if single else hardware.resolved_devices()
         num_nodes = 1 if single else hardware.num_nodes

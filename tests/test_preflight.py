@@ -42,3 +42,20 @@ def test_ddp_prediction_is_unsharded(tmp_path):
     states = candidate.as_dict()["memory_bytes"]
     model_states = states["params"] + states["grads"] + states["optimizer"]
     assert abs(model_states / (16 * 8.03e9) - 1) < 0.01
+
+
+def test_strategy_auto_runs_the_planners_layout(tmp_path):
+    from lightning_dist.parity import max_relative_difference, run_train
+
+    common = ["debug=fast", "trainer.max_steps=4"]
+    auto = run_train([*common, "strategy=auto", "hardware.devices=2"], tmp_path / "auto")
+    single = run_train([*common, "strategy=single"], tmp_path / "single")
+    assert auto["strategy"] == "auto" and auto["world_size"] == 2
+    assert (
+        auto["layout"]["pp"]
+        * auto["layout"]["tp"]
+        * auto["layout"]["dp_shard"]
+        * auto["layout"]["dp_replicate"]
+        == 2
+    )
+    assert max_relative_difference(single["losses"], auto["losses"]) < 1e-4

@@ -90,3 +90,47 @@ def test_straggler_comm_and_report_from_a_real_run(tmp_path):
         with Image.open(png) as image:
             assert image.size[0] > 100 and image.size[1] > 100
     assert "comm/compute" in (tmp_path / "report" / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_measured_bubble_matches_the_schedule(tmp_path, schedule):
+    """pp=2, m=4: the measured idle fraction is within 5 points of (p-1)/(m+p-1) = 0.2."""
+    summary = run_train(
+        ["model=tiny", "data=synthetic", "data.seq_len=256", "data.global_batch_size=8",
+         "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=9",
+         "strategy=pp", "strategy.pp=2", f"strategy.schedule={schedule}",
+         "strategy.microbatches=4", "callbacks.comm.first_step=3",
+         "callbacks.comm.every_n_steps=2"],
+        tmp_path,
+    )  # fmt: skip
+    bubble = summary["bubble"]
+    assert bubble["theoretical"] == pytest.approx(0.2)
+    assert len(bubble["per_stage"]) == 2 and len(bubble["measured_per_profiled_step"]) == 4
+    assert abs(bubble["measured"] - bubble["theoretical"]) < 0.05, bubble
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "dims"),
+    [
+        (["strategy=fsdp"], {"dp"}),
+        (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=4"], {"tp", "pp"}),
+    ],
+    ids=["fsdp", "3d"],
+)
+def test_comm_numbers_reach_summary_and_wandb(tmp_path, overrides, dims):
+    summary = run_train(
+        ["model=llama_debug", "data=synthetic", "logger=wandb", "trainer.max_steps=4",
+         "trainer.log_every_n_steps=1", "trainer.val_check_interval=null", *overrides],
+        tmp_path,
+    )  # fmt: skip
+    comm = summary["comm"]
+    assert comm["comm_compute_ratio"] > 0
+    for rank in comm["per_rank"]:
+        assert dims <= set(rank["comm_seconds_by_dim"]), rank["comm_seconds_by_dim"]
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    records = log.read_bytes()
+    for dim in dims:
+        assert f"comm/{dim}_seconds".encode() in records
+    assert b"comm/comm_compute_ratio" in records

@@ -8,7 +8,8 @@ profiled on every rank. From its events:
 - compute = the union of the intervals of computation (aten ops on the training thread on CPUs,
   where backward runs on that thread too; non-communication kernels on GPUs);
 - exposed communication = communication during which no computation ran;
-- idle (the pipeline bubble under PP) = the part of the step in which this rank computed nothing;
+- idle (the pipeline bubble under PP) = the part of the pipeline schedule (marked with a profiler
+  range by parallel/pipeline.py) in which this rank computed nothing; without PP, of the step;
 - busy = the step minus exposed communication: what this rank spent on its own work. In a
   synchronous step every rank ends together, the fast ones waiting inside a collective for the
   slow one, so the rank with the largest busy time is the straggler.
@@ -33,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from lightning_dist.callbacks.context import RunContext, StepClock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
+from lightning_dist.parallel.pipeline import SCHEDULE_MARKER
 from lightning_dist.planner.timing import bubble_fraction
 
 COMM_EVENT = re.compile(r"^(gloo|nccl):|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
@@ -81,8 +83,34 @@ def locate_process_groups(strategy: Any) -> dict[tuple[str, int], str]:
     return located
 
 
+def _computes(event: Any, main_thread: int | None) -> bool:
+    if COMM_EVENT.search(event.name):
+        return False
+    cuda = str(event.device_type).endswith("CUDA")
+    return cuda or (event.thread == main_thread and event.name.startswith("aten::"))
+
+
+def schedule_window(events: list[Any], main_thread: int | None) -> dict[str, float]:
+    """Under PP: the length of this rank's pipeline schedule and the computation inside it,
+    in seconds (empty without a schedule marker)."""
+    marks = [e for e in events if e.name == SCHEDULE_MARKER]
+    if not marks:
+        return {}
+    start = min(e.time_range.start for e in marks)
+    end = max(e.time_range.end for e in marks)
+    inside = [
+        (max(s, start), min(e, end))
+        for s, e in (_interval(ev) for ev in events if _computes(ev, main_thread))
+        if e > start and s < end
+    ]
+    return {
+        "schedule_seconds": (end - start) * 1e-6,
+        "schedule_compute_seconds": union_length(inside) * 1e-6,
+    }
+
+
 def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: float,
-                 main_thread: int) -> dict[str, Any]:  # fmt: skip
+                 main_thread: int | None) -> dict[str, Any]:  # fmt: skip
     """Communication, compute and idle time (seconds) of one profiled step."""
     comm, compute, per_dim = [], [], {}
     for event in events:
@@ -90,9 +118,7 @@ def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: f
             dim = "pp" if P2P_EVENT.search(event.name) else located.get(_where(event), "other")
             per_dim.setdefault(dim, []).append(_interval(event))
             comm.append(_interval(event))
-        elif str(event.device_type).endswith("CUDA") or (
-            event.thread == main_thread and event.name.startswith("aten::")
-        ):
+        elif _computes(event, main_thread):
             compute.append(_interval(event))
     compute_union = union_of(compute)
     seconds = 1e-6  # the profiler reports microseconds
@@ -108,6 +134,7 @@ def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: f
         "comm_compute_ratio": comm_time / compute_time if compute_time else None,
         "idle_fraction": max(0.0, 1.0 - compute_time / span) if span else None,
         "busy_seconds": max(0.0, span - exposed),
+        **schedule_window(events, main_thread),
     }
 
 
@@ -220,13 +247,16 @@ class CommComputeMonitor(Callback):
         layout = self.context.layout if self.context else None
         if layout is None or layout.pp == 1:
             return None
-        stage_of_rank = [r // (len(per_rank) // layout.pp) for r in range(len(per_rank))]
+        # Every stage's step lasts as long as the longest schedule (the last stage returns
+        # first, the first stage last), so idle time is measured against that common span.
+        span = max(r.get("schedule_seconds", 0.0) for r in per_rank)
+        idle = [
+            1.0 - r["schedule_compute_seconds"] / span if span else r["idle_fraction"]
+            for r in per_rank
+        ]
+        ranks_per_stage = len(per_rank) // layout.pp
         per_stage = [
-            statistics.fmean(
-                m["idle_fraction"]
-                for m, s in zip(per_rank, stage_of_rank, strict=True)
-                if s == stage
-            )
+            statistics.fmean(idle[stage * ranks_per_stage : (stage + 1) * ranks_per_stage])
             for stage in range(layout.pp)
         ]
         return {
@@ -249,9 +279,14 @@ class CommComputeMonitor(Callback):
             }
         }
         out["stragglers"] = self.stragglers(last)
-        bubble = self.bubble(last)
-        if bubble:
-            out["bubble"] = bubble
+        bubbles = [b for b in map(self.bubble, self.measurements) if b]
+        if bubbles:
+            # One profiled step can catch the OS preempting a rank: report the median step.
+            median = sorted(bubbles, key=lambda b: b["measured"])[(len(bubbles) - 1) // 2]
+            out["bubble"] = {
+                **median,
+                "measured_per_profiled_step": [b["measured"] for b in bubbles],
+            }
         return out
 
 

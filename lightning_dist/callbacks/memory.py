@@ -43,8 +43,11 @@ class MemoryByCategory(Callback):
     ) -> None:
         if self._meter is None and self._mine is None and trainer.global_step == self._target:
             pipelined = bool(getattr(trainer.strategy, "pipelined", False))
+            # Module hooks (torch's MemTracker) refuse a module run twice in one step, as
+            # pipeline microbatches and gradient accumulation do.
+            repeated = pipelined or trainer.accumulate_grad_batches > 1
             self._meter = StepMemoryMeter(
-                trainer.strategy.root_device, closure_step=True, module_hooks=not pipelined
+                trainer.strategy.root_device, closure_step=True, module_hooks=not repeated
             )
             try:
                 self._meter.start(trainer.strategy.model, trainer.optimizers)

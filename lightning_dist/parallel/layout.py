@@ -44,9 +44,7 @@ class Layout:
         if sum(v == -1 for v in degrees.values()) > 1:
             raise ValueError(f"at most one degree may be -1, got {_fmt(degrees)}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}"
-            )
+            raise ValueError(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.virtual_stages < 1:
             raise ValueError(f"virtual_stages={self.virtual_stages} must be at least 1")
         if self.microbatches is not None and self.microbatches < 1:
@@ -173,6 +171,11 @@ class Layout:
             raise ValueError(
                 f"tie_embeddings=True shares the embedding with the output layer, which pp={self.pp} "
                 "puts on different stages; untie them or use pp=1"
+            )
+        if tp > 1 and args.tie_embeddings:
+            # Sharding the two modules one after the other would silently untie them.
+            raise ValueError(
+                f"tie_embeddings=True is not supported with tp={tp} yet; untie them or use tp=1"
             )
 
     def check_batch(self, global_batch_size: int, micro_batch_size: int | None = None) -> None:

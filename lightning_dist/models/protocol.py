@@ -1,0 +1,46 @@
+"""The two small contracts a model keeps so that parallelism can be applied from outside.
+
+Both are plain class attributes, so a model stays single-device code and needs no import from
+`lightning_dist.parallel`. Our `Transformer` and the Hugging Face wrapper `HFCausalLM` implement
+both; a user's own model can too (see examples/user_module_3d.py).
+
+**Tensor-parallel plan** (`tp_plan`): a dict from module-name pattern to a style name. `*` matches
+one name segment. The styles are
+
+- `"embedding"`: vocabulary-parallel embedding (rows split across tp ranks);
+- `"colwise"` / `"rowwise"`: Megatron's column- and row-parallel linear layers;
+- `"output"`: vocabulary-parallel output projection (the logits stay split for the
+  loss-parallel cross-entropy, or are gathered when loss parallelism is off);
+- `"norm"`: a norm run on sequence shards under sequence parallelism (ignored without it);
+- `"sp_input"`: a sub-block whose first input is gathered from sequence shards under sequence
+  parallelism (ignored without it).
+
+A plan without `"norm"` entries cannot run sequence parallelism. Users may also pass torch
+`ParallelStyle` objects in their own plan.
+
+**Pipeline layers** (`pipeline_blocks`, `pipeline_first`, `pipeline_last`): where to cut.
+
+- `pipeline_blocks`: dotted path of the `nn.ModuleDict` or `nn.ModuleList` of repeated blocks,
+  run in order. A stage keeps a contiguous range of them (as a ModuleDict keyed by the original
+  indices, so parameter names do not change).
+- `pipeline_first`: dotted paths of the modules only the first stage keeps (the embedding).
+- `pipeline_last`: dotted paths of the modules only the last stage keeps (final norm, output).
+- `forward(x)` accepts token ids or the previous stage's hidden states (when the
+  `pipeline_first` modules are None), runs whatever blocks are left, and returns hidden states
+  when the `pipeline_last` modules are None. Every stage returns a single tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+TP_STYLES = ("embedding", "colwise", "rowwise", "output", "norm", "sp_input")
+
+
+@runtime_checkable
+class PipelineLayers(Protocol):
+    """A model that can be cut into pipeline stages by block ranges (see the module docs)."""
+
+    pipeline_blocks: str
+    pipeline_first: tuple[str, ...]
+    pipeline_last: tuple[str, ...]

@@ -1,0 +1,85 @@
+"""`parallelize()`: apply a layout to a model, in the fixed order TP -> AC -> FSDP -> pipeline.
+
+The pipeline cut comes first in the code because every later step is applied to each stage
+module on its own (a stage is a copy of the model with the other layers removed), but it changes
+no parameter: within each stage the order is tensor parallelism over `tp`, activation
+checkpointing, then FSDP2 over the data-parallel ranks; the stages are then wrapped in
+`torch.distributed.pipelining` stages and a schedule.
+
+Given a materialised model (the same full weights on every rank) each rank keeps exactly its
+slice of them, so the result computes what the single-device model computes. Given a meta
+model it allocates nothing; the caller materialises each stage (see `model_parts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
+from lightning_dist.parallel.tp import apply_tp
+
+log = logging.getLogger(__name__)
+
+
+def dp_mesh(mesh, layout: Layout):
+    """The data-parallel sub-mesh: 1-D `dp_shard` (FSDP), or 2-D (replicate, shard) for HSDP."""
+    if layout.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]
+
+
+def parallelize(
+    model: nn.Module,
+    mesh,
+    layout: Layout,
+    *,
+    device: torch.device,
+    tp_plan: dict[str, Any] | None = None,
+    sequence_parallel: bool = False,
+    loss_parallel: bool = True,
+    activation_checkpointing: int = 0,
+    split_points: list[int] | None = None,
+    fsdp: dict[str, Any] | None = None,
+) -> nn.Module:
+    """Apply `layout` over the named 4-D `mesh` (see `Layout.build_mesh`); return the model.
+
+    Without pipeline parallelism the result is `model`, sharded in place. With it, a
+    `PipelinedModel` holding this rank's stages; call it as `model(inputs, target, loss_fn)`.
+    `fsdp` holds extra `apply_fsdp` keywords (reshard_after_forward, mp_policy, ...).
+    """
+    pipelined = layout.pp > 1
+    if pipelined:
+        parts = stage_modules(model, layout, mesh["pp"].get_local_rank(), split_points)
+    else:
+        parts = [(0, model)]
+    for _, part in parts:
+        # The block classes are found before checkpointing wraps them, so FSDP shards the same
+        # blocks whether or not they are checkpointed.
+        blocks = find_block_types(part)
+        if layout.tp > 1:
+            apply_tp(
+                part, mesh["tp"], plan=tp_plan, sequence_parallel=sequence_parallel,
+                loss_parallel=loss_parallel, strict=not pipelined,
+            )  # fmt: skip
+        apply_activation_checkpointing(part, blocks, every_n=activation_checkpointing)
+        if layout.dp > 1:
+            apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **(fsdp or {}))
+    if not pipelined:
+        return model
+    log.info(
+        "Applied pipeline parallelism: pp=%d, %s, %d microbatches",
+        layout.pp, layout.schedule, layout.num_microbatches,
+    )  # fmt: skip
+    return PipelinedModel(parts, layout, mesh["pp"].get_group(), device)
+
+
+def model_parts(model: nn.Module) -> list[nn.Module]:
+    """The stage modules of a `PipelinedModel`, or `[model]`."""
+    return list(model.parts) if isinstance(model, PipelinedModel) else [model]

@@ -1,0 +1,283 @@
+"""Pipeline parallelism on `torch.distributed.pipelining`: cut, build stages, run a schedule.
+
+A model that keeps the pipeline-layers contract (`lightning_dist.models.protocol`) is cut into
+`pp x virtual_stages` stages by contiguous block ranges: the embedding goes with the first stage,
+the final norm and output with the last. Each rank keeps only its own stages (copies of the
+model with every other block removed and the foreign ends set to None), so parameter names
+stay those of the whole model.
+
+The split is balanced by cost, or taken from user split points. A block's cost is its
+parameter count, which tracks memory (weights, gradients, optimizer state) and, for matmul
+layers, compute; the embedding and the output projection count towards the first and last
+stage like blocks do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from lightning_dist.models.protocol import PipelineLayers
+from lightning_dist.parallel.layout import Layout
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_MARKER = "lightning_dist::pipeline_schedule"
+"""Profiler range around one training step's pipeline schedule (read by the comm telemetry)."""
+
+
+def block_names(model: nn.Module) -> list[str]:
+    """Names of the repeated blocks, in order (keys of the ModuleDict, indices of a ModuleList)."""
+    container = model.get_submodule(model.pipeline_blocks)
+    if isinstance(container, nn.ModuleDict):
+        return list(container.keys())
+    return [str(i) for i in range(len(container))]
+
+
+def _numel(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def _cost_of(model: nn.Module, paths: tuple[str, ...]) -> int:
+    return sum(_numel(_get(model, path)) for path in paths)
+
+
+def split_blocks(
+    model: nn.Module, num_stages: int, split_points: list[int] | None = None
+) -> list[list[str]]:
+    """The block names of each of `num_stages` stages, balanced or cut at `split_points`.
+
+    `split_points` are the indices of the first block of stages 1..num_stages-1. Raises
+    ValueError for a model without the pipeline-layers contract, fewer blocks than stages, or
+    bad split points.
+    """
+    if not isinstance(model, PipelineLayers):
+        raise ValueError(
+            f"{type(model).__name__} does not expose its layers for pipeline parallelism: give it "
+            "pipeline_blocks, pipeline_first and pipeline_last (see lightning_dist.models.protocol)"
+        )
+    names = block_names(model)
+    if len(names) < num_stages:
+        raise ValueError(
+            f"the model has {len(names)} layers, fewer than the {num_stages} pipeline stages "
+            "(pp x virtual_stages)"
+        )
+    if split_points is None:
+        blocks = model.get_submodule(model.pipeline_blocks)
+        costs = [_numel(_child(blocks, name)) for name in names]
+        costs[0] += _cost_of(model, tuple(model.pipeline_first))
+        costs[-1] += _cost_of(model, tuple(model.pipeline_last))
+        split_points = balanced_split(costs, num_stages)
+    _check_split_points(split_points, len(names), num_stages)
+    bounds = [0, *split_points, len(names)]
+    return [names[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def balanced_split(costs: list[int], num_stages: int) -> list[int]:
+    """Cut `costs` into `num_stages` contiguous non-empty runs minimising the largest run sum
+    (ties: the smaller sum of squares, i.e. the more even split); return the start index of
+    every run but the first."""
+    n = len(costs)
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = (float("inf"), float("inf"))
+    # best[s][i]: (largest run, sum of squared runs) when the first i items form s runs.
+    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = (0, 0)
+    for s in range(1, num_stages + 1):
+        for i in range(s, n - (num_stages - s) + 1):
+            for j in range(s - 1, i):
+                run = prefix[i] - prefix[j]
+                value = (max(best[s - 1][j][0], run), best[s - 1][j][1] + run * run)
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    points, i = [], n
+    for s in range(num_stages, 1, -1):
+        i = cut[s][i]
+        points.append(i)
+    return points[::-1]
+
+
+def _check_split_points(points: list[int], n_blocks: int, num_stages: int) -> None:
+    points = list(points)
+    if len(points) != num_stages - 1:
+        raise ValueError(
+            f"split_points={points} must have {num_stages - 1} entries for {num_stages} stages"
+        )
+    if points != sorted(set(points)) or (points and not 0 < points[0] <= points[-1] < n_blocks):
+        raise ValueError(
+            f"split_points={points} must be increasing layer indices between 1 and {n_blocks - 1}"
+        )
+
+
+def cut_stage(model: nn.Module, blocks: list[str], *, first: bool, last: bool) -> nn.Module:
+    """Keep `blocks` (and the first/last modules where asked) of `model`, in place."""
+    container = model.get_submodule(model.pipeline_blocks)
+    kept = nn.ModuleDict({name: _child(container, name) for name in blocks})
+    _set(model, model.pipeline_blocks, kept)
+    dropped = (() if first else tuple(model.pipeline_first)) + (
+        () if last else tuple(model.pipeline_last)
+    )
+    for path in dropped:
+        _set(model, path, None)
+    return model
+
+
+def stage_modules(
+    model: nn.Module, layout: Layout, pp_rank: int, split_points: list[int] | None = None
+) -> list[tuple[int, nn.Module]]:
+    """(stage index, stage module) for each stage `pp_rank` holds, cut from `model`."""
+    plan = split_blocks(model, layout.num_stages, split_points)
+    ids = layout.stage_ids(pp_rank)
+    parts = []
+    for k, stage in enumerate(ids):
+        # The last stage of this rank reuses the model itself; the others are copies.
+        part = model if k == len(ids) - 1 else copy.deepcopy(model)
+        cut_stage(part, plan[stage], first=stage == 0, last=stage == layout.num_stages - 1)
+        parts.append((stage, part))
+    log.info(
+        "Pipeline rank %d holds stages %s with layers %s",
+        pp_rank, ids, [plan[s] for s in ids],
+    )  # fmt: skip
+    return parts
+
+
+SCHEDULES = {
+    "GPipe": "ScheduleGPipe",
+    "1F1B": "Schedule1F1B",
+    "Interleaved1F1B": "ScheduleInterleaved1F1B",
+    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
+    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
+}
+
+
+def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
+    """The torch schedule of `layout.schedule` over this rank's `PipelineStage`s.
+
+    Gradients are not rescaled by the schedule (`scale_grads=False`): `loss_fn` divides each
+    microbatch's loss itself, which also stays right under gradient accumulation.
+    """
+    from torch.distributed.pipelining import schedules
+
+    cls = getattr(schedules, SCHEDULES[layout.schedule])
+    single = issubclass(cls, schedules.PipelineScheduleSingle)
+    return cls(
+        stages[0] if single else stages,
+        n_microbatches=layout.num_microbatches,
+        loss_fn=loss_fn,
+        scale_grads=False,
+    )
+
+
+class PipelinedModel(nn.Module):
+    """This rank's pipeline stages and the schedule that runs them.
+
+    `model(inputs, target, loss_fn)` runs every microbatch through the pipeline: forward and
+    backward when gradients are enabled (training), forward only otherwise (validation). It
+    returns the mean loss over the microbatches on every rank of the pipeline, not just the last
+    stage. Gradients are left in the stages' parameters, so the caller must not call backward.
+    """
+
+    computes_loss = True
+
+    def __init__(self, parts: list[tuple[int, nn.Module]], layout: Layout, pp_group, device):
+        super().__init__()
+        from torch.distributed.pipelining import PipelineStage
+
+        self.stage_ids = [stage for stage, _ in parts]
+        self.parts = nn.ModuleList([part for _, part in parts])
+        self.num_microbatches = layout.num_microbatches
+        self.is_first = 0 in self.stage_ids
+        self.is_last = layout.num_stages - 1 in self.stage_ids
+        self.grad_accumulation = 1
+        """Lightning's gradient accumulation; the strategy sets it before each step."""
+        self._pp_group = pp_group
+        self._loss_fn: Callable | None = None
+        stages = [
+            PipelineStage(part, stage, layout.num_stages, device, group=pp_group)
+            for stage, part in parts
+        ]
+        self.schedule = build_schedule(stages, layout, self._microbatch_loss)
+
+    def _loss_scale(self) -> int:
+        # Each microbatch is 1/num_microbatches of the batch, and each accumulation step
+        # 1/grad_accumulation of the optimizer step: the summed gradients are then the mean's.
+        return self.num_microbatches * self.grad_accumulation
+
+    def _microbatch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self._loss_fn(output, target) / self._loss_scale()
+
+    def forward(
+        self, inputs: torch.Tensor, target: torch.Tensor, loss_fn: Callable
+    ) -> torch.Tensor:
+        """Run the batch `inputs` through the pipeline; `loss_fn(output, target)` gives the mean
+        loss of one microbatch on the last stage. Returns the batch's mean loss (no grad)."""
+        import torch.distributed as dist
+
+        self._loss_fn = loss_fn
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.is_first else ()
+        target = target if self.is_last else None
+        if torch.is_grad_enabled():
+            # The marker lets the telemetry measure the bubble of the schedule alone.
+            with torch.profiler.record_function(SCHEDULE_MARKER):
+                self.schedule.step(*args, target=target, losses=losses)
+        else:
+            with _forward_actions_only(self.schedule):
+                self.schedule.eval(*args, target=target, losses=losses)
+        if self.is_last:
+            # A loss-parallel cross-entropy gives replicated DTensors; keep the plain values.
+            values = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in losses]
+            loss = torch.stack([t.detach().float() for t in values]).sum() * self.grad_accumulation
+        else:
+            loss = torch.zeros((), device=inputs.device)
+        # Only the last stage has the loss; a sum over the pipeline ranks gives it to all.
+        dist.all_reduce(loss, group=self._pp_group)
+        return loss
+
+
+@contextlib.contextmanager
+def _forward_actions_only(schedule):
+    """Run a multi-stage schedule's `eval()` on its forward actions alone.
+
+    torch 2.13 runs the backward actions of the action list in eval too (as no-ops), but for a
+    V-shaped schedule (ZBVZeroBubble) the hand-over of input gradients between two stages of
+    one rank asserts that a backward ran. Dropping the backward actions keeps the forward
+    sends and receives paired, so the forward-only run cannot deadlock.
+    """
+    order = getattr(schedule, "pipeline_order_with_comms", None)
+    if order is None:  # a single-stage schedule: its eval() is fine
+        yield
+        return
+    from torch.distributed.pipelining.schedules import _ComputationType as C
+
+    keep = {C.FORWARD, C.SEND_F, C.RECV_F, C.UNSHARD, C.RESHARD}
+    schedule.pipeline_order_with_comms = {
+        rank: [a for a in actions if a is not None and a.computation_type in keep]
+        for rank, actions in order.items()
+    }
+    try:
+        yield
+    finally:
+        schedule.pipeline_order_with_comms = order
+
+
+def _get(model: nn.Module, path: str) -> nn.Module | None:
+    parent, _, leaf = path.rpartition(".")
+    return getattr(model.get_submodule(parent) if parent else model, leaf)
+
+
+def _set(model: nn.Module, path: str, value: nn.Module | None) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, value)
+
+
+def _child(container: nn.Module, name: str) -> nn.Module:
+    return container[name] if isinstance(container, nn.ModuleDict) else container[int(name)]

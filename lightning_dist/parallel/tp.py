@@ -1,0 +1,190 @@
+"""Tensor parallelism: apply a model's Megatron-style plan with DTensor.
+
+A plan is data kept next to each model (`Transformer.tp_plan`, `HFCausalLM.tp_plan`): module-name
+patterns mapped to style names (see `lightning_dist.models.protocol`). This file turns the names
+into torch `ParallelStyle`s for the chosen options:
+
+- without sequence parallelism each block's forward does two all-reduces (after the row-parallel
+  attention output and MLP down projection), the norms are replicated;
+- with it the residual stream stays split along the sequence; each all-reduce becomes a
+  reduce-scatter, and an all-gather feeds each column-parallel sub-block;
+- with loss parallelism the logits stay split along the vocabulary and the cross-entropy runs
+  on the shards (`torch.distributed.tensor.parallel.loss_parallel`), so the full
+  [batch, seq, vocab] logits never exist on one rank.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from typing import Any
+
+from torch import nn
+
+from lightning_dist.models.protocol import TP_STYLES
+
+log = logging.getLogger(__name__)
+
+# Attributes that some attention modules keep as head counts; divided by tp after sharding so
+# that modules that use them (instead of inferring heads from shapes) see their local heads.
+HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads", "n_local_heads")
+# The weight dimension each style splits (nn.Linear weights are [out, in]).
+SPLIT_DIM = {"embedding": 0, "colwise": 0, "output": 0, "rowwise": 1}
+
+
+def plan_for(model: nn.Module, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The user's plan if given, else the one the model's class carries as `tp_plan`."""
+    if plan is None:
+        plan = getattr(model, "tp_plan", None)
+    if plan is None:
+        raise ValueError(
+            f"{type(model).__name__} has no tp_plan; pass a plan {{module pattern: style}} "
+            f"with styles from {', '.join(TP_STYLES)}"
+        )
+    return dict(plan)
+
+
+def match_plan(model: nn.Module, plan: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """Expand each pattern (`*` = one name segment) to the module names it matches.
+
+    With `strict`, a pattern that matches nothing raises ValueError naming it (a typo in a plan
+    must not silently leave a layer unsharded). Pipeline stages use strict=False since they
+    hold only some of the modules.
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    matched: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        if isinstance(style, str) and style not in TP_STYLES:
+            raise ValueError(
+                f"TP plan style {style!r} of {pattern!r} is not one of {', '.join(TP_STYLES)}"
+            )
+        regex = re.compile(re.escape(pattern).replace(r"\*", r"[^.]+"))
+        hits = [name for name in names if regex.fullmatch(name)]
+        if strict and not hits:
+            raise ValueError(
+                f"TP plan pattern {pattern!r} matches no module of {type(model).__name__}"
+            )
+        matched.update(dict.fromkeys(hits, style))
+    return matched
+
+
+def check_tp(
+    model: nn.Module,
+    tp: int,
+    *,
+    plan: dict[str, Any] | None = None,
+    sequence_parallel: bool = False,
+) -> dict[str, Any]:
+    """Check a plan against a (meta) model without a mesh; return the matched plan.
+
+    Raises ValueError when a pattern matches nothing, when a split dimension is not divisible
+    by `tp`, or when sequence parallelism is asked of a plan that has no `"norm"` entries.
+    """
+    matched = match_plan(model, plan_for(model, plan))
+    named = [s for s in matched.values() if isinstance(s, str)]
+    if sequence_parallel and named and "norm" not in named:
+        raise ValueError(
+            f"the TP plan of {type(model).__name__} has no 'norm' entries, so it cannot run "
+            "sequence parallelism; set sequence_parallel=false"
+        )
+    for name, style in matched.items():
+        weight = getattr(model.get_submodule(name), "weight", None)
+        dim = SPLIT_DIM.get(style) if isinstance(style, str) else None
+        if dim is not None and weight is not None and weight.shape[dim] % tp:
+            raise ValueError(
+                f"{name}.weight dimension {dim} has size {weight.shape[dim]}, "
+                f"not divisible by tp={tp}"
+            )
+    return matched
+
+
+def apply_tp(
+    model: nn.Module,
+    tp_mesh,
+    *,
+    plan: dict[str, Any] | None = None,
+    sequence_parallel: bool = False,
+    loss_parallel: bool = True,
+    strict: bool = True,
+) -> nn.Module:
+    """Shard `model` over the 1-D `tp_mesh` following its plan (or `plan`); returns the model.
+
+    Works on a meta model or on a materialised one: each rank keeps its slice of the full
+    tensors it already holds (no scatter from rank 0), so a model initialised identically on
+    every rank keeps exactly its single-device values. With `loss_parallel` the output logits
+    are a DTensor split on the vocabulary; compute the loss under
+    `torch.distributed.tensor.parallel.loss_parallel()`.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    matched = match_plan(model, plan_for(model, plan), strict=strict)
+    styles = {
+        name: style if not isinstance(style, str) else _style(
+            style, model.get_submodule(name), sequence_parallel, loss_parallel
+        )
+        for name, style in matched.items()
+    }  # fmt: skip
+    styles = {name: style for name, style in styles.items() if style is not None}
+    parallelize_module(model, tp_mesh, styles, src_data_rank=None)
+    _divide_head_counts(model, matched, tp_mesh.size())
+    log.info(
+        "Applied tensor parallelism (tp=%d, %d modules, sequence_parallel=%s, loss_parallel=%s)",
+        tp_mesh.size(), len(styles), sequence_parallel, loss_parallel,
+    )  # fmt: skip
+    return model
+
+
+def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel: bool):
+    """The torch ParallelStyle of a plan's style name, or None when it does nothing here."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    # Between blocks the activations are either replicated or split along the sequence (dim 1).
+    between = Shard(1) if sequence_parallel else Replicate()
+    if name == "embedding":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if name == "colwise":
+        return ColwiseParallel()
+    if name == "rowwise":
+        return RowwiseParallel(output_layouts=between)
+    if name == "output":
+        return ColwiseParallel(
+            input_layouts=between,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if not sequence_parallel:
+        return None
+    if name == "norm":
+        return SequenceParallel()
+    # "sp_input": gather the first input, pass the others (rotary tables, ...) through as they are.
+    n_inputs = _positional_inputs(module)
+    return PrepareModuleInput(
+        input_layouts=(Shard(1),) + (None,) * (n_inputs - 1),
+        desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
+    )
+
+
+def _positional_inputs(module: nn.Module) -> int:
+    """Required positional parameters of `module.forward` (how the parent block calls it)."""
+    params = inspect.signature(module.forward).parameters.values()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
+
+
+def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> None:
+    # The parents of column-parallel projections are the attention modules (and MLPs, which
+    # have no head counts); only integer head-count attributes are touched.
+    parents = {name.rpartition(".")[0] for name, style in matched.items() if style == "colwise"}
+    for name in parents:
+        module = model.get_submodule(name)
+        for attr in HEAD_COUNT_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value % tp == 0:
+                setattr(module, attr, value // tp)

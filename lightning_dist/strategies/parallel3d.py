@@ -1,0 +1,313 @@
+"""`strategy=3d` / `Trainer(strategy="parallel3d")`: data x tensor x pipeline parallelism.
+
+A thin layer over Lightning's ModelParallelStrategy (process group, launcher, DTensor-aware
+sharded checkpoints). What it adds:
+
+- the mesh of a `Layout` (pp, dp_replicate, dp_shard, tp; tp innermost so it stays in a node);
+- `parallelize_model(model, init_seed=...)`, which the LightningModule calls in
+  `configure_model()` and which applies `lightning_dist.parallel.parallelize`;
+- under pipeline parallelism the LightningModule's call `model(inputs, target, loss_fn)` runs
+  the schedule (forward and backward), so Lightning's backward is a no-op;
+- the loss-parallel context around the steps and backward when the logits stay vocab-split;
+- gradient clipping by the norm over every mesh dimension;
+- the data sampler over the data-parallel ranks only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+
+from lightning_dist.parallel.clip import clip_grad_norm_global
+from lightning_dist.parallel.fsdp import check_reshard, parse_dtype
+from lightning_dist.parallel.layout import Layout
+from lightning_dist.parallel.parallelize import model_parts, parallelize
+from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
+from lightning_dist.parallel.tp import check_tp
+from lightning_dist.strategies import checkpoint3d, sharding
+
+
+class Parallel3DStrategy(ModelParallelStrategy):
+    """Data (FSDP2/HSDP) x tensor x pipeline parallelism for any LightningModule.
+
+    Args:
+        dp_shard, dp_replicate, tp, pp: the degrees; one may be -1 (the remaining ranks).
+        schedule, microbatches, virtual_stages: pipeline settings (see `Layout`).
+        split_points: first layer index of each stage after the first; None balances by cost.
+        tp_plan: {module pattern: style}; None (or empty) takes the model's own `tp_plan`.
+        sequence_parallel: split norms and residuals along the sequence between TP regions.
+        loss_parallel: keep the logits split along the vocabulary for the cross-entropy.
+        activation_checkpointing: 0 off; n checkpoints every n-th block.
+        reshard_after_forward, param_dtype, reduce_dtype: FSDP2 settings on the dp ranks.
+        init_sharded: each rank allocates and initialises only its own shards (no full copy of
+            the model anywhere; the random init then differs from a single process's). By
+            default every rank materialises the whole model once, so the weights equal the
+            single-device ones, and keeps its slice.
+        state_dict_type: "sharded" (a torch.distributed.checkpoint folder) or "full".
+    """
+
+    strategy_name = "parallel3d"
+
+    def __init__(
+        self,
+        *,
+        dp_shard: int = -1,
+        dp_replicate: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        schedule: str = "1F1B",
+        microbatches: int | None = None,
+        virtual_stages: int = 1,
+        split_points: list[int] | None = None,
+        tp_plan: dict[str, Any] | None = None,
+        sequence_parallel: bool = False,
+        loss_parallel: bool = True,
+        activation_checkpointing: int = 0,
+        reshard_after_forward: bool | int = True,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = "fp32",
+        init_sharded: bool = False,
+        state_dict_type: str = "sharded",
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            save_distributed_checkpoint=sharding.check_state_dict_type(state_dict_type)
+            == "sharded",
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self._layout = Layout(
+            pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, schedule=schedule,
+            microbatches=microbatches, virtual_stages=virtual_stages,
+        )  # fmt: skip
+        check_reshard(reshard_after_forward, None)
+        parse_dtype(param_dtype, "strategy.param_dtype")
+        parse_dtype(reduce_dtype, "strategy.reduce_dtype")
+        self.split_points = None if split_points is None else list(split_points)
+        self.tp_plan = dict(tp_plan) if tp_plan else None  # empty: the model's own plan
+        self.sequence_parallel = sequence_parallel
+        self.loss_parallel = loss_parallel
+        self.activation_checkpointing = sharding.check_activation_checkpointing(
+            activation_checkpointing
+        )
+        self.reshard_after_forward = reshard_after_forward
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.init_sharded = init_sharded
+        self._pipeline: PipelinedModel | None = None
+        self._parallelize_called = False
+        self._micro_step = 0
+        self._hidden_grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    # --- the layout, and the checks that run before any process starts ------------------------
+
+    @property
+    def layout(self) -> Layout:
+        """The degrees; resolved against the world size once the processes exist."""
+        if self._device_mesh is not None:
+            return self._layout.resolve(self.world_size)
+        return self._layout
+
+    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
+                  model: nn.Module | None = None, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+        """Validate the layout against the run, the batch and the (meta) model before any
+        process starts; raises ValueError naming the numbers."""
+        layout = self._layout.resolve(devices * num_nodes)
+        layout.check_nodes(devices, num_nodes)
+        sharding.check_param_dtype(self.param_dtype, precision)
+        if global_batch_size is not None:
+            layout.check_batch(global_batch_size, micro_batch_size)
+        if model is not None:
+            self.check_model(model, layout)
+
+    def check_model(self, model: nn.Module, layout: Layout | None = None) -> None:
+        """Can `layout` split `model`? Head, FFN and vocabulary divisibility by tp, the TP plan's
+        patterns, the pipeline-layers contract, the layer count and split points."""
+        layout = layout or self.layout
+        args = _model_args(model)
+        if args is not None:
+            layout.check_model(args)
+        if layout.tp > 1:
+            check_tp(model, layout.tp, plan=self.tp_plan, sequence_parallel=self.sequence_parallel)
+        if layout.pp > 1:
+            split_blocks(model, layout.num_stages, self.split_points)
+
+    # --- processes, mesh, data ----------------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        self._setup_distributed()
+        layout = self._layout.resolve(self.world_size)
+        layout.check_nodes(self.num_processes, self.num_nodes)
+        self._device_mesh = layout.build_mesh(self.root_device.type)
+        self.lightning_module._device_mesh = self._device_mesh
+
+    @property
+    def pipelined(self) -> bool:
+        """True once the model is split into pipeline stages (each runs once per microbatch)."""
+        return self._pipeline is not None
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        # Tensor- and pipeline-parallel peers read the same batch.
+        layout = self.layout
+        return {"num_replicas": layout.dp, "rank": layout.dp_rank(self.global_rank)}
+
+    # --- the model ----------------------------------------------------------------------------
+
+    def parallelize_model(self, model: nn.Module, *, init_seed: int) -> nn.Module:
+        """Apply the layout to a meta-device `model`; called from `configure_model()`.
+
+        Returns the sharded model, or under pipeline parallelism a `PipelinedModel` to call as
+        `model(inputs, target, loss_fn)`.
+        """
+        from lightning_dist.lm.module import materialize
+
+        layout = self.layout
+        self.check_model(model, layout)
+        if not self.init_sharded:
+            model = materialize(model, self.root_device, init_seed)
+        result = parallelize(
+            model, self.device_mesh, layout, device=self.root_device, tp_plan=self.tp_plan,
+            sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel,
+            activation_checkpointing=self.activation_checkpointing,
+            split_points=self.split_points, fsdp=self._fsdp_options(),
+        )  # fmt: skip
+        if self.init_sharded:
+            self._init_shards(result, init_seed)
+        self._pipeline = result if isinstance(result, PipelinedModel) else None
+        self._parallelize_called = True
+        return result.to(self.root_device)
+
+    def _init_shards(self, model: nn.Module, seed: int) -> None:
+        # One seed per distinct shard: the data-parallel replicas (dp_replicate) must draw the
+        # same values, every other rank different ones (or TP shards would repeat each other).
+        c = self.layout.coordinate(self.global_rank)
+        layout = self.layout
+        shard_id = (c["pp"] * layout.dp_shard + c["dp_shard"]) * layout.tp + c["tp"]
+        for part in model_parts(model):
+            part.to_empty(device=self.root_device)
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(seed + 1_000_003 * shard_id)
+                part.init_weights()
+
+    def _fsdp_options(self) -> dict[str, Any]:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        precision = self.precision_plugin.precision
+        compute = sharding.compute_dtype(self.param_dtype, precision, self.root_device.type)
+        reduce = parse_dtype(self.reduce_dtype, "strategy.reduce_dtype") or compute
+        options: dict[str, Any] = {"reshard_after_forward": self.reshard_after_forward}
+        if not compute == reduce == torch.float32:
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
+        return options
+
+    def setup(self, trainer) -> None:
+        if not self._parallelize_called:
+            raise ValueError(
+                f"{type(self).__name__}: the LightningModule must build its model in "
+                "configure_model() and pass it to self.trainer.strategy.parallelize_model(model, "
+                "init_seed=...) (see examples/user_module_3d.py)"
+            )
+        super().setup(trainer)
+        self._clip_by_global_norm()
+
+    def _clip_by_global_norm(self) -> None:
+        # Lightning clips through the precision plugin with torch's clip_grad_norm_, which would
+        # see only this rank's stage (and fails on a mix of DTensor meshes). Replace it, for this
+        # plugin instance only, by the norm over the whole model.
+        plugin = self.precision_plugin
+        stage_size = self.layout.dp * self.layout.tp
+
+        def clip_grad_by_norm(optimizer, clip_val: float) -> None:
+            clip_grad_norm_global(plugin.main_params(optimizer), clip_val, stage_size=stage_size)
+
+        plugin.clip_grad_by_norm = clip_grad_by_norm
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def _loss_parallel(self):
+        if self.layout.tp > 1 and self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is None:
+            with self._loss_parallel():
+                return super().training_step(*args, **kwargs)
+        # Under PP the module's step runs the schedule, backward included. Lightning zeroes
+        # gradients after the step and before its backward, so: clear the previous optimizer
+        # step's gradients first ourselves, and hide the new ones until backward() (a no-op)
+        # hands them back.
+        accumulate = self.lightning_module.trainer.accumulate_grad_batches
+        self._pipeline.grad_accumulation = accumulate
+        if self._micro_step % accumulate == 0:
+            for param in self._pipeline.parameters():
+                param.grad = None
+        self._micro_step += 1
+        with self._loss_parallel():
+            output = super().training_step(*args, **kwargs)
+        self._hidden_grads = [(p, p.grad) for p in self._pipeline.parameters()]
+        for param, _ in self._hidden_grads:
+            param.grad = None
+        return output
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._loss_parallel():
+            return super().validation_step(*args, **kwargs)
+
+    def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self._pipeline is not None:  # the schedule already ran the backward
+            for param, grad in self._hidden_grads:
+                param.grad = grad
+            self._hidden_grads = []
+            return closure_loss
+        with self._loss_parallel():
+            return super().backward(closure_loss, *args, **kwargs)
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        """Sharded saves flatten the optimizer state per parameter (see `checkpoint3d`)."""
+        if not self._save_distributed_checkpoint:
+            return super().optimizer_state(optimizer)
+        return checkpoint3d.flat_optimizer_state(self.model, optimizer)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint saved with the same layout."""
+        from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not _is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return checkpoint3d.load_sharded(
+            self.model, self.optimizers, path, strict=self.lightning_module.strict_loading,
+            weights_only=weights_only,
+        )  # fmt: skip
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(
+            "parallel3d", cls, description="data x tensor x pipeline parallelism (lightning_dist)"
+        )
+
+
+def _model_args(model: nn.Module):
+    """The ModelArgs of our Transformer or of a Llama-family HF model, else None."""
+    args = getattr(model, "args", None)
+    if args is not None:
+        return args
+    spec = getattr(model, "spec", None)
+    try:
+        return spec.to_model_args() if spec is not None else None
+    except ValueError:  # an HF architecture ModelArgs cannot describe; the plan checks remain
+        return None

@@ -1,0 +1,101 @@
+"""Layout: validation, resolution and rank arithmetic, without a process group or a mesh."""
+
+import pytest
+
+from lightning_dist.models.args import ModelArgs
+from lightning_dist.parallel.layout import Layout
+
+DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
+
+
+def test_resolve_fills_the_free_degree_and_checks_the_product():
+    assert Layout(dp_shard=-1, tp=2, pp=2).resolve(8).degrees() == {
+        "pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="multiply to 4, but the world size is 8"):
+        Layout(tp=2, pp=2).resolve(8)
+    with pytest.raises(ValueError, match="world size 6 is not divisible"):
+        Layout(dp_shard=-1, tp=4).resolve(6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tp=0), "must be positive or -1"),
+        (dict(tp=-1, pp=-1), "at most one degree may be -1"),
+        (dict(schedule="Zigzag"), "is not one of"),
+        (dict(pp=4, microbatches=2), "1F1B needs at least pp=4 microbatches, got 2"),
+        (dict(pp=2, schedule="GPipe", virtual_stages=2), "runs one stage per rank"),
+        (dict(pp=2, schedule="ZBVZeroBubble", virtual_stages=3), "needs virtual_stages=2, got 3"),
+        (dict(pp=2, schedule="Interleaved1F1B"), "needs virtual_stages >= 2, got 1"),
+        (dict(pp=2, schedule="Interleaved1F1B", virtual_stages=2, microbatches=5),
+         "multiple of microbatches // pp = 2"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_name_the_numbers(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Layout(**kwargs)
+
+
+def test_pipeline_defaults():
+    layout = Layout(pp=2, schedule="Interleaved1F1B", virtual_stages=2)
+    assert layout.num_microbatches == 4 and layout.num_stages == 4
+
+
+def test_coordinates_follow_mesh_order_tp_innermost():
+    layout = Layout(pp=2, dp_shard=2, tp=2)
+    assert layout.coordinate(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
+    assert layout.coordinate(5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert layout.group_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.group_ranks("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_two_dgx_nodes_keep_tp_inside_a_node():
+    # 2 nodes x 8 GPUs: ranks 0-7 on node 0. TP groups must not straddle nodes; PP crosses them.
+    layout = Layout(pp=2, dp_shard=-1, tp=8).resolve(16)
+    assert all(len({r // 8 for r in group}) == 1 for group in layout.group_ranks("tp"))
+    assert all(len({r // 8 for r in group}) == 2 for group in layout.group_ranks("pp"))
+    layout.check_nodes(devices_per_node=8, num_nodes=2)
+    with pytest.raises(ValueError, match="tp=16 does not divide the 8 devices of a node"):
+        Layout(tp=16).check_nodes(devices_per_node=8, num_nodes=2)
+
+
+def test_stage_ids_looped_and_v_shaped():
+    assert Layout(pp=2).stage_ids(1) == [1]
+    assert Layout(pp=2, schedule="Interleaved1F1B", virtual_stages=2).stage_ids(0) == [0, 2]
+    assert Layout(pp=2, schedule="ZBVZeroBubble", virtual_stages=2).stage_ids(0) == [0, 3]
+
+
+@pytest.mark.parametrize(
+    "layout, args, message",
+    [
+        (Layout(tp=8), DEBUG, "n_heads=4 is not divisible by tp=8"),
+        (Layout(tp=4), DEBUG, "n_kv_heads=2 is not divisible by tp=4"),
+        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "ffn_hidden_size": 129}),
+         "ffn_hidden_size=129 is not divisible by tp=2"),
+        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "vocab_size": 257}),
+         "vocab_size=257 is not divisible by tp=2"),
+        (Layout(pp=4, schedule="Interleaved1F1B", virtual_stages=2), DEBUG,
+         "n_layers=4 is fewer than pp=4 x virtual_stages=2 = 8"),
+        (Layout(pp=2), ModelArgs(**{**vars(DEBUG), "tie_embeddings": True}), "tie_embeddings"),
+        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "tie_embeddings": True}), "not supported with tp=2"),
+    ],
+)  # fmt: skip
+def test_check_model(layout, args, message):
+    with pytest.raises(ValueError, match=message):
+        layout.check_model(args)
+
+
+def test_check_model_accepts_the_debug_flavor():
+    Layout(pp=2, tp=2, dp_shard=2).check_model(DEBUG)
+
+
+def test_check_batch_under_pp():
+    layout = Layout(pp=2, dp_shard=2)  # 4 microbatches by default
+    layout.check_batch(8)
+    with pytest.raises(ValueError, match="global_batch_size=12 is not divisible by dp=2 x micro"):
+        layout.check_batch(12)
+    with pytest.raises(ValueError, match="micro_batch_size=2 is not divisible by microbatches=4"):
+        layout.check_batch(8, micro_batch_size=2)
+    Layout(tp=2).check_batch(3)  # no pipeline, nothing to split
