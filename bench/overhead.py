@@ -32,10 +32,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 
 def raw(strategy: str, steps: int, out: Path) -> list[float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "bench" / "raw_loop.py"), "--strategy", strategy, "--steps", str(steps),
            "--out", str(out), *COMMON]  # fmt: skip
-    subprocess.run(cmd, check=True, env=ENV, cwd=ROOT, capture_output=True)
+    _run(cmd)
     return json.loads(out.read_text())["step_seconds"]
 
 
@@ -44,8 +44,14 @@ def lightning(strategy: str, steps: int, run_dir: Path, callbacks: bool) -> list
     cmd = [sys.executable, str(ROOT / "train.py"), *COMMON, f"strategy={strategy}",
            "hardware.devices=2", "logger=none", f"trainer.max_steps={steps}",
            "trainer.val_check_interval=null", *extra, f"hydra.run.dir={run_dir}"]  # fmt: skip
-    subprocess.run(cmd, check=True, env=ENV, cwd=ROOT, capture_output=True)
+    _run(cmd)
     return json.loads((run_dir / "summary.json").read_text())["step_seconds"]
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
 
 
 def steps_per_sec(step_seconds: list[float], warmup: int) -> float:
