@@ -97,8 +97,9 @@ def test_straggler_comm_and_report_from_a_real_run(tmp_path):
 def test_measured_bubble_matches_the_schedule(tmp_path, schedule):
     """pp=2, m=4: the measured idle fraction is within 5 points of (p-1)/(m+p-1) = 0.2."""
     summary = run_train(
-        ["model=tiny", "data=synthetic", "data.seq_len=256", "data.global_batch_size=8",
-         "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=9",
+        # Enough work per microbatch (4 x 512 tokens) that per-action overhead stays small.
+        ["model=tiny", "data=synthetic", "data.seq_len=512", "data.global_batch_size=16",
+         "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=7",
          "strategy=pp", "strategy.pp=2", f"strategy.schedule={schedule}",
          "strategy.microbatches=4", "callbacks.comm.first_step=3",
          "callbacks.comm.every_n_steps=2"],
@@ -106,7 +107,7 @@ def test_measured_bubble_matches_the_schedule(tmp_path, schedule):
     )  # fmt: skip
     bubble = summary["bubble"]
     assert bubble["theoretical"] == pytest.approx(0.2)
-    assert len(bubble["per_stage"]) == 2 and len(bubble["measured_per_profiled_step"]) == 4
+    assert len(bubble["per_stage"]) == 2 and len(bubble["measured_per_profiled_step"]) == 3
     assert abs(bubble["measured"] - bubble["theoretical"]) < 0.05, bubble
 
 
