@@ -152,16 +152,9 @@ class Layout:
 
     def check_model(self, args) -> None:
         """Raise ValueError if `args` (a ModelArgs) cannot be split by this layout's tp and pp."""
-        tp = self.tp
-        if tp > 1:
-            for name, value in (
-                ("n_heads", args.n_heads),
-                ("n_kv_heads", args.kv_heads),
-                ("ffn_hidden_size", args.hidden_dim),
-                ("vocab_size", args.vocab_size),
-            ):
-                if value % tp:
-                    raise ValueError(f"model {name}={value} is not divisible by tp={tp}")
+        problem = tp_split_problem(args, self.tp)
+        if problem:
+            raise ValueError(problem)
         if args.n_layers < self.num_stages:
             raise ValueError(
                 f"model n_layers={args.n_layers} is fewer than pp={self.pp} x "
@@ -172,10 +165,10 @@ class Layout:
                 f"tie_embeddings=True shares the embedding with the output layer, which pp={self.pp} "
                 "puts on different stages; untie them or use pp=1"
             )
-        if tp > 1 and args.tie_embeddings:
+        if self.tp > 1 and args.tie_embeddings:
             # Sharding the two modules one after the other would silently untie them.
             raise ValueError(
-                f"tie_embeddings=True is not supported with tp={tp} yet; untie them or use tp=1"
+                f"tie_embeddings=True is not supported with tp={self.tp} yet; untie them or use tp=1"
             )
 
     def check_batch(self, global_batch_size: int, micro_batch_size: int | None = None) -> None:
@@ -217,6 +210,22 @@ class Layout:
         return init_device_mesh(
             device_type, tuple(self.degrees().values()), mesh_dim_names=MESH_DIMS
         )
+
+
+def tp_split_problem(args, tp: int) -> str | None:
+    """Why tensor parallelism of degree `tp` cannot split this model's layers, or None.
+
+    Shared by the strategies' pre-flight checks and the planner, so both refuse the same models.
+    """
+    for name, value in (
+        ("n_heads", args.n_heads),
+        ("n_kv_heads", args.kv_heads),
+        ("ffn_hidden_size", args.hidden_dim),
+        ("vocab_size", args.vocab_size),
+    ):
+        if value % tp:
+            return f"model {name}={value} is not divisible by tp={tp}"
+    return None
 
 
 def _fmt(degrees: dict[str, int]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.parallel.layout import Layout, tp_split_problem
 from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
@@ -99,15 +99,7 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
         return f"tp={tp} crosses the node boundary ({devices_per_node} devices per node)"
     if devices_per_node % tp:
         return f"tp={tp} does not divide the {devices_per_node} devices per node"
-    for name, value in (
-        ("n_heads", model.n_heads),
-        ("n_kv_heads", model.kv_heads),
-        ("hidden_dim", model.hidden_dim),
-        ("vocab_size", model.vocab_size),
-    ):
-        if value % tp:
-            return f"model {name}={value} is not divisible by tp={tp}"
-    return None
+    return tp_split_problem(model, tp)
 
 
 def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
