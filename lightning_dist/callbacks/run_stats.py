@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.callbacks.context import StepClock
+
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this rank: CUDA allocator peak on GPUs, process peak RSS on CPUs."""
@@ -26,19 +28,16 @@ class RunStats(Callback):
         self.tokens_per_step = tokens_per_step
         self.step_end_times: list[float] = []
         self.peak_memory_per_rank: list[int] = []
-        self._last_step = 0
+        self._clock = StepClock()
         self._start = 0.0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._start = time.perf_counter()
-        self._last_step = trainer.global_step
+        self._clock.start(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self._last_step:
-            return  # still accumulating gradients
-        self._last_step = trainer.global_step
-        now = time.perf_counter()
-        self.step_end_times.append(now)
+        if self._clock.stepped(trainer):  # not while still accumulating gradients
+            self.step_end_times.append(time.perf_counter())
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         mine = torch.tensor([peak_memory_bytes(pl_module.device)], device=pl_module.device)
