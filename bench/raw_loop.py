@@ -20,9 +20,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_dist.config import compose_config, model_spec
+from lightning_dist.layout import batch_plan
 from lightning_dist.lm.datasets import SyntheticTokens
-from lightning_dist.lm.module import materialize, warmup_cosine
-from lightning_dist.lm.sampling import GlobalBatchSampler, batch_plan
+from lightning_dist.lm.module import warmup_cosine
+from lightning_dist.lm.sampling import GlobalBatchSampler
+from lightning_dist.models.materialize import materialize
 
 
 def build(strategy: str, overrides: list[str], device: torch.device):

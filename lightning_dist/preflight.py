@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 
 
 def planned_sharding(strategy: Any, layout: Layout) -> str:

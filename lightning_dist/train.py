@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dist.callbacks.context import RunContext
 from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 
 
 class ConfigError(ValueError):
@@ -142,7 +142,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     from lightning_dist.callbacks.memory import MemoryByCategory
     from lightning_dist.callbacks.run_stats import RunStats
-    from lightning_dist.lm.data import batch_plan
+    from lightning_dist.layout import batch_plan
     from lightning_dist.lm.module import CausalLM
     from lightning_dist.loggers import JsonlMetrics
     from lightning_dist.preflight import check_fits, print_prediction

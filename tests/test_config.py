@@ -78,8 +78,8 @@ def test_experiment_and_debug_compose(compose):
 
 
 def test_run_config_redacts_secrets(compose):
+    from lightning_dist.layout import Layout
     from lightning_dist.loggers import REDACTED, redact
-    from lightning_dist.parallel.layout import Layout
 
     assert redact({"a": {"api_key": "x", "n": 1}, "wandb_token": "y"}) == {
         "a": {"api_key": REDACTED, "n": 1},

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_dist.layout import batch_plan
 from lightning_dist.lm.data import SyntheticDataModule, TextDataModule
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
-from lightning_dist.lm.sampling import GlobalBatchSampler, batch_plan
+from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.token_cache import (
     build_token_cache,
     cache_key,

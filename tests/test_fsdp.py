@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.lm.module import WRAPPER_SEGMENTS, materialize
+from lightning_dist.lm.module import WRAPPER_SEGMENTS
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.fsdp import (
     block_classes_present,
     block_modules,

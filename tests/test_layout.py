@@ -2,8 +2,8 @@
 
 import pytest
 
+from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.parallel.layout import Layout
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
 

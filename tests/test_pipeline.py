@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.models.hf import HFModelSpec
 from lightning_dist.models.protocol import PipelineLayers
 from lightning_dist.parallel.clip import clip_grad_norm_global
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.parallel.pipeline import balanced_split, cut_stage, split_blocks, stage_modules
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)

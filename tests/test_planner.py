@@ -14,8 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from lightning_dist.hardware import HardwareSpec
+from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.planner import (
     NoLayoutFitsError,
     TrainSettings,

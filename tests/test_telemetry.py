@@ -11,8 +11,8 @@ from lightning_dist.callbacks.context import RunContext
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
 from lightning_dist.callbacks.throughput import ThroughputMonitor
 from lightning_dist.hardware import HardwareSpec
+from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.parity import run_train
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from lightning_dist.layout import batch_plan
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
-from lightning_dist.lm.sampling import GlobalBatchSampler, batch_plan
+from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.token_cache import (
     TokenCache,
     build_token_cache,

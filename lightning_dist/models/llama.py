@@ -17,12 +17,14 @@ The model is meant to be built on the meta device and materialised with
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_dist.models.args import ModelArgs
+if TYPE_CHECKING:  # only an annotation: args.py builds this module's Transformer
+    from lightning_dist.models.args import ModelArgs
 
 
 def precompute_rope(

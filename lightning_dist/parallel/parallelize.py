@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_dist.layout import Layout
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
 from lightning_dist.parallel.tp import apply_tp
 

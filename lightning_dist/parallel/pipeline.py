@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from lightning_dist.layout import Layout
 from lightning_dist.models.protocol import PipelineLayers
-from lightning_dist.parallel.layout import Layout
 
 log = logging.getLogger(__name__)
 

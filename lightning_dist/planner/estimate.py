@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lightning_dist.parallel.layout import Layout, tp_split_problem
+from lightning_dist.layout import Layout, tp_split_problem
 from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,

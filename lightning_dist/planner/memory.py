@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 from lightning_dist.planner.settings import (
     FRAGMENTATION,
     RESERVE_BYTES,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,

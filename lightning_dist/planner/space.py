@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import pp_problem
 
 INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lightning_dist.parallel.layout import Layout
+from lightning_dist.layout import Layout
 from lightning_dist.planner.memory import SHARDED_MODES, StageShape, stage_shapes
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,

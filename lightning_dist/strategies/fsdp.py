@@ -22,10 +22,9 @@ from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
-from lightning_dist.lm.sampling import batch_plan
+from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.fsdp import parse_dtype
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.strategies import sharding
 
 SHARDING_STRATEGIES = (
@@ -252,7 +251,7 @@ class TunedFSDPStrategy(FSDPStrategy):
         sharding (FSDP1's `param_init_fn`) so no rank ever holds the whole model; the weights
         would then differ from a single process's, so parity runs use this route.
         """
-        from lightning_dist.lm.module import materialize
+        from lightning_dist.models.materialize import materialize
 
         return materialize(model, self.root_device, init_seed)
 

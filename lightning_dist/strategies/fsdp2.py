@@ -20,9 +20,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
+from lightning_dist.layout import Layout
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.fsdp import apply_fsdp, check_reshard, parse_dtype
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.strategies import sharding
 
 
@@ -141,7 +141,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> nn.Module:
         """CausalLM's hook: materialise (single-process weights), checkpoint, shard."""
-        from lightning_dist.lm.module import materialize
+        from lightning_dist.models.materialize import materialize
 
         block_types = sharding.check_auto_wrap(model, self.auto_wrap)
         if not self.init_sharded:

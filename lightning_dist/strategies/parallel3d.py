@@ -25,9 +25,9 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from lightning_dist.layout import Layout
 from lightning_dist.parallel.clip import clip_grad_norm_global
 from lightning_dist.parallel.fsdp import check_reshard, parse_dtype
-from lightning_dist.parallel.layout import Layout
 from lightning_dist.parallel.parallelize import model_parts, parallelize
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.tp import check_tp
@@ -168,7 +168,7 @@ class Parallel3DStrategy(ModelParallelStrategy):
         Returns the sharded model, or under pipeline parallelism a `PipelinedModel` to call as
         `model(inputs, target, loss_fn)`.
         """
-        from lightning_dist.lm.module import materialize
+        from lightning_dist.models.materialize import materialize
 
         layout = self.layout
         self.check_model(model, layout)

@@ -228,5 +228,34 @@ def tp_split_problem(args, tp: int) -> str | None:
     return None
 
 
+def batch_plan(
+    global_batch_size: int, dp_size: int, micro_batch_size: int | None = None
+) -> tuple[int, int]:
+    """Return (micro_batch_size, grad_accumulation) for one data-parallel rank.
+
+    With `micro_batch_size=None` each rank takes its whole share in one micro-batch. Raises
+    ValueError naming the numbers when the global batch cannot be split evenly.
+    """
+    if global_batch_size < 1:
+        raise ValueError(f"data.global_batch_size={global_batch_size} must be at least 1")
+    if dp_size < 1:
+        raise ValueError(f"data-parallel size {dp_size} must be at least 1")
+    if micro_batch_size is None:
+        if global_batch_size % dp_size:
+            raise ValueError(
+                f"data.global_batch_size={global_batch_size} is not divisible by "
+                f"data-parallel size {dp_size}"
+            )
+        return global_batch_size // dp_size, 1
+    if micro_batch_size < 1:
+        raise ValueError(f"data.micro_batch_size={micro_batch_size} must be at least 1")
+    if global_batch_size % (dp_size * micro_batch_size):
+        raise ValueError(
+            f"data.global_batch_size={global_batch_size} is not divisible by data-parallel size "
+            f"{dp_size} x data.micro_batch_size={micro_batch_size}"
+        )
+    return micro_batch_size, global_batch_size // (dp_size * micro_batch_size)
+
+
 def _fmt(degrees: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in degrees.items())
