@@ -86,7 +86,9 @@ class SingleSchema:
 @dataclass(kw_only=True)
 class DDPSchema:
     name: str = "ddp"
-    _target_: str = "lightning.pytorch.strategies.DDPStrategy"
+    _target_: str = "lightning_dist.strategies.ddp.DataParallelStrategy"
+    process_group_backend: str | None = None
+    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
@@ -100,6 +102,8 @@ class FSDPSchema:
 
     name: str = "fsdp"
     _target_: str = "lightning_dist.strategies.fsdp.TunedFSDPStrategy"
+    process_group_backend: str | None = None
+    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
     sharding_strategy: str | None = None
     """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or NO_SHARD; null picks
     SHARD_GRAD_OP on one node and HYBRID_SHARD across nodes."""
@@ -130,6 +134,8 @@ class FSDP2Schema:
 
     name: str = "fsdp2"
     _target_: str = "lightning_dist.strategies.fsdp2.FSDP2Strategy"
+    process_group_backend: str | None = None
+    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
     dp_replicate: int | None = None
     """Replica groups (HSDP); null means one per node. Shards: world size / dp_replicate."""
     reshard_after_forward: Any = True
@@ -156,6 +162,8 @@ class Parallel3DSchema:
 
     name: str = "3d"
     _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
+    process_group_backend: str | None = None
+    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
     dp_shard: int = -1
     """Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks."""
     dp_replicate: int = 1
@@ -196,6 +204,8 @@ class AutoSchema:
 
     name: str = "auto"
     _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
+    process_group_backend: str | None = None
+    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
 
 
 @dataclass(kw_only=True)

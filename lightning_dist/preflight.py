@@ -10,29 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
-
-
-def planned_sharding(strategy: Any, layout: Layout) -> str:
-    """The planner's FSDP mode for a strategy object (duck-typed: no Lightning import)."""
-    if layout.dp_shard == 1:
-        return "NO_SHARD"
-    mode = getattr(strategy, "sharding_strategy", None)  # FSDP1: a ShardingStrategy enum
-    name = getattr(mode, "name", None) or (str(mode) if mode else None)
-    if name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
-        return "SHARD_GRAD_OP"
-    if name == "NO_SHARD":
-        return "NO_SHARD"
-    if getattr(strategy, "reshard_after_forward", True) is False:  # FSDP2 keeps params gathered
-        return "SHARD_GRAD_OP"
-    return "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
-
-
-def _offloads(strategy: Any) -> bool:
-    """FSDP1 keeps a CPUOffload object (truthy even when off); FSDP2 strategies a bool."""
-    offload = getattr(strategy, "cpu_offload", False)
-    return bool(getattr(offload, "offload_params", offload))
 
 
 def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout,
@@ -47,13 +27,8 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
         global_batch_size=int(cfg.data.global_batch_size),
         seq_len=int(cfg.data.seq_len),
         precision=precision,
-        sharding=planned_sharding(strategy, layout),
         micro_batch_size=cfg.data.micro_batch_size,
-        activation_checkpointing=bool(getattr(strategy, "activation_checkpointing", False)),
-        offload=_offloads(strategy),
-        sequence_parallel=bool(getattr(strategy, "sequence_parallel", False)),
-        # FSDP1 keeps it among Lightning's FSDP kwargs; FSDP2 always rate-limits its gathers.
-        limit_all_gathers=bool(getattr(strategy, "kwargs", {}).get("limit_all_gathers", True)),
+        **contract_of(strategy).planner_settings(layout).as_kwargs(),
     )
 
 

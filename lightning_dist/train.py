@@ -8,11 +8,11 @@ all ranks with the same one-line message instead of leaving some of them waiting
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.callbacks.context import RunContext
 from lightning_dist.config import hardware_spec, model_spec
+from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
 
@@ -47,55 +48,115 @@ def _cluster_launch() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
 
 
-def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec):
-    """Instantiate `conf/strategy/*.yaml`, passing the hardware's backend where it is accepted."""
-    from hydra.utils import get_object
+ALLOWED_STRATEGY_TARGETS = ("lightning_dist.strategies.", "lightning.pytorch.strategies.")
+"""Where `strategy._target_` may point: a config never names arbitrary callables."""
 
-    kwargs = OmegaConf.to_container(strategy_cfg, resolve=True)
-    kwargs.pop("name", None)
-    target = get_object(kwargs.pop("_target_"))
-    if "process_group_backend" in inspect.signature(target).parameters:
-        kwargs["process_group_backend"] = hardware.backend
-    return target(**kwargs)
+
+def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, **overrides: Any):
+    """Instantiate `conf/strategy/*.yaml` with Hydra; a null `process_group_backend` (declared
+    by every distributed strategy's schema) becomes the hardware's backend."""
+    from hydra.utils import instantiate
+
+    target = str(strategy_cfg.get("_target_", ""))
+    if not target.startswith(ALLOWED_STRATEGY_TARGETS):
+        raise ValueError(
+            f"strategy._target_={target!r} is not a strategy; it must start with one of "
+            f"{', '.join(ALLOWED_STRATEGY_TARGETS)}"
+        )
+    if "process_group_backend" in strategy_cfg and strategy_cfg.process_group_backend is None:
+        overrides.setdefault("process_group_backend", hardware.backend)
+    config = OmegaConf.masked_copy(strategy_cfg, [k for k in strategy_cfg if k != "name"])
+    return instantiate(config, **overrides, _convert_="all")
 
 
 def build_planned_strategy(cfg: DictConfig, spec: Any, hardware: HardwareSpec):
     """`strategy=auto`: the planner's best layout; sets `data.micro_batch_size` to match."""
-    from hydra.utils import get_object
-
     from lightning_dist.preflight import planned_strategy
 
     kwargs, micro, description = planned_strategy(cfg, spec, hardware)
     cfg.data.micro_batch_size = micro
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         print(f"strategy=auto: the planner chose {description}", flush=True)
-    target = get_object(cfg.strategy._target_)
-    return target(**kwargs, process_group_backend=hardware.backend)
+    return build_strategy(cfg.strategy, hardware, **kwargs)
 
 
-def resolve_layout(strategy: Any, world_size: int) -> Layout:
-    """The layout a strategy runs: its own if it has one, else pure data parallelism."""
-    layout = getattr(strategy, "layout", None)
-    if layout is not None:
-        return layout.resolve(world_size)
-    return Layout(dp_replicate=world_size)
+def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout:
+    """The layout a strategy runs on `world_size` ranks over `num_nodes` nodes."""
+    return contract_of(strategy).layout_for(world_size // num_nodes, num_nodes)
 
 
 def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, devices: int,
                    num_nodes: int) -> None:  # fmt: skip
-    """Run a strategy's own checks that need the whole run (the FSDP strategies have them):
-    world size, precision, accelerator, batch split, and the model's classes (built on the
-    meta device)."""
-    check = getattr(strategy, "check_run", None)
-    if check is None:
-        return
+    """The strategy's own checks of the whole run: world size, precision, accelerator, batch
+    split, and the model's classes (built on the meta device)."""
     import torch
 
     with torch.device("meta"):
         model = spec.build()
-    check(devices=devices, num_nodes=num_nodes, model=model,
-          precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator,
-          global_batch_size=cfg.data.global_batch_size, micro_batch_size=cfg.data.micro_batch_size)  # fmt: skip
+    contract_of(strategy).check_run(
+        devices=devices, num_nodes=num_nodes, model=model,
+        precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator,
+        global_batch_size=cfg.data.global_batch_size, micro_batch_size=cfg.data.micro_batch_size,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """Everything `train()` decided before any process starts, all checked."""
+
+    spec: Any
+    hardware: HardwareSpec
+    strategy: Any
+    devices: int
+    num_nodes: int
+    layout: Layout
+    precision: str
+    accumulate: int
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+def plan_run(cfg: DictConfig) -> RunPlan:
+    """Compose the model, hardware and strategy and run every check that needs no process;
+    raises ValueError (or FileNotFoundError) naming the bad value."""
+    from lightning_dist.layout import batch_plan
+
+    spec = model_spec(cfg)
+    hardware = hardware_spec(cfg)
+    if cfg.strategy.name == "auto":
+        strategy = build_planned_strategy(cfg, spec, hardware)
+    else:
+        strategy = build_strategy(cfg.strategy, hardware)
+    contract = contract_of(strategy)
+    devices = 1 if contract.single_process else hardware.resolved_devices()
+    num_nodes = 1 if contract.single_process else hardware.num_nodes
+    check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes)
+    if cfg.trainer.ckpt_path and not Path(cfg.trainer.ckpt_path).exists():
+        raise FileNotFoundError(f"trainer.ckpt_path={cfg.trainer.ckpt_path} does not exist")
+    layout = contract.layout_for(devices, num_nodes)
+    _, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
+    return RunPlan(
+        spec=spec, hardware=hardware, strategy=strategy, devices=devices, num_nodes=num_nodes,
+        layout=layout, precision=cfg.trainer.precision or hardware.precision,
+        accumulate=accumulate,
+    )  # fmt: skip
+
+
+def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
+    """Checks against this machine and launch (skipped by `plan.only`, which runs anywhere)."""
+    plan.hardware.check_machine()
+    if plan.hardware.num_nodes > 1 and not _cluster_launch():
+        raise ValueError(
+            f"hardware.num_nodes={plan.hardware.num_nodes} needs every node started by torchrun "
+            "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
+        )
+    if cfg.data.seq_len > plan.spec.max_seq_len:
+        raise ValueError(
+            f"data.seq_len={cfg.data.seq_len} is above the model's maximum "
+            f"{plan.spec.max_seq_len}; lower data.seq_len or raise model.max_seq_len."
+        )
 
 
 def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
@@ -132,68 +193,78 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list, logger):
+    """The Lightning Trainer of this run."""
+    import lightning as L
+
+    from lightning_dist.loggers import metrics_logger
+
+    t, accumulate = cfg.trainer, plan.accumulate
+    return L.Trainer(
+        accelerator=plan.hardware.accelerator,
+        devices=plan.devices,
+        num_nodes=plan.num_nodes,
+        strategy=plan.strategy,
+        precision=plan.precision,
+        max_steps=t.max_steps,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=(t.val_check_interval * accumulate) if t.val_check_interval else None,
+        check_val_every_n_epoch=None if t.val_check_interval else 1,
+        log_every_n_steps=t.log_every_n_steps,
+        num_sanity_val_steps=t.num_sanity_val_steps,
+        enable_checkpointing=t.enable_checkpointing or bool(t.checkpoint.every_n_train_steps),
+        deterministic=t.deterministic,
+        benchmark=t.benchmark,
+        use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
+        logger=[lg for lg in (logger, metrics_logger(str(run_dir))) if lg is not None],
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+    )
+
+
+def build_module(cfg: DictConfig, spec: Any):
+    """The causal-LM LightningModule with the configured optimiser and schedule."""
+    from lightning_dist.lm.module import CausalLM
+
+    o = cfg.optim
+    return CausalLM(
+        spec, lr=o.lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, init_seed=cfg.seed,
+    )  # fmt: skip
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the configured model and return the summary (written to summary.json on rank 0)."""
     started = time.perf_counter()
     quiet_known_warnings()
     import lightning as L
     from hydra.utils import instantiate
-    from lightning.pytorch.strategies import SingleDeviceStrategy
 
     from lightning_dist.callbacks.memory import MemoryByCategory
     from lightning_dist.callbacks.run_stats import RunStats
-    from lightning_dist.layout import batch_plan
-    from lightning_dist.lm.module import CausalLM
-    from lightning_dist.loggers import JsonlMetrics
     from lightning_dist.preflight import check_fits, print_prediction
     from lightning_dist.strategies import fix_hydra_child_command
 
     with config_errors():
-        spec = model_spec(cfg)
-        hardware = hardware_spec(cfg)
-        if cfg.strategy.name == "auto":
-            strategy = build_planned_strategy(cfg, spec, hardware)
-        else:
-            strategy = build_strategy(cfg.strategy, hardware)
-        single = isinstance(strategy, SingleDeviceStrategy)
-        devices = 1 if single else hardware.resolved_devices()
-        num_nodes = 1 if single else hardware.num_nodes
-        check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes)
-        if cfg.trainer.ckpt_path and not Path(cfg.trainer.ckpt_path).exists():
-            raise FileNotFoundError(f"trainer.ckpt_path={cfg.trainer.ckpt_path} does not exist")
-        layout = resolve_layout(strategy, devices * num_nodes)
-        precision = cfg.trainer.precision or hardware.precision
+        plan = plan_run(cfg)
+        spec, hardware, strategy, layout = plan.spec, plan.hardware, plan.strategy, plan.layout
         if cfg.plan.only:  # a prediction for any hardware, on any machine
-            return {"plan_only": True, "fits": print_prediction(cfg, spec, hardware, strategy,
-                                                                layout, precision)}  # fmt: skip
+            fits = print_prediction(cfg, spec, hardware, strategy, layout, plan.precision)
+            return {"plan_only": True, "fits": fits}
         if cfg.plan.check:
-            check_fits(cfg, spec, hardware, strategy, layout, precision)
-        hardware.check_machine()
-        if hardware.num_nodes > 1 and not _cluster_launch():
-            raise ValueError(
-                f"hardware.num_nodes={hardware.num_nodes} needs every node started by torchrun "
-                "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
-            )
-        seq_len = cfg.data.seq_len
-        if seq_len > spec.max_seq_len:
-            raise ValueError(
-                f"data.seq_len={seq_len} is above the model's maximum {spec.max_seq_len}; "
-                f"lower data.seq_len or raise model.max_seq_len."
-            )
-        micro, accumulate = batch_plan(
-            cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size
-        )
+            check_fits(cfg, spec, hardware, strategy, layout, plan.precision)
+        check_machine(cfg, plan)
         datamodule = instantiate(cfg.data, vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     fix_hydra_child_command()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    o = cfg.optim
-    module = CausalLM(
-        spec, lr=o.lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
-        weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, init_seed=cfg.seed,
-    )  # fmt: skip
+    module = build_module(cfg, spec)
+    seq_len = cfg.data.seq_len
+    precision = plan.precision
     stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
     callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [stats]
     callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir)]
@@ -206,32 +277,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if hasattr(callback, "bind"):
             callback.bind(context)
     logger = instantiate(cfg.logger) if cfg.logger else None
-    t = cfg.trainer
-    trainer = L.Trainer(
-        accelerator=hardware.accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy=strategy,
-        precision=precision,
-        max_steps=t.max_steps,
-        accumulate_grad_batches=accumulate,
-        gradient_clip_val=t.gradient_clip_val,
-        val_check_interval=(t.val_check_interval * accumulate) if t.val_check_interval else None,
-        check_val_every_n_epoch=None if t.val_check_interval else 1,
-        log_every_n_steps=t.log_every_n_steps,
-        num_sanity_val_steps=t.num_sanity_val_steps,
-        enable_checkpointing=t.enable_checkpointing or bool(t.checkpoint.every_n_train_steps),
-        deterministic=t.deterministic,
-        benchmark=t.benchmark,
-        use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
-        logger=[lg for lg in (logger, JsonlMetrics(str(run_dir))) if lg is not None],
-        callbacks=callbacks,
-        default_root_dir=str(run_dir),
-        enable_model_summary=False,
-    )
+    trainer = build_trainer(cfg, plan, run_dir, callbacks, logger)
     if trainer.is_global_zero and logger:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=t.ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.trainer.ckpt_path)
 
     summary = build_summary(
         cfg, module, stats, context, world_size=trainer.world_size,
@@ -259,7 +308,11 @@ def run_config(cfg: DictConfig, layout: Layout, hardware: HardwareSpec) -> dict[
 
 def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
                   wall_seconds: float) -> dict[str, Any]:  # fmt: skip
-    """The summary.json contract of DESIGN.md (keys are only ever added, never renamed)."""
+    """The summary.json contract of DESIGN.md (keys are only ever added, never renamed).
+
+    `tokens_per_sec` and `mfu` (here only, not repeated elsewhere in the summary) use the shared
+    step clock's median step time over the optimizer steps after the first.
+    """
     tokens_per_sec = stats.tokens_per_sec()
     losses = module.step_losses
     return {

@@ -24,7 +24,7 @@ from lightning_dist.parallel.memory import measure_step, storage_bytes
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.strategies.fsdp import TunedFSDPStrategy
 from lightning_dist.strategies.fsdp2 import FSDP2Strategy
-from lightning_dist.strategies.sharding import compute_dtype
+from lightning_dist.parallel.precision import mixed_dtypes
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
                   max_seq_len=64)  # fmt: skip
@@ -125,8 +125,8 @@ def test_tuned_defaults_and_layouts():
     # Across nodes the default becomes HYBRID_SHARD: shard within a node, replicate across.
     multi = TunedFSDPStrategy()
     multi.check_run(devices=8, num_nodes=2, precision="bf16-mixed", accelerator="gpu")
-    assert multi.resolved_sharding() == "HYBRID_SHARD"
-    assert multi.layout.resolve(16).degrees() == {
+    assert multi.resolved_sharding(num_nodes=2) == "HYBRID_SHARD"
+    assert multi.layout_for(8, 2).degrees() == {
         "pp": 1,
         "dp_replicate": 2,
         "dp_shard": 8,
@@ -185,9 +185,14 @@ def test_cpu_offload_refuses_gradient_accumulation():
 def test_mixed_precision_is_bf16_on_gpus_and_fp32_on_cpus():
     from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 
-    assert compute_dtype(None, "bf16-mixed", "cuda") == torch.bfloat16
-    assert compute_dtype(None, "bf16-mixed", "cpu") == torch.float32
-    assert compute_dtype("fp32", "bf16-mixed", "cuda") == torch.float32
+    def compute(param_dtype, precision, device_type):
+        dtypes = mixed_dtypes(param_dtype=param_dtype, reduce_dtype="fp32", precision=precision,
+                              device_type=device_type)  # fmt: skip
+        return torch.float32 if dtypes is None else dtypes.compute
+
+    assert compute(None, "bf16-mixed", "cuda") == torch.bfloat16
+    assert compute(None, "bf16-mixed", "cpu") == torch.float32
+    assert compute("fp32", "bf16-mixed", "cuda") == torch.float32
     gpu = TunedFSDPStrategy(parallel_devices=[torch.device("cuda", 0)])
     gpu.precision_plugin = FSDPPrecision("bf16-mixed")
     mp = gpu.mixed_precision_config

@@ -8,7 +8,8 @@ import sys
 from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.layout import Layout
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.preflight import estimate_run, planned_sharding
+from lightning_dist.contract import contract_of
+from lightning_dist.preflight import estimate_run
 
 
 def _train(*overrides: str) -> subprocess.CompletedProcess:
@@ -36,7 +37,7 @@ def test_layout_predicted_not_to_fit_stops_before_launch():
 def test_ddp_prediction_is_unsharded(tmp_path):
     cfg = compose_config(["hardware=dgx_h100", "model=llama3_8b", f"paths.output_dir={tmp_path}"])
     layout = Layout(dp_replicate=8)
-    assert planned_sharding(object(), layout) == "NO_SHARD"
+    assert contract_of(object()).planner_settings(layout).sharding == "NO_SHARD"
     candidate = estimate_run(cfg, model_spec(cfg), hardware_spec(cfg), object(), layout,
                              "bf16-mixed")  # fmt: skip
     states = candidate.as_dict()["memory_bytes"]

@@ -12,32 +12,15 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-import torch
 from torch import nn
+
+from lightning_dist.parallel.precision import MixedDtypes
 
 log = logging.getLogger(__name__)
 
 # Block classes wrapped by default: our decoder block; Hugging Face models name theirs in
 # `_no_split_modules` (LlamaDecoderLayer, MistralDecoderLayer, ...).
 KNOWN_BLOCKS = ("TransformerBlock",)
-
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-
-
-def parse_dtype(name: str | torch.dtype | None, field: str) -> torch.dtype | None:
-    """`'bf16'` -> torch.bfloat16; None stays None. Raises ValueError naming `field`."""
-    if name is None or isinstance(name, torch.dtype):
-        return name
-    if str(name).lower() not in DTYPES:
-        raise ValueError(f"{field}={name!r} is not one of fp32, bf16, fp16 (or null)")
-    return DTYPES[str(name).lower()]
 
 
 def block_classes_present(model: nn.Module) -> list[str]:
@@ -145,6 +128,15 @@ def apply_fsdp(
         reshard_after_forward,
     )  # fmt: skip
     return model
+
+
+def mixed_precision_policy(dtypes: MixedDtypes | None):
+    """FSDP2's MixedPrecisionPolicy for resolved dtypes; None (plain fp32) stays None."""
+    if dtypes is None:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=dtypes.compute, reduce_dtype=dtypes.reduce)
 
 
 def check_reshard(reshard_after_forward: bool | int, shard_size: int | None) -> None:

@@ -46,13 +46,15 @@ def parallelize(
     loss_parallel: bool = True,
     activation_checkpointing: int = 0,
     split_points: list[int] | None = None,
+    auto_wrap: list[str | type[nn.Module]] | None = None,
     fsdp: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Apply `layout` over the named 4-D `mesh` (see `Layout.build_mesh`); return the model.
 
     Without pipeline parallelism the result is `model`, sharded in place. With it, a
     `PipelinedModel` holding this rank's stages; call it as `model(inputs, target, loss_fn)`.
-    `fsdp` holds extra `apply_fsdp` keywords (reshard_after_forward, mp_policy, ...).
+    `auto_wrap` names the block classes to checkpoint and shard (None detects them); `fsdp`
+    holds extra `apply_fsdp` keywords (reshard_after_forward, mp_policy, prefetch, ...).
     """
     pipelined = layout.pp > 1
     if pipelined:
@@ -62,7 +64,7 @@ def parallelize(
     for _, part in parts:
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
-        blocks = find_block_types(part)
+        blocks = find_block_types(part, auto_wrap)
         if layout.tp > 1:
             apply_tp(
                 part, mesh["tp"], plan=tp_plan, sequence_parallel=sequence_parallel,

@@ -22,10 +22,12 @@ from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
+from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
-from lightning_dist.parallel.fsdp import parse_dtype
+from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.strategies import sharding
+from lightning_dist.strategies.base import LightningDistStrategy
 
 SHARDING_STRATEGIES = (
     "FULL_SHARD",
@@ -53,7 +55,7 @@ class GlobalNormFSDPPrecision(FSDPPrecision):
         self._strategy.model.clip_grad_norm_(clip_val)
 
 
-class TunedFSDPStrategy(FSDPStrategy):
+class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     """FSDP1 with the tuned recipe; every argument is a typed knob (see docs/FSDP.md).
 
     Args:
@@ -134,54 +136,66 @@ class TunedFSDPStrategy(FSDPStrategy):
         self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
 
-    # --- the layout and the checks that need the run ------------------------------------------
+    # --- the contract: layout, checks, planner settings --------------------------------------
 
-    def resolved_sharding(self) -> str:
-        """The sharding strategy this run uses, once `num_nodes` is known."""
+    def resolved_sharding(self, num_nodes: int | None = None) -> str:
+        """The sharding strategy on `num_nodes` nodes (default: this run's)."""
         if self._sharding_choice is not None:
             return self._sharding_choice
-        if self.num_nodes > 1 or self.hybrid_shard_size is not None:
+        nodes = self.num_nodes if num_nodes is None else num_nodes
+        if nodes > 1 or self.hybrid_shard_size is not None:
             return "HYBRID_SHARD"
         return "SHARD_GRAD_OP"
 
-    @property
-    def layout(self) -> Layout:
+    def declared_layout(self, num_nodes: int) -> Layout:
         """Data-parallel degrees: sharded over all ranks, or replicate x shard when hybrid."""
-        name = self.resolved_sharding()
+        name = self.resolved_sharding(num_nodes)
         if name == "NO_SHARD":
             return Layout(dp_replicate=-1)
         if name in HYBRID:
             if self.hybrid_shard_size is not None:
                 return Layout(dp_replicate=-1, dp_shard=self.hybrid_shard_size)
-            return Layout(dp_replicate=self.num_nodes, dp_shard=-1)
+            return Layout(dp_replicate=num_nodes, dp_shard=-1)
         return Layout(dp_shard=-1)
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        self._check_world(devices * num_nodes, devices, num_nodes)
+        return super().layout_for(devices, num_nodes)
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
                   model: nn.Module | None = None, global_batch_size: int | None = None,
                   micro_batch_size: int | None = None) -> None:  # fmt: skip
-        """Validate against the run before any process starts; raises ValueError.
-
-        Records `num_nodes` (Lightning sets the same value later) so that `layout` and the
-        default sharding are right before the Trainer exists.
-        """
-        self.num_nodes = num_nodes
-        self.sharding_strategy = _sharding_enum(self.resolved_sharding())
-        self._check_world(devices * num_nodes, devices)
-        sharding.check_param_dtype(self.param_dtype, precision)
+        """Validate against the run before any process starts; raises ValueError."""
+        layout = self.layout_for(devices, num_nodes)
+        check_param_dtype(self.param_dtype, precision)
         if self.cpu_offload.offload_params and accelerator == "cpu":
             raise ValueError(
                 "strategy.cpu_offload=true cannot run on hardware.accelerator=cpu: FSDP1 offloads "
                 "to pinned host memory, which needs a GPU; drop cpu_offload on CPUs"
             )
         if global_batch_size is not None:
-            dp = self.layout.resolve(devices * num_nodes).dp
-            _, accumulate = batch_plan(global_batch_size, dp, micro_batch_size)
+            _, accumulate = batch_plan(global_batch_size, layout.dp, micro_batch_size)
             self._check_offload_accumulation(accumulate)
         if model is not None:
             sharding.check_auto_wrap(model, self.auto_wrap)
 
-    def _check_world(self, world_size: int, devices_per_node: int) -> None:
-        if self.resolved_sharding() not in HYBRID:
+    def planner_settings(self, layout: Layout) -> PlannerSettings:
+        name = self.resolved_sharding(2 if layout.dp_replicate > 1 else 1)
+        if layout.dp_shard == 1 or name == "NO_SHARD":
+            mode = "NO_SHARD"
+        elif name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+            mode = "SHARD_GRAD_OP"
+        else:
+            mode = "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+        return PlannerSettings(
+            sharding=mode,
+            activation_checkpointing=bool(self.activation_checkpointing),
+            offload=bool(self.cpu_offload.offload_params),
+            limit_all_gathers=bool(self.kwargs.get("limit_all_gathers", True)),
+        )
+
+    def _check_world(self, world_size: int, devices_per_node: int, num_nodes: int) -> None:
+        if self.resolved_sharding(num_nodes) not in HYBRID:
             return
         size = self.hybrid_shard_size or devices_per_node
         if world_size % size:
@@ -209,20 +223,23 @@ class TunedFSDPStrategy(FSDPStrategy):
         """FSDP1 MixedPrecision: None (fp32) unless a lower compute dtype applies (GPUs)."""
         from torch.distributed.fsdp import MixedPrecision
 
-        precision = self.precision_plugin.precision
-        compute = sharding.compute_dtype(self.param_dtype, precision, self.root_device.type)
-        reduce = parse_dtype(self.reduce_dtype, "strategy.reduce_dtype") or compute
-        buffer = parse_dtype(self.buffer_dtype, "strategy.buffer_dtype") or compute
-        if compute == reduce == buffer == torch.float32:
+        dtypes = mixed_dtypes(
+            param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
+            buffer_dtype=self.buffer_dtype, precision=self.precision_plugin.precision,
+            device_type=self.root_device.type,
+        )  # fmt: skip
+        if dtypes is None:
             return None
-        return MixedPrecision(param_dtype=compute, reduce_dtype=reduce, buffer_dtype=buffer)
+        return MixedPrecision(
+            param_dtype=dtypes.compute, reduce_dtype=dtypes.reduce, buffer_dtype=dtypes.buffer
+        )
 
     def setup_environment(self) -> None:
         super().setup_environment()
         from torch.distributed.device_mesh import init_device_mesh
 
-        self._check_world(self.world_size, self.num_processes)
-        sharding.check_param_dtype(self.param_dtype, self.precision_plugin.precision)
+        self._check_world(self.world_size, self.num_processes, self.num_nodes)
+        check_param_dtype(self.param_dtype, self.precision_plugin.precision)
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
         if self.resolved_sharding() in HYBRID:
             shard = self.hybrid_shard_size or self.num_processes
@@ -244,16 +261,10 @@ class TunedFSDPStrategy(FSDPStrategy):
         self._check_offload_accumulation(trainer.accumulate_grad_batches)
         super().setup(trainer)
 
-    def parallelize_model(self, model: nn.Module, *, init_seed: int) -> nn.Module:
-        """CausalLM's hook: materialise the whole model with the single-process weights.
-
-        FSDP1 then shards it in `setup()`. At scale one would initialise each unit after
-        sharding (FSDP1's `param_init_fn`) so no rank ever holds the whole model; the weights
-        would then differ from a single process's, so parity runs use this route.
-        """
-        from lightning_dist.models.materialize import materialize
-
-        return materialize(model, self.root_device, init_seed)
+    # parallelize_model: the contract's default (materialise whole). FSDP1 then shards it in
+    # `setup()`. At scale one would initialise each unit after sharding (FSDP1's
+    # `param_init_fn`) so no rank ever holds the whole model; the weights would then differ from
+    # a single process's, so parity runs use this route.
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel

@@ -22,19 +22,29 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import nn
 
+from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout
+from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.clip import clip_grad_norm_global
-from lightning_dist.parallel.fsdp import check_reshard, parse_dtype
-from lightning_dist.parallel.parallelize import model_parts, parallelize
+from lightning_dist.parallel.fsdp import (
+    apply_fsdp,
+    check_reshard,
+    find_block_types,
+    mixed_precision_policy,
+)
+from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
+from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.parallel.tp import check_tp
 from lightning_dist.strategies import checkpoint3d, sharding
+from lightning_dist.strategies.base import LightningDistStrategy
 
 
-class Parallel3DStrategy(ModelParallelStrategy):
+class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     """Data (FSDP2/HSDP) x tensor x pipeline parallelism for any LightningModule.
 
     Args:
@@ -46,6 +56,9 @@ class Parallel3DStrategy(ModelParallelStrategy):
         loss_parallel: keep the logits split along the vocabulary for the cross-entropy.
         activation_checkpointing: 0 off; n checkpoints every n-th block.
         reshard_after_forward, param_dtype, reduce_dtype: FSDP2 settings on the dp ranks.
+        prefetch_forward / prefetch_backward: blocks whose all-gather FSDP2 issues ahead.
+        cpu_offload: FSDP2's CPUOffloadPolicy (the optimizer step then runs on the CPU).
+        auto_wrap: block classes (or names) to shard one by one; None detects them.
         init_sharded: each rank allocates and initialises only its own shards (no full copy of
             the model anywhere; the random init then differs from a single process's). By
             default every rank materialises the whole model once, so the weights equal the
@@ -73,6 +86,10 @@ class Parallel3DStrategy(ModelParallelStrategy):
         reshard_after_forward: bool | int = True,
         param_dtype: str | None = None,
         reduce_dtype: str | None = "fp32",
+        prefetch_forward: int = 1,
+        prefetch_backward: int = 1,
+        cpu_offload: bool = False,
+        auto_wrap: list[str | type[nn.Module]] | None = None,
         init_sharded: bool = False,
         state_dict_type: str = "sharded",
         process_group_backend: str | None = None,
@@ -88,7 +105,8 @@ class Parallel3DStrategy(ModelParallelStrategy):
             pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, schedule=schedule,
             microbatches=microbatches, virtual_stages=virtual_stages,
         )  # fmt: skip
-        check_reshard(reshard_after_forward, None)
+        check_reshard(reshard_after_forward, None)  # the shard group size is checked with the run
+        _check_prefetch(prefetch_forward, prefetch_backward)
         parse_dtype(param_dtype, "strategy.param_dtype")
         parse_dtype(reduce_dtype, "strategy.reduce_dtype")
         self.split_points = None if split_points is None else list(split_points)
@@ -100,29 +118,33 @@ class Parallel3DStrategy(ModelParallelStrategy):
         )
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.prefetch_forward, self.prefetch_backward = prefetch_forward, prefetch_backward
+        self.cpu_offload = cpu_offload
+        self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
         self.init_sharded = init_sharded
         self._pipeline: PipelinedModel | None = None
         self._parallelize_called = False
         self._micro_step = 0
         self._hidden_grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
-    # --- the layout, and the checks that run before any process starts ------------------------
+    # --- the contract: layout, checks, planner settings --------------------------------------
 
-    @property
-    def layout(self) -> Layout:
-        """The degrees; resolved against the world size once the processes exist."""
-        if self._device_mesh is not None:
-            return self._layout.resolve(self.world_size)
+    def declared_layout(self, num_nodes: int) -> Layout:
         return self._layout
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        layout = super().layout_for(devices, num_nodes)
+        if not isinstance(self.reshard_after_forward, bool):
+            check_reshard(self.reshard_after_forward, layout.dp_shard)
+        return layout
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
                   model: nn.Module | None = None, global_batch_size: int | None = None,
                   micro_batch_size: int | None = None) -> None:  # fmt: skip
         """Validate the layout against the run, the batch and the (meta) model before any
         process starts; raises ValueError naming the numbers."""
-        layout = self._layout.resolve(devices * num_nodes)
-        layout.check_nodes(devices, num_nodes)
-        sharding.check_param_dtype(self.param_dtype, precision)
+        layout = self.layout_for(devices, num_nodes)
+        check_param_dtype(self.param_dtype, precision)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
         if model is not None:
@@ -130,7 +152,8 @@ class Parallel3DStrategy(ModelParallelStrategy):
 
     def check_model(self, model: nn.Module, layout: Layout | None = None) -> None:
         """Can `layout` split `model`? Head, FFN and vocabulary divisibility by tp, the TP plan's
-        patterns, the pipeline-layers contract, the layer count and split points."""
+        patterns, the pipeline-layers contract, the layer count and split points, and the
+        block classes to shard."""
         layout = layout or self.layout
         args = _model_args(model)
         if args is not None:
@@ -139,19 +162,34 @@ class Parallel3DStrategy(ModelParallelStrategy):
             check_tp(model, layout.tp, plan=self.tp_plan, sequence_parallel=self.sequence_parallel)
         if layout.pp > 1:
             split_blocks(model, layout.num_stages, self.split_points)
+        if self.auto_wrap is not None:
+            sharding.check_auto_wrap(model, self.auto_wrap)
+
+    def planner_settings(self, layout: Layout) -> PlannerSettings:
+        if layout.dp_shard == 1:
+            mode = "NO_SHARD"
+        elif self.reshard_after_forward is False:  # gathered parameters kept until backward
+            mode = "SHARD_GRAD_OP"
+        else:
+            mode = "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+        return PlannerSettings(
+            sharding=mode,
+            activation_checkpointing=bool(self.activation_checkpointing),
+            offload=self.cpu_offload,
+            sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
+        )
 
     # --- processes, mesh, data ----------------------------------------------------------------
 
     def setup_environment(self) -> None:
         self._setup_distributed()
-        layout = self._layout.resolve(self.world_size)
-        layout.check_nodes(self.num_processes, self.num_nodes)
+        layout = self.layout_for(self.num_processes, self.num_nodes)
+        check_param_dtype(self.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
         self.lightning_module._device_mesh = self._device_mesh
 
     @property
-    def pipelined(self) -> bool:
-        """True once the model is split into pipeline stages (each runs once per microbatch)."""
+    def pipelined(self) -> bool:  # the contract's
         return self._pipeline is not None
 
     @property
@@ -168,8 +206,6 @@ class Parallel3DStrategy(ModelParallelStrategy):
         Returns the sharded model, or under pipeline parallelism a `PipelinedModel` to call as
         `model(inputs, target, loss_fn)`.
         """
-        from lightning_dist.models.materialize import materialize
-
         layout = self.layout
         self.check_model(model, layout)
         if not self.init_sharded:
@@ -178,13 +214,13 @@ class Parallel3DStrategy(ModelParallelStrategy):
             model, self.device_mesh, layout, device=self.root_device, tp_plan=self.tp_plan,
             sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel,
             activation_checkpointing=self.activation_checkpointing,
-            split_points=self.split_points, fsdp=self._fsdp_options(),
+            split_points=self.split_points, auto_wrap=self.auto_wrap, fsdp=self._fsdp_options(),
         )  # fmt: skip
         if self.init_sharded:
             self._init_shards(result, init_seed)
         self._pipeline = result if isinstance(result, PipelinedModel) else None
         self._parallelize_called = True
-        return result.to(self.root_device)
+        return result if self.cpu_offload else result.to(self.root_device)
 
     def _init_shards(self, model: nn.Module, seed: int) -> None:
         # One seed per distinct shard: the data-parallel replicas (dp_replicate) must draw the
@@ -199,30 +235,80 @@ class Parallel3DStrategy(ModelParallelStrategy):
                 part.init_weights()
 
     def _fsdp_options(self) -> dict[str, Any]:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        """`apply_fsdp` keywords: the one FSDP2 configuration of every layout."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
 
-        precision = self.precision_plugin.precision
-        compute = sharding.compute_dtype(self.param_dtype, precision, self.root_device.type)
-        reduce = parse_dtype(self.reduce_dtype, "strategy.reduce_dtype") or compute
-        options: dict[str, Any] = {"reshard_after_forward": self.reshard_after_forward}
-        if not compute == reduce == torch.float32:
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
-        return options
+        dtypes = mixed_dtypes(
+            param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
+            precision=self.precision_plugin.precision, device_type=self.root_device.type,
+        )  # fmt: skip
+        # Pinned host memory needs CUDA; on a CPU-only machine plain memory does the same job.
+        offload = (
+            CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.cpu_offload else None
+        )
+        return {
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": mixed_precision_policy(dtypes),
+            "offload_policy": offload,
+            "prefetch_forward": self.prefetch_forward,
+            "prefetch_backward": self.prefetch_backward,
+        }
 
     def setup(self, trainer) -> None:
-        if not self._parallelize_called:
-            raise ValueError(
-                f"{type(self).__name__}: the LightningModule must build its model in "
-                "configure_model() and pass it to self.trainer.strategy.parallelize_model(model, "
-                "init_seed=...) (see examples/user_module_3d.py)"
-            )
-        super().setup(trainer)
+        from torch.distributed.fsdp import FSDPModule
+
+        if self._parallelize_called or any(isinstance(m, FSDPModule) for m in self.model.modules()):
+            super().setup(trainer)  # ModelParallelStrategy: materialise, devices, optimizers
+        else:
+            # A module that builds its layers in __init__ and never called parallelize_model:
+            # Lightning's generic setup, whose `_setup_model` hook shards it (below);
+            # ModelParallelStrategy.setup would insist on configure_model().
+            self._require_data_parallel_only()
+            Strategy.setup(self, trainer)
+        sharding.move_metrics(self.model, self.root_device)
         self._clip_by_global_norm()
+
+    def model_to_device(self) -> None:
+        if not self.cpu_offload:  # offloaded shards stay in host memory
+            super().model_to_device()
+
+    def _require_data_parallel_only(self) -> None:
+        layout = self.layout
+        if layout.tp > 1 or layout.pp > 1:
+            raise ValueError(
+                f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}: the LightningModule "
+                "must build its model in configure_model() and pass it to "
+                "self.trainer.strategy.parallelize_model(model, init_seed=...) "
+                "(see docs/BRING_YOUR_OWN_MODEL.md)"
+            )
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        """Shard a plain module: `apply_fsdp` on each child that holds parameters."""
+        own = [name for name, _ in model.named_parameters(recurse=False)]
+        if own:
+            raise ValueError(
+                f"{type(self).__name__} cannot shard parameters held by the LightningModule "
+                f"itself ({', '.join(own)}); move them into a submodule, or build the model in "
+                "configure_model() and pass it to self.trainer.strategy.parallelize_model()"
+            )
+        block_types = find_block_types(model, self.auto_wrap)
+        mesh, options = dp_mesh(self.device_mesh, self.layout), self._fsdp_options()
+        for child in model.children():
+            # Containers have no forward of their own to hook, so their members are the units.
+            is_container = isinstance(child, (nn.ModuleList, nn.ModuleDict))
+            for unit in child.children() if is_container else [child]:
+                if any(True for _ in unit.parameters()):
+                    apply_activation_checkpointing(
+                        unit, block_types, every_n=self.activation_checkpointing
+                    )
+                    apply_fsdp(unit, mesh, block_types=block_types, **options)
+        return model
 
     def _clip_by_global_norm(self) -> None:
         # Lightning clips through the precision plugin with torch's clip_grad_norm_, which would
-        # see only this rank's stage (and fails on a mix of DTensor meshes). Replace it, for this
-        # plugin instance only, by the norm over the whole model.
+        # see only this rank's stage (and fails on a mix of DTensor meshes); torch's public
+        # clip_grads_with_norm_ cannot scale DTensor gradients by a plain norm either. Replace
+        # it, for this plugin instance only, by the norm over the whole model.
         plugin = self.precision_plugin
         stage_size = self.layout.dp * self.layout.tp
 
@@ -311,3 +397,9 @@ def _model_args(model: nn.Module):
         return spec.to_model_args() if spec is not None else None
     except ValueError:  # an HF architecture ModelArgs cannot describe; the plan checks remain
         return None
+
+
+def _check_prefetch(forward: int, backward: int) -> None:
+    for name, value in (("prefetch_forward", forward), ("prefetch_backward", backward)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"strategy.{name}={value!r} must be 0 or a number of blocks")

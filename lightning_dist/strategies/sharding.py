@@ -10,51 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_dist.parallel.fsdp import find_block_types, parse_dtype
+from lightning_dist.parallel.fsdp import find_block_types
 
-# The compute dtype of each Lightning precision.
-PRECISION_DTYPES = {
-    "32-true": torch.float32,
-    "32": torch.float32,
-    "bf16-mixed": torch.bfloat16,
-    "bf16-true": torch.bfloat16,
-    "16-mixed": torch.float16,
-    "16-true": torch.float16,
-}
 STATE_DICT_TYPES = ("sharded", "full")
-
-
-def precision_dtype(precision: str) -> torch.dtype:
-    """torch dtype that a Lightning precision computes in ('bf16-mixed' -> bfloat16)."""
-    if str(precision) not in PRECISION_DTYPES:
-        raise ValueError(
-            f"trainer.precision={precision!r} is not supported by FSDP; use one of "
-            f"{', '.join(PRECISION_DTYPES)}"
-        )
-    return PRECISION_DTYPES[str(precision)]
-
-
-def check_param_dtype(param_dtype: str | None, precision: str) -> None:
-    """`param_dtype`, when set, must be fp32 or the dtype the Trainer's precision computes in."""
-    wanted = parse_dtype(param_dtype, "strategy.param_dtype")
-    compute = precision_dtype(precision)
-    if wanted not in (None, torch.float32, compute):
-        raise ValueError(
-            f"strategy.param_dtype={param_dtype} disagrees with trainer.precision={precision}; "
-            f"set trainer.precision to the {param_dtype} mixed precision, or leave "
-            "strategy.param_dtype null to follow the precision"
-        )
-
-
-def compute_dtype(param_dtype: str | None, precision: str, device_type: str) -> torch.dtype:
-    """The dtype FSDP gathers parameters in: `param_dtype` if set, else the precision's on GPUs.
-
-    On CPUs the default stays fp32: bf16 matmuls there are slower and would break parity.
-    """
-    explicit = parse_dtype(param_dtype, "strategy.param_dtype")
-    if explicit is not None:
-        return explicit
-    return precision_dtype(precision) if device_type != "cpu" else torch.float32
 
 
 def check_state_dict_type(value: str) -> str:

@@ -5,9 +5,24 @@ from __future__ import annotations
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from lightning_dist.layout import Layout
+from lightning_dist.strategies.base import LightningDistStrategy
 
-def single_device_strategy(device: str | None = None) -> SingleDeviceStrategy:
+
+class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
+    """Lightning's SingleDeviceStrategy, declaring the contract: one rank, whatever the devices."""
+
+    single_process = True
+
+    def declared_layout(self, num_nodes: int) -> Layout:
+        return Layout()
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        return Layout()
+
+
+def single_device_strategy(device: str | None = None) -> SingleProcessStrategy:
     """One process on `device`; by default the first GPU if there is one, else the CPU."""
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    return SingleDeviceStrategy(device=torch.device(device))
+    return SingleProcessStrategy(device=torch.device(device))

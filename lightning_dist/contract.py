@@ -1,0 +1,104 @@
+"""The strategy contract: what every lightning_dist strategy tells the rest of the code.
+
+`train()`, the pre-flight check, the planner and the telemetry learn about a strategy only
+through `StrategyContract`, never by probing attribute names. A new strategy implements it (the
+`LightningDistStrategy` mixin in `strategies/base.py` gives the defaults) in its own module, adds
+its schema to `config.py` and a YAML file to `conf/strategy/`, and gets pre-flight checks,
+planner settings and telemetry with no edit elsewhere.
+
+This module imports neither Lightning nor torch.distributed: the planner reads it on a laptop.
+A strategy that does not implement the contract (Lightning's own DDPStrategy, a user's custom
+one) is read through `contract_of`, which treats it as plain data parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from lightning_dist.layout import Layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerSettings:
+    """The knobs of a strategy that change the planner's memory and time model."""
+
+    sharding: str = "NO_SHARD"
+    """FSDP mode over dp_shard: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
+    activation_checkpointing: bool = False
+    offload: bool = False
+    """Parameters, gradients and optimizer state live in host memory."""
+    sequence_parallel: bool = False
+    limit_all_gathers: bool = True
+    """At most two blocks' gathered parameters in flight (FSDP2 always rate-limits)."""
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `lightning_dist.planner.estimate`."""
+        return asdict(self)
+
+
+@runtime_checkable
+class StrategyContract(Protocol):
+    """What a lightning_dist strategy declares. Every method is free of side effects."""
+
+    single_process: bool
+    """True for a strategy that runs one process whatever `hardware.devices` says."""
+    pipelined: bool
+    """True once the model is split into pipeline stages (each runs once per microbatch)."""
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        """The layout this strategy runs on `num_nodes` nodes of `devices` ranks (resolved)."""
+        ...
+
+    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
+                  model: Any = None, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+        """Raise ValueError naming the bad value if this run cannot work; change nothing.
+
+        `model` is the model built on the meta device; the batch sizes are `data.*`.
+        """
+        ...
+
+    def planner_settings(self, layout: Layout) -> PlannerSettings:
+        """The settings the planner models for this strategy on `layout`."""
+        ...
+
+    def parallelize_model(self, model: Any, *, init_seed: int) -> Any:
+        """Apply the layout to a meta-device model and return this rank's materialised part."""
+        ...
+
+
+class _PlainDataParallel:
+    """`contract_of` for a strategy that does not declare the contract: every rank is a
+    data-parallel replica (DDP), or one process for a single-device strategy."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        self.single_process = type(strategy).__name__ == "SingleDeviceStrategy"
+        self.pipelined = False
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)
+
+    def check_run(self, **run: Any) -> None:
+        pass
+
+    def planner_settings(self, layout: Layout) -> PlannerSettings:
+        return PlannerSettings()
+
+    def parallelize_model(self, model: Any, *, init_seed: int) -> Any:
+        from lightning_dist.models.materialize import materialize
+
+        return materialize(model, self.strategy.root_device, init_seed)
+
+
+def contract_of(strategy: Any) -> StrategyContract:
+    """The strategy itself if it declares the contract, else a plain data-parallel reading."""
+    if isinstance(strategy, StrategyContract):
+        return strategy
+    return _PlainDataParallel(strategy)
+
+
+def running_layout(strategy: Any) -> Layout:
+    """The layout of a strategy whose processes exist (Lightning knows its node count)."""
+    return contract_of(strategy).layout_for(strategy.num_processes, strategy.num_nodes)

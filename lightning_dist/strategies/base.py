@@ -1,0 +1,55 @@
+"""`LightningDistStrategy`: the defaults of the strategy contract (lightning_dist/contract.py).
+
+Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
+its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
+overrides `check_run`, `planner_settings` and `parallelize_model` where it has more to say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from lightning_dist.contract import PlannerSettings
+from lightning_dist.layout import Layout
+from lightning_dist.models.materialize import materialize
+
+
+class LightningDistStrategy:
+    """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
+
+    single_process = False
+    pipelined = False
+
+    def declared_layout(self, num_nodes: int) -> Layout:
+        """The degrees as configured; one may be -1. Pure data parallelism by default."""
+        return Layout(dp_replicate=-1)
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        """The layout on `num_nodes` nodes of `devices` ranks; ValueError if it cannot exist."""
+        layout = self.declared_layout(num_nodes).resolve(devices * num_nodes)
+        layout.check_nodes(devices, num_nodes)
+        return layout
+
+    @property
+    def layout(self) -> Layout:
+        """The running layout once the processes exist, the declared one before."""
+        if getattr(self, "parallel_devices", None):
+            return self.layout_for(len(self.parallel_devices), self.num_nodes)
+        return self.declared_layout(self.num_nodes)
+
+    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
+                  model: nn.Module | None = None, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+        """Raise ValueError if the layout cannot exist on this run; changes nothing."""
+        layout = self.layout_for(devices, num_nodes)
+        if global_batch_size is not None:
+            layout.check_batch(global_batch_size, micro_batch_size)
+
+    def planner_settings(self, layout: Layout) -> PlannerSettings:
+        return PlannerSettings()
+
+    def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
+        """Materialise the whole model on this rank (data-parallel strategies shard later)."""
+        return materialize(model, self.root_device, init_seed)
