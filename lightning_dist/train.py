@@ -48,8 +48,14 @@ def _cluster_launch() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
 
 
-ALLOWED_STRATEGY_TARGETS = ("lightning_dist.strategies.", "lightning.pytorch.strategies.")
+ALLOWED_STRATEGY_TARGETS = ["lightning_dist.strategies.", "lightning.pytorch.strategies."]
 """Where `strategy._target_` may point: a config never names arbitrary callables."""
+
+
+def allow_strategy_targets(*prefixes: str) -> None:
+    """Let `strategy._target_` name your own strategy classes (call it from Python, before
+    `train(cfg)`; a config cannot widen what a config may run)."""
+    ALLOWED_STRATEGY_TARGETS.extend(p for p in prefixes if p not in ALLOWED_STRATEGY_TARGETS)
 
 
 def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, **overrides: Any):
@@ -58,7 +64,7 @@ def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, **overrides
     from hydra.utils import instantiate
 
     target = str(strategy_cfg.get("_target_", ""))
-    if not target.startswith(ALLOWED_STRATEGY_TARGETS):
+    if not target.startswith(tuple(ALLOWED_STRATEGY_TARGETS)):
         raise ValueError(
             f"strategy._target_={target!r} is not a strategy; it must start with one of "
             f"{', '.join(ALLOWED_STRATEGY_TARGETS)}"

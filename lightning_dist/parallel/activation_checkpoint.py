@@ -27,10 +27,9 @@ def apply_activation_checkpointing(
     model (checkpointing then runs inside each FSDP unit); both keep parameter names but add a
     `_checkpoint_wrapped_module.` segment.
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing as wrap_matching,
-    )
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from lightning_dist._compat import checkpoint_wrapper_api
+
+    wrap_matching, checkpoint_wrapper = checkpoint_wrapper_api()
 
     if every_n < 0:
         raise ValueError(f"activation_checkpointing={every_n} must be 0 (off) or a block interval")

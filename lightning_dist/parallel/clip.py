@@ -53,5 +53,7 @@ def clip_grad_norm_global(
     norm = squares.sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     if locals_:
-        torch._foreach_mul_(locals_, scale.to(locals_[0].device))
+        scale = scale.to(locals_[0].device)
+        for local in locals_:
+            local.mul_(scale)
     return norm

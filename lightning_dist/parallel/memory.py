@@ -71,7 +71,9 @@ class _NoModuleHooks:
 
     @property
     def is_bw(self) -> bool:
-        return torch._C._current_graph_task_id() != -1
+        from lightning_dist._compat import in_backward
+
+        return in_backward()
 
     def register_user_hooks(self, *hooks) -> None:
         pass
@@ -87,7 +89,9 @@ class _NoModuleHooks:
 
 
 def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from lightning_dist._compat import mem_tracker_class
+
+    MemTracker = mem_tracker_class()
 
     class Tracker(MemTracker):
         def __init__(self) -> None:

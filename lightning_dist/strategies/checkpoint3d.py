@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+
 
 def flat_options():
     """StateDictOptions with the optimizer state flattened to one key per parameter."""
@@ -35,8 +37,7 @@ def load_sharded(
 ) -> dict[str, Any]:
     """Load model and optimizer states saved by the same layout; return Lightning's metadata
     (loops, schedulers, callbacks) from the checkpoint folder."""
-    from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_load
-    from lightning.fabric.utilities.load import _METADATA_FILENAME
+    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -44,11 +45,16 @@ def load_sharded(
     )
 
     model_state = {"state_dict": get_model_state_dict(model)}
-    _distributed_checkpoint_load(model_state, path)
+    load(model_state, checkpoint_id=path)
     model.load_state_dict(model_state["state_dict"], strict=strict)
     for i, optimizer in enumerate(optimizers):
         key = f"optimizer_{i}"
         state = {key: get_optimizer_state_dict(model, optimizer, options=flat_options())}
-        _distributed_checkpoint_load(state, path)
+        load(state, checkpoint_id=path)
         set_optimizer_state_dict(model, optimizer, state[key], options=flat_options())
-    return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
+    return torch.load(path / LIGHTNING_CHECKPOINT_METADATA, weights_only=weights_only)
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A folder of DCP shards with Lightning's metadata file beside them."""
+    return path.is_dir() and (path / LIGHTNING_CHECKPOINT_METADATA).is_file()

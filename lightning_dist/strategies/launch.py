@@ -33,9 +33,6 @@ def _child_command(local_rank: int) -> tuple[list[str], str]:
 
 def fix_hydra_child_command() -> None:
     """Make Lightning's subprocess launcher start children with this job's own overrides."""
-    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
-    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
+    from lightning_dist._compat import replace_hydra_child_command
 
-    # The Trainer's launcher imports the function by name, so both modules need the fix.
-    fabric_launcher._hydra_subprocess_cmd = _child_command
-    trainer_launcher._hydra_subprocess_cmd = _child_command
+    replace_hydra_child_command(_child_command)

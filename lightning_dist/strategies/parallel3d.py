@@ -25,6 +25,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import nn
 
+from lightning_dist._compat import set_module_device_mesh
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
@@ -186,7 +187,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = self.layout_for(self.num_processes, self.num_nodes)
         check_param_dtype(self.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
-        self.lightning_module._device_mesh = self._device_mesh
+        set_module_device_mesh(self.lightning_module, self._device_mesh)
 
     @property
     def pipelined(self) -> bool:  # the contract's
@@ -360,6 +361,15 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         with self._loss_parallel():
             return super().backward(closure_loss, *args, **kwargs)
 
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """Lightning's reduce, also for DTensors (the loss under loss parallelism), on a
+        detached copy: the caller's tensor is never modified in place."""
+        from lightning_dist.strategies.user_path import plain_tensor
+
+        if isinstance(tensor, torch.Tensor):
+            tensor = plain_tensor(tensor)
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
     # --- checkpoints --------------------------------------------------------------------------
 
     def optimizer_state(self, optimizer) -> dict[str, Any]:
@@ -370,10 +380,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint saved with the same layout."""
-        from lightning.fabric.strategies.model_parallel import _is_sharded_checkpoint
-
         path = Path(self.broadcast(checkpoint_path))
-        if not _is_sharded_checkpoint(path):
+        if not checkpoint3d.is_sharded_checkpoint(path):
             return super().load_checkpoint(path, weights_only=weights_only)
         return checkpoint3d.load_sharded(
             self.model, self.optimizers, path, strict=self.lightning_module.strict_loading,

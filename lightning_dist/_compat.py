@@ -1,0 +1,111 @@
+"""Every private torch, Lightning and transformers API the project uses, in one place.
+
+Each entry says the version it was checked on, why no public API serves, and what breaks if it
+moves. `tests/test_compat.py` touches each one, so an upgrade that moves one fails there with its
+name, not deep inside a training run. Nothing here is imported eagerly: the planner reads the
+package on machines without Lightning.
+
+Checked on torch 2.13.0, lightning 2.6.6, transformers 5.24.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LIGHTNING_CHECKPOINT_METADATA = "meta.pt"
+"""Lightning's `lightning.fabric.utilities.load._METADATA_FILENAME`: the file beside the DCP shards
+of a sharded checkpoint that holds loops, schedulers and callback states. Lightning writes it
+and has no public constant; `tests/test_compat.py` checks the two agree."""
+
+HF_INITIALIZED_FLAG = "_is_hf_initialized"
+"""transformers marks modules and tensors it has initialised with this attribute and then skips
+them in `init_weights`. After a meta-device build and `to_empty` the mark is stale, so the
+adapter (models/hf.py) deletes it to have every weight drawn. No public switch exists."""
+
+
+def checkpoint_wrapper_api() -> tuple[Any, Any]:
+    """`(apply_activation_checkpointing, checkpoint_wrapper)` from
+    `torch.distributed.algorithms._checkpoint.checkpoint_wrapper`.
+
+    Why private: torch's only way to checkpoint existing submodules without editing the model's
+    forward (models stay single-device code). FSDP's own documentation and torchtitan use it.
+    """
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as module
+
+    return module.apply_activation_checkpointing, module.checkpoint_wrapper
+
+
+def mem_tracker_class() -> type:
+    """`torch.distributed._tools.mem_tracker.MemTracker`, the only tracker that splits memory
+    into parameters, gradients, optimizer state and activations on any device (CPU included).
+
+    parallel/memory.py subclasses it and overrides `_register_global_optimizer_hook`,
+    `_update_peak_stats` and `_track_module_params_and_buffers`, sets `_mod_tracker` and
+    `_in_opt`: the closure-style optimizer step of Lightning and the pipeline's repeated module
+    calls need them (see MEM_TRACKER_INTERNALS).
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return MemTracker
+
+
+MEM_TRACKER_INTERNALS = (
+    "_register_global_optimizer_hook",
+    "_update_peak_stats",
+    "_track_module_params_and_buffers",
+)
+"""MemTracker methods parallel/memory.py overrides (attributes `_mod_tracker`, `_in_opt` too)."""
+
+
+def in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread.
+
+    `torch._C._current_graph_task_id()` is -1 outside backward; torch has no public query.
+    Used by the memory meter to call a tensor created in backward a temporary.
+    """
+    import torch
+
+    return torch._C._current_graph_task_id() != -1
+
+
+def pipeline_action_types() -> Any:
+    """`torch.distributed.pipelining.schedules._ComputationType`, the kinds of actions in a
+    multi-stage schedule's `pipeline_order_with_comms`.
+
+    Why: evaluating a ZBVZeroBubble schedule runs its backward actions too and asserts; keeping
+    only the forward actions (parallel/pipeline.py) needs the action kinds. No public enum.
+    """
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    return _ComputationType
+
+
+def replace_hydra_child_command(child_command: Any) -> None:
+    """Replace Lightning's `_hydra_subprocess_cmd` in both launcher modules.
+
+    Lightning's own command for the ranks it starts under Hydra repeats `sys.argv`, which under
+    a multirun starts the whole sweep in every child; it has no hook to change it.
+    """
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
+
+    # The Trainer's launcher imports the function by name, so both modules need the fix.
+    fabric_launcher._hydra_subprocess_cmd = child_command
+    trainer_launcher._hydra_subprocess_cmd = child_command
+
+
+def set_module_device_mesh(module: Any, mesh: Any) -> None:
+    """Give a LightningModule its `device_mesh` property's value.
+
+    Lightning's ModelParallelStrategy does exactly this (`lightning_module._device_mesh = ...`)
+    in its `setup_environment`, which ours replace; the property has no public setter.
+    """
+    module._device_mesh = mesh
+
+
+def wandb_run_started(logger: Any) -> bool:
+    """Whether a WandbLogger has created its run; reading `logger.experiment` would create one.
+
+    Lightning keeps the run in `WandbLogger._experiment` and offers no public query.
+    """
+    return getattr(logger, "_experiment", None) is not None
