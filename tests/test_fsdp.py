@@ -21,10 +21,10 @@ from lightning_dist.parallel.fsdp import (
     set_prefetch,
 )
 from lightning_dist.parallel.memory import measure_step, storage_bytes
+from lightning_dist.parallel.precision import mixed_dtypes
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.strategies.fsdp import TunedFSDPStrategy
 from lightning_dist.strategies.fsdp2 import FSDP2Strategy
-from lightning_dist.parallel.precision import mixed_dtypes
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
                   max_seq_len=64)  # fmt: skip
