@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.contract import contract_of
 from lightning_dist.parallel.memory import CATEGORIES, StepMemoryMeter
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class MemoryByCategory(Callback):
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._meter is None and self._mine is None and trainer.global_step == self._target:
-            pipelined = bool(getattr(trainer.strategy, "pipelined", False))
+            pipelined = contract_of(trainer.strategy).pipelined
             # Module hooks (torch's MemTracker) refuse a module run twice in one step, as
             # pipeline microbatches and gradient accumulation do.
             repeated = pipelined or trainer.accumulate_grad_batches > 1
