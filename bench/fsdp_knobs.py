@@ -57,10 +57,7 @@ def run_row(
 
 
 def step_seconds(summary: dict) -> float | None:
-    """Median step time (ThroughputMonitor), else the mean from tokens/s."""
-    throughput = summary.get("throughput") or {}
-    if throughput.get("step_seconds"):
-        return throughput["step_seconds"]
+    """Median step time after the first step, the statistic behind summary.json's tokens/s."""
     tps = summary.get("tokens_per_sec")
     return summary["global_batch_size"] * summary["seq_len"] / tps if tps else None
 

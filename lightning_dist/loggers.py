@@ -1,14 +1,11 @@
-"""Experiment loggers: W&B online when logged in, otherwise offline; secrets never logged."""
+"""Experiment loggers: W&B online when logged in, otherwise offline, secrets never logged; and
+the CSV record of every metric that each run keeps in its run directory."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
-
-from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_only
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential)", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -66,28 +63,17 @@ def offline_run_dir(logger: Any) -> str | None:
     return os.path.dirname(run.dir.rstrip("/"))
 
 
-class JsonlMetrics(Logger):
-    """Appends every logged metric to `<run_dir>/metrics.jsonl` from rank 0, whatever other
-    logger runs: the record that `python -m lightning_dist.report` plots."""
+METRICS_CSV = "metrics/metrics.csv"
+"""Where `metrics_logger` writes, relative to the run directory (`lightning_dist.report` reads it)."""
 
-    def __init__(self, run_dir: str) -> None:
-        super().__init__()
-        self.path = os.path.join(run_dir, "metrics.jsonl")
 
-    @property
-    def name(self) -> str:
-        return "metrics"
+def metrics_logger(run_dir: str):
+    """Lightning's CSVLogger writing every logged metric, from rank 0, to `<run_dir>/metrics/`,
+    whatever other logger runs: the record that `python -m lightning_dist.report` plots.
 
-    @property
-    def version(self) -> str:
-        return "0"
+    Not the run directory itself: CSVLogger warns about (and clears) a non-empty folder, and the
+    run directory already holds Hydra's files.
+    """
+    from lightning.pytorch.loggers import CSVLogger
 
-    @rank_zero_only
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        """The config is in .hydra/config.yaml already; nothing to add here."""
-
-    @rank_zero_only
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    return CSVLogger(save_dir=run_dir, name="", version=os.path.dirname(METRICS_CSV))

@@ -2,13 +2,14 @@
 
     python -m lightning_dist.report outputs/2026-11-30/12-00-00
 
-reads the run directory's `metrics.jsonl` and `summary.json` and writes `report/*.png` and
+reads the run directory's `metrics/metrics.csv` and `summary.json` and writes `report/*.png` and
 `report/README.md` into it (or into `--out`).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -18,16 +19,19 @@ GIB = 1024**3
 
 
 def load_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each metric as (step, value) pairs, from metrics.jsonl."""
+    """Each metric as (step, value) pairs, from the CSV that every train.py run writes."""
+    from lightning_dist.loggers import METRICS_CSV
+
     series: dict[str, list[tuple[int, float]]] = {}
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_CSV
     if not path.exists():
         return series
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        step = row.pop("step", None)
-        for key, value in row.items():
-            series.setdefault(key, []).append((step, value))
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):  # one row per logging call; blank where not logged
+            step = int(row.pop("step"))
+            for key, value in row.items():
+                if value != "":
+                    series.setdefault(key, []).append((step, float(value)))
     return series
 
 

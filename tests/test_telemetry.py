@@ -1,17 +1,25 @@
-"""Telemetry: interval arithmetic, MFU and bubble formulas, and a real 2-rank run in which a
-slowed rank is named as the straggler, the comm/compute numbers reach summary.json and W&B,
-and the report turns the run into PNGs."""
+"""Telemetry: interval arithmetic, MFU and bubble formulas, the one step clock that every
+callback shares, and real runs: one in-process run whose progress lines, throughput logs and
+summary.json read the same clock, and a 2-rank run in which a slowed rank is named as the
+straggler, the comm/compute numbers reach summary.json and W&B, and the report turns the run
+into PNGs."""
 
-import json
+import csv
+import statistics
+from typing import Any
 
 import pytest
+import torch
 
-from lightning_dist.callbacks.comm import theoretical_bubble
-from lightning_dist.callbacks.context import RunContext
+from lightning_dist.callbacks.comm import CommComputeMonitor, theoretical_bubble
+from lightning_dist.callbacks.context import RunContext, step_clock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
-from lightning_dist.callbacks.throughput import ThroughputMonitor
+from lightning_dist.callbacks.progress import PlainProgress
+from lightning_dist.callbacks.run_stats import RunStats
+from lightning_dist.callbacks.throughput import ThroughputMFU
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.loggers import METRICS_CSV
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.parity import run_train
 
@@ -41,7 +49,7 @@ def test_mfu_uses_palm_flops_and_dense_peak():
     ctx = RunContext(hardware=h100, layout=Layout(dp_shard=8), precision="bf16-mixed",
                      seq_len=8192, global_batch_size=64,
                      flops_per_token=args.train_flops_per_token(8192))  # fmt: skip
-    monitor = ThroughputMonitor()
+    monitor = ThroughputMFU()
     monitor.bind(ctx)
     rates = monitor.rates(step_seconds=10.0, world_size=8)
     tokens_per_sec = 64 * 8192 / 10.0
@@ -51,6 +59,106 @@ def test_mfu_uses_palm_flops_and_dense_peak():
     cpu = RunContext(hardware=HardwareSpec(), layout=Layout(), precision="32-true", seq_len=8,
                      global_batch_size=1, flops_per_token=1.0)  # fmt: skip
     assert cpu.mfu(1000.0, 1) is None
+
+
+def key_count(tree: Any, key: str) -> int:
+    """How often `key` is a dict key anywhere in a nested JSON structure."""
+    if isinstance(tree, dict):
+        return sum((k == key) + key_count(v, key) for k, v in tree.items())
+    if isinstance(tree, list):
+        return sum(key_count(v, key) for v in tree)
+    return 0
+
+
+def read_metrics(run_dir) -> list[dict[str, float]]:
+    """The rows of the run's metrics CSV, each with the metrics logged in it."""
+    with (run_dir / METRICS_CSV).open(newline="") as f:
+        return [
+            {k: int(v) if k == "step" else float(v) for k, v in row.items() if v != ""}
+            for row in csv.DictReader(f)
+        ]
+
+
+class FakeTrainer:
+    """What the step clock reads of a Trainer."""
+
+    def __init__(self) -> None:
+        self.global_step = 0
+        self.current_epoch = 0
+        self.max_steps = 100
+        self.is_global_zero = True
+        self.strategy = type("Strategy", (), {"root_device": torch.device("cpu")})()
+
+
+def test_step_clock_ticks_once_per_optimizer_step_in_any_callback_order():
+    trainer = FakeTrainer()
+    progress = PlainProgress(every_n_steps=1000)
+    callbacks = [RunStats(tokens_per_step=8), ThroughputMFU(), CommComputeMonitor(), progress]
+    for callback in callbacks:
+        callback.on_train_start(trainer, None)
+    clock = step_clock(trainer)
+    assert all(c.clock is clock for c in callbacks)
+    seen = {id(c): [] for c in callbacks}
+    batch_idx = 0
+    for step in range(1, 5):  # 4 optimizer steps of 3 micro-batches (gradient accumulation)
+        for micro in range(3):
+            trainer.global_step = step if micro == 2 else step - 1
+            order = callbacks if step % 2 else callbacks[::-1]  # the order must not matter
+            for callback in order:
+                callback.on_train_batch_end(trainer, None, None, None, batch_idx)
+                seen[id(callback)].append(callback.clock.tick(trainer, batch_idx))
+            batch_idx += 1
+    assert len(clock.end_times) == 4
+    for flags in seen.values():
+        assert flags == [False, False, True] * 4
+    assert clock.end_times == sorted(clock.end_times) and len(clock.step_seconds()) == 4
+    assert clock.steady_step_seconds() == statistics.median(clock.step_seconds()[1:])
+    assert step_clock(FakeTrainer()) is not clock  # one clock per trainer
+
+
+def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, monkeypatch, capsys):
+    """A real single-process run (2 micro-batches per step): every timing callback holds the
+    trainer's one clock, and what each shows or writes is that clock's numbers."""
+    import lightning as L
+
+    from lightning_dist.train import train
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restore
+        monkeypatch.setenv(name, "0")
+    trainers = []
+    fit = L.Trainer.fit
+
+    def recording_fit(self, *args, **kwargs):
+        trainers.append(self)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "fit", recording_fit)
+    cfg = compose("model=llama_debug", "data=synthetic", "data.seq_len=32",
+                  "data.global_batch_size=4", "data.micro_batch_size=2", "strategy=single",
+                  "logger=none", "trainer.max_steps=6", "trainer.log_every_n_steps=1",
+                  "trainer.val_check_interval=null", "callbacks.progress.plain_every_n_steps=3",
+                  "callbacks.throughput.every_n_steps=3", "callbacks.comm.first_step=2")  # fmt: skip
+    summary = train(cfg)
+    (trainer,) = trainers
+    assert trainer.accumulate_grad_batches == 2
+    clock = step_clock(trainer)
+    by_type = {type(c): c for c in trainer.callbacks}
+    for kind in (PlainProgress, ThroughputMFU, RunStats, CommComputeMonitor):
+        assert by_type[kind].clock is clock, kind
+    assert len(clock.end_times) == 6  # once per optimizer step, not per micro-batch
+
+    steady, window = clock.steady_step_seconds(), clock.steady_step_seconds(last=3)
+    assert summary["step_seconds"] == clock.step_seconds()
+    assert summary["tokens_per_sec"] == pytest.approx(4 * 32 / steady, rel=1e-12)
+    assert summary["throughput"]["step_seconds"] == steady
+    assert key_count(summary, "tokens_per_sec") == key_count(summary, "mfu") == 1
+    logged = float(trainer.callback_metrics["throughput/step_seconds"])  # at step 6
+    assert logged == pytest.approx(window, rel=1e-6)
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step 6/6")]
+    assert f"{window:.3f} s/step" in line
+    comm = summary["comm"]["per_rank"][0]  # the profiled step 2 ended at the clock's tick
+    assert 0 < comm["step_seconds"] <= clock.step_seconds()[1]
+    assert any("lr-AdamW/pg1" in row for row in read_metrics(tmp_path))  # LearningRateMonitor
 
 
 @pytest.mark.slow
@@ -71,9 +179,15 @@ def test_straggler_comm_and_report_from_a_real_run(tmp_path):
         assert rank["comm_seconds"] > 0 and rank["compute_seconds"] > 0
         assert set(rank["comm_seconds_by_dim"]) == {"dp"}
     assert 0 < comm["comm_compute_ratio"] < 10
-    assert summary["throughput"]["tokens_per_sec"] > 0
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["tokens_per_sec"] > 0
+    assert key_count(summary, "tokens_per_sec") == key_count(summary, "mfu") == 1
+    rows = read_metrics(tmp_path)
     assert any("comm/comm_compute_ratio" in r for r in rows)
+    assert [r["step"] for r in rows if "lr-AdamW/pg1" in r][:2] == [0, 1]  # LearningRateMonitor
+    # Rank 0's logged step time at step 10 is the median of steps 2-10 of summary.json's clock.
+    (logged,) = [r["throughput/step_seconds"] for r in rows if "throughput/step_seconds" in r]
+    steady = statistics.median(summary["step_seconds"][1:10])
+    assert logged == pytest.approx(steady, rel=1e-6)  # logged as float32
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     for key in (b"comm/comm_compute_ratio", b"comm/dp_seconds", b"stragglers/slowest_rank"):
         assert key in log.read_bytes(), key

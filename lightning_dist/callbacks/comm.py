@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from lightning_dist.callbacks.context import RunContext, StepClock
+from lightning_dist.callbacks.context import RunContext, StepClock, step_clock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
 from lightning_dist.parallel.pipeline import SCHEDULE_MARKER
 from lightning_dist.planner.timing import bubble_fraction
@@ -152,7 +152,8 @@ class CommComputeMonitor(Callback):
         self.measurements: list[list[dict[str, Any]]] = []
         """One entry per profiled step: the analysis of every rank, in rank order."""
         self._located: dict[tuple[str, int], str] = {}
-        self._clock = StepClock()
+        self.clock = StepClock()
+        """The trainer's shared clock once training starts (`step_clock(trainer)`)."""
         self._prof = None
         self._started = 0.0
 
@@ -166,7 +167,8 @@ class CommComputeMonitor(Callback):
         )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._clock.start(trainer)
+        self.clock = step_clock(trainer)
+        self.clock.start(trainer)
         if dist.is_initialized():
             self._located = locate_process_groups(trainer.strategy)
 
@@ -179,11 +181,9 @@ class CommComputeMonitor(Callback):
             self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._clock.stepped(trainer) or self._prof is None:
+        if not self.clock.tick(trainer, batch_idx) or self._prof is None:
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        span = time.perf_counter() - self._started
+        span = self.clock.end_times[-1] - self._started  # the clock synchronised CUDA first
         self._prof.__exit__(None, None, None)
         events, self._prof = self._prof.events(), None
         main_thread = next((e.thread for e in events if e.name == MARKER), None)

@@ -1,8 +1,15 @@
-"""RunContext: what telemetry needs to know about a run beyond the Trainer itself."""
+"""RunContext: what telemetry needs to know about a run beyond the Trainer itself; StepClock:
+the one clock that times optimizer steps for every telemetry callback."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import torch
 
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
@@ -33,16 +40,68 @@ class RunContext:
 
 
 class StepClock:
-    """Notices when an optimizer step has finished (the global step moved) across micro-batches."""
+    """The end time of every optimizer step of one fit: the one clock of all telemetry.
+
+    Each callback that needs step times takes its trainer's clock with `step_clock(trainer)`,
+    calls `start(trainer)` in `on_train_start` and `tick(trainer, batch_idx)` in
+    `on_train_batch_end`. Whichever callback runs first after an optimizer step records the time
+    and the others find it recorded, so the clock ticks exactly once per step whatever the
+    callback order, and never between the micro-batches of gradient accumulation (the global
+    step does not move there). This needs no `train()`: plain Lightning code gets it too.
+    """
 
     def __init__(self) -> None:
-        self.last_step = 0
+        self.start_time = 0.0
+        """`time.perf_counter()` when training started."""
+        self.end_times: list[float] = []
+        """`time.perf_counter()` at the end of each optimizer step."""
+        self._step: int | None = None  # trainer.global_step at the start or at the last tick
+        self._batch: tuple[int, int] | None = None  # (epoch, batch_idx) that made the last tick
 
-    def start(self, trainer) -> None:
-        self.last_step = trainer.global_step
+    def start(self, trainer: Any) -> None:
+        """Start timing a fit; callbacks after the first find the clock running already."""
+        if self._step == trainer.global_step and not self.end_times:
+            return
+        self.start_time = time.perf_counter()
+        self.end_times = []
+        self._step = trainer.global_step
+        self._batch = None
 
-    def stepped(self, trainer) -> bool:
-        if trainer.global_step == self.last_step:
-            return False
-        self.last_step = trainer.global_step
-        return True
+    def tick(self, trainer: Any, batch_idx: int) -> bool:
+        """Record the end of the optimizer step that just finished, once; return whether this
+        batch ended an optimizer step (False for micro-batches that only accumulate)."""
+        if self._step is None:  # no callback started it: time from here on
+            self.start(trainer)
+        batch = (trainer.current_epoch, batch_idx)
+        if trainer.global_step != self._step:
+            device = trainer.strategy.root_device
+            if device.type == "cuda":  # time the step's kernels, not their launch
+                torch.cuda.synchronize(device)
+            self.end_times.append(time.perf_counter())
+            self._step, self._batch = trainer.global_step, batch
+        return self._batch == batch
+
+    def step_seconds(self) -> list[float]:
+        """Wall time of each optimizer step; the first includes warm-up."""
+        ends = [self.start_time, *self.end_times]
+        return [b - a for a, b in zip(ends, ends[1:], strict=False)]
+
+    def steady_step_seconds(self, last: int | None = None) -> float | None:
+        """THE step-time statistic of telemetry: the median wall time of the optimizer steps
+        after the first (which pays for warm-up), or of the `last` of them; None before the
+        second step. The median keeps the profiled, validation and checkpoint steps out."""
+        steady = self.step_seconds()[1:]
+        if last is not None:
+            steady = steady[-last:]
+        return statistics.median(steady) if steady else None
+
+
+_CLOCKS: WeakKeyDictionary[Any, StepClock] = WeakKeyDictionary()
+
+
+def step_clock(trainer: Any) -> StepClock:
+    """The one step clock of `trainer`, made on first use and shared by every callback."""
+    clock = _CLOCKS.get(trainer)
+    if clock is None:
+        clock = _CLOCKS[trainer] = StepClock()
+    return clock

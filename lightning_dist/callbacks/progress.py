@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+from lightning_dist.callbacks.context import StepClock, step_clock
 
 
 def progress_bar(plain_every_n_steps: int = 10) -> ProgressBar:
@@ -17,14 +18,18 @@ def progress_bar(plain_every_n_steps: int = 10) -> ProgressBar:
 
 
 class PlainProgress(ProgressBar):
-    """One line per `every_n_steps` optimizer steps, for logs that are not a terminal."""
+    """One line per `every_n_steps` optimizer steps, for logs that are not a terminal.
+
+    Its times come from the trainer's shared step clock: `s/step` is the median step time of
+    the last `every_n_steps` steps after the first (as `throughput/*`), then the elapsed time.
+    """
 
     def __init__(self, every_n_steps: int = 10) -> None:
         super().__init__()
         self.every_n_steps = every_n_steps
+        self.clock = StepClock()
+        """The trainer's shared clock once training starts (`step_clock(trainer)`)."""
         self._enabled = True
-        self._last_step = -1
-        self._start = 0.0
 
     def disable(self) -> None:
         self._enabled = False
@@ -33,15 +38,16 @@ class PlainProgress(ProgressBar):
         self._enabled = True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._start = time.perf_counter()
+        self.clock = step_clock(trainer)
+        self.clock.start(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if not (self._enabled and trainer.is_global_zero) or step == self._last_step:
+        stepped = self.clock.tick(trainer, batch_idx)  # ticks on every rank
+        if not (stepped and self._enabled and trainer.is_global_zero):
             return
+        step = trainer.global_step
         if step % self.every_n_steps and step != trainer.max_steps:
             return
-        self._last_step = step
         metrics = self.get_metrics(trainer, pl_module)
         shown = [f"step {step}/{trainer.max_steps}"]
         for key, label, fmt in (
@@ -51,7 +57,10 @@ class PlainProgress(ProgressBar):
         ):
             if key in metrics:
                 shown.append(f"{label} {fmt.format(float(metrics[key]))}")
-        shown.append(f"{time.perf_counter() - self._start:.0f}s")
+        seconds = self.clock.steady_step_seconds(last=self.every_n_steps)
+        if seconds is not None:
+            shown.append(f"{seconds:.3f} s/step")
+        shown.append(f"{self.clock.end_times[-1] - self.clock.start_time:.0f}s")
         print(" | ".join(shown), flush=True)
 
     def on_validation_end(self, trainer, pl_module) -> None:

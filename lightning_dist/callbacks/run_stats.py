@@ -1,16 +1,15 @@
-"""RunStats: step timing, tokens/s and peak memory per rank, the numbers behind summary.json."""
+"""RunStats: tokens/s from the shared step clock and peak memory per rank, for summary.json."""
 
 from __future__ import annotations
 
 import resource
 import sys
-import time
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_dist.callbacks.context import StepClock
+from lightning_dist.callbacks.context import StepClock, step_clock
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -22,22 +21,21 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class RunStats(Callback):
-    """Always on: times each optimizer step and gathers every rank's peak memory at the end."""
+    """Always on: keeps the trainer's step clock ticking (the numbers behind summary.json's
+    `step_seconds` and `tokens_per_sec`) and gathers every rank's peak memory at the end."""
 
     def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
-        self.step_end_times: list[float] = []
+        self.clock = StepClock()
+        """The trainer's shared clock once training starts (`step_clock(trainer)`)."""
         self.peak_memory_per_rank: list[int] = []
-        self._clock = StepClock()
-        self._start = 0.0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._start = time.perf_counter()
-        self._clock.start(trainer)
+        self.clock = step_clock(trainer)
+        self.clock.start(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._clock.stepped(trainer):  # not while still accumulating gradients
-            self.step_end_times.append(time.perf_counter())
+        self.clock.tick(trainer, batch_idx)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         mine = torch.tensor([peak_memory_bytes(pl_module.device)], device=pl_module.device)
@@ -46,12 +44,10 @@ class RunStats(Callback):
 
     def step_seconds(self) -> list[float]:
         """Wall time of each optimizer step on this rank (the first includes warm-up)."""
-        ends = [self._start, *self.step_end_times]
-        return [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        return self.clock.step_seconds()
 
     def tokens_per_sec(self) -> float | None:
-        """Steady-state throughput: every step after the first (which pays for warm-up)."""
-        times = self.step_end_times
-        if len(times) < 2:
-            return None
-        return self.tokens_per_step * (len(times) - 1) / (times[-1] - times[0])
+        """Global tokens per step over the clock's steady step time (the median of the steps
+        after the first); None before the second step."""
+        seconds = self.clock.steady_step_seconds()
+        return self.tokens_per_step / seconds if seconds else None

@@ -113,7 +113,6 @@ class CausalLM(L.LightningModule):
         value = float(global_loss)
         self.step_losses.append(value)
         self.log("train/loss", value, prog_bar=True, rank_zero_only=True)
-        self.log("lr", self.lr_schedulers().get_last_lr()[0], rank_zero_only=True)
 
     # --- validation ---------------------------------------------------------------------------
 
