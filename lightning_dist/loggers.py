@@ -55,7 +55,9 @@ def offline_run_dir(logger: Any) -> str | None:
     """Where an offline W&B run was written (the folder `wandb sync` takes), else None."""
     from lightning.pytorch.loggers import WandbLogger
 
-    if not isinstance(logger, WandbLogger) or logger._experiment is None:
+    from lightning_dist._compat import wandb_run_started
+
+    if not isinstance(logger, WandbLogger) or not wandb_run_started(logger):
         return None
     run = logger.experiment
     if getattr(run.settings, "mode", None) != "offline" and not run.offline:
