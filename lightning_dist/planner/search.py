@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import (
@@ -100,7 +101,6 @@ def plan_layouts(
     """
     model = as_model_args(model)
     per_node = hardware.resolved_devices()
-    world = per_node * hardware.num_nodes
     base = TrainSettings(
         global_batch_size=global_batch_size,
         seq_len=seq_len,
@@ -112,138 +112,278 @@ def plan_layouts(
     )
     if seq_len > getattr(model, "max_seq_len", seq_len):
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
-    ac_options = (False, True) if activation_checkpointing is None else (activation_checkpointing,)
-    rejected: dict[str, str] = {}
-    chosen_per_family: list[Candidate] = []
-    misses: list[tuple[tuple, Layout, TrainSettings]] = []
-    min_batch = math.inf  # the smallest global batch any (tp, pp) could take
+    search = _Search(
+        model=model,
+        hardware=hardware,
+        base=base,
+        per_node=per_node,
+        world=per_node * hardware.num_nodes,
+        ac_options=(
+            (False, True) if activation_checkpointing is None else (activation_checkpointing,)
+        ),
+        allow_offload=allow_offload,
+        sharding_modes=sharding_modes,
+        schedules=schedules,
+        micro_batch_sizes=micro_batch_sizes,
+        efficiency=efficiency,
+        overlap=overlap,
+        headroom=headroom,
+    )
+    families, min_batch = _enumerate_families(search)
+    best, misses, rejected = _search_families(search, families)
+    rejected_list = [{"family": k, "reason": v} for k, v in rejected.items()]
+    if best:
+        return PlanResult(sorted(best, key=_rank), 0, rejected_list)
+    if not misses:
+        message = _no_layout_exists(search, min_batch, rejected)
+        return PlanResult([], None, rejected_list, message)
+    closest = _closest_misses(search, misses)
+    return PlanResult(closest, None, rejected_list, _nothing_fits(search, closest[0]))
 
-    def run_family(key: str, makers, mode: str, per_rank: int) -> None:
-        fitting: list[Candidate] = []
-        smallest, first_problem = None, None
-        offloads = (False, True) if (allow_offload and mode != "NO_SHARD") else (False,)
-        for offload in offloads:
-            if fitting:
-                break  # offload is only worth its host traffic when nothing else fits
-            for ac in ac_options:
-                for make_layout in makers:
-                    for mbs in micro_batch_sizes or powers_dividing(per_rank):
-                        settings = replace(
-                            base,
-                            micro_batch_size=mbs,
-                            sharding=mode,
-                            activation_checkpointing=ac,
-                            offload=offload,
-                        )
-                        try:
-                            layout = make_layout(max(per_rank // mbs, 1))
-                        except ValueError as err:  # e.g. 1F1B with fewer microbatches than pp
-                            first_problem = first_problem or str(err)
-                            continue
-                        problem = batch_problem(layout, settings)
-                        if problem:
-                            first_problem = first_problem or problem
-                            continue
-                        mem = memory_per_device(
-                            model, layout, settings, accelerator=hardware.accelerator
-                        )
-                        problem = fit_problem(mem, hardware, headroom)
-                        # Report the smallest device need; a host-memory miss only if all are.
-                        need = (bool(problem) and problem.startswith("offload"), mem.total)
-                        if smallest is None or need < smallest[0]:
-                            smallest = (need, layout, settings, problem)
-                        if problem:
-                            break  # larger micro-batches only need more
-                        t = step_time(
-                            model,
-                            hardware,
-                            layout,
-                            settings,
-                            efficiency=efficiency,
-                            overlap=overlap,
-                        )
-                        fitting.append(Candidate(layout, settings, mem, t, True))
-        if fitting:
-            chosen_per_family.append(min(fitting, key=_rank))
-        elif smallest is not None:
-            misses.append(smallest[:3])
-            rejected[key] = f"{smallest[3]}; smallest: {describe(smallest[1], smallest[2])}"
-        else:
-            rejected[key] = first_problem or "no micro-batch size divides the per-rank batch"
 
+@dataclass(frozen=True, kw_only=True)
+class _Search:
+    """The fixed inputs of one `plan_layouts` call, shared by its steps."""
+
+    model: object
+    hardware: object
+    base: TrainSettings
+    """The settings every variant starts from (no micro-batch, FSDP mode, AC or offload yet)."""
+    per_node: int
+    world: int
+    ac_options: tuple[bool, ...]
+    allow_offload: bool
+    sharding_modes: tuple[str, ...]
+    schedules: tuple[str, ...]
+    micro_batch_sizes: tuple[int, ...] | None
+    efficiency: float | None
+    overlap: float
+    headroom: float
+
+
+@dataclass(frozen=True)
+class _Family:
+    """Degrees plus FSDP mode, searched over schedule, AC, offload and micro-batch size.
+
+    `problem` is set (and `makers` empty) when the degrees alone rule it out.
+    """
+
+    key: str
+    makers: list = field(default_factory=list)
+    mode: str = ""
+    per_rank: int = 0
+    problem: str | None = None
+
+
+class _Miss(NamedTuple):
+    """The variant of a family needing the least device memory, when none of them fits."""
+
+    need: tuple[bool, float]
+    layout: Layout
+    settings: TrainSettings
+    problem: str | None
+
+
+@dataclass
+class _Tally:
+    """What the search of one family has found so far."""
+
+    fitting: list[Candidate] = field(default_factory=list)
+    smallest: _Miss | None = None
+    first_problem: str | None = None
+
+
+def _enumerate_families(search: _Search) -> tuple[list[_Family], float]:
+    """Walk tp, then pp, then the dp splits, and list the families in that order.
+
+    Degrees that cannot work become families with a `problem`. Also returns the smallest global
+    batch any (tp, pp) could take, for the message when no layout can exist.
+    """
+    model, per_node, world = search.model, search.per_node, search.world
+    families: list[_Family] = []
+    min_batch = math.inf
     for tp in powers_of_two(world):
         problem = tp_problem(model, per_node, tp)
         if problem:
-            rejected[f"tp={tp}"] = problem
+            families.append(_Family(f"tp={tp}", problem=problem))
             if tp > per_node:
                 break  # every larger tp crosses the node boundary too
             continue
         for pp in pp_values(world // tp, model.n_layers):
             problem = pp_problem(model, pp)
             if problem:
-                rejected[f"tp={tp} pp={pp}"] = problem
+                families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
                 break
             dp = world // (tp * pp)
             # One sequence per data-parallel rank, and 1F1B wants pp microbatches per pipeline.
-            min_batch = min(min_batch, dp * (pp if "GPipe" not in schedules else 1))
-            if global_batch_size % dp:
-                verb = "is smaller than" if global_batch_size < dp else "is not divisible by"
-                reason = f"global_batch_size={global_batch_size} {verb} dp={dp}"
-                rejected[f"tp={tp} pp={pp} dp={dp}"] = reason
-                continue
-            for r, s, mode in dp_splits(dp, pp, per_node // tp, sharding_modes):
-                key = f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s} {mode}"
-                makers = layout_makers(model, pp, r, s, tp, schedules)
-                run_family(key, makers, mode, global_batch_size // dp)
+            min_batch = min(min_batch, dp * (pp if "GPipe" not in search.schedules else 1))
+            families += _dp_families(search, tp, pp, dp)
+    return families, min_batch
 
-    rejected_list = [{"family": k, "reason": v} for k, v in rejected.items()]
-    if chosen_per_family:
-        return PlanResult(sorted(chosen_per_family, key=_rank), 0, rejected_list)
-    if not misses:
-        if global_batch_size < min_batch < math.inf:
-            message = (
-                f"global_batch_size={global_batch_size} is too small for {world} devices: every "
-                f"layout needs at least {min_batch} sequences per step (one per data-parallel "
-                f"rank, and pp microbatches per pipeline); raise it or use fewer devices"
+
+def _dp_families(search: _Search, tp: int, pp: int, dp: int) -> list[_Family]:
+    """The families of one (tp, pp): one per dp split and FSDP mode, or a single rejected one
+    when the global batch does not split over dp."""
+    gbs = search.base.global_batch_size
+    if gbs % dp:
+        verb = "is smaller than" if gbs < dp else "is not divisible by"
+        reason = f"global_batch_size={gbs} {verb} dp={dp}"
+        return [_Family(f"tp={tp} pp={pp} dp={dp}", problem=reason)]
+    return [
+        _Family(
+            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s} {mode}",
+            layout_makers(search.model, pp, r, s, tp, search.schedules),
+            mode,
+            gbs // dp,
+        )
+        for r, s, mode in dp_splits(dp, pp, search.per_node // tp, search.sharding_modes)
+    ]
+
+
+def _search_families(
+    search: _Search, families: list[_Family]
+) -> tuple[list[Candidate], list[_Miss], dict[str, str]]:
+    """Search each family in order. Returns the fastest fitting candidate of each family that
+    has one, the smallest miss of each that does not, and {family: reason} for the rejected."""
+    best: list[Candidate] = []
+    misses: list[_Miss] = []
+    rejected: dict[str, str] = {}
+    for family in families:
+        if family.problem is not None:
+            rejected[family.key] = family.problem
+            continue
+        tally = _search_family(search, family)
+        if tally.fitting:
+            best.append(min(tally.fitting, key=_rank))
+        elif tally.smallest is not None:
+            miss = tally.smallest
+            misses.append(miss)
+            rejected[family.key] = (
+                f"{miss.problem}; smallest: {describe(miss.layout, miss.settings)}"
             )
         else:
-            reasons = "; ".join(list(dict.fromkeys(rejected.values()))[:4])
-            message = f"no layout can exist on {world} devices: {reasons}"
-        return PlanResult([], None, rejected_list, message)
-    misses.sort(key=lambda miss: miss[0])
-    closest = [
-        evaluate(
-            model, hardware, lay, st, headroom=headroom, efficiency=efficiency, overlap=overlap
+            reason = tally.first_problem or "no micro-batch size divides the per-rank batch"
+            rejected[family.key] = reason
+    return best, misses, rejected
+
+
+def _search_family(search: _Search, family: _Family) -> _Tally:
+    """Estimate the variants of one family: each AC option, schedule and micro-batch size,
+    first without offload and, only if none of those fits, with it."""
+    tally = _Tally()
+    offloads = (False, True) if (search.allow_offload and family.mode != "NO_SHARD") else (False,)
+    for offload in offloads:
+        if tally.fitting:
+            break  # offload is only worth its host traffic when nothing else fits
+        for ac in search.ac_options:
+            for make_layout in family.makers:
+                _sweep_micro_batches(search, family, make_layout, ac, offload, tally)
+    return tally
+
+
+def _sweep_micro_batches(
+    search: _Search, family: _Family, make_layout, ac: bool, offload: bool, tally: _Tally
+) -> None:
+    """Estimate one variant at each micro-batch size, smallest first, into `tally`; stop at the
+    first that does not fit."""
+    hardware = search.hardware
+    for mbs in search.micro_batch_sizes or powers_dividing(family.per_rank):
+        settings = replace(
+            search.base,
+            micro_batch_size=mbs,
+            sharding=family.mode,
+            activation_checkpointing=ac,
+            offload=offload,
         )
-        for _, lay, st in misses[:5]
+        layout, problem = _build_layout(make_layout, family.per_rank, settings)
+        if layout is None:
+            tally.first_problem = tally.first_problem or problem
+            continue
+        mem = memory_per_device(search.model, layout, settings, accelerator=hardware.accelerator)
+        problem = fit_problem(mem, hardware, search.headroom)
+        # Report the smallest device need; a host-memory miss only if all are.
+        need = (bool(problem) and problem.startswith("offload"), mem.total)
+        if tally.smallest is None or need < tally.smallest.need:
+            tally.smallest = _Miss(need, layout, settings, problem)
+        if problem:
+            break  # larger micro-batches only need more
+        t = step_time(
+            search.model,
+            hardware,
+            layout,
+            settings,
+            efficiency=search.efficiency,
+            overlap=search.overlap,
+        )
+        tally.fitting.append(Candidate(layout, settings, mem, t, True))
+
+
+def _build_layout(make_layout, per_rank: int, settings: TrainSettings):
+    """(layout, None) for this micro-batch size, or (None, why it cannot exist)."""
+    try:
+        layout = make_layout(max(per_rank // settings.micro_batch_size, 1))
+    except ValueError as err:  # e.g. 1F1B with fewer microbatches than pp
+        return None, str(err)
+    problem = batch_problem(layout, settings)
+    if problem:
+        return None, problem
+    return layout, None
+
+
+def _closest_misses(search: _Search, misses: list[_Miss]) -> list[Candidate]:
+    """The five misses needing the least device memory, fully estimated, smallest first."""
+    return [
+        evaluate(
+            search.model,
+            search.hardware,
+            miss.layout,
+            miss.settings,
+            headroom=search.headroom,
+            efficiency=search.efficiency,
+            overlap=search.overlap,
+        )
+        for miss in sorted(misses, key=lambda miss: miss.need)[:5]
     ]
-    tried = {"ac": True in ac_options, "offload": allow_offload}
-    message = _nothing_fits(model, hardware, base, closest[0], headroom, world, tried)
-    return PlanResult(closest, None, rejected_list, message)
 
 
-def _nothing_fits(model, hardware, base, smallest: Candidate, headroom, world, tried) -> str:
+def _no_layout_exists(search: _Search, min_batch: float, rejected: dict[str, str]) -> str:
+    """One line for when no family got as far as a memory estimate: the global batch is too
+    small for the devices, or the first few distinct reasons."""
+    gbs, world = search.base.global_batch_size, search.world
+    if gbs < min_batch < math.inf:
+        return (
+            f"global_batch_size={gbs} is too small for {world} devices: every "
+            f"layout needs at least {min_batch} sequences per step (one per data-parallel "
+            f"rank, and pp microbatches per pipeline); raise it or use fewer devices"
+        )
+    reasons = "; ".join(list(dict.fromkeys(rejected.values()))[:4])
+    return f"no layout can exist on {world} devices: {reasons}"
+
+
+def _nothing_fits(search: _Search, smallest: Candidate) -> str:
     """One line: the smallest memory any layout needs, and what would help."""
+    model, hardware, base = search.model, search.hardware, search.base
     per_param = sum(state_bytes(base.precision, base.optimizer))
     states = per_param * model.num_params()
     helps = [f"more devices (the model states alone are {_gib(states)} GiB in total"]
     if hardware.memory_gib:
-        usable = hardware.memory_gib * GIB * headroom
+        usable = hardware.memory_gib * GIB * search.headroom
         helps[0] += f", {math.ceil(states / usable)} devices' worth"
     helps[0] += ")"
-    if not tried["ac"]:
+    if True not in search.ac_options:
         helps.append("activation checkpointing")
-    if not tried["offload"]:
+    if not search.allow_offload:
         helps.append("CPU offload")
     if smallest.settings.micro_batch_size == 1:
         helps.append(f"a shorter seq_len than {base.seq_len}")
     return (
-        f"no layout fits on {world} x {hardware.name} devices: the smallest, "
+        f"no layout fits on {search.world} x {hardware.name} devices: the smallest, "
         f"{smallest.describe()}, {smallest.reason}; would help: " + ", ".join(helps)
     )
 
 
 def _complexity(c: Candidate) -> int:
+    """How many parallelisms and memory savers a candidate stacks (offload counts double)."""
     lay, st = c.layout, c.settings
     hybrid = lay.dp_replicate > 1 and lay.dp_shard > 1
     return (
@@ -257,8 +397,10 @@ def _complexity(c: Candidate) -> int:
 
 
 def _rank(c: Candidate):
+    """Sort key: fastest step, then simplest layout, then largest micro-batch, then least memory."""
     return (c.time.step_seconds, _complexity(c), -c.settings.micro_batch_size, c.memory.total)
 
 
 def _gib(nbytes: float | None) -> str:
+    """Bytes as GiB with one decimal, or "?" when unknown."""
     return "?" if nbytes is None else f"{nbytes / GIB:.1f}"
