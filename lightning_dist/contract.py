@@ -37,6 +37,17 @@ class PlannerSettings:
         return asdict(self)
 
 
+def sharding_mode(layout: Layout, *, keeps_gathered: bool = False) -> str:
+    """The planner's name for how `layout` shards: NO_SHARD without dp_shard, SHARD_GRAD_OP
+    when gathered parameters stay until backward (ZeRO-2), else FULL_SHARD, or HYBRID_SHARD
+    when shard groups are replicated."""
+    if layout.dp_shard == 1:
+        return "NO_SHARD"
+    if keeps_gathered:
+        return "SHARD_GRAD_OP"
+    return "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+
+
 @runtime_checkable
 class StrategyContract(Protocol):
     """What a lightning_dist strategy declares. Every method is free of side effects."""

@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
-from lightning_dist.contract import PlannerSettings
+from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
@@ -181,14 +181,9 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
 
     def planner_settings(self, layout: Layout) -> PlannerSettings:
         name = self.resolved_sharding(2 if layout.dp_replicate > 1 else 1)
-        if layout.dp_shard == 1 or name == "NO_SHARD":
-            mode = "NO_SHARD"
-        elif name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
-            mode = "SHARD_GRAD_OP"
-        else:
-            mode = "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+        zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         return PlannerSettings(
-            sharding=mode,
+            sharding=sharding_mode(layout, keeps_gathered=zero2),
             activation_checkpointing=bool(self.activation_checkpointing),
             offload=bool(self.cpu_offload.offload_params),
             limit_all_gathers=bool(self.kwargs.get("limit_all_gathers", True)),

@@ -26,7 +26,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import nn
 
 from lightning_dist._compat import set_module_device_mesh
-from lightning_dist.contract import PlannerSettings
+from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -167,14 +167,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             sharding.check_auto_wrap(model, self.auto_wrap)
 
     def planner_settings(self, layout: Layout) -> PlannerSettings:
-        if layout.dp_shard == 1:
-            mode = "NO_SHARD"
-        elif self.reshard_after_forward is False:  # gathered parameters kept until backward
-            mode = "SHARD_GRAD_OP"
-        else:
-            mode = "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+        # reshard_after_forward=False keeps gathered parameters until backward (ZeRO-2).
+        keeps_gathered = self.reshard_after_forward is False
         return PlannerSettings(
-            sharding=mode,
+            sharding=sharding_mode(layout, keeps_gathered=keeps_gathered),
             activation_checkpointing=bool(self.activation_checkpointing),
             offload=self.cpu_offload,
             sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
