@@ -82,6 +82,35 @@ def parallelize(
     return PipelinedModel(parts, layout, mesh["pp"].get_group(), device)
 
 
+def shard_children(
+    module: nn.Module,
+    mesh,
+    *,
+    auto_wrap: list[str | type[nn.Module]] | None = None,
+    activation_checkpointing: int = 0,
+    **fsdp: Any,
+) -> nn.Module:
+    """Shard a module that is not a single model (a LightningModule holding its layers): each
+    child that holds parameters becomes FSDP units, with the blocks inside checkpointed and
+    sharded one by one. The module itself must hold no parameters of its own."""
+    own = [name for name, _ in module.named_parameters(recurse=False)]
+    if own:
+        raise ValueError(
+            f"cannot shard parameters held by {type(module).__name__} itself "
+            f"({', '.join(own)}); move them into a submodule, or build the model in "
+            "configure_model() and pass it to self.trainer.strategy.parallelize_model()"
+        )
+    block_types = find_block_types(module, auto_wrap)
+    for child in module.children():
+        # Containers have no forward of their own to hook, so their members are the units.
+        is_container = isinstance(child, (nn.ModuleList, nn.ModuleDict))
+        for unit in child.children() if is_container else [child]:
+            if any(True for _ in unit.parameters()):
+                apply_activation_checkpointing(unit, block_types, every_n=activation_checkpointing)
+                apply_fsdp(unit, mesh, block_types=block_types, **fsdp)
+    return module
+
+
 def model_parts(model: nn.Module) -> list[nn.Module]:
     """The stage modules of a `PipelinedModel`, or `[model]`."""
     return list(model.parts) if isinstance(model, PipelinedModel) else [model]

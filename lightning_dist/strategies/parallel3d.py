@@ -29,15 +29,9 @@ from lightning_dist._compat import set_module_device_mesh
 from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
-from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.clip import clip_grad_norm_global
-from lightning_dist.parallel.fsdp import (
-    apply_fsdp,
-    check_reshard,
-    find_block_types,
-    mixed_precision_policy,
-)
-from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize
+from lightning_dist.parallel.fsdp import check_reshard, mixed_precision_policy
+from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize, shard_children
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.parallel.tp import check_tp
@@ -280,26 +274,11 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             )
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        """Shard a plain module: `apply_fsdp` on each child that holds parameters."""
-        own = [name for name, _ in model.named_parameters(recurse=False)]
-        if own:
-            raise ValueError(
-                f"{type(self).__name__} cannot shard parameters held by the LightningModule "
-                f"itself ({', '.join(own)}); move them into a submodule, or build the model in "
-                "configure_model() and pass it to self.trainer.strategy.parallelize_model()"
-            )
-        block_types = find_block_types(model, self.auto_wrap)
-        mesh, options = dp_mesh(self.device_mesh, self.layout), self._fsdp_options()
-        for child in model.children():
-            # Containers have no forward of their own to hook, so their members are the units.
-            is_container = isinstance(child, (nn.ModuleList, nn.ModuleDict))
-            for unit in child.children() if is_container else [child]:
-                if any(True for _ in unit.parameters()):
-                    apply_activation_checkpointing(
-                        unit, block_types, every_n=self.activation_checkpointing
-                    )
-                    apply_fsdp(unit, mesh, block_types=block_types, **options)
-        return model
+        """Shard a LightningModule that built its layers in __init__, child by child."""
+        return shard_children(
+            model, dp_mesh(self.device_mesh, self.layout), auto_wrap=self.auto_wrap,
+            activation_checkpointing=self.activation_checkpointing, **self._fsdp_options(),
+        )  # fmt: skip
 
     def _clip_by_global_norm(self) -> None:
         # Lightning clips through the precision plugin with torch's clip_grad_norm_, which would
