@@ -14,12 +14,17 @@ work with `Parallel3DStrategy` (see lightning_dist/models/protocol.py):
    one name segment) to styles: "embedding", "colwise", "rowwise", "output" (and "norm" and
    "sp_input" for sequence parallelism). Attention must infer its local head count from shapes
    (`view(b, s, -1, head_dim)`), since each rank holds `n_heads / tp` heads.
-3. **Pipeline parallelism** reads `pipeline_blocks` (the path of the ModuleDict/ModuleList of
-   repeated blocks), `pipeline_first` (modules only the first stage keeps) and `pipeline_last`
-   (only the last stage). `forward` must accept hidden states when the embedding is None and
-   return hidden states when the head is None. Under PP the returned model computes the loss
-   itself: call `self.model(inputs, targets, loss_fn)`; it runs forward and backward over the
-   microbatches and returns the batch's mean loss on every rank.
+3. **Pipeline parallelism** reads `pipeline_blocks` (the path of the ModuleList of repeated
+   blocks; a stage keeps some of them and still iterates like a ModuleList), `pipeline_first`
+   (modules only the first stage keeps) and `pipeline_last` (only the last stage). `forward`
+   must accept hidden states when the embedding is None and return hidden states when the head
+   is None. Under PP the returned model computes the loss itself: call
+   `self.model(inputs, targets, loss_fn)`; it runs forward and backward over the microbatches
+   and returns the batch's mean loss on every rank.
+
+The loss needs no special handling: under tensor parallelism it is a DTensor (the logits stay
+split along the vocabulary), which `self.log` and `self.trainer.strategy.reduce` accept as it
+is. docs/BRING_YOUR_OWN_MODEL.md walks through a model like this one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from lightning_dist import Parallel3DStrategy
@@ -86,7 +90,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq_len, dim)
-        self.blocks = nn.ModuleDict({str(i): Block(dim, n_heads) for i in range(n_layers)})
+        self.blocks = nn.ModuleList(Block(dim, n_heads) for _ in range(n_layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 
@@ -94,7 +98,7 @@ class TinyGPT(nn.Module):
         if self.embed is not None:  # first stage: token ids in
             positions = torch.arange(x.shape[1], device=x.device)
             x = self.embed(x) + self.pos(positions)
-        for block in self.blocks.values():
+        for block in self.blocks:
             x = block(x)
         if self.head is not None:  # last stage: logits out
             x = self.head(self.norm(x))
@@ -124,9 +128,7 @@ class UserLM(L.LightningModule):
             self.model = self.trainer.strategy.parallelize_model(model, init_seed=0)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        # Under tensor parallelism the logits stay split on the vocabulary (loss parallelism).
-        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         inputs, targets = batch[:, :-1], batch[:, 1:]
@@ -134,8 +136,8 @@ class UserLM(L.LightningModule):
             loss = self.model(inputs, targets, self.loss_fn)
         else:
             loss = self.loss_fn(self.model(inputs), targets)
-        self.losses.append(float(self.trainer.strategy.reduce(loss.detach())))
-        self.log("loss", loss.detach(), prog_bar=True)
+        self.losses.append(float(self.trainer.strategy.reduce(loss)))
+        self.log("loss", loss, prog_bar=True)
         return loss
 
     def configure_optimizers(self):

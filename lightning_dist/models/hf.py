@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_dist._compat import HF_INITIALIZED_FLAG
 from lightning_dist.models.args import ModelArgs
 
 # LlamaConfig's defaults, used to read a config dict when transformers is not installed (the
@@ -147,8 +148,18 @@ class HFModelSpec:
         return self.to_model_args().max_seq_len
 
     def num_params(self) -> int:
-        """Total trainable parameters, as the built HF model reports them."""
-        return self.to_model_args().num_params()
+        """Total trainable parameters, as the built HF model reports them.
+
+        Counted on a meta-device build when transformers is installed, so architectures with
+        weights `ModelArgs` does not describe (Qwen2's q/k/v biases) count exactly; else from
+        `to_model_args()`.
+        """
+        try:
+            with torch.device("meta"):
+                model = self.build().hf_model
+        except ImportError:
+            return self.to_model_args().num_params()
+        return sum(p.numel() for p in model.parameters())
 
     def train_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, counted as `ModelArgs.train_flops_per_token` does."""
@@ -160,8 +171,9 @@ class HFModelSpec:
 
 
 # Tensor-parallel plan of LlamaForCausalLM and the architectures with its module names (Mistral,
-# Qwen2, ...). No sequence parallelism: HF computes rotary positions from the length of the
-# hidden states, which would be the local sequence shard.
+# Qwen2, whose q/k/v biases are split with their weights, ...). No sequence parallelism: HF
+# computes rotary positions from the length of the hidden states, which would be the local
+# sequence shard.
 HF_LLAMA_TP_PLAN: dict[str, str] = {
     "hf_model.model.embed_tokens": "embedding",
     "hf_model.model.layers.*.self_attn.q_proj": "colwise",
@@ -247,10 +259,10 @@ class HFCausalLM(nn.Module):
         # HF marks modules and tensors as initialised and skips them afterwards; clear the marks
         # so a second call (or one after to_empty) really re-draws everything.
         for module in model.modules():
-            module.__dict__.pop("_is_hf_initialized", None)
+            module.__dict__.pop(HF_INITIALIZED_FLAG, None)
         for tensor in [*model.parameters(), *model.buffers()]:
-            if hasattr(tensor, "_is_hf_initialized"):
-                del tensor._is_hf_initialized
+            if hasattr(tensor, HF_INITIALIZED_FLAG):
+                delattr(tensor, HF_INITIALIZED_FLAG)
         # to_empty from meta unties lm_head from the embedding; tie before drawing so the RNG
         # is consumed the same way whichever route built the model. A pipeline stage holds at
         # most one of the two, so there is nothing to tie.

@@ -2,7 +2,7 @@
 
 Both are plain class attributes, so a model stays single-device code and needs no import from
 `lightning_dist.parallel`. Our `Transformer` and the Hugging Face wrapper `HFCausalLM` implement
-both; a user's own model can too (see examples/user_module_3d.py).
+both; a user's own model can too (see docs/BRING_YOUR_OWN_MODEL.md).
 
 **Tensor-parallel plan** (`tp_plan`): a dict from module-name pattern to a style name. `*` matches
 one name segment. The styles are
@@ -20,19 +20,27 @@ A plan without `"norm"` entries cannot run sequence parallelism. Users may also 
 
 **Pipeline layers** (`pipeline_blocks`, `pipeline_first`, `pipeline_last`): where to cut.
 
-- `pipeline_blocks`: dotted path of the `nn.ModuleDict` or `nn.ModuleList` of repeated blocks,
-  run in order. A stage keeps a contiguous range of them (as a ModuleDict keyed by the original
-  indices, so parameter names do not change).
+- `pipeline_blocks`: dotted path of the `nn.ModuleList` (or `nn.ModuleDict`) of repeated blocks,
+  run in order. A stage keeps a contiguous range of them under their original indices, so
+  parameter names do not change. Cut from a ModuleList, the kept blocks still iterate, index and
+  `len()` like a ModuleList (`for layer in self.layers:` runs this stage's layers); cut from a
+  ModuleDict they stay a ModuleDict of the kept keys.
 - `pipeline_first`: dotted paths of the modules only the first stage keeps (the embedding).
 - `pipeline_last`: dotted paths of the modules only the last stage keeps (final norm, output).
 - `forward(x)` accepts token ids or the previous stage's hidden states (when the
   `pipeline_first` modules are None), runs whatever blocks are left, and returns hidden states
   when the `pipeline_last` modules are None. Every stage returns a single tensor.
+
+**Initialisation** (`init_weights()`): a model built on the meta device gets its storage from
+`to_empty()` and its values from `init_weights()`, which must set every parameter and buffer in
+place (see `require_init_weights`).
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+from torch import nn
 
 TP_STYLES = ("embedding", "colwise", "rowwise", "output", "norm", "sp_input")
 
@@ -44,3 +52,16 @@ class PipelineLayers(Protocol):
     pipeline_blocks: str
     pipeline_first: tuple[str, ...]
     pipeline_last: tuple[str, ...]
+
+
+def require_init_weights(model: nn.Module) -> None:
+    """Raise ValueError (one line naming the fix) when `model` holds meta tensors but has no
+    `init_weights()` to give them values after `to_empty()`."""
+    if callable(getattr(model, "init_weights", None)):
+        return
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise ValueError(
+            f"{type(model).__name__} is on the meta device but has no init_weights(): add a method "
+            "that initialises every parameter and buffer in place (e.g. calls reset_parameters() "
+            "on each submodule); see docs/BRING_YOUR_OWN_MODEL.md"
+        )

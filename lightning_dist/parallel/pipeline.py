@@ -61,6 +61,7 @@ def split_blocks(
             f"{type(model).__name__} does not expose its layers for pipeline parallelism: give it "
             "pipeline_blocks, pipeline_first and pipeline_last (see lightning_dist.models.protocol)"
         )
+    _check_layer_paths(model)
     names = block_names(model)
     if len(names) < num_stages:
         raise ValueError(
@@ -76,6 +77,29 @@ def split_blocks(
     _check_split_points(split_points, len(names), num_stages)
     bounds = [0, *split_points, len(names)]
     return [names[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _check_layer_paths(model: nn.Module) -> None:
+    """The pipeline attributes name real modules (one line naming the attribute if not)."""
+    name, blocks = type(model).__name__, model.pipeline_blocks
+    try:
+        container = model.get_submodule(blocks)
+    except AttributeError:
+        raise ValueError(f"{name}.pipeline_blocks={blocks!r} is not a submodule path") from None
+    if not isinstance(container, (nn.ModuleList, nn.ModuleDict)):
+        raise ValueError(
+            f"{name}.pipeline_blocks={blocks!r} is a {type(container).__name__}; it must name "
+            "the nn.ModuleList (or nn.ModuleDict) of repeated blocks"
+        )
+    for attr in ("pipeline_first", "pipeline_last"):
+        paths = getattr(model, attr)
+        if isinstance(paths, str):
+            raise ValueError(f"{name}.{attr} must be a tuple of module paths, e.g. ({paths!r},)")
+        for path in paths:
+            try:
+                _get(model, path)
+            except AttributeError:
+                raise ValueError(f"{name}.{attr} names {path!r}, which the model lacks") from None
 
 
 def balanced_split(costs: list[int], num_stages: int) -> list[int]:
@@ -117,10 +141,41 @@ def _check_split_points(points: list[int], n_blocks: int, num_stages: int) -> No
         )
 
 
+class StageBlocks(nn.ModuleDict):
+    """The blocks a pipeline stage keeps of a model's `nn.ModuleList`, used like that list.
+
+    The blocks stay keyed by their index in the whole model, so parameter names and state_dict
+    keys do not change (`layers.2.attn.q.weight` on the stage that holds block 2). A forward
+    written for the ModuleList runs unchanged: iterating yields the blocks in order, `len()`
+    counts them, and `blocks[i]` (or a slice) is the i-th block this stage holds. The
+    ModuleDict API remains: `keys()` are the original indices, `blocks["2"]` is block 2.
+    """
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self._modules[key]
+        if isinstance(key, slice):
+            return nn.ModuleList(list(self._modules.values())[key])
+        return list(self._modules.values())[key]
+
+    def __contains__(self, item) -> bool:
+        if isinstance(item, str):
+            return item in self._modules
+        return any(item is block for block in self._modules.values())
+
+
 def cut_stage(model: nn.Module, blocks: list[str], *, first: bool, last: bool) -> nn.Module:
-    """Keep `blocks` (and the first/last modules where asked) of `model`, in place."""
+    """Keep `blocks` (and the first/last modules where asked) of `model`, in place.
+
+    The kept blocks replace the container at `pipeline_blocks`: a `StageBlocks` when it was a
+    ModuleList (iterates like one), a ModuleDict of the kept keys when it was a ModuleDict.
+    """
     container = model.get_submodule(model.pipeline_blocks)
-    kept = nn.ModuleDict({name: _child(container, name) for name in blocks})
+    kind = StageBlocks if isinstance(container, nn.ModuleList) else nn.ModuleDict
+    kept = kind({name: _child(container, name) for name in blocks})
     _set(model, model.pipeline_blocks, kept)
     dropped = (() if first else tuple(model.pipeline_first)) + (
         () if last else tuple(model.pipeline_last)
@@ -149,15 +204,6 @@ def stage_modules(
     return parts
 
 
-SCHEDULES = {
-    "GPipe": "ScheduleGPipe",
-    "1F1B": "Schedule1F1B",
-    "Interleaved1F1B": "ScheduleInterleaved1F1B",
-    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
-    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
-}
-
-
 def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     """The torch schedule of `layout.schedule` over this rank's `PipelineStage`s.
 
@@ -166,7 +212,7 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     """
     from torch.distributed.pipelining import schedules
 
-    cls = getattr(schedules, SCHEDULES[layout.schedule])
+    cls = schedules.get_schedule_class(layout.schedule)
     single = issubclass(cls, schedules.PipelineScheduleSingle)
     return cls(
         stages[0] if single else stages,
@@ -256,7 +302,9 @@ def _forward_actions_only(schedule):
     if order is None:  # a single-stage schedule: its eval() is fine
         yield
         return
-    from torch.distributed.pipelining.schedules import _ComputationType as C
+    from lightning_dist._compat import pipeline_action_types
+
+    C = pipeline_action_types()
 
     keep = {C.FORWARD, C.SEND_F, C.RECV_F, C.UNSHARD, C.RESHARD}
     schedule.pipeline_order_with_comms = {

@@ -29,6 +29,7 @@ from lightning_dist._compat import set_module_device_mesh
 from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
+from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.parallel.clip import clip_grad_norm_global
 from lightning_dist.parallel.fsdp import check_reshard, mixed_precision_policy
 from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize, shard_children
@@ -37,6 +38,7 @@ from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, p
 from lightning_dist.parallel.tp import check_tp
 from lightning_dist.strategies import checkpoint3d, sharding
 from lightning_dist.strategies.base import LightningDistStrategy
+from lightning_dist.strategies.user_path import explain_stage_errors, plain_tensor
 
 
 class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
@@ -150,6 +152,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         patterns, the pipeline-layers contract, the layer count and split points, and the
         block classes to shard."""
         layout = layout or self.layout
+        require_init_weights(model)
         args = _model_args(model)
         if args is not None:
             layout.check_model(args)
@@ -316,7 +319,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             for param in self._pipeline.parameters():
                 param.grad = None
         self._micro_step += 1
-        with self._loss_parallel():
+        with self._loss_parallel(), explain_stage_errors(self._pipeline):
             output = super().training_step(*args, **kwargs)
         self._hidden_grads = [(p, p.grad) for p in self._pipeline.parameters()]
         for param, _ in self._hidden_grads:
@@ -324,7 +327,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         return output
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._loss_parallel():
+        with self._loss_parallel(), explain_stage_errors(self._pipeline):
             return super().validation_step(*args, **kwargs)
 
     def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -339,8 +342,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         """Lightning's reduce, also for DTensors (the loss under loss parallelism), on a
         detached copy: the caller's tensor is never modified in place."""
-        from lightning_dist.strategies.user_path import plain_tensor
-
         if isinstance(tensor, torch.Tensor):
             tensor = plain_tensor(tensor)
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
