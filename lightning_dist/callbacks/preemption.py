@@ -1,0 +1,102 @@
+"""Preemption: SIGTERM or SIGUSR1 on any rank checkpoints every rank and stops the run cleanly.
+
+The signal handler only sets a flag; it never touches a collective (Lightning's own SIGTERM
+handler broadcasts from inside the handler, which deadlocks against a collective that the
+interrupted rank is waiting in). At the end of every optimizer step the ranks OR their flags in
+one all-reduce, so they all see the signal at the same step boundary; then every rank saves
+`step<N>.ckpt` into the checkpoint folder and the fit stops. `train()` writes summary.json with
+`"status": "preempted"` and exits with `PREEMPTED_EXIT_CODE`; `trainer.resume=auto` continues.
+Under SLURM, SIGUSR1 (the warning signal of `--signal=USR1@...`) also requeues the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75
+"""EX_TEMPFAIL: the run stopped on request and can be resumed; not a failure of the run."""
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preemption(Callback):
+    """Turns SIGTERM/SIGUSR1 into a checkpoint at the next step boundary and a clean stop."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.dirpath = Path(dirpath)
+        self.received: int | None = None
+        """The signal this rank received, if any."""
+        self.preempted_at: int | None = None
+        """The optimizer step at which every rank stopped, once they agreed."""
+        self.checkpoint: Path | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum  # nothing else here: the main thread may be inside a collective
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning installed its handlers before this hook; ours replace them for the fit and
+        # Lightning restores its originals at teardown.
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        for signum, handler in self._previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # not an optimizer-step boundary
+        if not _any_rank(self.received is not None, trainer.strategy.root_device):
+            return
+        step = trainer.global_step
+        self.preempted_at = step
+        self.checkpoint = self.dirpath / f"step{step}.ckpt"
+        if trainer.is_global_zero:
+            print(f"preempted: saving {self.checkpoint} at step {step}", flush=True)
+        trainer.save_checkpoint(self.checkpoint)
+        trainer.should_stop = True
+        if self.received == signal.SIGUSR1 and trainer.is_global_zero:
+            requeue_slurm_job()
+
+    def summary(self, world_size: int) -> dict[str, Any]:
+        if self.preempted_at is None:
+            return {}
+        return {"status": "preempted", "preempted_at_step": self.preempted_at,
+                "checkpoint": str(self.checkpoint)}  # fmt: skip
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    value = torch.tensor([float(flag)], device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def requeue_slurm_job() -> None:
+    """`scontrol requeue` this SLURM job (array task included); logs and returns on failure."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if not job or not shutil.which("scontrol"):
+        return
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode:
+        log.warning("scontrol requeue %s failed: %s", job, result.stderr.strip())
+    else:
+        print(f"requeued SLURM job {job}", flush=True)

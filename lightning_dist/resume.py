@@ -1,0 +1,80 @@
+"""Finding the checkpoint to resume from, and writing single-file checkpoints atomically.
+
+A run's checkpoints are `step<N>.ckpt` in its checkpoint folder: a file (single, ddp, and the
+`full` state-dict type), or a folder of torch.distributed.checkpoint shards (the sharded
+strategies). A folder counts only when complete: DCP writes its `.metadata` after every shard,
+and Lightning writes its `meta.pt` after that, so both present means the save finished. A file
+is complete because `AtomicCheckpointIO` writes it under a temporary name and renames it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+
+STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
+DCP_METADATA = ".metadata"
+
+
+@dataclass
+class ResumePoint:
+    """The latest complete checkpoint of a folder and the incomplete ones passed over."""
+
+    path: Path | None = None
+    step: int = 0
+    skipped: list[Path] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line for the console."""
+        skipped = ""
+        if self.skipped:
+            names = ", ".join(p.name for p in self.skipped)
+            skipped = f"; skipped incomplete {names}"
+        if self.path is None:
+            return f"trainer.resume=auto: no complete checkpoint yet, starting at step 0{skipped}"
+        return f"trainer.resume=auto: resuming from {self.path} (step {self.step}){skipped}"
+
+
+def is_complete(path: Path) -> bool:
+    """A finished checkpoint: a file, or a DCP folder with both metadata files."""
+    if path.is_file():
+        return True
+    return (path / DCP_METADATA).is_file() and (path / LIGHTNING_CHECKPOINT_METADATA).is_file()
+
+
+def latest_checkpoint(dirpath: str | Path) -> ResumePoint:
+    """The complete `step<N>.ckpt` with the largest N in `dirpath` (missing folder: none)."""
+    found = ResumePoint()
+    folder = Path(dirpath)
+    if not folder.is_dir():
+        return found
+    candidates = []
+    for entry in folder.iterdir():
+        match = STEP_NAME.match(entry.name)
+        if match:
+            candidates.append((int(match.group(1)), entry))
+    for step, entry in sorted(candidates, reverse=True):
+        if is_complete(entry):
+            if found.path is None:
+                found.path, found.step = entry, step
+        elif found.path is None:  # only the ones newer than the resume point matter
+            found.skipped.append(entry)
+    return found
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch.save checkpoint IO, writing to `<name>.tmp` and renaming: a save that
+    is interrupted leaves no file that looks complete."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        path = Path(path)
+        temporary = path.with_name(path.name + ".tmp")
+        super().save_checkpoint(checkpoint, temporary, storage_options)
+        os.replace(temporary, path)

@@ -1,0 +1,220 @@
+"""Surviving the cluster: NaN guard, preemption and auto-resume, the hang watchdog, and the
+checkpoint scan. Multi-process cases are real gloo runs of train.py on the debug model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard
+from lightning_dist.parity import REPO_ROOT, run_train
+from lightning_dist.resume import latest_checkpoint
+
+TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
+FAST = ["debug=fast", "logger=none"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+
+
+def _launch(*overrides: str, run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TRAIN, *FAST, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"train.py exited early:\n{proc.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.2)
+
+
+def _child_pid(proc: subprocess.Popen) -> int:
+    """Rank 1: the process Lightning's launcher started from rank 0."""
+    for _ in range(100):
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        if pids:
+            return pids[0]
+        time.sleep(0.1)
+    raise AssertionError("rank 1 never started")
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+# --- the NaN guard --------------------------------------------------------------------------
+
+
+class NaNAt(L.LightningModule):
+    """A linear model whose loss is NaN at the optimizer steps in `bad_steps` (1-based)."""
+
+    def __init__(self, bad_steps: set[int]) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.bad_steps = bad_steps
+        self.weights_after: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        return loss * float("nan") if self.global_step + 1 in self.bad_steps else loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.weights_after.append(self.layer.weight.detach().clone())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+
+
+def _fit(module: L.LightningModule, guard: NonFiniteGuard, steps: int = 6) -> None:
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)),
+                                       batch_size=4)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=[guard], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, data)
+
+
+def test_nan_policy_skip_leaves_the_weights_untouched_and_goes_on():
+    module, guard = NaNAt({3}), NonFiniteGuard("skip", max_skips=2)
+    _fit(module, guard)
+    assert guard.skipped_steps == [3]
+    after = module.weights_after
+    assert torch.equal(after[2], after[1])  # step 3 changed nothing, weight decay included
+    assert not torch.equal(after[3], after[2]) and len(after) == 6
+    assert all(torch.isfinite(w).all() for w in after)
+
+
+def test_nan_policy_skip_stops_after_too_many_in_a_row():
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(last: step 4\)"):
+        _fit(NaNAt({2, 3, 4}), NonFiniteGuard("skip", max_skips=2))
+
+
+def test_nan_policy_stop_names_the_step():
+    module = NaNAt({2})
+    with pytest.raises(NonFiniteError, match="the loss is not finite at step 2"):
+        _fit(module, NonFiniteGuard("stop"))
+    assert len(module.weights_after) == 1 and torch.isfinite(module.weights_after[0]).all()
+
+
+def test_nan_stop_through_train_py_writes_no_nan_checkpoint(tmp_path):
+    result = subprocess.run(
+        [*TRAIN, *FAST, "strategy=single", "optim.lr=1e6", "trainer.max_steps=10",
+         "trainer.checkpoint.every_n_train_steps=1", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
+    assert "not finite at step" in errors[0] and "Traceback" not in result.stderr
+    step = int(errors[0].split("at step ")[1].split(";")[0])
+    saved = sorted((tmp_path / "checkpoints").glob("step*.ckpt"))
+    assert len(saved) == step - 1  # every step before the bad one, none after
+    for path in saved:
+        assert all(torch.isfinite(t).all() for t in _state(path).values()), path
+
+
+# --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------
+
+
+def test_auto_resume_skips_a_partial_checkpoint_and_says_so(tmp_path):
+    (tmp_path / "step5.ckpt").write_bytes(b"complete file")
+    sharded = tmp_path / "step10.ckpt"
+    sharded.mkdir()
+    (sharded / "__0_0.distcp").write_bytes(b"a shard, no metadata yet")
+    (tmp_path / "step15.ckpt.tmp").write_bytes(b"an interrupted single-file save")
+    point = latest_checkpoint(tmp_path)
+    assert point.path == tmp_path / "step5.ckpt" and point.step == 5
+    assert point.skipped == [sharded]
+    assert point.describe().endswith("(step 5); skipped incomplete step10.ckpt")
+    (sharded / ".metadata").write_bytes(b"")
+    (sharded / "meta.pt").write_bytes(b"")
+    assert latest_checkpoint(tmp_path).path == sharded
+
+
+# --- preemption and auto-resume -------------------------------------------------------------
+
+DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
+         "trainer.checkpoint.every_n_train_steps=5", "trainer.checkpoint.save_last=true"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("full")
+    return run_train([*FAST, *DDP12], run_dir), run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, rank", [(signal.SIGTERM, 1), (signal.SIGUSR1, 0)])
+def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
+    signum, rank, uninterrupted, tmp_path
+):
+    full, full_dir = uninterrupted
+    proc = _launch(*DDP12, run_dir=tmp_path)
+    _wait_for(tmp_path / "checkpoints" / "step5.ckpt", proc)
+    os.kill(proc.pid if rank == 0 else _child_pid(proc), signum)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 75, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    stopped = summary["preempted_at_step"]
+    assert summary["status"] == "preempted" and 5 < stopped < 12
+    assert (tmp_path / "checkpoints" / f"step{stopped}.ckpt").is_file()
+    resumed = run_train([*FAST, *DDP12, "trainer.resume=auto"], tmp_path)
+    assert resumed["status"] == "completed" and resumed["first_step"] == stopped
+    assert resumed["steps"] == 12 and resumed["losses"] == full["losses"][stopped:]
+    final, reference = _state(tmp_path / "checkpoints" / "last.ckpt"), _state(
+        full_dir / "checkpoints" / "last.ckpt"
+    )
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+# --- the hang watchdog ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout, timeout",
+    [
+        (["strategy=ddp", "hardware.devices=2"], 20),
+        (["strategy=fsdp2", "hardware.devices=2"], 20),
+        # The timeout also bounds the start-up rendezvous: 4 ranks on 2 busy cores need more.
+        (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
+          "hardware.devices=4"], 60),
+    ],
+    ids=["ddp", "fsdp2", "3d_tp2_pp2"],
+)  # fmt: skip
+def test_a_stopped_rank_stops_every_rank_and_is_named(layout, timeout, tmp_path):
+    proc = _launch(*layout, "trainer.max_steps=400", "trainer.checkpoint.every_n_train_steps=3",
+                   f"trainer.collective_timeout_s={timeout}", run_dir=tmp_path)  # fmt: skip
+    _wait_for(tmp_path / "checkpoints" / "step3.ckpt", proc)
+    stopped = _child_pid(proc)  # one rank that rank 0 started: rank 1
+    os.kill(stopped, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=timeout + 30)
+    finally:
+        proc.kill()
+    took = time.monotonic() - started
+    assert proc.returncode not in (0, None), err[-3000:]
+    assert "stopped making progress" in err and "rank 1 " in err, err[-3000:]
+    assert took < timeout + 30
+    for _ in range(50):  # the stopped rank was killed, not left behind (init reaps it)
+        if not Path(f"/proc/{stopped}").exists():
+            break
+        time.sleep(0.2)
+    assert not Path(f"/proc/{stopped}").exists(), "the stopped rank is still there"
