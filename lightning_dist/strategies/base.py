@@ -11,9 +11,11 @@ from typing import Any
 
 from torch import nn
 
+from lightning_dist._compat import process_group_settings
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.elastic import init_process_group_for_attempt
 
 
 class LightningDistStrategy:
@@ -49,6 +51,17 @@ class LightningDistStrategy:
 
     def planner_settings(self, layout: Layout) -> PlannerSettings:
         return PlannerSettings()
+
+    def setup_environment(self) -> None:
+        self.join_process_group()
+        super().setup_environment()
+
+    def join_process_group(self) -> None:
+        """Under torchrun restarts, join the process group in this attempt's own key space
+        before Lightning would (parallel/elastic.py says why); elsewhere nothing."""
+        if self.single_process:
+            return
+        init_process_group_for_attempt(*process_group_settings(self))
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
         """Materialise the whole model on this rank (data-parallel strategies shard later)."""

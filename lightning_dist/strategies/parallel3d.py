@@ -176,6 +176,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     # --- processes, mesh, data ----------------------------------------------------------------
 
     def setup_environment(self) -> None:
+        self.join_process_group()
         self._setup_distributed()
         layout = self.layout_for(self.num_processes, self.num_nodes)
         check_param_dtype(self.param_dtype, self.precision_plugin.precision)
