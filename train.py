@@ -7,8 +7,14 @@ import sys
 
 import hydra
 
+from lightning_dist.callbacks.nan_guard import NonFiniteError
+from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
 from lightning_dist.config import CONF_DIR
-from lightning_dist.train import ConfigError, train
+from lightning_dist.train import ConfigError, guard_command_line, report_config_error, train
+
+NON_FINITE_EXIT_CODE = 3
+
+guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -16,10 +22,15 @@ def main(cfg) -> None:
     try:
         result = train(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        report_config_error(e)  # one line, secrets redacted, exit 2
+    except NonFiniteError as e:  # every rank stops at the same step; one of them says so
+        if e.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(NON_FINITE_EXIT_CODE)
     if result.get("plan_only") and not result["fits"]:
         sys.exit(1)
+    if result.get("status") == "preempted":
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,23 @@ ROWS = {
 COLUMNS = ("params", "grads", "optimizer", "activations", "temps", "total")
 
 
+CPU_CAVEAT = (
+    "**What these CPU numbers can and cannot show.** The memory columns carry over to a "
+    "GPU: they are counted tensor by tensor, so for the same dtype they show what each "
+    "knob keeps (SHARD_GRAD_OP holds the gathered parameters until backward, HYBRID_SHARD "
+    "doubles the model state, NO_SHARD and DDP keep all of it). The step times do not: "
+    "four gloo processes share two cores, gloo's collectives run on CPU threads that "
+    "compete with the computation, and nothing overlaps. The knobs of the tuned recipe "
+    "exist to hide communication under compute on a GPU (SHARD_GRAD_OP saves the backward "
+    "all-gather, prefetch issues the next gather early, limit_all_gathers bounds the "
+    "memory it takes), so here they can only cost, and single 12-step timings on a shared "
+    "machine vary by tens of percent. That the tuned row is slower than Lightning's "
+    "defaults and than DDP on this CPU says nothing about their order on GPUs; no GPU has "
+    "run this table yet (`python bench/gpu.py` is the command for one).\n\n"
+)
+"""Leads the page: how to read it."""
+
+
 def run_row(
     name: str, overrides: list[str], common: list[str], devices: int, workdir: Path
 ) -> dict:
@@ -104,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(results.values()))
     header = (
         "# FSDP knobs: memory by category and step time\n\n"
-        f"Written by `{' '.join(['python bench/fsdp_knobs.py', *(argv or sys.argv[1:])])}`: "
+        + CPU_CAVEAT
+        + f"Written by `{' '.join(['python bench/fsdp_knobs.py', *(argv or sys.argv[1:])])}`: "
         f"{first['world_size']} ranks on {first['hardware']} ({platform.processor() or platform.machine()}), "
         f"model={first['model']}, precision {first['precision']}, global batch "
         f"{first['global_batch_size']} x {first['seq_len']} tokens, {args.steps} steps.\n\n"

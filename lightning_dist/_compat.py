@@ -103,6 +103,64 @@ def set_module_device_mesh(module: Any, mesh: Any) -> None:
     module._device_mesh = mesh
 
 
+def drop_wandb_anonymous(logger: Any) -> None:
+    """Leave `anonymous` out of the arguments a WandbLogger passes to `wandb.init`.
+
+    Lightning always passes `anonymous=None`, and wandb (0.31) prints "The anonymous setting has
+    no effect" for any value but its own unset marker. The arguments live in
+    `WandbLogger._wandb_init`; the constructor has no way to leave one out.
+    """
+    logger._wandb_init.pop("anonymous", None)
+
+
+def wrap_hydra_errors(handler: Any) -> None:
+    """Send Hydra's own configuration errors (an unknown key or config name, a bad override) to
+    `handler(exception)` instead of Hydra's several lines and exit status 1.
+
+    Hydra prints them in `hydra._internal.utils.run_and_report`, which `_run_hydra` looks up in
+    its module on each call; Hydra has no hook for it. Errors of other kinds, and every error
+    under `HYDRA_FULL_ERROR=1`, keep Hydra's report. Idempotent.
+    """
+    import os
+
+    from hydra._internal import utils
+    from hydra.errors import CompactHydraException
+
+    original = utils.run_and_report
+    if getattr(original, "_wraps_hydra_errors", False):
+        return
+
+    def run_and_report(func: Any) -> Any:
+        def guarded() -> Any:
+            try:
+                return func()
+            except CompactHydraException as e:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                handler(e)
+                raise
+
+        return original(guarded)
+
+    run_and_report._wraps_hydra_errors = True  # type: ignore[attr-defined]
+    utils.run_and_report = run_and_report
+
+
+def process_group_settings(strategy: Any) -> tuple[str, Any]:
+    """`(backend, timeout)` a Lightning parallel strategy will initialise its process group with.
+
+    Lightning keeps them in `_process_group_backend` (None: the device's default) and `_timeout`,
+    with no public accessor; strategies/base.py joins the group itself under torchrun restarts
+    (see parallel/elastic.py) and must use the same settings.
+    """
+    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+    backend = getattr(strategy, "_process_group_backend", None)
+    if backend is None:
+        backend = "nccl" if strategy.root_device.type == "cuda" else "gloo"
+    return backend, getattr(strategy, "_timeout", None) or default_pg_timeout
+
+
 def wandb_run_started(logger: Any) -> bool:
     """Whether a WandbLogger has created its run; reading `logger.experiment` would create one.
 

@@ -55,11 +55,18 @@ class TextDataSchema:
     seq_len: int = 256
     global_batch_size: int = 16
     """Sequences per optimizer step, the same whatever the layout."""
-    micro_batch_size: int | None = None
-    """Sequences per rank per forward; null means global_batch_size / data-parallel size."""
+    per_rank_batch_size: int | None = None
+    """Sequences each data-parallel rank reads per step of its data loader: one forward, or
+    under pp the batch cut into the pipeline's microbatches (so it is not Megatron's
+    micro-batch there); the rest of the global batch is gradient accumulation. null means
+    global_batch_size / data-parallel size (no accumulation)."""
+    micro_batch_size: int | None = "${.per_rank_batch_size}"  # type: ignore[assignment]
+    """Deprecated name of per_rank_batch_size, still read (a deprecation line says so)."""
     val_fraction: float = 0.02
     val_batches: int = 4
     cache_dir: str | None = None
+    follow_symlinks: bool = False
+    """Follow symlinks that lead out of a directory or glob root of `paths` (off: skip them)."""
     num_workers: int = 0
     seed: int = "${seed}"  # type: ignore[assignment]
 
@@ -69,7 +76,13 @@ class SyntheticDataSchema:
     _target_: str = "lightning_dist.lm.data.SyntheticDataModule"
     seq_len: int = 128
     global_batch_size: int = 8
-    micro_batch_size: int | None = None
+    per_rank_batch_size: int | None = None
+    """Sequences each data-parallel rank reads per step of its data loader: one forward, or
+    under pp the batch cut into the pipeline's microbatches (so it is not Megatron's
+    micro-batch there); the rest of the global batch is gradient accumulation. null means
+    global_batch_size / data-parallel size (no accumulation)."""
+    micro_batch_size: int | None = "${.per_rank_batch_size}"  # type: ignore[assignment]
+    """Deprecated name of per_rank_batch_size, still read (a deprecation line says so)."""
     num_samples: int = 4096
     val_samples: int = 64
     val_batches: int = 4
@@ -215,6 +228,11 @@ class CheckpointSchema:
     when the strategy saves sharded); null saves none."""
     dirpath: str | None = None
     """Where checkpoints go; null means <run dir>/checkpoints."""
+    save_last: bool = False
+    """Also save <dirpath>/last.ckpt when training ends."""
+    async_save: bool = False
+    """Write sharded checkpoints in the background (fsdp2 and 3d); the next save and the end of
+    training wait for the previous one."""
 
 
 @dataclass(kw_only=True)
@@ -231,6 +249,16 @@ class TrainerSchema:
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
     ckpt_path: str | None = None
     """Resume from this checkpoint (a file, or a sharded checkpoint's folder)."""
+    resume: str | None = None
+    """auto: resume from the newest complete step<N>.ckpt of the checkpoint folder, if any
+    (partial ones are skipped and named); null: start fresh (or from trainer.ckpt_path)."""
+    collective_timeout_s: float = 600.0
+    """Timeout of every collective; a rank that makes no progress for half of it stops the job
+    with its rank, step and phase named (HangWatchdog)."""
+    nan_policy: str = "stop"
+    """stop: a non-finite loss or gradient stops the run before the optimizer step; skip: the
+    step is skipped (up to trainer.nan_max_skips in a row)."""
+    nan_max_skips: int = 5
     deterministic: bool = False
     benchmark: bool = False
 
@@ -258,6 +286,9 @@ class PlanSchema:
 class PathsSchema:
     output_dir: str = "${hydra:runtime.output_dir}"
     """The run directory; summary.json, logs and checkpoints go here."""
+    private: bool = True
+    """Create the run directory, checkpoints and logs readable by the owner only (0700/0600);
+    false keeps the umask."""
 
 
 @dataclass(kw_only=True)
@@ -282,19 +313,31 @@ class TrainSchema:
 
 
 def register_schemas() -> None:
-    """Register every schema; idempotent, so tests and CLIs may call it freely."""
+    """Register every schema; idempotent, so tests and CLIs may call it freely.
+
+    The group schemas are stored at the root, not in their group: `conf/strategy/ddp.yaml`
+    extends `/schema_ddp`, and `strategy=schema_ddp` does not exist, so a schema can neither be
+    picked nor listed among a group's choices (`--help`).
+    """
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainSchema)
-    cs.store(group="model", name="schema_llama", node=LlamaSchema)
-    cs.store(group="model", name="schema_hf", node=HFModelSchema)
-    cs.store(group="data", name="schema_text", node=TextDataSchema)
-    cs.store(group="data", name="schema_synthetic", node=SyntheticDataSchema)
-    cs.store(group="strategy", name="schema_single", node=SingleSchema)
-    cs.store(group="strategy", name="schema_ddp", node=DDPSchema)
-    cs.store(group="strategy", name="schema_auto", node=AutoSchema)
-    cs.store(group="strategy", name="schema_fsdp", node=FSDPSchema)
-    cs.store(group="strategy", name="schema_fsdp2", node=FSDP2Schema)
-    cs.store(group="strategy", name="schema_parallel3d", node=Parallel3DSchema)
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
+
+
+SCHEMAS: dict[str, type] = {
+    "schema_llama": LlamaSchema,
+    "schema_hf": HFModelSchema,
+    "schema_text": TextDataSchema,
+    "schema_synthetic": SyntheticDataSchema,
+    "schema_single": SingleSchema,
+    "schema_ddp": DDPSchema,
+    "schema_auto": AutoSchema,
+    "schema_fsdp": FSDPSchema,
+    "schema_fsdp2": FSDP2Schema,
+    "schema_parallel3d": Parallel3DSchema,
+}
+"""Each group config's schema, by the name its YAML's defaults list gives (`/schema_<name>`)."""
 
 
 register_schemas()
@@ -314,9 +357,9 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
 
 def model_spec(cfg: DictConfig):
     """The model description: `ModelArgs`, or `HFModelSpec` for Hugging Face models."""
-    from hydra.utils import instantiate
+    from lightning_dist.builder import build
 
-    return instantiate(cfg.model, _convert_="all")
+    return build(cfg.model, "model", _convert_="all")
 
 
 def hardware_spec(cfg: DictConfig) -> HardwareSpec:

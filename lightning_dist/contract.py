@@ -78,6 +78,10 @@ class StrategyContract(Protocol):
         """Apply the layout to a meta-device model and return this rank's materialised part."""
         ...
 
+    def enable_async_save(self) -> None:
+        """Write checkpoints in the background; ValueError if this strategy cannot."""
+        ...
+
 
 class _PlainDataParallel:
     """`contract_of` for a strategy that does not declare the contract: every rank is a
@@ -96,6 +100,11 @@ class _PlainDataParallel:
 
     def planner_settings(self, layout: Layout) -> PlannerSettings:
         return PlannerSettings()
+
+    def enable_async_save(self) -> None:
+        raise ValueError(
+            f"trainer.checkpoint.async_save=true is not supported by {type(self.strategy).__name__}"
+        )
 
     def parallelize_model(self, model: Any, *, init_seed: int) -> Any:
         from lightning_dist.models.materialize import materialize

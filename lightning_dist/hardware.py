@@ -78,5 +78,6 @@ class HardwareSpec:
             if have < need:
                 raise ValueError(
                     f"hardware={self.name} needs {need} CUDA device{'s' if need > 1 else ''} per "
-                    f"node; this machine has {have}. Run here with hardware=cpu."
+                    f"node; this machine has {have}. Add plan.only=true to predict its memory "
+                    "and speed here, or train here with hardware=cpu."
                 )

@@ -187,7 +187,8 @@ class Layout:
             )
         if micro_batch_size is not None and micro_batch_size % m:
             raise ValueError(
-                f"data.micro_batch_size={micro_batch_size} is not divisible by microbatches={m}"
+                f"data.per_rank_batch_size={micro_batch_size} (one rank's batch, which pp cuts "
+                f"into its microbatches) is not divisible by microbatches={m}"
             )
 
     def check_nodes(self, devices_per_node: int, num_nodes: int) -> None:
@@ -248,14 +249,49 @@ def batch_plan(
             )
         return global_batch_size // dp_size, 1
     if micro_batch_size < 1:
-        raise ValueError(f"data.micro_batch_size={micro_batch_size} must be at least 1")
+        raise ValueError(f"data.per_rank_batch_size={micro_batch_size} must be at least 1")
     if global_batch_size % (dp_size * micro_batch_size):
         raise ValueError(
             f"data.global_batch_size={global_batch_size} is not divisible by data-parallel size "
-            f"{dp_size} x data.micro_batch_size={micro_batch_size}"
+            f"{dp_size} x data.per_rank_batch_size={micro_batch_size}"
         )
     return micro_batch_size, global_batch_size // (dp_size * micro_batch_size)
 
 
 def _fmt(degrees: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in degrees.items())
+
+
+DEPRECATED_BATCH_KNOB = "data.micro_batch_size"
+"""The old name of `data.per_rank_batch_size`: under pp it is not the pipeline micro-batch."""
+
+
+def per_rank_batch(per_rank_batch_size: int | None, micro_batch_size: int | None) -> int | None:
+    """One rank's batch from `data.per_rank_batch_size` and its deprecated name
+    `data.micro_batch_size` (which the config makes follow the new name unless set itself)."""
+    if micro_batch_size is None or micro_batch_size == per_rank_batch_size:
+        return per_rank_batch_size
+    if per_rank_batch_size is not None:
+        raise ValueError(
+            f"data.per_rank_batch_size={per_rank_batch_size} and its deprecated name "
+            f"{DEPRECATED_BATCH_KNOB}={micro_batch_size} disagree; set data.per_rank_batch_size only"
+        )
+    return micro_batch_size
+
+
+def warn_if_deprecated_batch_knob() -> None:
+    """One deprecation line (rank 0) when the command line sets `data.micro_batch_size`."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return
+    if not HydraConfig.initialized():
+        return
+    keys = {o.lstrip("+").partition("=")[0] for o in HydraConfig.get().overrides.task}
+    if DEPRECATED_BATCH_KNOB in keys:
+        from lightning.pytorch.utilities import rank_zero_deprecation
+
+        rank_zero_deprecation(
+            f"{DEPRECATED_BATCH_KNOB} is deprecated: use data.per_rank_batch_size, its new name "
+            "(each rank's batch, which pp cuts into microbatches: not the pipeline micro-batch)"
+        )

@@ -1,23 +1,22 @@
-"""Experiment loggers: W&B online when logged in, otherwise offline, secrets never logged; and
-the CSV record of every metric that each run keeps in its run directory."""
+"""Experiment loggers: W&B online when logged in and the server answers, otherwise offline,
+secrets never logged; and the CSV record of every metric that each run keeps in its run
+directory."""
 
 from __future__ import annotations
 
 import os
-import re
+import socket
+import sys
+import threading
 from typing import Any
+from urllib.parse import urlsplit
 
-SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential)", re.IGNORECASE)
-REDACTED = "<redacted>"
+from lightning_dist.redaction import REDACTED, redact, redact_text
 
+__all__ = ["REDACTED", "metrics_logger", "offline_run_dir", "redact", "wandb_logger"]
 
-def redact(value: Any) -> Any:
-    """A copy of a nested dict/list with the values of secret-looking keys replaced."""
-    if isinstance(value, dict):
-        return {k: (REDACTED if SECRET_KEY.search(str(k)) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
-    return value
+WANDB_PROBE_SECONDS = 3.0
+"""How long `wandb_logger` waits for the W&B server before logging offline instead."""
 
 
 def _wandb_logged_in() -> bool:
@@ -35,6 +34,61 @@ def _wandb_logged_in() -> bool:
     return base in hosts
 
 
+def wandb_unreachable(timeout: float = WANDB_PROBE_SECONDS) -> str | None:
+    """Why the W&B server (`WANDB_BASE_URL`, default api.wandb.ai) cannot be reached within
+    `timeout` seconds, or None when it answers. The name lookup runs in a thread, since a
+    resolver with no network can block far longer than any socket timeout."""
+    url = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    host = url.hostname or "api.wandb.ai"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    where = f"{host}:{port}"
+    found: list = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as e:
+            found.append(e)
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not found:
+        return f"{where}: name lookup timed out"
+    if isinstance(found[0], OSError):
+        return f"{where}: {found[0].strerror or found[0]}"
+    family, kind, proto, _, address = found[0][0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+    except OSError as e:
+        return f"{where}: {e.strerror or 'timed out'}"
+    return None
+
+
+def _default_mode(save_dir: str) -> str:
+    """Online when logged in and the server answers (asked by the first process only, the one
+    that logs); otherwise offline, with one warning line when a login goes unused."""
+    from lightning_dist.checks import launch_rank_zero
+
+    if not _wandb_logged_in():
+        return "offline"
+    if not launch_rank_zero():
+        return "online"  # only the first process creates the W&B run
+    reason = wandb_unreachable()
+    if reason is None:
+        return "online"
+    print(
+        f"warning: W&B server unreachable ({reason}); logging offline in {save_dir}/wandb. "
+        f"Upload later with `wandb sync {save_dir}/wandb/offline-run-*`; set WANDB_MODE or "
+        "logger.mode to choose",
+        file=sys.stderr,
+        flush=True,
+    )
+    return "offline"
+
+
 def wandb_logger(
     *,
     project: str,
@@ -43,12 +97,19 @@ def wandb_logger(
     mode: str | None = None,
     tags: list[str] | None = None,
 ):
-    """A Lightning WandbLogger; `mode=None` means online if logged in, else offline."""
+    """A Lightning WandbLogger; `mode=None` (and no `WANDB_MODE`) means online when logged in
+    and the server answers within a few seconds, else offline."""
     from lightning.pytorch.loggers import WandbLogger
 
-    mode = mode or os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+    from lightning_dist._compat import drop_wandb_anonymous
+
+    mode = mode or os.environ.get("WANDB_MODE") or _default_mode(save_dir)
     os.makedirs(save_dir, exist_ok=True)
-    return WandbLogger(project=project, name=name, save_dir=save_dir, mode=mode, tags=tags or [])
+    # W&B records the program arguments, and an override may carry a secret.
+    sys.argv[1:] = [redact_text(arg) for arg in sys.argv[1:]]
+    logger = WandbLogger(project=project, name=name, save_dir=save_dir, mode=mode, tags=tags or [])
+    drop_wandb_anonymous(logger)  # else wandb warns about a setting nobody set
+    return logger
 
 
 def offline_run_dir(logger: Any) -> str | None:

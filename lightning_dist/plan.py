@@ -5,7 +5,10 @@
         data.global_batch_size=2048 data.seq_len=8192 --json
 
 It composes the same Hydra config as train.py (every override train.py takes works here), then
-prints a Rich table of the top layouts, or with --json exactly
+prints what it assumed (model, batch, precision, optimizer), a table of the top layouts that
+fits 120 columns (`--details` adds memory by category), a legend, the choice and the
+`python train.py ...` command that runs it; `--command` prints only that command (`--command 2`
+the command of row 2, `--command all` one per row), and `--json` exactly
 {"candidates": [...], "chosen": <index or null>, "rejected": [...]}.
 Exit status: 0 when a layout fits, 1 when none does, 2 for a bad config.
 """
@@ -14,7 +17,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from typing import Any
+
+LEGEND = """legend: dp_replicate = data-parallel replicas; dp_shard = data-parallel ranks that shard the model
+  states (FSDP); tp = tensor-parallel ranks; pp = pipeline stages, with their schedule (v = virtual
+  stages per rank). NO_SHARD, FULL_SHARD, SHARD_GRAD_OP (parameters stay gathered from forward to
+  backward), HYBRID_SHARD (FULL_SHARD inside dp_shard, replicated over dp_replicate): FSDP modes.
+  mbs = micro-batch: the sequences one rank runs through one forward (one pipeline microbatch
+  under pp); the rest of the global batch is gradient accumulation or further microbatches.
+  ac = activation checkpointing of every block; offload = parameters, gradients and optimizer
+  state live in host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
+  GiB/dev = predicted peak per device; step s, tok/s, MFU = predicted; comm/comp = communication
+  over compute time; bubble = pipeline idle fraction."""
+
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd_momentum": "SGD+momentum", "sgd": "SGD"}
+
+LARGE_MODEL_PARAMS = 1e9
+"""From this size on, a global batch of under `REALISTIC_TOKENS_PER_STEP / 4` tokens is noted."""
+REALISTIC_TOKENS_PER_STEP = 2**21
+"""About what models of 1B parameters and more train with per optimizer step (2M tokens)."""
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -67,45 +90,179 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 1024**3:.1f}"
 
 
-def print_plan(result, cfg, model, hardware, top: int = 8) -> None:
-    """Print the Rich table of the top `top` candidates, the choice and some rejections.
+# --- train.py overrides of a candidate --------------------------------------------------------
 
-    `cfg` is the composed config (only `cfg.data` is read); train.py's plan.only uses this too.
-    """
+
+def _flag(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def strategy_overrides(candidate) -> list[str] | None:
+    """The `strategy=...` and `data.per_rank_batch_size` overrides that make train.py run this
+    candidate's layout and settings, or None when no config does (CPU offload with tp or pp)."""
+    lay, st = candidate.layout, candidate.settings
+    zero2 = lay.dp_shard > 1 and st.sharding == "SHARD_GRAD_OP"
+    if st.offload:
+        if lay.tp > 1 or lay.pp > 1:
+            return None
+        out = ["strategy=fsdp2", f"strategy.dp_replicate={lay.dp_replicate}",
+               "strategy.cpu_offload=true"]  # fmt: skip
+    else:
+        out = ["strategy=3d"] + [f"strategy.{k}={v}" for k, v in lay.degrees().items()]
+        if lay.pp > 1:
+            out += [f"strategy.schedule={lay.schedule}",
+                    f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
+            if lay.virtual_stages > 1:
+                out.append(f"strategy.virtual_stages={lay.virtual_stages}")
+        if lay.tp > 1 and st.sequence_parallel:
+            out.append("strategy.sequence_parallel=true")
+    if zero2:
+        out.append("strategy.reshard_after_forward=false")
+    if st.activation_checkpointing:
+        out.append("strategy.activation_checkpointing=1")
+    if lay.pp == 1 and candidate.grad_accumulation > 1:  # else each rank's whole share at once
+        out.append(f"data.per_rank_batch_size={st.micro_batch_size}")
+    return out
+
+
+def _is_layout_override(item: str) -> bool:
+    key = item.lstrip("+~").partition("=")[0]
+    batch = ("data.per_rank_batch_size", "data.micro_batch_size")
+    return key in ("strategy", *batch) or key.startswith(("strategy.", "plan."))
+
+
+def train_command(base: list[str], candidate) -> str | None:
+    """`python train.py BASE STRATEGY...`: the user's overrides (without their strategy, batch
+    split or plan.* ones) plus this candidate's; None when no config runs it."""
+    layout = strategy_overrides(candidate)
+    if layout is None:
+        return None
+    kept = [o for o in base if not _is_layout_override(o)]
+    return "python train.py " + shlex.join([*kept, *layout])
+
+
+def _wrapped(command: str, width: int = 110) -> str:
+    """A long command over several shell lines (backslash continuations), each under `width`."""
+    lines, line = [], ""
+    for word in command.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = "    " + word
+        else:
+            line = f"{line} {word}" if line else word
+    return " \\\n".join([*lines, line])
+
+
+NO_COMMAND = "(no train.py config: CPU offload runs only with tp = pp = 1, as strategy=fsdp2)"
+
+
+def hydra_task_overrides() -> list[str]:
+    """The command-line overrides of the running train.py (empty outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+# --- what the plan assumed --------------------------------------------------------------------
+
+
+def config_choice(overrides: list[str], group: str) -> str:
+    """The config chosen for `group` by these overrides, else conf/train.yaml's default."""
+    for item in reversed(overrides):
+        key, sep, value = item.lstrip("+").partition("=")
+        if sep and key == group:
+            return value
+    from omegaconf import OmegaConf
+
+    from lightning_dist.config import CONF_DIR
+
+    for entry in OmegaConf.load(CONF_DIR / "train.yaml").defaults:
+        if isinstance(entry, dict | type(OmegaConf.create({}))) and group in entry:
+            return str(entry[group])
+    return "?"
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def assumptions(cfg, model, hardware, model_name: str) -> list[str]:
+    """The lines every plan starts with: the model, batch, precision, optimizer and hardware."""
+    args = model.to_model_args() if hasattr(model, "to_model_args") else model
+    gbs, seq = int(cfg.data.global_batch_size), int(cfg.data.seq_len)
+    precision = cfg.trainer.get("precision") or hardware.precision
+    per_node = hardware.resolved_devices()
+    memory = f"{hardware.memory_gib:g} GiB each" if hardware.memory_gib else "memory unknown"
+    return [
+        f"model {model_name} ({_size(args.num_params())} parameters), {precision}, "
+        f"{OPTIMIZER_NAMES['adamw']}; global batch {gbs} x {seq} tokens = {gbs * seq:,} "
+        "tokens per step",
+        f"hardware {hardware.name}: {hardware.num_nodes} node(s) x {per_node} devices, {memory}",
+    ]
+
+
+def batch_note(cfg, model, overrides: list[str]) -> str | None:
+    """A note when a large model is planned with a batch far below what it would train with,
+    saying whether that batch is the CPU default and how to set a realistic one."""
+    args = model.to_model_args() if hasattr(model, "to_model_args") else model
+    gbs, seq = int(cfg.data.global_batch_size), int(cfg.data.seq_len)
+    if args.num_params() < LARGE_MODEL_PARAMS or gbs * seq >= REALISTIC_TOKENS_PER_STEP // 4:
+        return None
+    keys = {o.lstrip("+").partition("=")[0] for o in overrides}
+    set_by_user = {"data.global_batch_size", "data.seq_len"} & keys
+    origin = (
+        "as set on the command line"
+        if set_by_user
+        else "the CPU defaults of data=" + config_choice(overrides, "data")
+    )
+    seq_len = min(getattr(args, "max_seq_len", 4096) or 4096, 4096)
+    return (
+        f"note: {gbs} x {seq} = {gbs * seq:,} tokens per step ({origin}) is far below the ~2M "
+        f"that {_size(args.num_params())}-parameter models train with; for a realistic plan add "
+        f"data.global_batch_size={REALISTIC_TOKENS_PER_STEP // seq_len} data.seq_len={seq_len}"
+    )
+
+
+def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[str] = (),
+               details: bool = False) -> None:  # fmt: skip
+    """Print the assumptions, the table of the top `top` candidates (memory by category with
+    `details`), the legend, the choice with its train.py command, and some rejections."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    # Piped output gets a wide console: a folded table is unreadable in a log file.
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    args = model.to_model_args() if hasattr(model, "to_model_args") else model
-    per_node = hardware.resolved_devices()
-    memory = f"{hardware.memory_gib:g} GiB" if hardware.memory_gib else "unknown memory"
-    n = args.num_params()
-    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-    console.print(
-        f"[bold]{size}-parameter model[/] on [bold]{hardware.name}[/]: "
-        f"{hardware.num_nodes} node(s) x {per_node} devices, {memory} each; global batch "
-        f"{cfg.data.global_batch_size} x {cfg.data.seq_len} tokens"
-    )
+    # Piped output gets a fixed width: a folded table is unreadable in a log file.
+    console = Console(width=None if sys.stdout.isatty() else (200 if details else 120))
+    overrides = list(overrides)
+    for line in assumptions(cfg, model, hardware, config_choice(overrides, "model")):
+        console.print(line, highlight=False)
+    note = batch_note(cfg, model, overrides)
+    if note:
+        console.print(f"[yellow]{note}[/]", highlight=False)
     if hardware.peak_tflops_bf16 is None or hardware.intra_node_gbytes_per_sec is None:
         console.print(
             "[yellow]this hardware spec has no peak FLOP/s or link bandwidth: times use nominal "
             "figures and only rank the layouts[/]"
         )
-    table = Table(show_lines=False)
-    for name in ("#", "layout", "params", "grads", "optim", "acts", "buffers", "total GiB"):
-        table.add_column(name, justify="left" if name == "layout" else "right", no_wrap=True)
-    for name in ("step s", "tokens/s", "MFU", "comm/comp", "bubble"):
+    shown = result.candidates[:top]
+    host = any(c.memory.host for c in shown)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("layout", justify="left", overflow="fold")
+    categories = ("params", "grads", "optim", "acts", "buffers") if details else ()
+    numbers = (*categories, "GiB/dev", *(("host GiB",) if host else ()), "step s", "tok/s", "MFU",
+               "comm/comp", "bubble")  # fmt: skip
+    for name in numbers:
         table.add_column(name, justify="right", no_wrap=True)
-    for i, cand in enumerate(result.candidates[:top]):
+    for i, cand in enumerate(shown):
         mem, t = cand.memory, cand.time
-        mark = "*" if i == result.chosen else str(i)
+        by_category = (mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers)
         table.add_row(
-            mark,
+            "*" if i == result.chosen else str(i),
             cand.describe(),
-            *(_gib(x) for x in (mem.params, mem.grads, mem.optimizer, mem.activations)),
-            _gib(mem.buffers),
+            *(_gib(x) for x in by_category[: len(categories)]),
             _gib(mem.total) + ("" if cand.fits else " !"),
+            *((_gib(mem.host),) if host else ()),
             f"{t.step_seconds:.3g}",
             f"{t.tokens_per_sec:,.0f}",
             "-" if t.mfu is None else f"{t.mfu:.1%}",
@@ -113,12 +270,38 @@ def print_plan(result, cfg, model, hardware, top: int = 8) -> None:
             f"{t.bubble_fraction:.1%}",
         )
     console.print(table)
+    console.print(LEGEND, highlight=False)
     if result.chosen is not None:
-        console.print(f"chosen: [bold green]{result.best().describe()}[/]")
+        best = result.best()
+        console.print(f"chosen: [bold green]{best.describe()}[/]", highlight=False)
+        command = train_command(overrides, best)
+        console.print(f"run it: {_wrapped(command) if command else NO_COMMAND}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        console.print("(the command of row N: --command N; of every row: --command all)")
     if result.rejected:
         console.print(f"{len(result.rejected)} families rejected, e.g.:")
         for item in result.rejected[:5]:
             console.print(f"  {item['family']}: {item['reason']}", highlight=False)
+
+
+def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
+    """`--command`: the train.py command of the chosen row, of row N, or of every shown row.
+    Return False when there is none to print."""
+    if which == "all":
+        for i, cand in enumerate(result.candidates[:top]):
+            print(f"# {i}: {cand.describe()}\n{train_command(overrides, cand) or NO_COMMAND}")
+        return bool(result.candidates)
+    if which == "chosen":
+        if result.chosen is None:
+            return False
+        index = result.chosen
+    elif which.isdigit() and int(which) < len(result.candidates):
+        index = int(which)
+    else:
+        _fail(f"--command {which}: give a row number below {len(result.candidates)}, or all")
+    command = train_command(overrides, result.candidates[index])
+    print(command or NO_COMMAND)
+    return command is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,13 +313,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument("--top", type=int, default=8, help="rows of the table (default 8)")
+    parser.add_argument("--details", action="store_true",
+                        help="memory by category (params, grads, optim, acts, buffers) too")  # fmt: skip
+    parser.add_argument("--command", nargs="?", const="chosen", default=None, metavar="ROW",
+                        help="print only the `python train.py ...` command of the chosen layout "
+                        "(or of row ROW, or of every row with `all`)")  # fmt: skip
     ns = parser.parse_args(argv)
     cfg, model, hardware = _compose(ns.overrides)
     result = _plan(cfg, model, hardware)
     if ns.json:
         print(json.dumps(result.as_dict(), indent=1))
+    elif ns.command:
+        if (
+            not print_commands(result, ns.overrides, ns.command, ns.top)
+            and result.chosen is not None
+        ):
+            return 1
     else:
-        print_plan(result, cfg, model, hardware, ns.top)
+        print_plan(result, cfg, model, hardware, ns.top, overrides=ns.overrides, details=ns.details)
     if result.chosen is None:
         print(f"error: {result.message}", file=sys.stderr)
         return 1

@@ -33,7 +33,9 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
 
 
 def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str) -> str:
-    """One line: the planner's best layout for this model and hardware, or why none fits."""
+    """One line: the planner's best layout for this model and hardware and the train.py
+    command that runs it, or why none fits."""
+    from lightning_dist.plan import hydra_task_overrides, train_command
     from lightning_dist.planner import plan_layouts
 
     result = plan_layouts(
@@ -45,7 +47,9 @@ def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
     )
     if result.chosen is None:
         return result.message
-    return f"the planner suggests: {result.candidates[result.chosen].describe()}"
+    best = result.candidates[result.chosen]
+    command = train_command(hydra_task_overrides(), best)
+    return f"the planner suggests: {best.describe()}" + (f"; run it: {command}" if command else "")
 
 
 def check_fits(cfg, spec, hardware, strategy, layout, precision) -> None:
@@ -62,9 +66,17 @@ def check_fits(cfg, spec, hardware, strategy, layout, precision) -> None:
 
 def print_prediction(cfg, spec, hardware, strategy, layout, precision) -> bool:
     """Print the prediction for this run and the planner's best; return whether it fits."""
+    from lightning_dist.plan import assumptions, batch_note, config_choice, hydra_task_overrides
+
     candidate = estimate_run(cfg, spec, hardware, strategy, layout, precision)
     memory = candidate.as_dict()
     gib = {k: v / 1024**3 for k, v in memory["memory_bytes"].items()}
+    overrides = hydra_task_overrides()
+    for line in assumptions(cfg, spec, hardware, config_choice(overrides, "model")):
+        print(line)
+    note = batch_note(cfg, spec, overrides)
+    if note:
+        print(note)
     print(f"plan for strategy={cfg.strategy.name} on {hardware.name} "
           f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):")  # fmt: skip
     print(f"  layout: {candidate.describe()}")

@@ -3,7 +3,9 @@
     python -m lightning_dist.report outputs/2026-11-30/12-00-00
 
 reads the run directory's `metrics/metrics.csv` and `summary.json` and writes `report/*.png` and
-`report/README.md` into it (or into `--out`).
+`report/README.md` into it (or into `--out`). Every plot's title names the run, and its x axis
+counts optimizer steps as the console and summary.json do (the CSV's Lightning step + 1, see
+`lightning_dist.record`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,17 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
+DEFAULT_WARN_RATIO = 0.3
+"""The comm/compute ratio above which the telemetry warns (callbacks.comm.warn_ratio)."""
 
 
 def load_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each metric as (step, value) pairs, from the CSV that every train.py run writes."""
+    """Each metric as (optimizer step, value) pairs, from the CSV every train.py run writes.
+
+    Steps are 1-based like the console's: Lightning writes the N-th step's row at step N - 1.
+    """
     from lightning_dist.loggers import METRICS_CSV
+    from lightning_dist.record import LOGGER_STEP_OFFSET
 
     series: dict[str, list[tuple[int, float]]] = {}
     path = run_dir / METRICS_CSV
@@ -28,44 +36,91 @@ def load_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
         return series
     with path.open(newline="") as f:
         for row in csv.DictReader(f):  # one row per logging call; blank where not logged
-            step = int(row.pop("step"))
+            step = int(row.pop("step")) + LOGGER_STEP_OFFSET
             for key, value in row.items():
                 if value != "":
                     series.setdefault(key, []).append((step, float(value)))
     return series
 
 
-def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple[int, float]]]):
+def run_label(run_dir: Path, summary: dict[str, Any]) -> str:
+    """How titles name the run: its name (or run directory), strategy and model."""
+    name = summary.get("run_name") or f"{run_dir.resolve().parent.name}/{run_dir.resolve().name}"
+    return f"{name} ({summary.get('strategy')}, {summary.get('model')})"
+
+
+def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple[int, float]]],
+                reference: float | None = None, reference_label: str = "") -> None:  # fmt: skip
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, points in lines.items():
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="." if len(points) < 30 else None, label=label)
+            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, label=label)
+    if reference is not None:
+        ax.axhline(reference, color="black", linestyle="--", label=reference_label)
     ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
     ax.grid(alpha=0.3)
-    if len(lines) > 1:
+    if len(lines) > 1 or reference is not None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _plot_bars(path: Path, title: str, ylabel: str, labels: list[str], values: list[float],
-               reference: float | None = None, reference_label: str = "") -> None:  # fmt: skip
+def _plot_bars(path: Path, title: str, ylabel: str, labels: list[str],
+               groups: dict[str, list[float]], reference: float | None = None,
+               reference_label: str = "") -> None:  # fmt: skip
+    """Bars for each label, one bar per group (side by side when there are several)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(labels, values, color="tab:blue")
+    width = 0.8 / max(len(groups), 1)
+    for i, (group, values) in enumerate(groups.items()):
+        xs = [x + (i - (len(groups) - 1) / 2) * width for x in range(len(labels))]
+        ax.bar(xs, values, width=width, label=group if len(groups) > 1 else None)
+    ax.set_xticks(range(len(labels)), labels)
     if reference is not None:
-        ax.axhline(reference, color="tab:red", linestyle="--", label=reference_label)
+        ax.axhline(reference, color="black", linestyle="--", label=reference_label)
+    if len(groups) > 1 or reference is not None:
         ax.legend()
     ax.set(title=title, ylabel=ylabel)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _comm_ratio_plot(path: Path, title: str, metrics: dict, warn_ratio: float) -> bool:
+    """The comm/compute ratio in total and per mesh dimension, with the warning threshold:
+    lines over the profiled steps, or bars when there are too few of them for a line."""
+    series = {"all": metrics.get("comm/comm_compute_ratio", [])}
+    for key in sorted(metrics):
+        if (
+            key.startswith("comm/")
+            and key.endswith("_compute_ratio")
+            and key != "comm/comm_compute_ratio"
+        ):
+            series[key.removeprefix("comm/").removesuffix("_compute_ratio")] = metrics[key]
+    total = series["all"]
+    if not total:
+        return False
+    if len(series) == 2:  # one dimension carries all the communication: one line for both
+        (dim,) = [name for name in series if name != "all"]
+        series = {f"all ({dim})": total}
+    threshold = f"warning threshold {warn_ratio:.0%}"
+    if len(total) <= 3:
+        steps = [step for step, _ in total]
+        groups = {
+            name: [dict(points).get(s, 0.0) for s in steps] for name, points in series.items()
+        }
+        _plot_bars(path, title, "communication / compute", [f"step {s}" for s in steps], groups,
+                   reference=warn_ratio, reference_label=threshold)  # fmt: skip
+    else:
+        _plot_lines(path, title, "communication / compute", series, reference=warn_ratio,
+                    reference_label=threshold)  # fmt: skip
+    return True
 
 
 def write_report(run_dir: Path, out: Path) -> list[Path]:
@@ -75,60 +130,69 @@ def write_report(run_dir: Path, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = load_metrics(run_dir)
+    label = run_label(run_dir, summary)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
     def lines(name, title, ylabel, series):
         if any(series.values()):
-            _plot_lines(out / name, title, ylabel, series)
+            _plot_lines(out / name, f"{title}: {label}", ylabel, series)
             written.append(out / name)
 
-    losses = list(enumerate(summary["losses"], start=1))
+    first = summary.get("first_step") or 0
+    losses = list(enumerate(summary["losses"], start=first + 1))
     lines("loss.png", "loss", "cross-entropy",
           {"train": losses, "validation": metrics.get("val/loss", [])})  # fmt: skip
     lines("tokens_per_sec.png", "throughput", "tokens/s",
           {"tokens/s": metrics.get("throughput/tokens_per_sec", [])})  # fmt: skip
     lines("mfu.png", "model FLOPs utilisation", "MFU", {"MFU": metrics.get("throughput/mfu", [])})
-    lines("comm_ratio.png", "communication / compute", "ratio",
-          {"comm/compute": metrics.get("comm/comm_compute_ratio", [])})  # fmt: skip
+    warn = (summary.get("comm") or {}).get("warn_ratio", DEFAULT_WARN_RATIO)
+    if _comm_ratio_plot(out / "comm_ratio.png", f"communication / compute: {label}", metrics, warn):
+        written.append(out / "comm_ratio.png")
     peaks = summary.get("peak_memory_bytes") or []
     if peaks:
-        _plot_bars(out / "memory_per_rank.png", "peak memory per rank", "GiB",
-                   [f"rank {r}" for r in range(len(peaks))], [p / GIB for p in peaks])  # fmt: skip
+        _plot_bars(out / "memory_per_rank.png", f"peak memory per rank: {label}", "GiB",
+                   [f"rank {r}" for r in range(len(peaks))], {"peak": [p / GIB for p in peaks]})  # fmt: skip
         written.append(out / "memory_per_rank.png")
     bubble = summary.get("bubble")
     if bubble:
         stages = bubble["per_stage"]
-        _plot_bars(out / "bubble.png", "pipeline bubble per stage", "idle fraction",
-                   [f"stage {s}" for s in range(len(stages))], stages,
+        _plot_bars(out / "bubble.png", f"pipeline bubble per stage: {label}", "idle fraction",
+                   [f"stage {s}" for s in range(len(stages))], {"measured": stages},
                    reference=bubble["theoretical"], reference_label="schedule (p-1)/(m+p-1)")  # fmt: skip
         written.append(out / "bubble.png")
-    (out / "README.md").write_text(markdown_summary(summary, written))
+    (out / "README.md").write_text(markdown_summary(summary, written, label))
     return written
 
 
-def markdown_summary(summary: dict[str, Any], plots: list[Path]) -> str:
+def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = "") -> str:
     def fmt(value, spec="{:.4g}"):
         return "n/a" if value is None else spec.format(value)
 
     comm = summary.get("comm", {})
+    by_dim = comm.get("comm_compute_ratio_by_dim") or {}
     rows = [
         ("strategy", summary.get("strategy")),
         ("hardware", summary.get("hardware")),
         ("model", summary.get("model")),
+        ("parameters", fmt(summary.get("parameters"), "{:,}")),
         ("layout", " ".join(f"{k}={v}" for k, v in summary.get("layout", {}).items())),
         ("world size", summary.get("world_size")),
         ("steps", summary.get("steps")),
         ("final loss", fmt(summary.get("final_loss"))),
+        ("final loss, smoothed", fmt(summary.get("final_loss_smoothed"))),
+        ("final validation loss", fmt(summary.get("final_val_loss"))),
         ("tokens/s", fmt(summary.get("tokens_per_sec"), "{:,.0f}")),
         ("MFU", fmt(summary.get("mfu"), "{:.1%}")),
-        ("comm/compute", fmt(comm.get("comm_compute_ratio"), "{:.1%}")),
+        ("comm/compute", fmt(comm.get("comm_compute_ratio"), "{:.1%}")
+         + "".join(f", {d} {r:.1%}" for d, r in by_dim.items())),
         ("peak memory (max rank)", fmt(max(summary.get("peak_memory_bytes") or [0]) / GIB, "{:.2f} GiB")),
         ("wall time", fmt(summary.get("wall_seconds"), "{:.0f} s")),
     ]  # fmt: skip
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     images = "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-    return f"# Run report\n\n| | |\n| --- | --- |\n{table}\n\n{images}\n"
+    title = f"# Run report: {label}" if label else "# Run report"
+    return f"{title}\n\n| | |\n| --- | --- |\n{table}\n\n{images}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

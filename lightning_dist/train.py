@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dist.builder import ALLOWED_TARGETS, allow_targets, build
 from lightning_dist.callbacks.context import RunContext
 from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.redaction import redact_text
 
 
 class ConfigError(ValueError):
@@ -41,6 +46,54 @@ def config_errors():
         raise ConfigError(str(cause).splitlines()[0]) from e
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise ConfigError(str(e)) from e
+    except Exception as e:  # Lightning's MisconfigurationException, e.g. from the Trainer
+        if type(e).__name__ != "MisconfigurationException":
+            raise
+        raise ConfigError(str(e).splitlines()[0]) from e
+
+
+_DETAIL_LINES = ("full_key:", "object_type=", "reference_type=", "To append to your config")
+
+
+def one_line(text: str) -> str:
+    """A multi-line message (Hydra's, with its option lists) as one line, without OmegaConf's
+    `full_key:`/`object_type=` detail lines."""
+    out = ""
+    # Hydra's search path is noise here, and its "+key=value" hint is wrong for typed groups.
+    for raw in str(text).split("\nConfig search path:")[0].splitlines():
+        line = raw.strip()
+        if not line or line.startswith(_DETAIL_LINES):
+            continue
+        if raw.startswith("\t") and out:  # an option of a list such as "Available options"
+            out += (" " if out.endswith(":") else ", ") + line
+        else:
+            out += (" " if out.endswith((".", ":", ";")) else "; ") + line if out else line
+    return out
+
+
+def report_config_error(error: BaseException | str) -> None:
+    """Print `error: <one line>` on stderr, with secrets redacted, and exit with status 2."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = str(error)
+    cause = getattr(error, "__cause__", None)
+    if isinstance(cause, OmegaConfBaseException) and str(cause) not in text:
+        text += "\n" + str(cause)  # Hydra's compose errors keep the details in their cause
+    print(f"error: {redact_text(one_line(text))}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def guard_command_line(args: list[str] | None = None) -> None:
+    """For `train.py`, before Hydra starts: refuse overrides that have Hydra itself run code,
+    and report Hydra's configuration errors (unknown keys and config names) in one line."""
+    from lightning_dist._compat import wrap_hydra_errors
+    from lightning_dist.builder import check_hydra_overrides
+
+    try:
+        check_hydra_overrides(sys.argv[1:] if args is None else args)
+    except ValueError as e:
+        report_config_error(e)
+    wrap_hydra_errors(report_config_error)
 
 
 def _cluster_launch() -> bool:
@@ -48,31 +101,28 @@ def _cluster_launch() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
 
 
-ALLOWED_STRATEGY_TARGETS = ["lightning_dist.strategies.", "lightning.pytorch.strategies."]
-"""Where `strategy._target_` may point: a config never names arbitrary callables."""
+ALLOWED_STRATEGY_TARGETS = ALLOWED_TARGETS["strategy"]
+"""Where `strategy._target_` may point (`lightning_dist.builder` holds every group's list)."""
 
 
 def allow_strategy_targets(*prefixes: str) -> None:
     """Let `strategy._target_` name your own strategy classes (call it from Python, before
     `train(cfg)`; a config cannot widen what a config may run)."""
-    ALLOWED_STRATEGY_TARGETS.extend(p for p in prefixes if p not in ALLOWED_STRATEGY_TARGETS)
+    allow_targets("strategy", *prefixes)
 
 
-def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, **overrides: Any):
-    """Instantiate `conf/strategy/*.yaml` with Hydra; a null `process_group_backend` (declared
-    by every distributed strategy's schema) becomes the hardware's backend."""
-    from hydra.utils import instantiate
-
-    target = str(strategy_cfg.get("_target_", ""))
-    if not target.startswith(tuple(ALLOWED_STRATEGY_TARGETS)):
-        raise ValueError(
-            f"strategy._target_={target!r} is not a strategy; it must start with one of "
-            f"{', '.join(ALLOWED_STRATEGY_TARGETS)}"
-        )
-    if "process_group_backend" in strategy_cfg and strategy_cfg.process_group_backend is None:
-        overrides.setdefault("process_group_backend", hardware.backend)
+def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
+                   collective_timeout_s: float | None = None, **overrides: Any):  # fmt: skip
+    """Instantiate `conf/strategy/*.yaml` with Hydra. A distributed strategy (its schema
+    declares `process_group_backend`) gets the hardware's backend when that is null, and
+    `collective_timeout_s` as the timeout of its process groups."""
+    if "process_group_backend" in strategy_cfg:
+        if strategy_cfg.process_group_backend is None:
+            overrides.setdefault("process_group_backend", hardware.backend)
+        if collective_timeout_s is not None:
+            overrides.setdefault("timeout", timedelta(seconds=collective_timeout_s))
     config = OmegaConf.masked_copy(strategy_cfg, [k for k in strategy_cfg if k != "name"])
-    return instantiate(config, **overrides, _convert_="all")
+    return build(config, "strategy", **overrides, _convert_="all")
 
 
 def build_planned_strategy(cfg: DictConfig, spec: Any, hardware: HardwareSpec):
@@ -83,7 +133,9 @@ def build_planned_strategy(cfg: DictConfig, spec: Any, hardware: HardwareSpec):
     cfg.data.micro_batch_size = micro
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         print(f"strategy=auto: the planner chose {description}", flush=True)
-    return build_strategy(cfg.strategy, hardware, **kwargs)
+    return build_strategy(
+        cfg.strategy, hardware, collective_timeout_s=cfg.trainer.collective_timeout_s, **kwargs
+    )
 
 
 def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout:
@@ -92,7 +144,7 @@ def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout
 
 
 def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, devices: int,
-                   num_nodes: int) -> None:  # fmt: skip
+                   num_nodes: int, precision: str | None = None) -> None:  # fmt: skip
     """The strategy's own checks of the whole run: world size, precision, accelerator, batch
     split, and the model's classes (built on the meta device)."""
     import torch
@@ -101,7 +153,8 @@ def check_strategy(strategy, spec, cfg: DictConfig, hardware: HardwareSpec, *, d
         model = spec.build()
     contract_of(strategy).check_run(
         devices=devices, num_nodes=num_nodes, model=model,
-        precision=cfg.trainer.precision or hardware.precision, accelerator=hardware.accelerator,
+        precision=precision or cfg.trainer.precision or hardware.precision,
+        accelerator=hardware.accelerator,
         global_batch_size=cfg.data.global_batch_size, micro_batch_size=cfg.data.micro_batch_size,
     )  # fmt: skip
 
@@ -118,6 +171,10 @@ class RunPlan:
     layout: Layout
     precision: str
     accumulate: int
+    ckpt_path: str | None = None
+    """The checkpoint to resume from: trainer.ckpt_path, or the one trainer.resume=auto found."""
+    resume_note: str | None = None
+    """What trainer.resume=auto found, in one line."""
 
     @property
     def world_size(self) -> int:
@@ -127,27 +184,60 @@ class RunPlan:
 def plan_run(cfg: DictConfig) -> RunPlan:
     """Compose the model, hardware and strategy and run every check that needs no process;
     raises ValueError (or FileNotFoundError) naming the bad value."""
+    from lightning_dist.checks import check_config, check_cpu_capacity, resolve_precision
     from lightning_dist.layout import batch_plan
 
+    check_config(cfg)  # keys, `_target_`s, schemas, numbers: before anything is built
     spec = model_spec(cfg)
     hardware = hardware_spec(cfg)
+    precision = resolve_precision(cfg.trainer.precision or hardware.precision, hardware.accelerator)
     if cfg.strategy.name == "auto":
         strategy = build_planned_strategy(cfg, spec, hardware)
     else:
-        strategy = build_strategy(cfg.strategy, hardware)
+        strategy = build_strategy(
+            cfg.strategy, hardware, collective_timeout_s=cfg.trainer.collective_timeout_s
+        )
     contract = contract_of(strategy)
+    if cfg.trainer.checkpoint.async_save:
+        contract.enable_async_save()
     devices = 1 if contract.single_process else hardware.resolved_devices()
     num_nodes = 1 if contract.single_process else hardware.num_nodes
-    check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes)
-    if cfg.trainer.ckpt_path and not Path(cfg.trainer.ckpt_path).exists():
-        raise FileNotFoundError(f"trainer.ckpt_path={cfg.trainer.ckpt_path} does not exist")
+    if hardware.accelerator == "cpu" and not cfg.plan.only:
+        check_cpu_capacity(devices, spec.num_params())
+    check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes,
+                   precision=precision)  # fmt: skip
+    ckpt_path, resume_note = resume_from(cfg)
     layout = contract.layout_for(devices, num_nodes)
     _, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
     return RunPlan(
         spec=spec, hardware=hardware, strategy=strategy, devices=devices, num_nodes=num_nodes,
-        layout=layout, precision=cfg.trainer.precision or hardware.precision,
-        accumulate=accumulate,
+        layout=layout, precision=precision, accumulate=accumulate, ckpt_path=ckpt_path,
+        resume_note=resume_note,
     )  # fmt: skip
+
+
+def checkpoint_dir(cfg: DictConfig) -> Path:
+    """Where `step<N>.ckpt` checkpoints go: trainer.checkpoint.dirpath or <run dir>/checkpoints."""
+    return Path(cfg.trainer.checkpoint.dirpath or _run_dir(cfg) / "checkpoints")
+
+
+def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
+    """The checkpoint to start from and, for trainer.resume=auto, one line saying what it found."""
+    from lightning_dist.resume import latest_checkpoint
+
+    t = cfg.trainer
+    if t.resume not in (None, "auto"):
+        raise ValueError(f"trainer.resume={t.resume!r} must be auto or null")
+    if t.resume == "auto":
+        if t.ckpt_path:
+            raise ValueError(
+                "trainer.resume=auto and trainer.ckpt_path are both set; keep one of them"
+            )
+        point = latest_checkpoint(checkpoint_dir(cfg))
+        return (str(point.path) if point.path else None), point.describe()
+    if t.ckpt_path and not Path(t.ckpt_path).exists():
+        raise FileNotFoundError(f"trainer.ckpt_path={t.ckpt_path} does not exist")
+    return t.ckpt_path, None
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
@@ -174,7 +264,8 @@ def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     every = trainer_cfg.checkpoint.every_n_train_steps
-    if not every:
+    save_last = trainer_cfg.checkpoint.save_last
+    if not (every or save_last):
         return []
     dirpath = trainer_cfg.checkpoint.dirpath or run_dir / "checkpoints"
     return [
@@ -182,17 +273,35 @@ def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
             dirpath=dirpath,
             filename="step{step}",
             auto_insert_metric_name=False,
-            every_n_train_steps=every,
-            save_top_k=-1,
-            save_last=False,
+            every_n_train_steps=every or None,
+            save_top_k=-1 if every else 0,
+            save_last=save_last,
+            # A resumed or restarted run rewrites step<N>.ckpt and last.ckpt, never `-v1` copies.
+            enable_version_counter=False,
         )
     ]
+
+
+def resilience_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
+    """The NaN guard and preemption handling always; the hang watchdog with several ranks."""
+    from lightning_dist.callbacks.nan_guard import NonFiniteGuard
+    from lightning_dist.callbacks.preemption import Preemption
+    from lightning_dist.callbacks.watchdog import HangWatchdog
+
+    t = cfg.trainer
+    callbacks = [NonFiniteGuard(t.nan_policy, t.nan_max_skips), Preemption(checkpoint_dir(cfg))]
+    if plan.world_size > 1:
+        callbacks.append(HangWatchdog(stall_seconds=t.collective_timeout_s / 2))
+    return callbacks
 
 
 def quiet_known_warnings() -> None:
     """Silence deprecation notices raised inside Lightning itself, which users cannot act on."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r".*all_gather is deprecated.*")
+    # Lightning asks for a resumable dataloader mid-epoch, but resume is exact without one: the
+    # sampler restarts from the datamodule's saved step (the resume tests compare bit for bit).
+    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
 
 
 def _run_dir(cfg: DictConfig) -> Path:
@@ -204,6 +313,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
     import lightning as L
 
     from lightning_dist.loggers import metrics_logger
+    from lightning_dist.resume import AtomicCheckpointIO
 
     t, accumulate = cfg.trainer, plan.accumulate
     return L.Trainer(
@@ -225,6 +335,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
         use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
         logger=[lg for lg in (logger, metrics_logger(str(run_dir))) if lg is not None],
         callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
@@ -246,7 +357,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     started = time.perf_counter()
     quiet_known_warnings()
     import lightning as L
-    from hydra.utils import instantiate
 
     from lightning_dist.callbacks.memory import MemoryByCategory
     from lightning_dist.callbacks.run_stats import RunStats
@@ -262,7 +372,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.plan.check:
             check_fits(cfg, spec, hardware, strategy, layout, plan.precision)
         check_machine(cfg, plan)
-        datamodule = instantiate(cfg.data, vocab_size=spec.vocab_size)
+        resilience = resilience_callbacks(cfg, plan)
+        datamodule = build(cfg.data, "data", vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +383,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     seq_len = cfg.data.seq_len
     precision = plan.precision
     stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
-    callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()] + [stats]
-    callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir)]
+    callbacks = [build(c, "callbacks") for c in (cfg.callbacks or {}).values() if c is not None]
+    callbacks += [stats]
+    callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir), *resilience]
     context = RunContext(
         hardware=hardware, layout=layout, precision=precision, seq_len=seq_len,
         global_batch_size=cfg.data.global_batch_size,
@@ -282,23 +394,39 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(context)
-    logger = instantiate(cfg.logger) if cfg.logger else None
-    trainer = build_trainer(cfg, plan, run_dir, callbacks, logger)
+    logger = build(cfg.logger, "logger") if cfg.logger else None
+    with config_errors():  # Lightning's own checks of its arguments (e.g. the precision name)
+        trainer = build_trainer(cfg, plan, run_dir, callbacks, logger)
     if trainer.is_global_zero and logger:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.trainer.ckpt_path)
+    if plan.resume_note and trainer.is_global_zero:
+        print(plan.resume_note, flush=True)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
 
     summary = build_summary(
         cfg, module, stats, context, world_size=trainer.world_size,
         wall_seconds=time.perf_counter() - started,
     )  # fmt: skip
+    # After a resume `losses` holds this run's steps only; `steps` counts every optimizer step.
+    summary["first_step"] = trainer.global_step - len(module.step_losses)
+    summary["steps"] = trainer.global_step
+    summary["status"] = "completed"
+    summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
+    summary["data"] = getattr(datamodule, "inputs", None)  # files, bytes, first paths, or None
     for callback in callbacks:
         if hasattr(callback, "summary"):
             summary.update(callback.summary(trainer.world_size))
+    summary = finite_or_none(summary)  # valid JSON: a NaN or Inf becomes null
     if trainer.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        text = redact_text(json.dumps(summary, indent=2, allow_nan=False))
+        (run_dir / "summary.json").write_text(text + "\n")
         finish_logger(logger, summary)
-        print(f"summary: {run_dir / 'summary.json'}", flush=True)
+        from lightning_dist.record import summary_block
+
+        print(summary_block(summary, run_dir / "summary.json"), flush=True)
+    from lightning_dist.strategies.launch import end_launched_job
+
+    end_launched_job(trainer)  # a multirun's next job starts its own ranks
     return summary
 
 
@@ -319,12 +447,15 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
     `tokens_per_sec` and `mfu` (here only, not repeated elsewhere in the summary) use the shared
     step clock's median step time over the optimizer steps after the first.
     """
+    from lightning_dist.record import loss_record
+
     tokens_per_sec = stats.tokens_per_sec()
     losses = module.step_losses
     return {
         "losses": losses,
         "final_loss": losses[-1] if losses else None,
         "val_losses": module.val_losses,
+        **loss_record(losses, module.val_losses, getattr(module, "val_steps", [])),
         "steps": len(losses),
         "tokens_per_sec": tokens_per_sec,
         "step_seconds": stats.step_seconds(),
@@ -333,6 +464,8 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
         "strategy": cfg.strategy.name,
         "hardware": context.hardware.name,
         "model": _config_choice("model") or module.model_spec.__class__.__name__,
+        "parameters": module.model_spec.num_params(),
+        "run_name": cfg.get("run_name"),
         "precision": context.precision,
         "global_batch_size": cfg.data.global_batch_size,
         "seq_len": cfg.data.seq_len,
@@ -366,3 +499,14 @@ def finish_logger(logger: Any, summary: dict[str, Any]) -> None:
         print(
             f"W&B run saved offline in {offline}; upload it with `wandb sync {offline}`", flush=True
         )
+
+
+def finite_or_none(value: Any) -> Any:
+    """JSON-safe: non-finite floats (anywhere in lists and dicts) become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value

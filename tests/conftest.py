@@ -7,6 +7,8 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("WANDB_SILENT", "true")
+# Test helpers (tests.slow_rank.SlowRank, tests.faults, ...) are named by `_target_` overrides.
+os.environ.setdefault("LIGHTNING_DIST_ALLOW_TARGETS", "tests.")
 
 
 @pytest.fixture

@@ -52,9 +52,20 @@ def test_lightning_private_apis_are_where_they_were():
     assert callable(fabric_launcher._hydra_subprocess_cmd)
     assert callable(trainer_launcher._hydra_subprocess_cmd)
     assert "_experiment" in inspect.getsource(WandbLogger.__init__)
+    logger = WandbLogger(project="p", mode="disabled")
+    assert "anonymous" in logger._wandb_init  # what drop_wandb_anonymous removes
+    _compat.drop_wandb_anonymous(logger)
+    assert "anonymous" not in logger._wandb_init
     from lightning.pytorch import LightningModule
 
     assert "_device_mesh" in inspect.getsource(LightningModule.device_mesh.fget)
+
+
+def test_hydra_reports_errors_through_run_and_report():
+    from hydra._internal import utils
+
+    assert callable(utils.run_and_report)
+    assert "run_and_report(" in inspect.getsource(utils._run_hydra)  # looked up on each call
 
 
 def test_transformers_initialised_flag_is_still_used():

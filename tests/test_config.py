@@ -66,7 +66,7 @@ def test_misspelt_key_fails_at_compose(compose, tmp_path):
     # A user's own flavor file with a typo fails too: the schema, not the override parser, says no.
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "mine.yaml").write_text(
-        "defaults:\n  - schema_llama\n  - _self_\ndimm: 3\n"
+        "defaults:\n  - /schema_llama\n  - _self_\ndimm: 3\n"
     )
     with pytest.raises(ConfigCompositionException, match="dimm"):
         compose(f"hydra.searchpath=[file://{tmp_path}]", "model=mine")

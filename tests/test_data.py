@@ -116,7 +116,10 @@ def test_tokenizer_larger_than_model_vocab_raises(tmp_path):
         TextDataModule(paths=[str(tmp_path / "corpus")], tokenizer=str(tok_path), vocab_size=3)
     # Equal or larger model vocabularies are fine (models pad their vocabulary).
     assert (
-        TextDataModule(paths=[str(tmp_path / "corpus")], vocab_size=320).tokenizer_vocab_size == 257
+        TextDataModule(
+            paths=[str(tmp_path / "corpus")], vocab_size=320, seq_len=8
+        ).tokenizer_vocab_size
+        == 257
     )
 
 
@@ -292,7 +295,7 @@ def test_batch_plan():
         batch_plan(10, 4, 1)
     assert str(err.value) == (
         "data.global_batch_size=10 is not divisible by data-parallel size 4 x "
-        "data.micro_batch_size=1"
+        "data.per_rank_batch_size=1"
     )
     with pytest.raises(ValueError, match="global_batch_size=10 .* data-parallel size 4"):
         batch_plan(10, 4, None)
@@ -421,11 +424,14 @@ def test_text_datamodule_end_to_end(tmp_path):
 
 def test_text_datamodule_short_val_split_is_clear(tmp_path):
     write_corpus(tmp_path / "corpus", 1)
-    dm = TextDataModule(
-        paths=[str(tmp_path / "corpus")], seq_len=100, val_fraction=0.01, cache_dir=str(tmp_path)
-    )
+    # Known from the file sizes, so it fails when the datamodule is built, before any process.
     with pytest.raises(ValueError, match="val split has .* tokens.*val_fraction"):
-        dm.setup("fit")
+        TextDataModule(
+            paths=[str(tmp_path / "corpus")],
+            seq_len=100,
+            val_fraction=0.01,
+            cache_dir=str(tmp_path),
+        )
 
 
 @pytest.fixture(scope="session")

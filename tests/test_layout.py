@@ -96,6 +96,8 @@ def test_check_batch_under_pp():
     layout.check_batch(8)
     with pytest.raises(ValueError, match="global_batch_size=12 is not divisible by dp=2 x micro"):
         layout.check_batch(12)
-    with pytest.raises(ValueError, match="micro_batch_size=2 is not divisible by microbatches=4"):
+    with pytest.raises(
+        ValueError, match=r"per_rank_batch_size=2 \(.*\) is not divisible by microbatches=4"
+    ):
         layout.check_batch(8, micro_batch_size=2)
     Layout(tp=2).check_batch(3)  # no pipeline, nothing to split

@@ -177,8 +177,9 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
     resumed = run_train([*FAST, *DDP12, "trainer.resume=auto"], tmp_path)
     assert resumed["status"] == "completed" and resumed["first_step"] == stopped
     assert resumed["steps"] == 12 and resumed["losses"] == full["losses"][stopped:]
-    final, reference = _state(tmp_path / "checkpoints" / "last.ckpt"), _state(
-        full_dir / "checkpoints" / "last.ckpt"
+    final, reference = (
+        _state(tmp_path / "checkpoints" / "last.ckpt"),
+        _state(full_dir / "checkpoints" / "last.ckpt"),
     )
     assert all(torch.equal(final[k], reference[k]) for k in reference)
 
@@ -218,3 +219,48 @@ def test_a_stopped_rank_stops_every_rank_and_is_named(layout, timeout, tmp_path)
             break
         time.sleep(0.2)
     assert not Path(f"/proc/{stopped}").exists(), "the stopped rank is still there"
+
+
+# --- elastic restart under torchrun ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_rank_and_finishes_bitwise(uninterrupted, tmp_path):
+    """Rank 1 SIGKILLs itself after step 7 (first attempt only); torchrun --max-restarts=1
+    restarts both ranks, which resume from step5.ckpt and finish step 12."""
+    full, full_dir = uninterrupted
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--max-restarts=1", str(REPO_ROOT / "tests" / "toy_train.py"), *FAST, *DDP12,
+         "trainer.resume=auto", "+callbacks.kill._target_=tests.faults.KillAtStep",
+         "+callbacks.kill.step=7", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert output.count("failed (exitcode: -9)") == 1  # one rank killed, one restart
+    assert "resuming from" in output and "step5.ckpt (step 5)" in output
+    final = _state(tmp_path / "checkpoints" / "last.ckpt")
+    reference = _state(full_dir / "checkpoints" / "last.ckpt")
+    assert final.keys() == reference.keys()
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["losses"] == full["losses"][5:]
+
+
+# --- asynchronous checkpoints ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_async_save_resumes_bitwise_like_a_synchronous_save(tmp_path):
+    fsdp2 = ["strategy=fsdp2", "hardware.devices=2", "trainer.max_steps=10",
+             "trainer.checkpoint.every_n_train_steps=5"]  # fmt: skip
+    sync = run_train([*FAST, *fsdp2], tmp_path / "sync")
+    asynchronous = run_train([*FAST, *fsdp2, "trainer.checkpoint.async_save=true"],
+                             tmp_path / "async")  # fmt: skip
+    assert asynchronous["losses"] == sync["losses"]
+    saved = tmp_path / "async" / "checkpoints"
+    assert latest_checkpoint(saved).step == 10  # the last save was finished at the end
+    resumed = run_train([*FAST, *fsdp2, f"trainer.ckpt_path={saved / 'step5.ckpt'}"],
+                        tmp_path / "resumed")  # fmt: skip
+    assert resumed["losses"] == sync["losses"][5:10]

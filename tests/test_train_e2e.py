@@ -1,5 +1,5 @@
 """End to end: `python train.py` through Hydra in real processes (gloo), summary.json, W&B
-offline, multirun, Hugging Face models, and the one-line errors for bad input."""
+offline, multirun and Hugging Face models (bad input: tests/test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -105,46 +105,4 @@ def test_hugging_face_llama_trains(tmp_path, strategy):
     assert summary["final_loss"] < summary["losses"][0]
 
 
-def _write_big_tokenizer(path: Path, vocab: int) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    words = {f"w{i}": i for i in range(vocab - 1)} | {"[UNK]": vocab - 1}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(path))
-
-
-def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
-    tokenizer = tmp_path / "big_tokenizer.json"
-    _write_big_tokenizer(tokenizer, 600)
-    return {
-        "hardware mismatch": (["hardware=dgx_h100"], "needs 8 CUDA devices per node; this machine has 0"),
-        "global batch": (
-            ["strategy=ddp", "hardware.devices=2", "data=synthetic", "data.global_batch_size=6",
-             "data.micro_batch_size=2"],
-            "global_batch_size=6",
-        ),
-        "glob matches nothing": (["data.paths=[nowhere/*.txt]"], "nowhere/*.txt"),
-        "tokenizer too big": (["model=llama_debug", f"data.tokenizer={tokenizer}"], "600"),
-        "seq_len too long": (["model=llama_debug", "data.seq_len=4096"], "data.seq_len=4096"),
-        "many nodes without launcher": (["hardware.num_nodes=2"], "torchrun"),
-    }  # fmt: skip
-
-
-def test_bad_inputs_fail_with_one_line(tmp_path):
-    for name, (overrides, expected) in _bad_inputs(tmp_path).items():
-        result = train_py(
-            *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}", timeout=120
-        )
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert result.returncode == 2, f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}"
-        assert "Traceback" not in result.stderr, f"{name}: {result.stderr[-2000:]}"
-        errors = [line for line in lines if line.startswith("error:")]
-        assert len(errors) == 1 and expected in errors[0], f"{name}: {lines}"
-        assert not (tmp_path / "run" / "summary.json").exists()
-
-
-def test_unknown_config_key_fails_before_training(tmp_path):
-    result = train_py("model.dimm=3", f"hydra.run.dir={tmp_path}", timeout=120)
-    assert result.returncode != 0
-    assert "dimm" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "summary.json").exists()
+# The one-line errors for bad input are the table in tests/test_bad_inputs.py.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hydra.core.config_store import ConfigStore
 from lightning.pytorch.strategies import DDPStrategy
 
+from lightning_dist.builder import allow_targets
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.strategies.base import LightningDistStrategy
 from lightning_dist.train import allow_strategy_targets
@@ -32,5 +33,6 @@ class ToySchema:
     process_group_backend: str | None = None
 
 
-ConfigStore.instance().store(group="strategy", name="schema_toy", node=ToySchema)
+ConfigStore.instance().store(name="schema_toy", node=ToySchema)
 allow_strategy_targets("tests.toy_strategy.")
+allow_targets("callbacks", "tests.")  # fault injectors (tests/faults.py) for runs of toy_train.py

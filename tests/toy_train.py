@@ -1,5 +1,6 @@
-"""`python tests/toy_train.py [overrides]`: train.py with tests/toy_strategy.py loaded and
-tests/toy_conf on Hydra's search path (Lightning's launcher re-runs this same script)."""
+"""`python tests/toy_train.py [overrides]`: train.py with the test plugins loaded: the toy
+strategy (tests/toy_strategy.py, tests/toy_conf on Hydra's search path) and the fault injectors
+(tests/faults.py). Lightning's launcher and torchrun re-run this same script on every rank."""
 
 import sys
 from pathlib import Path
@@ -8,6 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tests.toy_strategy  # noqa: E402,F401  (registers the schema, allows the target)
+from lightning_dist.builder import allow_targets  # noqa: E402
+
+allow_targets("callbacks", "tests.faults.")
 
 sys.argv.append(f"hydra.searchpath=[file://{ROOT / 'tests' / 'toy_conf'}]")
 

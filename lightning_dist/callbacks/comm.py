@@ -36,6 +36,8 @@ from lightning_dist.callbacks.context import RunContext, StepClock, step_clock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
 from lightning_dist.parallel.pipeline import SCHEDULE_MARKER
 from lightning_dist.planner.timing import bubble_fraction
+from lightning_dist.quiet import quiet_profiler
+from lightning_dist.record import log_at_this_step
 
 COMM_EVENT = re.compile(r"^(gloo|nccl):|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
 P2P_EVENT = re.compile(r"(send|recv)", re.IGNORECASE)
@@ -43,6 +45,7 @@ MARKER = "lightning_dist::profiled_step"
 
 
 def _activities() -> list[ProfilerActivity]:
+    quiet_profiler()  # before any profiler starts: no USDT lines on stderr
     cuda = torch.cuda.is_available()
     return [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
 
@@ -143,11 +146,15 @@ class CommComputeMonitor(Callback):
     `bubble/*`."""
 
     def __init__(self, every_n_steps: int = 50, first_step: int = 2, warn_ratio: float = 0.3,
-                 straggler_ratio: float = 1.2) -> None:  # fmt: skip
+                 straggler_ratio: float = 1.2, warn_min_flops_per_rank: float = 1e11) -> None:  # fmt: skip
         self.every_n_steps = every_n_steps
         self.first_step = first_step
         self.warn_ratio = warn_ratio
         self.straggler_ratio = straggler_ratio
+        self.warn_min_flops_per_rank = warn_min_flops_per_rank
+        """No warnings below this many model FLOPs per rank and step (the metrics are still
+        logged): a smaller step is dominated by the fixed latency of each collective and by
+        the OS's scheduling, and its ratios say nothing about the layout at scale."""
         self.context: RunContext | None = None
         self.measurements: list[list[dict[str, Any]]] = []
         """One entry per profiled step: the analysis of every rank, in rank order."""
@@ -195,40 +202,70 @@ class CommComputeMonitor(Callback):
         self.measurements.append(gathered)
         self._log(trainer, pl_module, gathered)
 
+    def worth_warning(self, world_size: int) -> bool:
+        """Whether a step does enough work per rank for its ratios to mean something."""
+        if self.context is None:
+            return True
+        flops = self.context.flops_per_token * self.context.tokens_per_step / max(world_size, 1)
+        return flops >= self.warn_min_flops_per_rank
+
     def _log(self, trainer: Any, pl_module: Any, per_rank: list[dict[str, Any]]) -> None:
+        warn = trainer.is_global_zero and self.worth_warning(trainer.world_size)
         ratio = statistics.fmean(r["comm_compute_ratio"] or 0.0 for r in per_rank)
         exposed = statistics.fmean(r["exposed_comm_seconds"] for r in per_rank)
-        pl_module.log("comm/comm_compute_ratio", ratio, rank_zero_only=True)
-        pl_module.log("comm/exposed_seconds", exposed, rank_zero_only=True)
-        dims = {d for r in per_rank for d in r["comm_seconds_by_dim"]}
-        for dim in sorted(dims):
-            seconds = statistics.fmean(r["comm_seconds_by_dim"].get(dim, 0.0) for r in per_rank)
-            pl_module.log(f"comm/{dim}_seconds", seconds, rank_zero_only=True)
+        # Straight to the loggers, at this step only: through `pl_module.log` a value logged
+        # once stays in Lightning's step results and is written again at every later logging
+        # step until the next profiled one, which draws a few samples as flat lines.
+        metrics = {"comm/comm_compute_ratio": ratio, "comm/exposed_seconds": exposed}
+        for dim, seconds in self.seconds_by_dim(per_rank).items():
+            metrics[f"comm/{dim}_seconds"] = seconds
+        for dim, dim_ratio in self.ratio_by_dim(per_rank).items():
+            metrics[f"comm/{dim}_compute_ratio"] = dim_ratio
         stragglers = self.stragglers(per_rank)
-        pl_module.log(
-            "stragglers/slowest_rank", float(stragglers["slowest_rank"]), rank_zero_only=True
-        )
-        pl_module.log("stragglers/spread", stragglers["spread"], rank_zero_only=True)
-        if (
-            len(per_rank) > 1
-            and stragglers["spread"] > self.straggler_ratio
-            and trainer.is_global_zero
-        ):
+        metrics["stragglers/slowest_rank"] = float(stragglers["slowest_rank"])
+        metrics["stragglers/spread"] = stragglers["spread"]
+        bubble = self.bubble(per_rank)
+        if bubble:
+            metrics["bubble/measured"] = bubble["measured"]
+            metrics["bubble/theoretical"] = bubble["theoretical"]
+        if trainer.is_global_zero:
+            log_at_this_step(trainer, metrics)
+        if warn and len(per_rank) > 1 and stragglers["spread"] > self.straggler_ratio:
             busy = stragglers["busy_seconds_per_rank"]
             rank_zero_warn(
                 f"rank {stragglers['slowest_rank']} is a straggler at step {trainer.global_step}: "
                 f"busy {max(busy) * 1e3:.1f} ms per step, {stragglers['spread']:.2f}x the median "
                 f"{statistics.median(busy) * 1e3:.1f} ms"
             )
-        bubble = self.bubble(per_rank)
-        if bubble:
-            pl_module.log("bubble/measured", bubble["measured"], rank_zero_only=True)
-            pl_module.log("bubble/theoretical", bubble["theoretical"], rank_zero_only=True)
-        if ratio > self.warn_ratio and trainer.is_global_zero:
+        if warn and ratio > self.warn_ratio:
             rank_zero_warn(
                 f"communication takes {ratio:.0%} of compute time at step {trainer.global_step} "
                 f"(above {self.warn_ratio:.0%}): see comm/*_seconds for the dimension to rethink"
             )
+
+    @staticmethod
+    def seconds_by_dim(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+        """Time in each mesh dimension's collectives, the mean over ranks."""
+        dims = sorted({d for r in per_rank for d in r["comm_seconds_by_dim"]})
+        return {
+            dim: statistics.fmean(r["comm_seconds_by_dim"].get(dim, 0.0) for r in per_rank)
+            for dim in dims
+        }
+
+    @staticmethod
+    def ratio_by_dim(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+        """Each dimension's communication over compute time, the mean over ranks (the parts
+        may overlap one another, so they can add up to more than the total ratio)."""
+        dims = sorted({d for r in per_rank for d in r["comm_seconds_by_dim"]})
+        return {
+            dim: statistics.fmean(
+                r["comm_seconds_by_dim"].get(dim, 0.0) / r["compute_seconds"]
+                if r["compute_seconds"]
+                else 0.0
+                for r in per_rank
+            )
+            for dim in dims
+        }
 
     @staticmethod
     def stragglers(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -276,6 +313,8 @@ class CommComputeMonitor(Callback):
                     r["comm_compute_ratio"] or 0.0 for r in last
                 ),
                 "exposed_comm_seconds": statistics.fmean(r["exposed_comm_seconds"] for r in last),
+                "comm_compute_ratio_by_dim": self.ratio_by_dim(last),
+                "warn_ratio": self.warn_ratio,
             }
         }
         out["stragglers"] = self.stragglers(last)

@@ -7,11 +7,18 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
-from lightning_dist.callbacks.context import StepClock, step_clock
+from lightning_dist.callbacks.context import RunContext, StepClock, step_clock
 
 
 def progress_bar(plain_every_n_steps: int = 10) -> ProgressBar:
-    """A Rich bar when stdout is a terminal, else `PlainProgress` lines every N steps."""
+    """A Rich bar when stdout is a terminal, else `PlainProgress` lines every N steps.
+
+    The console is this callback's: it also silences the third-party hints of
+    `lightning_dist.quiet` in this process, before the Trainer that prints them is built.
+    """
+    from lightning_dist.quiet import quiet_third_party
+
+    quiet_third_party()
     if sys.stdout.isatty():
         return RichProgressBar()
     return PlainProgress(every_n_steps=plain_every_n_steps)
@@ -20,8 +27,10 @@ def progress_bar(plain_every_n_steps: int = 10) -> ProgressBar:
 class PlainProgress(ProgressBar):
     """One line per `every_n_steps` optimizer steps, for logs that are not a terminal.
 
-    Its times come from the trainer's shared step clock: `s/step` is the median step time of
-    the last `every_n_steps` steps after the first (as `throughput/*`), then the elapsed time.
+    `step N | loss X` is the N-th optimizer step's global loss: summary.json's `losses[N-1]`,
+    and the loggers' row N-1 (`lightning_dist.record`). Its times come from the trainer's shared
+    step clock: `s/step` is the median step time of the last `every_n_steps` steps after the
+    first, `tok/s` the global tokens per step over it (as `throughput/*`), then the elapsed time.
     """
 
     def __init__(self, every_n_steps: int = 10) -> None:
@@ -29,7 +38,12 @@ class PlainProgress(ProgressBar):
         self.every_n_steps = every_n_steps
         self.clock = StepClock()
         """The trainer's shared clock once training starts (`step_clock(trainer)`)."""
+        self.tokens_per_step: int | None = None
+        """Global tokens per optimizer step, from `bind(context)`; no tok/s without it."""
         self._enabled = True
+
+    def bind(self, context: RunContext) -> None:
+        self.tokens_per_step = context.tokens_per_step
 
     def disable(self) -> None:
         self._enabled = False
@@ -50,15 +64,13 @@ class PlainProgress(ProgressBar):
             return
         metrics = self.get_metrics(trainer, pl_module)
         shown = [f"step {step}/{trainer.max_steps}"]
-        for key, label, fmt in (
-            ("train/loss", "loss", "{:.4f}"),
-            ("val/loss", "val_loss", "{:.4f}"),
-            ("throughput/tokens_per_sec", "tok/s", "{:,.0f}"),
-        ):
+        for key, label in (("train/loss", "loss"), ("val/loss", "val_loss")):
             if key in metrics:
-                shown.append(f"{label} {fmt.format(float(metrics[key]))}")
+                shown.append(f"{label} {float(metrics[key]):.4f}")
         seconds = self.clock.steady_step_seconds(last=self.every_n_steps)
         if seconds is not None:
+            if self.tokens_per_step:
+                shown.append(f"tok/s {self.tokens_per_step / seconds:,.0f}")
             shown.append(f"{seconds:.3f} s/step")
         shown.append(f"{self.clock.end_times[-1] - self.clock.start_time:.0f}s")
         print(" | ".join(shown), flush=True)

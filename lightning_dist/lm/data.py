@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightning_dist.layout import batch_plan
+from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.token_cache import (
     TokenCache,
     build_token_cache,
     cache_key,
+    file_sizes,
+    find_files,
     open_token_cache,
+    relative_names,
     resolve_files,
     split_files,
 )
@@ -60,8 +62,11 @@ class LMDataModule(pl.LightningDataModule):
         val_batches: int,
         seed: int,
         num_workers: int,
+        per_rank_batch_size: int | None = None,
     ):
         super().__init__()
+        warn_if_deprecated_batch_knob()
+        micro_batch_size = per_rank_batch(per_rank_batch_size, micro_batch_size)
         if seq_len < 1:
             raise ValueError(f"data.seq_len={seq_len} must be at least 1")
         if val_batches < 1:
@@ -173,9 +178,11 @@ class TextDataModule(LMDataModule):
         seq_len: int = 256,
         global_batch_size: int = 16,
         micro_batch_size: int | None = None,
+        per_rank_batch_size: int | None = None,
         val_fraction: float = 0.02,
         val_batches: int = 4,
         cache_dir: str | None = None,
+        follow_symlinks: bool = False,
         num_workers: int = 0,
         seed: int = 0,
         vocab_size: int | None = None,
@@ -184,6 +191,7 @@ class TextDataModule(LMDataModule):
             seq_len=seq_len,
             global_batch_size=global_batch_size,
             micro_batch_size=micro_batch_size,
+            per_rank_batch_size=per_rank_batch_size,
             val_batches=val_batches,
             seed=seed,
             num_workers=num_workers,
@@ -198,9 +206,49 @@ class TextDataModule(LMDataModule):
             )
         split_files([], val_fraction)  # validates the fraction now rather than at prepare time
         self.val_fraction = val_fraction
-        self.files: list[Path] = resolve_files(paths)
+        self.files, skipped = find_files(paths, follow_symlinks=follow_symlinks)
+        sizes = file_sizes(self.files)
+        self.inputs = {
+            "files": len(self.files),
+            "bytes": sum(sizes),
+            "first_paths": [str(f) for f in self.files[:5]],
+            "skipped_symlinks": skipped,
+        }
+        """What the run reads: logged here and written to summary.json's `data`."""
+        log.info(
+            "Reading %d files, %d bytes (%s%s); %d symlinks leading out of data.paths skipped",
+            len(self.files), sum(sizes), ", ".join(self.inputs["first_paths"]),
+            ", ..." if len(self.files) > 5 else "", skipped,
+        )  # fmt: skip
+        self._check_splits(sizes, val_fraction)
         self.cache_dir = cache_dir
         self.cache: TokenCache | None = None
+
+    def _check_splits(self, sizes: list[int], val_fraction: float) -> None:
+        """Each split holds a window, checked now rather than after the processes start: from
+        the file sizes, exactly for the byte tokenizer (one id per byte, plus end of text)."""
+        where = f"data.paths ({len(sizes)} files, {sum(sizes)} bytes)"
+        if sum(sizes) == 0:
+            raise ValueError(f"{where} holds no text; add non-empty files to data.paths")
+        if self.tokenizer.name != "byte":
+            return  # other tokenizers' counts are known after tokenizing, in setup()
+        per_file = [n + (self.tokenizer.eos_id is not None) for n in sizes]
+        if len(per_file) == 1:
+            held_out = max(1, int(per_file[0] * val_fraction))
+            counts = {"train": per_file[0] - held_out, "val": held_out}
+        else:
+            is_val = split_files(relative_names(self.files), val_fraction)
+            counts = {
+                "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
+                "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
+            }
+        for split, n in counts.items():
+            if n < self.seq_len + 1:
+                raise ValueError(
+                    f"{where}: the {split} split has {n} tokens, too few for one window of "
+                    f"data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
+                    "data.seq_len" + (" or raise data.val_fraction" if split == "val" else "")
+                )
 
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache unless an identical cache exists."""
@@ -232,6 +280,7 @@ class SyntheticDataModule(LMDataModule):
         seq_len: int = 128,
         global_batch_size: int = 8,
         micro_batch_size: int | None = None,
+        per_rank_batch_size: int | None = None,
         num_samples: int = 4096,
         val_samples: int = 64,
         val_batches: int = 4,
@@ -242,6 +291,7 @@ class SyntheticDataModule(LMDataModule):
             seq_len=seq_len,
             global_batch_size=global_batch_size,
             micro_batch_size=micro_batch_size,
+            per_rank_batch_size=per_rank_batch_size,
             val_batches=val_batches,
             seed=seed,
             num_workers=num_workers,

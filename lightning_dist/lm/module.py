@@ -55,6 +55,9 @@ class CausalLM(L.LightningModule):
         self.step_losses: list[float] = []
         """Global train loss of each optimizer step (mean over ranks and micro-batches)."""
         self.val_losses: list[float] = []
+        """Global validation loss of each validation run."""
+        self.val_steps: list[int] = []
+        """The optimizer step after which each validation ran (1-based, as in the console)."""
         self._loss_sum = torch.zeros(())
         self._micro_steps = 0
         self._ppl_from_loss = False
@@ -102,10 +105,13 @@ class CausalLM(L.LightningModule):
         self._micro_steps += 1
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._micro_steps < self.trainer.accumulate_grad_batches:
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        # Every micro-batch of this optimizer step has run forward and backward. Logging here,
+        # not in on_train_batch_end (which runs after the callbacks' hooks), lets the progress
+        # line of step N show step N's loss, as summary.json and the loggers do.
+        if not self._micro_steps:
             return
-        # One optimizer step is complete: average over micro-batches, then over ranks.
+        # Average over micro-batches, then over ranks.
         local = self._loss_sum / self._micro_steps
         global_loss = self.trainer.strategy.reduce(local, reduce_op="mean")
         self._loss_sum = torch.zeros((), device=local.device)
@@ -128,6 +134,7 @@ class CausalLM(L.LightningModule):
         val = self.trainer.callback_metrics.get("val/loss")
         if val is not None and not self.trainer.sanity_checking:
             self.val_losses.append(float(val))
+            self.val_steps.append(int(self.trainer.global_step))
             if self._ppl_from_loss:
                 # Pipeline or vocab-split logits: every batch has as many tokens, so the
                 # perplexity is exp of the mean loss.

@@ -9,6 +9,7 @@ killed mid-way never leaves a cache that looks complete.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import json
@@ -47,48 +48,147 @@ def default_corpus() -> list[Path]:
     return sorted({p for p in files if p.is_file()})
 
 
-def resolve_files(paths: Sequence[str] | str | None) -> list[Path]:
+def resolve_files(
+    paths: Sequence[str] | str | None, *, follow_symlinks: bool = False
+) -> list[Path]:
     """Expand `data.paths` into a sorted, deduplicated list of absolute file paths.
 
     Each entry is a file, a directory (all `*.py`, `*.txt` and `*.md` files under it,
     recursively) or a glob pattern (`**` matches across directories; a directory it matches is
     expanded like a directory entry). `None` or an empty list means the default corpus: the
     standard library's `.py` files. An entry that matches no file raises ValueError naming it.
+    Symlinks under a directory or glob root are followed only while they stay inside that root,
+    unless `follow_symlinks` (see `find_files`).
     """
+    return find_files(paths, follow_symlinks=follow_symlinks)[0]
+
+
+def find_files(
+    paths: Sequence[str] | str | None, *, follow_symlinks: bool = False
+) -> tuple[list[Path], int]:
+    """`resolve_files`, and how many symlinks were skipped because they lead out of their root
+    (a `sub/link -> /etc` under a corpus folder must not pull /etc in)."""
     if paths is None:
-        return default_corpus()
+        return default_corpus(), 0
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     entries = [str(p) for p in paths]
     if not entries:
-        return default_corpus()
+        return default_corpus(), 0
     found: set[Path] = set()
+    skipped = 0
     for entry in entries:
-        matches = _expand(entry)
+        walker = _Walker(follow_symlinks)
+        matches = walker.expand(entry)
+        skipped += walker.skipped
         if not matches:
             raise ValueError(f"data.paths: {entry!r} matches no file")
         found.update(matches)
-    return sorted(found)
+    return sorted(found), skipped
 
 
-def _expand(entry: str) -> list[Path]:
-    path = Path(entry).expanduser()
-    if path.is_file():
-        return [path.resolve()]
-    if path.is_dir():
-        return _text_files_under(path)
-    out: list[Path] = []
-    for match in glob.glob(str(path), recursive=True):
-        p = Path(match)
-        if p.is_file():
-            out.append(p.resolve())
-        elif p.is_dir():
-            out.extend(_text_files_under(p))
-    return out
+class _Walker:
+    """Directory walks and glob matching that follow a symlink only inside the entry's root.
+
+    Glob semantics are those of `glob.glob(recursive=True)`: `*`, `?` and `[...]` match within
+    one path segment and not a leading dot, `**` matches any number of directories.
+    """
+
+    def __init__(self, follow_symlinks: bool):
+        self.follow = follow_symlinks
+        self.skipped = 0
+        self.root = Path("/")
+
+    def expand(self, entry: str) -> list[Path]:
+        path = Path(entry).expanduser()
+        if path.is_file():  # named explicitly: taken wherever a link leads
+            return [path.resolve()]
+        if path.is_dir():
+            self.root = path.resolve()
+            return self._text_files(path, self.root, frozenset())
+        parts = path.parts
+        fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        base = Path(*parts[:fixed]) if fixed else Path(".")
+        if not base.is_dir():
+            return []
+        self.root = base.resolve()
+        out: list[Path] = []
+        for match, is_dir in self._glob(base, self.root, parts[fixed:], frozenset()):
+            out.extend(self._text_files(match, match.resolve(), frozenset()) if is_dir
+                       else [match.resolve()])  # fmt: skip
+        return out
+
+    def _children(self, folder: Path, real: Path, ancestors: frozenset):
+        """(path, real path, is_dir) of each entry of `folder`, by the symlink rule."""
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            raise ValueError(f"data.paths: cannot list {folder} ({e.strerror})") from e
+        for entry in entries:
+            path = Path(entry.path)
+            child_real = real / entry.name
+            if entry.is_symlink():
+                child_real = path.resolve()
+                if not child_real.exists():
+                    continue  # dangling
+                if not self.follow and not child_real.is_relative_to(self.root):
+                    self.skipped += 1
+                    continue
+            is_dir = entry.is_dir()
+            if is_dir and (child_real in ancestors or child_real == real):
+                continue  # a link back up the tree would loop
+            yield path, child_real, is_dir
+
+    def _text_files(self, folder: Path, real: Path, ancestors: frozenset) -> list[Path]:
+        out = []
+        for path, child_real, is_dir in self._children(folder, real, ancestors):
+            if is_dir:
+                out.extend(self._text_files(path, child_real, ancestors | {real}))
+            elif path.suffix in TEXT_SUFFIXES and path.is_file():
+                out.append(child_real)
+        return out
+
+    def _glob(self, folder: Path, real: Path, segments: tuple[str, ...], ancestors: frozenset):
+        """(path, is_dir) of everything under `folder` that the pattern segments match."""
+        head, rest = segments[0], segments[1:]
+        if head == "**":
+            if rest:
+                yield from self._glob(folder, real, rest, ancestors)
+            for path, child_real, is_dir in self._children(folder, real, ancestors):
+                if path.name.startswith("."):
+                    continue
+                if not rest:
+                    yield path, is_dir
+                if is_dir:
+                    yield from self._glob(path, child_real, segments, ancestors | {real})
+            return
+        for path, child_real, is_dir in self._children(folder, real, ancestors):
+            if path.name.startswith(".") and not head.startswith("."):
+                continue
+            if not fnmatch.fnmatchcase(path.name, head):
+                continue
+            if not rest:
+                yield path, is_dir
+            elif is_dir:
+                yield from self._glob(path, child_real, rest, ancestors | {real})
 
 
-def _text_files_under(directory: Path) -> list[Path]:
-    return [p.resolve() for p in directory.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()]
+def file_sizes(files: Sequence[Path]) -> list[int]:
+    """The size of each file in bytes; ValueError naming the first that cannot be read."""
+    sizes = []
+    for file in files:
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except OSError as e:
+            raise ValueError(
+                f"data.paths: cannot read {file} ({e.strerror}); fix its permissions or leave it "
+                "out of data.paths"
+            ) from e
+        try:
+            sizes.append(os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    return sizes
 
 
 def default_cache_dir() -> Path:

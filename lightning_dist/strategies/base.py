@@ -52,6 +52,13 @@ class LightningDistStrategy:
     def planner_settings(self, layout: Layout) -> PlannerSettings:
         return PlannerSettings()
 
+    def enable_async_save(self) -> None:
+        """Write checkpoints in the background; only the FSDP2/3D core can (sharded saves)."""
+        raise ValueError(
+            f"trainer.checkpoint.async_save=true is not supported by {type(self).__name__}; use "
+            "strategy=fsdp2 or a 3d layout (sharded checkpoints), or set it to false"
+        )
+
     def setup_environment(self) -> None:
         self.join_process_group()
         super().setup_environment()

@@ -54,6 +54,7 @@ class FSDP2Strategy(Parallel3DStrategy):
         auto_wrap: list[str | type[nn.Module]] | None = None,
         state_dict_type: str = "sharded",
         init_sharded: bool = False,
+        async_save: bool = False,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
@@ -64,7 +65,7 @@ class FSDP2Strategy(Parallel3DStrategy):
             prefetch_forward=prefetch_forward, prefetch_backward=prefetch_backward,
             param_dtype=param_dtype, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload,
             activation_checkpointing=activation_checkpointing, auto_wrap=auto_wrap,
-            state_dict_type=state_dict_type, init_sharded=init_sharded,
+            state_dict_type=state_dict_type, init_sharded=init_sharded, async_save=async_save,
             process_group_backend=process_group_backend, timeout=timeout,
         )  # fmt: skip
         self.dp_replicate = dp_replicate

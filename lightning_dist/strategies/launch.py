@@ -3,12 +3,26 @@
 Lightning's own command for Hydra children repeats `sys.argv`, which under `-m` (multirun)
 starts a whole sweep in every child, and points children at `hydra.run.dir`, which under a
 sweep is not the job's directory. We give each child exactly this job's overrides and this
-job's output directory, so a multi-process run writes one run directory, and multirun works.
+job's output directory, so a multi-process run writes one run directory.
+
+A multirun runs its jobs one after another in the process that is rank 0 of each. Lightning
+leaves that process with the finished job's process group and the launcher's variables
+(`LOCAL_RANK` above all, which tells the next launcher that someone else started the ranks), so
+the next job would start no processes and talk to the previous job's exited ranks.
+`end_launched_job` undoes both once a job is over: every job starts its own ranks.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from typing import Any
+
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What Lightning's subprocess launcher writes into the launching process's environment."""
+
+_before_launch: dict[str, str | None] = {}
 
 
 def _child_command(local_rank: int) -> tuple[list[str], str]:
@@ -32,7 +46,37 @@ def _child_command(local_rank: int) -> tuple[list[str], str]:
 
 
 def fix_hydra_child_command() -> None:
-    """Make Lightning's subprocess launcher start children with this job's own overrides."""
+    """Make Lightning's subprocess launcher start children with this job's own overrides, and
+    remember the launcher variables as they are before it runs (see `end_launched_job`)."""
     from lightning_dist._compat import replace_hydra_child_command
 
+    _before_launch.clear()
+    _before_launch.update({name: os.environ.get(name) for name in LAUNCHER_VARIABLES})
     replace_hydra_child_command(_child_command)
+
+
+def end_launched_job(trainer: Any, timeout: float = 300.0) -> None:
+    """In the process that started this job's other ranks: wait for them to exit, destroy the
+    process group and restore the launcher variables, so that the next job of a multirun starts
+    its own ranks. A no-op in every other process (one-process runs, ranks that torchrun or SLURM
+    started, the children themselves)."""
+    import torch.distributed as dist
+
+    children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None)
+    if not children:
+        return
+    for rank, child in enumerate(children, start=1):
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:  # a rank that outlives its job must not block the next
+            child.kill()
+            code = child.wait()
+        if code:
+            print(f"warning: rank {rank} of this job exited with status {code}", file=sys.stderr)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for name, value in _before_launch.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -61,6 +61,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             default every rank materialises the whole model once, so the weights equal the
             single-device ones, and keeps its slice.
         state_dict_type: "sharded" (a torch.distributed.checkpoint folder) or "full".
+        async_save: write sharded checkpoints in the background (see `checkpoint3d.AsyncSaves`).
     """
 
     strategy_name = "parallel3d"
@@ -89,6 +90,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         auto_wrap: list[str | type[nn.Module]] | None = None,
         init_sharded: bool = False,
         state_dict_type: str = "sharded",
+        async_save: bool = False,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
@@ -119,6 +121,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         self.cpu_offload = cpu_offload
         self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
         self.init_sharded = init_sharded
+        self._async_saves = None
+        if async_save:
+            self.enable_async_save()
         self._pipeline: PipelinedModel | None = None
         self._parallelize_called = False
         self._micro_step = 0
@@ -354,6 +359,31 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         if not self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         return checkpoint3d.flat_optimizer_state(self.model, optimizer)
+
+    def enable_async_save(self) -> None:  # the contract's
+        if not self._save_distributed_checkpoint:
+            raise ValueError(
+                "trainer.checkpoint.async_save=true needs strategy.state_dict_type=sharded"
+            )
+        self._async_saves = checkpoint3d.AsyncSaves()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+        """Lightning's save, or with `async_save` the same files written in the background."""
+        if self._async_saves is None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        for i, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
+            state[f"optimizer_{i}"] = optimizer_state
+        self._async_saves.save(state, path, checkpoint, rank0=self.global_rank == 0)
+
+    def teardown(self) -> None:
+        if self._async_saves is not None:  # the last save finishes before the processes end
+            self._async_saves.wait()
+        super().teardown()
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint saved with the same layout."""

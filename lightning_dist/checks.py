@@ -1,0 +1,172 @@
+"""Checks of a composed training config that need no model and no process: keys, targets,
+internal schemas, numbers, precision and what this machine can hold.
+
+Each raises one ValueError naming the bad value and the fix; `train()` turns it into the one
+line `error: ...` (exit 2) on every rank, before step 1. Warnings are one `warning: ...` line on
+stderr, from the first process only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_dist.builder import check_targets
+
+BYTES_PER_CPU_RANK = 0.5 * 2**30
+"""What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""
+CPU_RANKS_PER_CORE = 8
+"""How far CPU ranks may oversubscribe the cores (the tests run 8 gloo ranks on 2 cores)."""
+MIN_CPU_RANK_LIMIT = 8
+STATE_BYTES_PER_PARAM = 16
+"""fp32 weights, gradients and AdamW's two moments."""
+
+
+def launch_rank_zero() -> bool:
+    """True in the process that launches the run (and in global rank 0 under torchrun/SLURM)."""
+    if "RANK" in os.environ:
+        return os.environ["RANK"] == "0"
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def warn_once(message: str) -> None:
+    """One `warning: ...` line on stderr, from the first process only."""
+    if launch_rank_zero():
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def check_keys(cfg: DictConfig, path: str = "") -> None:
+    """Every key of a typed node is a field of its schema. Hydra refuses `model.dimm=3` itself,
+    but `+foo=1` adds any key; here that fails too. Values are never echoed (they may be
+    secrets)."""
+    schema = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(schema):
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in cfg:
+            if key not in fields:
+                where = f"{path}.{key}" if path else str(key)
+                owner = path or "the top level"
+                raise ValueError(
+                    f"unknown config key {where}: {owner} takes {', '.join(fields)}; "
+                    f"check the spelling, or drop the override of {where}"
+                )
+    for key in cfg:
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            check_keys(child, f"{path}.{key}" if path else str(key))
+
+
+def check_choices(choices: dict[str, Any]) -> None:
+    """No config group is set to an internal schema (`strategy=schema_ddp`)."""
+    from lightning_dist.config import choice_names
+
+    for group, choice in choices.items():
+        if isinstance(choice, str) and choice.startswith("schema_") and "/" not in group:
+            valid = ", ".join(choice_names(group))
+            raise ValueError(
+                f"{group}={choice} is an internal schema, not a config; choose one of: {valid}"
+            )
+
+
+def _at_least(low: float, *, optional: bool = False, strict: bool = False):
+    def ok(v):
+        return (optional and v is None) or (v is not None and (v > low if strict else v >= low))
+
+    return ok
+
+
+NUMBER_RULES = [
+    ("trainer.max_steps", _at_least(1), "at least 1 (the optimizer steps to train)"),
+    ("trainer.log_every_n_steps", _at_least(1), "at least 1"),
+    ("trainer.val_check_interval", _at_least(1, optional=True), "at least 1, or null"),
+    ("trainer.gradient_clip_val", _at_least(0, optional=True), "0 or more, or null"),
+    ("trainer.checkpoint.every_n_train_steps", _at_least(1, optional=True), "at least 1, or null"),
+    ("optim.lr", _at_least(0), "0 or more (e.g. optim.lr=3e-3)"),
+    ("optim.warmup_steps", _at_least(0), "0 or more"),
+    ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "between 0 and 1"),
+    ("optim.weight_decay", _at_least(0), "0 or more"),
+    ("optim.eps", _at_least(0, strict=True), "above 0"),
+    ("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two values in [0, 1)"),
+]  # fmt: skip
+"""(key, test, what the value must be) for the numbers of a training config."""
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    """The numbers of the trainer and optimizer are in range; `optim.lr=0` only warns."""
+    for key, ok, requirement in NUMBER_RULES:
+        value = OmegaConf.select(cfg, key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
+        if not ok(value):
+            raise ValueError(f"{key}={value} must be {requirement}")
+    if cfg.optim.lr == 0:
+        warn_once("optim.lr=0: the weights will not change; set optim.lr above 0 to train")
+
+
+def check_config(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None:
+    """Every check of a composed config that needs nothing built."""
+    from lightning_dist.config import TrainSchema
+
+    if OmegaConf.get_type(cfg) is not TrainSchema:
+        raise ValueError("this is not a training config; run train.py with --config-name=train")
+    if choices is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    check_targets(cfg)
+    check_keys(cfg)
+    check_choices(choices)
+    check_numbers(cfg)
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """The precision that runs: CPUs have no fp16 autocast, so `16-mixed` runs as bf16-mixed
+    (Lightning does the same with a warning); say so once and record what runs."""
+    if accelerator == "cpu" and str(precision) in ("16-mixed", "16"):
+        warn_once(
+            f"trainer.precision={precision} has no fp16 autocast on CPUs; running bf16-mixed "
+            "(set trainer.precision=bf16-mixed or 32-true to silence this)"
+        )
+        return "bf16-mixed"
+    return str(precision)
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its affinity, where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_cpu_capacity(devices: int, num_params: int, *, cores: int | None = None,
+                       memory: int | None = None) -> None:  # fmt: skip
+    """A CPU run's processes fit this machine: at most `CPU_RANKS_PER_CORE` per core, and their
+    memory (a base per process plus one full copy of the model states) under physical memory."""
+    cores = cores or cpu_count()
+    memory = memory or memory_bytes()
+    limit = max(MIN_CPU_RANK_LIMIT, CPU_RANKS_PER_CORE * cores)
+    gib = 2**30
+    if devices > limit:
+        raise ValueError(
+            f"hardware.devices={devices} starts {devices} CPU processes, but this machine has "
+            f"{cores} cores (at most {limit} processes, {CPU_RANKS_PER_CORE} per core); lower "
+            "hardware.devices"
+        )
+    need = devices * BYTES_PER_CPU_RANK + STATE_BYTES_PER_PARAM * num_params
+    if need > memory:
+        raise ValueError(
+            f"hardware.devices={devices} CPU processes need about {need / gib:.1f} GiB "
+            f"({BYTES_PER_CPU_RANK / gib:.1f} GiB each plus {STATE_BYTES_PER_PARAM * num_params / gib:.1f} "
+            f"GiB of model states), but this machine has {memory / gib:.1f} GiB; lower "
+            "hardware.devices or pick a smaller model"
+        )

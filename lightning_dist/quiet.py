@@ -1,0 +1,53 @@
+"""A quiet console: third-party hints that users cannot act on are silenced, the rest shown once.
+
+Each rank process calls `quiet_third_party()` before its Trainer is built (the progress callback
+does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
+
+- kineto's `USDT: ... profiler_start/stop` lines, two per profiled step and rank: the
+  profiler's log level is raised (`KINETO_LOG_LEVEL=6`, only when unset: kineto then hides its
+  errors too; `KINETO_LOG_LEVEL=4` brings both back);
+- Lightning's "💡 Tip ... litlogger" advert, on every Trainer;
+- torch's `broadcast_buffers` deprecation, raised by the DDP wrapper on every rank for an
+  argument Lightning's DDPStrategy passes through (`strategy.broadcast_buffers`);
+- Lightning's hint that `srun` exists but is unused: shown once per process, not once per job.
+
+W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+KINETO_QUIET_LEVEL = "6"
+"""Above kineto's USDT level (5): its profiler_start/stop lines are not printed."""
+
+_SILENCED_LOGS = ("💡 Tip: For seamless cloud logging",)
+"""Starts of INFO lines of `lightning.pytorch.utilities.rank_zero` that never print."""
+
+
+class _DropHints(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_SILENCED_LOGS)
+
+
+_FILTER = _DropHints()
+
+
+def quiet_profiler() -> None:
+    """Hide kineto's USDT lines; call before the first `torch.profiler.profile` starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)
+
+
+def quiet_third_party() -> None:
+    """Install the filters of the module docstring (idempotent)."""
+    quiet_profiler()
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if _FILTER not in log.filters:
+            log.addFilter(_FILTER)
+    warnings.filterwarnings(
+        "ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning
+    )
+    warnings.filterwarnings("once", message=r"The `srun` command is available on your system")

@@ -1,0 +1,144 @@
+"""The planner speaks train.py: its assumptions, a legend, a table that fits 120 columns, a host
+memory column for offload, and for every row the `python train.py ...` command that runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from lightning_dist.config import compose_config, hardware_spec, model_spec
+from lightning_dist.contract import contract_of
+from lightning_dist.parity import REPO_ROOT
+from lightning_dist.plan import main, strategy_overrides, train_command
+from lightning_dist.planner import plan_layouts
+from lightning_dist.preflight import estimate_run
+from lightning_dist.train import build_strategy
+
+PLAN_70B = ["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4"]
+
+
+def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)  # fmt: skip
+
+
+def _command_args(command: str) -> list[str]:
+    words = shlex.split(command)
+    assert words[:2] == ["python", "train.py"], command
+    return words[2:]
+
+
+def test_table_states_its_assumptions_fits_120_columns_and_has_a_legend(capsys):
+    assert main([*PLAN_70B, "--top", "8"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("model llama3_70b (70.55B parameters), bf16-mixed, AdamW; ")
+    assert "global batch 16 x 256 tokens" in lines[0]
+    assert "the CPU defaults of data=text" in out and "data.global_batch_size=" in out
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+    assert (
+        "legend:" in out and "mbs = micro-batch" in out and "ac = activation checkpointing" in out
+    )
+    assert "offload =" in out
+    assert "run it: python train.py model=llama3_70b hardware=dgx_h100" in out
+
+
+def test_details_add_memory_by_category(capsys):
+    assert main([*PLAN_70B, "--top", "2", "--details"]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "layout" in line)
+    assert all(name in header for name in ("params", "grads", "optim", "acts", "buffers"))
+
+
+def test_offload_rows_show_host_memory(capsys):
+    args = ["model=llama3_8b", "hardware=rtx4090_x4", "data.seq_len=2048",
+            "data.global_batch_size=8", "--top", "3"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "host GiB" in out
+    row = next(line for line in out.splitlines() if "offload" in line and "*" in line)
+    assert "29.9" in row  # the offloaded states, in host memory, not a 0.0 on the device
+
+
+def test_command_prints_one_runnable_line(capsys):
+    assert main([*PLAN_70B, "--command"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    args = _command_args(line)
+    assert args[:3] == PLAN_70B and "strategy=3d" in args
+    assert main([*PLAN_70B, "--command", "all", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("python train.py") == 3 and out.count("# ") == 3
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        PLAN_70B,
+        ["model=llama3_8b", "hardware=dgx_h100"],
+        ["model=llama3_8b", "hardware=rtx4090_x4", "data.seq_len=2048", "data.global_batch_size=8"],
+        ["model=llama3_1b", "hardware=rtx4090_x4"],
+        ["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=64",
+         "data.global_batch_size=512", "data.seq_len=4096"],
+    ],
+)  # fmt: skip
+def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):
+    """Compose each row's command as train.py does: the strategy's layout, its planner settings
+    and the pre-flight estimate are the row's own."""
+    cfg = compose_config([*overrides, f"paths.output_dir={tmp_path}"])
+    spec, hw = model_spec(cfg), hardware_spec(cfg)
+    result = plan_layouts(spec, hw, global_batch_size=int(cfg.data.global_batch_size),
+                          seq_len=int(cfg.data.seq_len),
+                          precision=cfg.trainer.precision or None)  # fmt: skip
+    checked = 0
+    for cand in result.candidates[:8]:
+        if strategy_overrides(cand) is None:
+            continue
+        run_cfg = compose_config([*_command_args(train_command(overrides, cand)),
+                                  f"paths.output_dir={tmp_path}"])  # fmt: skip
+        strategy = build_strategy(run_cfg.strategy, hw)
+        layout = contract_of(strategy).layout_for(hw.resolved_devices(), hw.num_nodes)
+        predicted = estimate_run(run_cfg, spec, hw, strategy, layout,
+                                 run_cfg.trainer.precision or hw.precision)  # fmt: skip
+        assert predicted.describe() == cand.describe()
+        assert predicted.memory.total == pytest.approx(cand.memory.total)
+        checked += 1
+    assert checked
+
+
+@pytest.mark.slow
+def test_the_70b_command_is_what_train_py_plans():
+    """`--command` for 70B on four DGX H100 nodes, run by train.py with plan.only=true: the
+    pre-flight predicts the same layout, and it fits."""
+    plan = _run("-m", "lightning_dist.plan", *PLAN_70B, "--command")
+    assert plan.returncode == 0, plan.stderr
+    chosen = _run("-m", "lightning_dist.plan", *PLAN_70B, "--top", "1").stdout
+    label = re.search(r"^chosen: (.+)$", chosen, re.MULTILINE).group(1)
+    result = _run("train.py", *_command_args(plan.stdout.strip()), "plan.only=true")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"layout: {label}" in result.stdout and "fits: yes" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(tmp_path):
+    """The planner's command for a 1B model on a 4-GPU workstation, with `hardware=cpu` (4 gloo
+    ranks) and the debug model substituted, trains."""
+    plan = _run("-m", "lightning_dist.plan", "model=llama3_1b", "hardware=rtx4090_x4",
+                "data.global_batch_size=16", "data.seq_len=256", "--command")  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    swap = {"model=llama3_1b": "model=llama_debug", "hardware=rtx4090_x4": "hardware=cpu"}
+    args = [swap.get(a, a) for a in _command_args(plan.stdout.strip())]
+    assert "model=llama_debug" in args and "hardware=cpu" in args
+    # dp_shard=2 x tp=2 with sequence parallelism and SHARD_GRAD_OP, when this test was written
+    assert "strategy=3d" in args and "strategy.tp=2" in args, args
+    # (a shorter sequence for speed: the layout's overrides do not depend on it)
+    result = _run("train.py", *args, "hardware.devices=4", "data=synthetic", "data.seq_len=32",
+                  "logger=none",
+                  "trainer.max_steps=2", "trainer.val_check_interval=null",
+                  f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "run finished: 2 steps" in result.stdout
