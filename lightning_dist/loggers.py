@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -96,9 +97,14 @@ def wandb_logger(
     name: str | None = None,
     mode: str | None = None,
     tags: list[str] | None = None,
+    id: str | None = None,
 ):
     """A Lightning WandbLogger; `mode=None` (and no `WANDB_MODE`) means online when logged in
-    and the server answers within a few seconds, else offline."""
+    and the server answers within a few seconds, else offline.
+
+    The run's id is kept in `<save_dir>/wandb_run_id`; `train()` passes it back as `id` when
+    it resumes there (`trainer.resume=auto`), so the resumed run continues the same W&B run.
+    """
     from lightning.pytorch.loggers import WandbLogger
 
     from lightning_dist._compat import drop_wandb_anonymous
@@ -107,9 +113,32 @@ def wandb_logger(
     os.makedirs(save_dir, exist_ok=True)
     # W&B records the program arguments, and an override may carry a secret.
     sys.argv[1:] = [redact_text(arg) for arg in sys.argv[1:]]
-    logger = WandbLogger(project=project, name=name, save_dir=save_dir, mode=mode, tags=tags or [])
+    id = id or _new_run_id()
+    if _first_process():
+        Path(save_dir, WANDB_RUN_ID_FILE).write_text(id + "\n")
+    logger = WandbLogger(project=project, name=name, save_dir=save_dir, mode=mode,
+                         tags=tags or [], id=id, resume="allow")  # fmt: skip
     drop_wandb_anonymous(logger)  # else wandb warns about a setting nobody set
     return logger
+
+
+WANDB_RUN_ID_FILE = "wandb_run_id"
+
+
+def _new_run_id() -> str:
+    """Eight lowercase hex characters, a valid W&B run id."""
+    import secrets
+
+    return secrets.token_hex(4)
+
+
+def _first_process() -> bool:
+    """Global rank 0 (Lightning's launcher leaves RANK unset there; torchrun sets it)."""
+    return (
+        os.environ.get("RANK", "0") == "0"
+        and os.environ.get("LOCAL_RANK", "0") == "0"
+        and (os.environ.get("NODE_RANK", "0") == "0")
+    )
 
 
 def offline_run_dir(logger: Any) -> str | None:

@@ -282,6 +282,17 @@ def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
     ]
 
 
+def continue_logger_run(cfg: DictConfig, plan: RunPlan, run_dir: Path) -> None:
+    """Resuming in the same run directory: a logger that declares an `id` gets the run id it
+    saved there (W&B: `wandb_run_id`), so the resumed run continues the same logged run."""
+    from lightning_dist.loggers import WANDB_RUN_ID_FILE
+
+    saved = run_dir / WANDB_RUN_ID_FILE
+    if plan.ckpt_path and cfg.logger and "id" in cfg.logger and not cfg.logger.id:
+        if saved.is_file():
+            cfg.logger.id = saved.read_text().strip()
+
+
 def resilience_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
     """The NaN guard and preemption handling always; the hang watchdog with several ranks."""
     from lightning_dist.callbacks.nan_guard import NonFiniteGuard
@@ -302,6 +313,9 @@ def quiet_known_warnings() -> None:
     # Lightning asks for a resumable dataloader mid-epoch, but resume is exact without one: the
     # sampler restarts from the datamodule's saved step (the resume tests compare bit for bit).
     warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
+    from lightning_dist.quiet import quiet_third_party
+
+    quiet_third_party()  # profiler USDT lines and repeated third-party tips, with or without callbacks
 
 
 def _run_dir(cfg: DictConfig) -> Path:
@@ -394,6 +408,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(context)
+    continue_logger_run(cfg, plan, run_dir)
     logger = build(cfg.logger, "logger") if cfg.logger else None
     with config_errors():  # Lightning's own checks of its arguments (e.g. the precision name)
         trainer = build_trainer(cfg, plan, run_dir, callbacks, logger)

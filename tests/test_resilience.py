@@ -47,11 +47,19 @@ def _child_pid(proc: subprocess.Popen) -> int:
     """Rank 1: the process Lightning's launcher started from rank 0."""
     for _ in range(100):
         out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
+        # Rank 0 may have other children (W&B's service); rank 1 runs train.py.
+        pids = [int(p) for p in out.stdout.split() if b"train.py" in _cmdline(int(p))]
         if pids:
             return pids[0]
         time.sleep(0.1)
     raise AssertionError("rank 1 never started")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
@@ -160,12 +168,17 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, rank", [(signal.SIGTERM, 1), (signal.SIGUSR1, 0)])
+@pytest.mark.parametrize(
+    "signum, rank",
+    [(signal.SIGTERM, 1), (signal.SIGUSR1, 0)],
+    ids=["sigterm_rank1", "sigusr1_rank0"],
+)
 def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
     signum, rank, uninterrupted, tmp_path
 ):
     full, full_dir = uninterrupted
-    proc = _launch(*DDP12, run_dir=tmp_path)
+    logged = ["logger=wandb"] if signum == signal.SIGTERM else []  # W&B offline (ENV)
+    proc = _launch(*DDP12, *logged, run_dir=tmp_path)
     _wait_for(tmp_path / "checkpoints" / "step5.ckpt", proc)
     os.kill(proc.pid if rank == 0 else _child_pid(proc), signum)
     out, err = proc.communicate(timeout=240)
@@ -174,8 +187,11 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
     stopped = summary["preempted_at_step"]
     assert summary["status"] == "preempted" and 5 < stopped < 12
     assert (tmp_path / "checkpoints" / f"step{stopped}.ckpt").is_file()
-    resumed = run_train([*FAST, *DDP12, "trainer.resume=auto"], tmp_path)
+    resumed = run_train([*FAST, *DDP12, *logged, "trainer.resume=auto"], tmp_path)
     assert resumed["status"] == "completed" and resumed["first_step"] == stopped
+    if logged:  # the resumed run continues the same (offline) W&B run
+        runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+        assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1, runs
     assert resumed["steps"] == 12 and resumed["losses"] == full["losses"][stopped:]
     final, reference = (
         _state(tmp_path / "checkpoints" / "last.ckpt"),

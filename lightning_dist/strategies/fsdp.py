@@ -249,7 +249,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             raise ValueError(
                 f"strategy.cpu_offload=true cannot accumulate gradients ({accumulate} micro-batches "
                 "per step): FSDP1 overwrites offloaded gradients outside no_sync; make "
-                "data.micro_batch_size the whole per-rank batch, or use strategy=fsdp2"
+                "data.per_rank_batch_size the whole per-rank batch, or use strategy=fsdp2"
             )
 
     def setup(self, trainer) -> None:
