@@ -10,6 +10,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import torch
+import torch.distributed as dist
 
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
@@ -105,3 +106,11 @@ def step_clock(trainer: Any) -> StepClock:
     if clock is None:
         clock = _CLOCKS[trainer] = StepClock()
     return clock
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag OR-ed over every rank (one all-reduce)."""
+    values = torch.tensor([float(f) for f in flags], device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in values.tolist()]

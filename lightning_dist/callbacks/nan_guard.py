@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+
+from lightning_dist.callbacks.context import any_rank
 
 POLICIES = ("stop", "skip")
 
@@ -48,7 +49,7 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads_finite = all(_finite(p.grad) for p in params if p.grad is not None)
-        bad = _any_rank([not self._loss_finite, not grads_finite], trainer.strategy.root_device)
+        bad = any_rank([not self._loss_finite, not grads_finite], trainer.strategy.root_device)
         self._loss_finite = True
         step = trainer.global_step + 1
         if not any(bad):
@@ -82,11 +83,3 @@ def _finite(tensor: torch.Tensor) -> bool:
     if isinstance(tensor, DTensor):
         tensor = tensor.to_local()
     return bool(torch.isfinite(tensor.detach()).all())
-
-
-def _any_rank(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag OR-ed over every rank (one all-reduce)."""
-    values = torch.tensor([float(f) for f in flags], device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in values.tolist()]

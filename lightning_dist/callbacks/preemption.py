@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+
+from lightning_dist.callbacks.context import any_rank
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Preemption(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # not an optimizer-step boundary
-        if not _any_rank(self.received is not None, trainer.strategy.root_device):
+        if not any_rank([self.received is not None], trainer.strategy.root_device)[0]:
             return
         step = trainer.global_step
         self.preempted_at = step
@@ -79,13 +79,6 @@ class Preemption(Callback):
             return {}
         return {"status": "preempted", "preempted_at_step": self.preempted_at,
                 "checkpoint": str(self.checkpoint)}  # fmt: skip
-
-
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    value = torch.tensor([float(flag)], device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def requeue_slurm_job() -> None:
