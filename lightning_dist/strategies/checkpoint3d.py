@@ -32,9 +32,7 @@ def flat_optimizer_state(model: nn.Module, optimizer) -> dict[str, Any]:
     return get_optimizer_state_dict(model, optimizer, options=flat_options())
 
 
-def load_sharded(
-    model: nn.Module, optimizers: list, path: Path, *, strict: bool, weights_only: bool | None
-) -> dict[str, Any]:
+def load_sharded(model: nn.Module, optimizers: list, path: Path, *, strict: bool) -> dict[str, Any]:
     """Load model and optimizer states saved by the same layout; return Lightning's metadata
     (loops, schedulers, callbacks) from the checkpoint folder."""
     from torch.distributed.checkpoint import load
@@ -52,7 +50,8 @@ def load_sharded(
         state = {key: get_optimizer_state_dict(model, optimizer, options=flat_options())}
         load(state, checkpoint_id=path)
         set_optimizer_state_dict(model, optimizer, state[key], options=flat_options())
-    return torch.load(path / LIGHTNING_CHECKPOINT_METADATA, weights_only=weights_only)
+    # Never plain pickle, whatever the caller asks: the file holds only loop and callback state.
+    return torch.load(path / LIGHTNING_CHECKPOINT_METADATA, weights_only=True)
 
 
 def is_sharded_checkpoint(path: Path) -> bool:

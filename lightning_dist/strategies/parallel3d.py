@@ -390,10 +390,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         path = Path(self.broadcast(checkpoint_path))
         if not checkpoint3d.is_sharded_checkpoint(path):
             return super().load_checkpoint(path, weights_only=weights_only)
+        # Its metadata file is always read with weights_only=True (see checkpoint3d).
         return checkpoint3d.load_sharded(
-            self.model, self.optimizers, path, strict=self.lightning_module.strict_loading,
-            weights_only=weights_only,
-        )  # fmt: skip
+            self.model, self.optimizers, path, strict=self.lightning_module.strict_loading
+        )
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
