@@ -55,6 +55,15 @@ def _child_pid(proc: subprocess.Popen) -> int:
     raise AssertionError("rank 1 never started")
 
 
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait for a reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -232,11 +241,11 @@ def test_a_stopped_rank_stops_every_rank_and_is_named(layout, timeout, tmp_path)
     assert proc.returncode not in (0, None), err[-3000:]
     assert "stopped making progress" in err and "rank 1 " in err, err[-3000:]
     assert took < timeout + 30
-    for _ in range(50):  # the stopped rank was killed, not left behind (init reaps it)
-        if not Path(f"/proc/{stopped}").exists():
+    for _ in range(50):  # the stopped rank was killed, not left behind
+        if not _alive(stopped):
             break
         time.sleep(0.2)
-    assert not Path(f"/proc/{stopped}").exists(), "the stopped rank is still there"
+    assert not _alive(stopped), "the stopped rank is still there"
 
 
 # --- elastic restart under torchrun ---------------------------------------------------------
