@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dist.builder import ALLOWED_TARGETS, allow_targets, build
+from lightning_dist.builder import build
 from lightning_dist.callbacks.context import RunContext
 from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.contract import contract_of
@@ -99,16 +99,6 @@ def guard_command_line(args: list[str] | None = None) -> None:
 def _cluster_launch() -> bool:
     """True when an external launcher (torchrun, SLURM) started this process."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
-
-
-ALLOWED_STRATEGY_TARGETS = ALLOWED_TARGETS["strategy"]
-"""Where `strategy._target_` may point (`lightning_dist.builder` holds every group's list)."""
-
-
-def allow_strategy_targets(*prefixes: str) -> None:
-    """Let `strategy._target_` name your own strategy classes (call it from Python, before
-    `train(cfg)`; a config cannot widen what a config may run)."""
-    allow_targets("strategy", *prefixes)
 
 
 def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,

@@ -56,7 +56,17 @@ def test_model_without_the_protocol():
         split_blocks(model, 2)
 
 
-@pytest.mark.parametrize("build", [DEBUG.build, HF.build], ids=["llama", "hf_llama"])
+def _hf_build(model_type: str):
+    from tests.test_hf_archs import spec
+
+    return spec(model_type).build
+
+
+@pytest.mark.parametrize(
+    "build",
+    [DEBUG.build, HF.build, _hf_build("qwen2"), _hf_build("mistral")],
+    ids=["llama", "hf_llama", "hf_qwen2", "hf_mistral"],
+)
 def test_stages_keep_names_and_compose_to_the_whole_model(build):
     torch.manual_seed(0)
     whole = build()

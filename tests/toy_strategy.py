@@ -12,7 +12,6 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning_dist.builder import allow_targets
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.strategies.base import LightningDistStrategy
-from lightning_dist.train import allow_strategy_targets
 
 
 class ToyStrategy(LightningDistStrategy, DDPStrategy):
@@ -34,5 +33,5 @@ class ToySchema:
 
 
 ConfigStore.instance().store(name="schema_toy", node=ToySchema)
-allow_strategy_targets("tests.toy_strategy.")
+allow_targets("strategy", "tests.toy_strategy.")
 allow_targets("callbacks", "tests.")  # fault injectors (tests/faults.py) for runs of toy_train.py
