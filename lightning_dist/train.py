@@ -94,6 +94,9 @@ def guard_command_line(args: list[str] | None = None) -> None:
     except ValueError as e:
         report_config_error(e)
     wrap_hydra_errors(report_config_error)
+    # conf/hydra/launcher/submitit_slurm.yaml is complete by itself; Hydra's note that it is also
+    # checked against the plugin's schema of the same name asks nothing of the user.
+    warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_slurm' is valid")
 
 
 def _cluster_launch() -> bool:
@@ -288,9 +291,12 @@ def resilience_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
     from lightning_dist.callbacks.nan_guard import NonFiniteGuard
     from lightning_dist.callbacks.preemption import Preemption
     from lightning_dist.callbacks.watchdog import HangWatchdog
+    from lightning_dist.launch.requeue_signal import hand_over
 
     t = cfg.trainer
-    callbacks = [NonFiniteGuard(t.nan_policy, t.nan_max_skips), Preemption(checkpoint_dir(cfg))]
+    preemption = Preemption(checkpoint_dir(cfg))
+    hand_over(preemption)  # a SIGUSR1 that came before training starts is acted on at step 1
+    callbacks = [NonFiniteGuard(t.nan_policy, t.nan_max_skips), preemption]
     if plan.world_size > 1:
         callbacks.append(HangWatchdog(stall_seconds=t.collective_timeout_s / 2))
     return callbacks
@@ -312,6 +318,14 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+def slurm_environment() -> list:
+    """Under Slurm, Lightning's SLURMEnvironment without its own requeue handler: SIGUSR1 is
+    the Preemption callback's (checkpoint, requeue, resume; lightning_dist/launch/requeue_signal.py)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
 def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list, logger):
     """The Lightning Trainer of this run."""
     import lightning as L
@@ -320,6 +334,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
     from lightning_dist.resume import AtomicCheckpointIO
 
     t, accumulate = cfg.trainer, plan.accumulate
+    plugins = [AtomicCheckpointIO(), *slurm_environment()]
     return L.Trainer(
         accelerator=plan.hardware.accelerator,
         devices=plan.devices,
@@ -339,7 +354,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
         use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
         logger=[lg for lg in (logger, metrics_logger(str(run_dir))) if lg is not None],
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
+        plugins=plugins,
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
@@ -359,6 +374,9 @@ def build_module(cfg: DictConfig, spec: Any):
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the configured model and return the summary (written to summary.json on rank 0)."""
     started = time.perf_counter()
+    from lightning_dist.launch.requeue_signal import hold_requeue_signal
+
+    hold_requeue_signal()  # under Slurm, before anything slow: SIGUSR1 must not end the process
     quiet_known_warnings()
     import lightning as L
 
