@@ -94,9 +94,6 @@ def guard_command_line(args: list[str] | None = None) -> None:
     except ValueError as e:
         report_config_error(e)
     wrap_hydra_errors(report_config_error)
-    # conf/hydra/launcher/submitit_slurm.yaml is complete by itself; Hydra's note that it is also
-    # checked against the plugin's schema of the same name asks nothing of the user.
-    warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_slurm' is valid")
 
 
 def _cluster_launch() -> bool:

@@ -71,7 +71,7 @@ def test_dry_run_refuses_a_bad_run_in_one_line(args, message, capsys):
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
-@pytest.mark.filterwarnings("ignore:.*is validated against ConfigStore schema")
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/submitit_slurm' is validated")
 def test_submitit_launcher_config_is_sized_from_the_hardware():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -53,6 +53,11 @@ RESOLVERS = {
 
 def register_submitit_resolvers() -> None:
     """Register the resolvers; idempotent."""
+    import warnings
+
+    # submitit_slurm.yaml is complete by itself; Hydra's note that it is also checked against the
+    # plugin's schema of the same name asks nothing of the user.
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
     for name, function in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, function)
