@@ -12,6 +12,7 @@ it with scripts/slurm/install.sh (Debian's slurm-wlm and munge, as root)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -250,6 +251,10 @@ def test_sigusr1_requeues_the_job_and_it_finishes_bitwise(jobs, cluster):
     assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1, runs
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+    reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')",
+)
 def test_submitit_launcher_runs_a_two_job_sweep(jobs):
     root, started = jobs
     out = _finished(started["sweep"], timeout=900)
@@ -261,3 +266,22 @@ def test_submitit_launcher_runs_a_two_job_sweep(jobs):
     folders = (root / "sweep" / ".submitit").iterdir()
     array_jobs = sorted(p.name for p in folders if re.fullmatch(r"\d+_\d+", p.name))
     assert len(array_jobs) == 2, array_jobs  # one Slurm array job, two tasks of it
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the job asks Slurm "
+                    "for --gpus-per-node and runs NCCL")  # fmt: skip
+def test_gpu_job_gets_its_gpus_and_the_hardware_nccl_settings(cluster, tmp_path):
+    """Written for a GPU machine (start.sh declares its GPUs as a GRES); not yet run on one."""
+    gpus = min(torch.cuda.device_count(), 2)
+    job_id = _submit(cluster, "debug=fast", "strategy=ddp", "hardware=gpu",
+                     f"hardware.devices={gpus}", "logger=none", f"hydra.run.dir={tmp_path}/run",
+                     "--log-dir", str(tmp_path), "--job-name", "gpu", "--time", "15")  # fmt: skip
+    job = _wait_job(cluster, job_id)
+    log = (tmp_path / f"gpu-{job_id}.out").read_text()
+    assert job["JobState"] == "COMPLETED", log[-4000:]
+    (script,) = tmp_path.glob("gpu-*.sbatch")
+    assert f"#SBATCH --gpus-per-node={gpus}" in script.read_text()
+    assert "export NCCL_DEBUG=WARN" in script.read_text()
+    summary = _summary(tmp_path / "run")
+    assert summary["world_size"] == gpus and summary["hardware"] == "gpu"

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _job(args: argparse.Namespace):
     """The checked run, as a SlurmJob; config errors end with `error: ...` and status 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     from lightning_dist.config import compose_config
     from lightning_dist.contract import contract_of
     from lightning_dist.launch.slurm import job_for
@@ -58,7 +61,7 @@ def _job(args: argparse.Namespace):
                 overrides=list(args.overrides), workdir=".", cpus_per_task=args.cpus_per_task,
                 **options,
             )  # fmt: skip
-    except Exception as e:  # Hydra's compose errors, and the ConfigErrors of the checks
+    except (ValueError, HydraException, OmegaConfBaseException) as e:  # ConfigError is a ValueError
         report_config_error(e)
 
 

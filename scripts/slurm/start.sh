@@ -46,6 +46,14 @@ node=$(hostname -s)
 # SLURM_NODE_CPUS declares more CPUs than the machine has (slurmd is told to believe the
 # config), so that several small jobs run side by side; the default is the machine's own count.
 cpus=${SLURM_NODE_CPUS:-$(nproc)}
+# NVIDIA GPUs, if any, as a GRES, so that --gpus-per-node jobs run (not yet run on a GPU machine).
+gpus=$(find /dev -maxdepth 1 -name 'nvidia[0-9]*' | wc -l)
+gres=""
+: >"$state/gres.conf"
+if [ "$gpus" -gt 0 ]; then
+  gres="Gres=gpu:$gpus"
+  echo "Name=gpu File=/dev/nvidia[0-$((gpus - 1))]" >"$state/gres.conf"
+fi
 cat >"$state/slurm.conf" <<CONF
 # One-node cluster for lightning_dist's tests (scripts/slurm/start.sh); no accounting, no cgroups.
 ClusterName=lightning_dist
@@ -64,6 +72,7 @@ SlurmdPidFile=$state/slurmd.pid
 SlurmctldLogFile=$state/log/slurmctld.log
 SlurmdLogFile=$state/log/slurmd.log
 PlugStackConfig=$state/plugstack.conf
+${gres:+GresTypes=gpu}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -76,7 +85,7 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 JobRequeue=1
 SchedulerParameters=sched_interval=1
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus $gres State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
 : >"$state/plugstack.conf"
