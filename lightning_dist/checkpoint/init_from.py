@@ -1,0 +1,84 @@
+"""`trainer.init_from=<checkpoint>`: start training from a checkpoint's weights, under any layout.
+
+Only the weights are read: the optimizer, the step counter, the data position and the schedule
+start fresh (use `trainer.ckpt_path` or `trainer.resume=auto` to continue a run). Every rank
+reads the parts of the weights it holds, whatever layout wrote them: DCP reshards on load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightning_dist.checkpoint.weights import (
+    CheckpointInfo,
+    one_process_io,
+    open_checkpoint,
+    storage_reader,
+)
+
+
+def check_init_from(path: str, spec: Any) -> CheckpointInfo:
+    """Before launch: the checkpoint exists and holds every weight of the configured model with
+    the same shape; ValueError (one line, naming the model overrides to use) otherwise."""
+    info = open_checkpoint(path)
+    with torch.device("meta"):
+        expected = {n: tuple(t.shape) for n, t in spec.build().state_dict().items()}
+    problem = None
+    for name, shape in expected.items():
+        if name not in info.weight_names:
+            problem = f"has no weight {name}"
+        elif tuple(info.tensor_meta(name).size) != shape:
+            have = tuple(info.tensor_meta(name).size)
+            problem = f"holds {name} of shape {have}, the configured model {shape}"
+        if problem:
+            break
+    if problem:
+        hint = ""
+        if info.args is not None:
+            from lightning_dist.checkpoint.weights import model_overrides
+
+            hint = f"; its model is {' '.join(model_overrides(info.args))}"
+        raise ValueError(f"trainer.init_from={path} {problem}{hint}")
+    return info
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name without the wrappers' segments (FSDP1, checkpointing, compile) and a
+    pipeline stage's `parts.<i>.` prefix: the single-device model's name."""
+    from lightning_dist.lm.module import WRAPPER_SEGMENTS
+
+    return WRAPPER_SEGMENTS.sub("", name)
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> int:
+    """Load the checkpoint's weights into `model` (this rank's part, sharded or not) in place;
+    return the number of tensors loaded. A collective when torch.distributed is initialised."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    info = open_checkpoint(path)
+    state = get_model_state_dict(model)
+    keyed = {info.weight_prefix + canonical_name(name): t for name, t in state.items()}
+    single = not (dist.is_available() and dist.is_initialized())
+    with one_process_io():
+        load(keyed, storage_reader=storage_reader(info.path), no_dist=single)
+    by_name = {name: keyed[info.weight_prefix + canonical_name(name)] for name in state}
+    set_model_state_dict(model, by_name)
+    return len(by_name)
+
+
+class InitFromCheckpoint(Callback):
+    """Loads the weights of `path` into the module's model once it is built and placed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        count = load_weights(pl_module.model, self.path)
+        if trainer.is_global_zero:
+            print(f"trainer.init_from: {count} weights from {self.path}", flush=True)
