@@ -225,9 +225,26 @@ def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
             )
         point = latest_checkpoint(checkpoint_dir(cfg))
         return (str(point.path) if point.path else None), point.describe()
+    if t.init_from and t.ckpt_path:
+        raise ValueError(
+            "trainer.init_from and trainer.ckpt_path are both set; init_from starts from "
+            "weights, ckpt_path resumes a run: keep one of them"
+        )
     if t.ckpt_path and not Path(t.ckpt_path).exists():
         raise FileNotFoundError(f"trainer.ckpt_path={t.ckpt_path} does not exist")
     return t.ckpt_path, None
+
+
+def init_from_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
+    """trainer.init_from: the checkpoint is checked now and loaded once the model is built;
+    nothing when resuming, since a resumed run has its own weights."""
+    path = cfg.trainer.init_from
+    if not path or plan.ckpt_path:
+        return []
+    from lightning_dist.checkpoint.init_from import InitFromCheckpoint, check_init_from
+
+    check_init_from(path, plan.spec)
+    return [InitFromCheckpoint(path)]
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
@@ -376,7 +393,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.plan.check:
             check_fits(cfg, spec, hardware, strategy, layout, plan.precision)
         check_machine(cfg, plan)
-        resilience = resilience_callbacks(cfg, plan)
+        resilience = resilience_callbacks(cfg, plan) + init_from_callbacks(cfg, plan)
         datamodule = build(cfg.data, "data", vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
