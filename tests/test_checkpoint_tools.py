@@ -167,6 +167,10 @@ def test_init_from_names_the_model_of_a_mismatched_checkpoint(imported):
     with pytest.raises(ValueError, match=r"tok_embeddings.weight of shape \(512, 64\)") as err:
         check_init_from(str(ckpt), ModelArgs(dim=64, vocab_size=320, n_layers=4))
     assert "model.rope_theta=500000.0" in str(err.value)
+    # Same shapes, another function: the rotary base differs.
+    with pytest.raises(ValueError, match=r"written for model.rope_theta=500000.0, .* has 10000.0"):
+        same_shapes = ModelArgs(dim=64, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
+        check_init_from(str(ckpt), same_shapes)
 
 
 # --- gloo processes: train.py from the imported weights, and export of a trained checkpoint ---

@@ -47,7 +47,7 @@ def _model(info: CheckpointInfo) -> str:
     return (
         f"Transformer dim={a.dim} n_layers={a.n_layers} n_heads={a.n_heads} "
         f"n_kv_heads={a.kv_heads} ffn_hidden_size={a.hidden_dim} vocab_size={a.vocab_size} "
-        f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g}{tied}"
+        f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g} norm_eps={a.norm_eps:g}{tied}"
     )
 
 

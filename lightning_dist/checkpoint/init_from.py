@@ -14,17 +14,22 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dist.checkpoint.weights import (
+    CheckpointError,
     CheckpointInfo,
     one_process_io,
     open_checkpoint,
     storage_reader,
 )
+from lightning_dist.models.args import ModelArgs
 
 
 def check_init_from(path: str, spec: Any) -> CheckpointInfo:
     """Before launch: the checkpoint exists and holds every weight of the configured model with
     the same shape; ValueError (one line, naming the model overrides to use) otherwise."""
-    info = open_checkpoint(path)
+    try:
+        info = open_checkpoint(path)
+    except CheckpointError as e:
+        raise ValueError(f"trainer.init_from: {e}") from e
     with torch.device("meta"):
         expected = {n: tuple(t.shape) for n, t in spec.build().state_dict().items()}
     problem = None
@@ -36,6 +41,14 @@ def check_init_from(path: str, spec: Any) -> CheckpointInfo:
             problem = f"holds {name} of shape {have}, the configured model {shape}"
         if problem:
             break
+    if problem is None and isinstance(spec, ModelArgs) and info.args is not None:
+        # Settings that change the function but no shape (the heads' split of wq, the rotary
+        # base, the norm's epsilon).
+        for key in ("n_heads", "rope_theta", "norm_eps", "tie_embeddings"):
+            theirs, ours = getattr(info.args, key), getattr(spec, key)
+            if theirs != ours:
+                problem = f"was written for model.{key}={theirs}, the configured model has {ours}"
+                break
     if problem:
         hint = ""
         if info.args is not None:
