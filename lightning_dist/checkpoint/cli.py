@@ -66,8 +66,9 @@ def export_command(args: argparse.Namespace) -> None:
 
     info = open_checkpoint(args.checkpoint)
     model_args = require_args(info)
+    _new_path(args.out)
     state = to_hf(read_weights(info, DTYPES.get(args.dtype)), model_args)
-    _new_path(args.out).mkdir(parents=True)
+    args.out.mkdir(parents=True)
     dtype = next(iter(state.values())).dtype
     save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     config = hf_config(model_args, dtype)
@@ -93,6 +94,7 @@ def import_command(args: argparse.Namespace) -> None:
             "*.safetensors; save one with save_pretrained(dir), whose default is safetensors)"
         )
     model_args = model_args_from_hf(hf_dir)
+    _new_path(args.out)
     hf_state = {}
     for file in files:
         hf_state.update(load_file(str(file)))
@@ -101,7 +103,7 @@ def import_command(args: argparse.Namespace) -> None:
         state = {k: v.to(DTYPES[args.dtype]) for k, v in state.items()}
     model_type = json.loads((hf_dir / "config.json").read_text()).get("model_type")
     manifest = write_weights_checkpoint(
-        state, model_args, _new_path(args.out), source=f"huggingface:{model_type}:{hf_dir}"
+        state, model_args, args.out, source=f"huggingface:{model_type}:{hf_dir}"
     )
     overrides = " ".join(model_overrides(model_args))
     print(
@@ -117,11 +119,12 @@ def consolidate_command(args: argparse.Namespace) -> None:
     from lightning_dist.checkpoint.weights import open_checkpoint, read_weights
 
     info = open_checkpoint(args.checkpoint)
+    _new_path(args.out)
     state = read_weights(info, DTYPES.get(args.dtype))
     metadata = {"format": "pt", "step": str(info.step)}
     if info.args is not None:
         metadata["lightning_dist.model"] = json.dumps(info.args.__dict__)
-    _new_path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(args.out), metadata=metadata)
     size = args.out.stat().st_size
     print(f"consolidated {len(state)} tensors of step {info.step} into {args.out} ({size:,} bytes)")

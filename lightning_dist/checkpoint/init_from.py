@@ -67,22 +67,40 @@ def canonical_name(name: str) -> str:
     return WRAPPER_SEGMENTS.sub("", name)
 
 
-def load_weights(model: torch.nn.Module, path: Path) -> int:
+def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> int:
     """Load the checkpoint's weights into `model` (this rank's part, sharded or not) in place;
-    return the number of tensors loaded. A collective when torch.distributed is initialised."""
+    return the number of tensors loaded. `name_prefix` is what `model`'s parameter names have
+    before the single-device ones. A collective when torch.distributed is initialised."""
     import torch.distributed as dist
     from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
 
     info = open_checkpoint(path)
-    state = get_model_state_dict(model)
-    keyed = {info.weight_prefix + canonical_name(name): t for name, t in state.items()}
+    # FSDP1's flat parameters have no sharded view by parameter name: read whole tensors there
+    # and let set_model_state_dict keep each rank's shard. DTensors (FSDP2, TP) and pipeline
+    # stages read only their own parts.
+    options = StateDictOptions(full_state_dict=_is_fsdp1(model))
+    state = get_model_state_dict(model, options=options)
+
+    def key(name: str) -> str:
+        return info.weight_prefix + canonical_name(name.removeprefix(name_prefix))
+
+    keyed = {key(name): t for name, t in state.items()}
     single = not (dist.is_available() and dist.is_initialized())
     with one_process_io():
         load(keyed, storage_reader=storage_reader(info.path), no_dist=single)
-    by_name = {name: keyed[info.weight_prefix + canonical_name(name)] for name in state}
-    set_model_state_dict(model, by_name)
-    return len(by_name)
+    set_model_state_dict(model, {name: keyed[key(name)] for name in state}, options=options)
+    return len(state)
+
+
+def _is_fsdp1(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
 
 
 class InitFromCheckpoint(Callback):
@@ -92,6 +110,10 @@ class InitFromCheckpoint(Callback):
         self.path = Path(path)
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        count = load_weights(pl_module.model, self.path)
+        root = trainer.strategy.model
+        if _is_fsdp1(root):  # FSDP1 wraps the LightningModule: its root holds the flat shards
+            count = load_weights(root, self.path, name_prefix="model.")
+        else:
+            count = load_weights(pl_module.model, self.path)
         if trainer.is_global_zero:
             print(f"trainer.init_from: {count} weights from {self.path}", flush=True)
