@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
 
 from lightning_dist.parallel.nodes import (
     INTER_NODE,
@@ -74,9 +75,10 @@ def torchrun_node(node: int, port: int, overrides: list[str], run_dir: Path,
     ]  # fmt: skip
 
 
-def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env or ENV, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +237,37 @@ def test_node_counts_must_match_the_config():
     with pytest.raises(NodePlacementError, match=r"node 0: 3, node 1: 1"):
         check_node_counts(_nodes([0, 0, 0, 1]), num_nodes=2, devices=2)
     check_node_counts(_nodes([0, 0, 1, 1]), num_nodes=2, devices=2)
+
+
+# --- the same on GPUs (NCCL): written for a 4-GPU machine, never run on one yet ---------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 4,
+    reason="needs 4 CUDA GPUs: two simulated nodes of two, each agent on its own pair",
+)
+@pytest.mark.parametrize("name", list(JOBS))
+def test_two_nodes_on_gpus_with_nccl(name, tmp_path):
+    gpu = [*BASE, "hardware=gpu", "trainer.precision=32-true"]
+    single = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *gpu, "strategy=single",
+         "hardware.devices=1", f"hydra.run.dir={tmp_path / 'single'}"],
+        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    port, run_dir = _free_port(), tmp_path / name
+    overrides = [*gpu, *TWO_NODES, *(o for o in JOBS[name] if not o.startswith("logger="))]
+    agents = [
+        _start(torchrun_node(n, port, overrides, run_dir), tmp_path / f"{n}.log",
+               env={**ENV, "CUDA_VISIBLE_DEVICES": "0,1" if n == 0 else "2,3"})
+        for n in (0, 1)
+    ]  # fmt: skip
+    codes = [agent.wait(timeout=600) for agent in agents]
+    output = "".join((tmp_path / f"{n}.log").read_text() for n in (0, 1))
+    assert codes == [0, 0], output[-4000:]
+    reference = json.loads((tmp_path / "single" / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert max_relative_difference(reference["losses"], summary["losses"]) <= TOLERANCE
+    mesh = {dim: (v["groups"], v["link"]) for dim, v in summary["nodes"]["mesh"].items()}
+    assert mesh == EXPECTED_MESH[name]
