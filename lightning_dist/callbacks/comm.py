@@ -131,7 +131,8 @@ def schedule_window(events: list[Any], main_thread: int | None) -> dict[str, flo
 
 
 def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: float,
-                 main_thread: int | None, links: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+                 main_thread: int | None,
+                 links: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Communication, compute and idle time (seconds) of one profiled step; with `links`
     (dimension -> link) also the communication time over each link."""
     comm, compute, per_dim = [], [], {}
@@ -286,12 +287,9 @@ class CommComputeMonitor(Callback):
     @staticmethod
     def seconds_by_link(per_rank: list[dict[str, Any]]) -> dict[str, float]:
         """Time in collectives over each link (intra_node, inter_node), the mean over ranks."""
-        links = sorted({k for r in per_rank for k in r.get("comm_seconds_by_link", {})})
-        return {
-            link: statistics.fmean(r.get("comm_seconds_by_link", {}).get(link, 0.0)
-                                   for r in per_rank)
-            for link in links
-        }  # fmt: skip
+        rows = [r.get("comm_seconds_by_link", {}) for r in per_rank]
+        links = sorted({link for row in rows for link in row})
+        return {link: statistics.fmean(row.get(link, 0.0) for row in rows) for link in links}
 
     @staticmethod
     def ratio_by_dim(per_rank: list[dict[str, Any]]) -> dict[str, float]:
