@@ -177,6 +177,15 @@ def test_communication_is_split_by_link(name, runs):
 
 
 @pytest.mark.slow
+def test_the_run_report_names_the_links(runs):
+    from lightning_dist.report import markdown_summary
+
+    text = markdown_summary(_finished(runs, "3d_tp2_pp2"), [])
+    assert "| nodes | 2, pp inter-node, tp intra-node |" in text, text
+    assert "| comm time by link | inter-node " in text and "intra-node " in text, text
+
+
+@pytest.mark.slow
 def test_wandb_records_the_nodes_and_the_split(runs):
     from wandb_records import history, records
 
