@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,10 +35,11 @@ TOLERANCE = 1e-4
 BASE = ["debug=fast", "trainer.max_steps=4"]
 TWO_NODES = ["hardware.num_nodes=2", "hardware.devices=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+THREE_D = ["strategy=3d", "strategy.tp=2", "strategy.pp=2"]
 JOBS = {
     "ddp": ["strategy=ddp"],
     "fsdp2_hsdp": ["strategy=fsdp2"],  # dp_replicate defaults to one replica per node
-    "3d_tp2_pp2": ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "logger=wandb"],
+    "3d_tp2_pp2": [*THREE_D, "logger=wandb"],
 }
 # The groups each job's DeviceMesh (or, for DDP, its layout) must hold, and their link.
 EXPECTED_MESH = {
@@ -76,9 +78,18 @@ def torchrun_node(node: int, port: int, overrides: list[str], run_dir: Path,
 
 
 def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start `cmd` in its own process group (an agent and its ranks end together)."""
     with log.open("w") as out:
         return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env or ENV, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +108,7 @@ def runs(tmp_path_factory):
     train = [sys.executable, str(REPO_ROOT / "train.py"), *BASE]
     plan["single"] = [[*train, "strategy=single", "hardware.devices=1",
                        f"hydra.run.dir={root / 'single'}"]]  # fmt: skip
-    plan["3d_one_node"] = [[*train, *JOBS["3d_tp2_pp2"][:3], "hardware.devices=4",
+    plan["3d_one_node"] = [[*train, *THREE_D, "hardware.devices=4",
                             f"hydra.run.dir={root / '3d_one_node'}"]]  # fmt: skip
     started = time.perf_counter()
     procs = {
@@ -106,13 +117,7 @@ def runs(tmp_path_factory):
     }
     results = {}
     for name, group in procs.items():
-        codes = []
-        for proc in group:
-            try:
-                codes.append(proc.wait(timeout=max(1.0, 600 - (time.perf_counter() - started))))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(proc.wait())
+        codes = [_wait(p, max(1.0, 600 - (time.perf_counter() - started))) for p in group]
         output = "".join((root / f"{name}.{i}.log").read_text() for i in range(len(group)))
         path = root / name / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else None
@@ -274,7 +279,7 @@ def test_two_nodes_on_gpus_with_nccl(name, tmp_path):
                env={**ENV, "CUDA_VISIBLE_DEVICES": "0,1" if n == 0 else "2,3"})
         for n in (0, 1)
     ]  # fmt: skip
-    codes = [agent.wait(timeout=600) for agent in agents]
+    codes = [_wait(agent, 600) for agent in agents]
     output = "".join((tmp_path / f"{n}.log").read_text() for n in (0, 1))
     assert codes == [0, 0], output[-4000:]
     reference = json.loads((tmp_path / "single" / "summary.json").read_text())
