@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.checkpoint.safe import load
 from lightning_dist.checkpoint.weights import (
     CheckpointError,
     CheckpointInfo,
     one_process_io,
     open_checkpoint,
-    storage_reader,
 )
 from lightning_dist.models.args import ModelArgs
 
@@ -72,7 +72,6 @@ def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> i
     return the number of tensors loaded. `name_prefix` is what `model`'s parameter names have
     before the single-device ones. A collective when torch.distributed is initialised."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -92,7 +91,7 @@ def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> i
     keyed = {key(name): t for name, t in state.items()}
     single = not (dist.is_available() and dist.is_initialized())
     with one_process_io():
-        load(keyed, storage_reader=storage_reader(info.path), no_dist=single)
+        load(keyed, info.path, no_dist=single)
     set_model_state_dict(model, {name: keyed[key(name)] for name in state}, options=options)
     return len(state)
 

@@ -6,7 +6,9 @@ A checkpoint is a `step<N>.ckpt/` folder of torch.distributed.checkpoint (DCP) f
 written before the manifest existed name them `state_dict.model.<name>` (the LightningModule's
 attribute) and carry no model description: the run's `.hydra/config.yaml` supplies it.
 
-No process group is needed: DCP reads every shard into this process (`no_dist=True`).
+No process group is needed: DCP reads every shard into this process (`no_dist=True`). Every read
+goes through `lightning_dist.checkpoint.safe` (no plain pickle: a restricted unpickler for
+`.metadata`, `weights_only=True` for everything else).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.safe import CheckpointError
 from lightning_dist.models.args import ModelArgs
 
 FORMAT = "lightning_dist.checkpoint"
@@ -32,10 +35,6 @@ MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 WEIGHTS = "state_dict."
 LEGACY_WEIGHTS = "state_dict.model."
-
-
-class CheckpointError(ValueError):
-    """A path that is not a readable checkpoint, said in one line."""
 
 
 @contextlib.contextmanager
@@ -47,10 +46,10 @@ def one_process_io():
 
 
 def storage_reader(path: Path):
-    """The DCP reader of a checkpoint folder (the one place to swap in a safer reader)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    """The DCP reader of a checkpoint folder: `.metadata` through a restricted unpickler."""
+    from lightning_dist.checkpoint.safe import SafeFileSystemReader
 
-    return FileSystemReader(str(path))
+    return SafeFileSystemReader(str(path))
 
 
 @dataclass
@@ -117,14 +116,14 @@ def require_args(info: CheckpointInfo) -> ModelArgs:
 
 def read_weights(info: CheckpointInfo, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every weight of the checkpoint as a whole tensor in this process, by parameter name."""
-    from torch.distributed.checkpoint import load
+    from lightning_dist.checkpoint.safe import load
 
     state = {}
     for name in info.weight_names:
         meta = info.tensor_meta(name)
         state[info.weight_prefix + name] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with one_process_io():
-        load(state, storage_reader=storage_reader(info.path), no_dist=True)
+        load(state, info.path, no_dist=True)
     out = {k.removeprefix(info.weight_prefix): v for k, v in state.items()}
     return {k: v.to(dtype) for k, v in out.items()} if dtype else out
 
