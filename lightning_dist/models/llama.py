@@ -179,6 +179,8 @@ class Transformer(nn.Module):
     pipeline_blocks = "layers"
     pipeline_first = ("tok_embeddings",)
     pipeline_last = ("norm", "output")
+    output_head = "output"
+    """The output projection, which a chunked loss may apply itself (`lm.chunked_loss`)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
