@@ -111,3 +111,19 @@ def test_local_shapes_after_tp(fake_tp_mesh):
     assert attention.wk.weight.to_local().shape == (16, 64)  # 1 of 2 kv heads
     assert attention.wo.weight.to_local().shape == (64, 32)
     assert model.tok_embeddings.weight.to_local().shape == (256, 64)  # half the vocabulary
+
+
+def test_sequence_parallel_saves_the_shard_and_gathers_again_in_backward(fake_tp_mesh):
+    """Under SP a block's backward gathers each sub-block's input again (2 all-gathers more than
+    the backward of the forward's reduce-scatters), since only the sequence shard was saved."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    model = DEBUG.build()
+    apply_tp(model, fake_tp_mesh, sequence_parallel=True)
+    x = torch.randn(2, 4, 64, requires_grad=True)
+    with CommDebugMode() as comm:
+        out = model.layers["0"](x, model.rope_cos, model.rope_sin)
+        out.sum().backward()
+    counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+    print("TP block forward and backward with SP:", counts)
+    assert counts == {"all_gather_into_tensor": 6, "reduce_scatter_tensor": 4}

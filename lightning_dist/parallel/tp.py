@@ -21,7 +21,6 @@ into torch `ParallelStyle`s for the chosen options:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from functools import partial
@@ -34,6 +33,7 @@ from torch.distributed.tensor import DTensor, Partial, distribute_module
 from torch.distributed.tensor.parallel import RowwiseParallel
 
 from lightning_dist.models.protocol import TP_STYLES
+from lightning_dist.parallel.sequence_parallel import GatherSequenceInput
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,6 @@ def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
     )
@@ -178,12 +177,9 @@ def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel:
         return None
     if name == "norm":
         return SequenceParallel()
-    # "sp_input": gather the first input, pass the others (rotary tables, ...) through as they are.
-    n_inputs = _positional_inputs(module)
-    return PrepareModuleInput(
-        input_layouts=(Shard(1),) + (None,) * (n_inputs - 1),
-        desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
-    )
+    # "sp_input": gather the first input (the rest, rotary tables..., pass through as they are)
+    # and keep only its sequence shard for backward.
+    return GatherSequenceInput()
 
 
 def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> DTensor:
@@ -218,13 +214,6 @@ class VocabParallelEmbedding(RowwiseParallel):
             module, device_mesh, self._partition_embedding_fn, None,
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )  # fmt: skip
-
-
-def _positional_inputs(module: nn.Module) -> int:
-    """Required positional parameters of `module.forward` (how the parent block calls it)."""
-    params = inspect.signature(module.forward).parameters.values()
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
 
 
 def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> None:
