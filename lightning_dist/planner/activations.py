@@ -16,7 +16,8 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     w = bytes of a matmul input (4 in 32-true, else 2); sp = tp under sequence parallelism,
     else 1:
 
-    - each RMSNorm saves its fp32 input and fp32 normalised output: 2 norms x 8d / sp bytes;
+    - each RMSNorm saves its input (the residual stream, r = 2 bytes in bf16-true, else 4) and
+      recomputes the normalised x in backward: 2 norms x r x d / sp bytes;
     - the projections' inputs: under bf16-mixed autocast casts the norm output once per linear
       (3 x 2d for wq/wk/wv, 2 x 2d for w1/w3 = 10d); in 32-true the five share one 4d tensor
       per norm (8d); in bf16-true 2d per norm (4d). Under TP without SP each rank keeps the
@@ -42,7 +43,8 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     linear_inputs = {"32-true": 8 * d, "bf16-mixed": 10 * d, "bf16-true": 4 * d}[precision]
     if sp > 1:
         linear_inputs = (4 * d if precision == "bf16-mixed" else linear_inputs) / sp
-    norms = 16 * d / sp
+    r = 2 if precision == "bf16-true" else 4
+    norms = 2 * r * d / sp
     heads = (4 * d * w + 4 * h * w) / tp
     if settings.attention == "math":
         heads += 2 * model.n_heads * settings.seq_len * w / tp

@@ -139,7 +139,8 @@ def activation_bytes(
     - with full activation checkpointing: each block keeps only its input (residual dtype, split
       by tp under SP), n x layers x d x r, plus one block's recomputed activations while its
       backward runs;
-    - the last stage adds its final norm and the logits, b x s x V / tp elements held as the
+    - the last stage adds its final norm (its input, r x d / sp, and its output, the output
+      projection's input, w x d) and the logits, b x s x V / tp elements held as the
       matmul output, its fp32 copy for the loss (none in 32-true, where `.float()` is the
       same tensor) and the log-softmax: w + 8 bytes each, 8 in 32-true. With the chunked loss
       (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s)
@@ -159,7 +160,7 @@ def activation_bytes(
         per_vocab = 8 if settings.precision == "32-true" else w + 8
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
-        logits = rows * model.vocab_size / tp * per_vocab + tokens * (8 * d / sp + w * d)
+        logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
     if settings.activation_checkpointing:
         kept = inflight * shape.layers * tokens * d * residual / sp
         return kept + max(per_layer, logits)
