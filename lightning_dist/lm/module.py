@@ -91,6 +91,7 @@ class CausalLM(L.LightningModule):
             self._heads = [m for m in self.model.modules() if getattr(m, "defers_logits", False)]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's output: logits, or the final hidden states under a chunked loss."""
         return self.model(tokens)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ into torch `ParallelStyle`s for the chosen options:
 - without sequence parallelism each block's forward does two all-reduces (after the row-parallel
   attention output and MLP down projection), the norms are replicated;
 - with it the residual stream stays split along the sequence; each all-reduce becomes a
-  reduce-scatter, and an all-gather feeds each column-parallel sub-block;
+  reduce-scatter, and an all-gather feeds each column-parallel sub-block, which saves only the
+  sequence shard for backward and gathers it again there (`parallel/sequence_parallel.py`);
 - with loss parallelism the logits stay split along the vocabulary and the cross-entropy runs
   on the shards (`torch.distributed.tensor.parallel.loss_parallel`), so the full
   [batch, seq, vocab] logits never exist on one rank. An output head that defers its logits to
