@@ -9,7 +9,8 @@ every saved view of the gathered tensor by a reference to the local shard. In ba
 first unpack gathers it again (once for all the projections that share it), as Megatron-LM
 does (Korthikanti et al. 2022, Sec. 4.2.2).
 
-Under autocast the shard is cast before the gather, so the projections find their input
+Inside activation checkpointing nothing of the sub-block is saved anyway, so no hooks are added
+there. Under autocast the shard is cast before the gather, so the projections find their input
 already in the autocast dtype and make no copies of their own (the values are the same: a
 cast commutes with a gather), and the gather moves half the bytes.
 """
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
+
+from lightning_dist._compat import saved_tensors_hooks_active
 
 
 class _Shard:
@@ -80,7 +83,12 @@ def _enter(module: nn.Module, args: tuple, mesh) -> tuple:
         x = x.to(torch.get_autocast_dtype(device))
     full = x.redistribute(placements=[Replicate()])
     hooks = None
-    if torch.is_grad_enabled() and full.to_local().is_contiguous():
+    # Inside activation checkpointing (or offload) the outer hooks already decide what is kept.
+    if (
+        torch.is_grad_enabled()
+        and not saved_tensors_hooks_active()
+        and full.to_local().is_contiguous()
+    ):
         hooks = torch.autograd.graph.saved_tensors_hooks(*_pack_unpack(x, full))
         hooks.__enter__()
     module.__dict__.setdefault("_sp_saved_hooks", []).append(hooks)
