@@ -47,20 +47,17 @@ def build(chunked: bool):
 
 
 def loss_fn(head):
-    def plain(logits, targets):
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """The plain loss, or the chunked one when the model's head defers its logits; a plain
+    tensor either way (under loss parallelism the cross-entropy is a DTensor)."""
 
-    def chunked(hidden, targets):
-        return chunked_cross_entropy(hidden, head.weight, targets, CHUNK)
+    def fn(output, targets):
+        if head is None:
+            loss = F.cross_entropy(output.flatten(0, 1).float(), targets.flatten())
+        else:
+            loss = chunked_cross_entropy(output, head.weight, targets, CHUNK)
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
-    def plain_tensor(fn):
-        def wrapped(output, targets):
-            loss = fn(output, targets)
-            return loss.full_tensor() if isinstance(loss, DTensor) else loss
-
-        return wrapped
-
-    return plain_tensor(plain if head is None else chunked)
+    return fn
 
 
 def train(model, head, context=nullcontext, pipelined=False) -> tuple[list[float], int]:
