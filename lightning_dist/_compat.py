@@ -68,6 +68,18 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def saved_tensors_hooks_active() -> bool:
+    """Whether saved-tensor hooks (activation checkpointing's, CPU offload's) are in force.
+
+    `torch._C._autograd._top_saved_tensors_default_hooks` returns the innermost pair or None;
+    torch has no public query. Sequence parallelism's shard saving installs hooks of its own
+    only outside others, which would otherwise stop seeing the tensors saved inside.
+    """
+    import torch
+
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
 def pipeline_action_types() -> Any:
     """`torch.distributed.pipelining.schedules._ComputationType`, the kinds of actions in a
     multi-stage schedule's `pipeline_order_with_comms`.

@@ -107,3 +107,11 @@ def test_no_private_api_outside_compat():
                 if root in ("torch", "lightning", "transformers") and private:
                     offenders.append(f"{path.relative_to(package)}:{node.lineno} {node.module}")
     assert not offenders, offenders
+
+
+def test_saved_tensors_hooks_active_sees_checkpointing_hooks():
+    import torch
+
+    assert _compat.saved_tensors_hooks_active() is False
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert _compat.saved_tensors_hooks_active() is True
