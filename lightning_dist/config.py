@@ -254,6 +254,10 @@ class TrainerSchema:
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
     ckpt_path: str | None = None
     """Resume from this checkpoint (a file, or a sharded checkpoint's folder)."""
+    init_from: str | None = None
+    """Start from this checkpoint folder's weights alone (written by any layout, or by
+    `python -m lightning_dist.checkpoint import`); optimizer, step and data start fresh. Ignored
+    when resuming (trainer.ckpt_path, or a checkpoint trainer.resume=auto found)."""
     resume: str | None = None
     """auto: resume from the newest complete step<N>.ckpt of the checkpoint folder, if any
     (partial ones are skipped and named); null: start fresh (or from trainer.ckpt_path)."""

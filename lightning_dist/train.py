@@ -27,6 +27,7 @@ from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.parallel.nodes import NodePlacementError
 from lightning_dist.redaction import redact_text
 
 
@@ -225,9 +226,26 @@ def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
             )
         point = latest_checkpoint(checkpoint_dir(cfg))
         return (str(point.path) if point.path else None), point.describe()
+    if t.init_from and t.ckpt_path:
+        raise ValueError(
+            "trainer.init_from and trainer.ckpt_path are both set; init_from starts from "
+            "weights, ckpt_path resumes a run: keep one of them"
+        )
     if t.ckpt_path and not Path(t.ckpt_path).exists():
         raise FileNotFoundError(f"trainer.ckpt_path={t.ckpt_path} does not exist")
     return t.ckpt_path, None
+
+
+def init_from_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
+    """trainer.init_from: the checkpoint is checked now and loaded once the model is built;
+    nothing when resuming, since a resumed run has its own weights."""
+    path = cfg.trainer.init_from
+    if not path or plan.ckpt_path:
+        return []
+    from lightning_dist.checkpoint.init_from import InitFromCheckpoint, check_init_from
+
+    check_init_from(path, plan.spec)
+    return [InitFromCheckpoint(path)]
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
@@ -391,7 +409,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.plan.check:
             check_fits(cfg, spec, hardware, strategy, layout, plan.precision)
         check_machine(cfg, plan)
-        resilience = resilience_callbacks(cfg, plan)
+        resilience = resilience_callbacks(cfg, plan) + init_from_callbacks(cfg, plan)
         datamodule = build(cfg.data, "data", vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
@@ -421,7 +439,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
     if plan.resume_note and trainer.is_global_zero:
         print(plan.resume_note, flush=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    except NodePlacementError as e:  # raised alike on every rank, before the model exists
+        raise ConfigError(str(e)) from e
 
     summary = build_summary(
         cfg, module, stats, context, world_size=trainer.world_size,
@@ -433,6 +454,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary["status"] = "completed"
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(datamodule, "inputs", None)  # files, bytes, first paths, or None
+    placement = contract_of(trainer.strategy).placement
+    summary["nodes"] = placement.summary() if placement is not None else None
     for callback in callbacks:
         if hasattr(callback, "summary"):
             summary.update(callback.summary(trainer.world_size))

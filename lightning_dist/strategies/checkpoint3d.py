@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.safe import load
 
 
 def flat_options():
@@ -35,7 +36,6 @@ def flat_optimizer_state(model: nn.Module, optimizer) -> dict[str, Any]:
 def load_sharded(model: nn.Module, optimizers: list, path: Path, *, strict: bool) -> dict[str, Any]:
     """Load model and optimizer states saved by the same layout; return Lightning's metadata
     (loops, schedulers, callbacks) from the checkpoint folder."""
-    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -43,12 +43,12 @@ def load_sharded(model: nn.Module, optimizers: list, path: Path, *, strict: bool
     )
 
     model_state = {"state_dict": get_model_state_dict(model)}
-    load(model_state, checkpoint_id=path)
+    load(model_state, path)
     model.load_state_dict(model_state["state_dict"], strict=strict)
     for i, optimizer in enumerate(optimizers):
         key = f"optimizer_{i}"
         state = {key: get_optimizer_state_dict(model, optimizer, options=flat_options())}
-        load(state, checkpoint_id=path)
+        load(state, path)
         set_optimizer_state_dict(model, optimizer, state[key], options=flat_options())
     # Never plain pickle, whatever the caller asks: the file holds only loop and callback state.
     return torch.load(path / LIGHTNING_CHECKPOINT_METADATA, weights_only=True)
