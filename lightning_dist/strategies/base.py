@@ -3,6 +3,7 @@
 Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
 its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
 overrides `check_run`, `planner_settings` and `parallelize_model` where it has more to say.
+Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
+from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
 
-class LightningDistStrategy:
+class LightningDistStrategy(FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
 
     single_process = False
