@@ -197,6 +197,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
     ckpt_path, resume_note = resume_from(cfg)
+    if ckpt_path:
+        check_checkpoint(Path(ckpt_path), spec)
     layout = contract.layout_for(devices, num_nodes)
     _, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
     return RunPlan(
@@ -228,6 +230,23 @@ def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
     if t.ckpt_path and not Path(t.ckpt_path).exists():
         raise FileNotFoundError(f"trainer.ckpt_path={t.ckpt_path} does not exist")
     return t.ckpt_path, None
+
+
+def check_checkpoint(path: Path, spec: Any) -> None:
+    """The checkpoint to resume from is complete, unchanged since it was written, of a format
+    version this code reads, and of this model's shapes; CheckpointError (a ValueError) naming
+    the problem otherwise. Runs on every rank before any process group exists."""
+    import torch
+
+    from lightning_dist.checkpoint.format import check_model_shapes
+    from lightning_dist.checkpoint.manifest import open_manifest
+
+    open_manifest(path)
+    with torch.device("meta"):
+        model = spec.build()
+    # CausalLM holds the model as `self.model`, so its state-dict names start with "model.".
+    shapes = {f"model.{name}": tuple(t.shape) for name, t in model.state_dict().items()}
+    check_model_shapes(path, shapes)
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -126,7 +127,10 @@ def run(out_dir: Path, name: str, *, source: str | None) -> None:
         check=check,
     )
     trainer = build_trainer(cfg, plan, run_dir, [record], None)
+    started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    record.result["fit_seconds"] = time.perf_counter() - started
+    record.out.write_text(json.dumps(record.result))
 
 
 def main(out_dir: str, phase: str, names: list[str]) -> None:

@@ -145,8 +145,10 @@ def global_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(tensor.size())
 
 
-def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], saved=None) -> None:
-    """CheckpointError naming the first parameter whose shape differs, or that one side lacks."""
+def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], *,
+                       whole_model: bool = True, saved=None) -> None:  # fmt: skip
+    """CheckpointError naming the first parameter whose shape differs, or that the checkpoint
+    lacks; with `whole_model` (not a pipeline rank's stages) also one that the model lacks."""
     saved = tensor_shapes(path) if saved is None else saved
     prefix = MODEL_KEY + "."
     in_checkpoint = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
@@ -163,14 +165,14 @@ def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], sav
                 "model config (see its manifest.json 'model')"
             )
     extra = sorted(set(in_checkpoint) - set(model_shapes))
-    if extra:
+    if whole_model and extra:
         raise CheckpointError(
             f"checkpoint {path} holds parameter {extra[0]}, which this model lacks; resume with "
             "the checkpoint's model config (see its manifest.json 'model')"
         )
 
 
-def load_state(module: nn.Module, optimizers: list, path: Path, *, strict: bool = True,
+def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: bool = True,
                process_group=None) -> dict[str, Any]:  # fmt: skip
     """Check the manifest and hashes, then load model and optimizer state into this rank's
     shards from any layout's checkpoint; return Lightning's metadata (loops, schedulers...)."""
@@ -181,7 +183,8 @@ def load_state(module: nn.Module, optimizers: list, path: Path, *, strict: bool 
 
     open_manifest(path)
     state = gather_state(module, optimizers)
-    check_model_shapes(path, {k: global_shape(v) for k, v in state[MODEL_KEY].items()})
+    shapes = {k: global_shape(v) for k, v in state[MODEL_KEY].items()}
+    check_model_shapes(path, shapes, whole_model=whole_model)
     read_into(state, path, process_group=process_group)
     set_model_state_dict(module, state[MODEL_KEY], options=_options())
     for i, optimizer in enumerate(optimizers):

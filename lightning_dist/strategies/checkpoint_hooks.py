@@ -70,7 +70,10 @@ class FormatCheckpointHooks:
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint of any strategy and layout into this one (see CHECKPOINTS.md)."""
         path = Path(self.broadcast(str(checkpoint_path)))
-        meta = ckpt.load_state(self.checkpoint_module(), self.optimizers, path)
+        pipelined = getattr(self, "_pipeline", None) is not None  # this rank's stages only
+        meta = ckpt.load_state(
+            self.checkpoint_module(), self.optimizers, path, whole_model=not pipelined
+        )
         meta.setdefault("optimizer_states", [])  # loaded above; Lightning checks the key only
         return meta
 
