@@ -1,16 +1,17 @@
 """Save under one layout, resume under another: the layout-change matrix of docs/CHECKPOINTS.md.
 
-    python tests/checkpoint_matrix_runs.py OUT_DIR save  SOURCE [SOURCE ...]
-    python tests/checkpoint_matrix_runs.py OUT_DIR resume TARGET:SOURCE[,SOURCE...] [...]
+    python tests/checkpoint_matrix_runs.py OUT_DIR ITEM [ITEM ...]
+
+An ITEM is a layout name (a save) or TARGET:SOURCE[,SOURCE...] (resumes), run in order.
 
 Every layout named in one command uses the same number of devices (Lightning's launcher starts
-the other ranks once, by re-running this command), except `single`, which runs first on rank 0
-alone. Each run composes conf/ with Hydra (llama_debug, synthetic data, fp32) and builds the
+the other ranks once, by re-running this command), except `single`, which must come first: it
+runs on rank 0 alone, before the launch. Each run composes conf/ with Hydra (llama_debug, synthetic data, fp32) and builds the
 strategy, module, datamodule and Trainer with lightning_dist.train's own functions.
 
-`save` trains SOURCE for 5 of 10 steps and saves OUT_DIR/<SOURCE>/step5.ckpt (`single` trains
-all 10: the uninterrupted reference). `resume` restarts TARGET from each SOURCE's step5.ckpt to
-step 10; right after the restore each rank compares every parameter and optimizer value it
+A save trains the layout for 5 of 10 steps and saves OUT_DIR/<layout>/step5.ckpt (`single`
+trains all 10: the uninterrupted reference). A resume restarts TARGET from each SOURCE's
+step5.ckpt to step 10; right after the restore each rank compares every parameter and optimizer value it
 holds, gathered whole, with the checkpoint's (bitwise). Every run records the sample ids of each
 step's batch. Each rank writes OUT_DIR/<run>.rank<r>.json.
 """
@@ -59,6 +60,7 @@ LAYOUTS = {
     ],  # fmt: skip
     "dp2xtp2": ["strategy=3d", "strategy.tp=2", "hardware.devices=4"],
     "dp2xpp2": ["strategy=3d", "strategy.pp=2", "hardware.devices=4"],
+    "hsdp_2x2": ["strategy=fsdp2", "strategy.dp_replicate=2", "hardware.devices=4"],
 }
 
 
@@ -133,15 +135,15 @@ def run(out_dir: Path, name: str, *, source: str | None) -> None:
     record.out.write_text(json.dumps(record.result))
 
 
-def main(out_dir: str, phase: str, names: list[str]) -> None:
+def main(out_dir: str, items: list[str]) -> None:
     out = Path(out_dir)
-    for item in names:
+    for item in items:
         name, _, sources = item.partition(":")
         if name == "single" and os.environ.get("LOCAL_RANK", "0") != "0":
-            continue  # a rank started by the launcher: `single` ran on rank 0 before it
-        for source in sources.split(",") if phase == "resume" else [None]:
+            continue  # a rank started by the launcher: `single` runs on rank 0 alone
+        for source in sources.split(",") if sources else [None]:
             run(out, name, source=source)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[2:])
