@@ -27,6 +27,7 @@ from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.parallel.nodes import NodePlacementError
 from lightning_dist.redaction import redact_text
 
 
@@ -425,7 +426,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
     if plan.resume_note and trainer.is_global_zero:
         print(plan.resume_note, flush=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    from lightning_dist.checkpoint.safe import CheckpointError
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    except (NodePlacementError, CheckpointError) as e:  # alike on every rank, before step 1
+        raise ConfigError(str(e)) from e
 
     summary = build_summary(
         cfg, module, stats, context, world_size=trainer.world_size,
@@ -437,6 +443,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary["status"] = "completed"
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(datamodule, "inputs", None)  # files, bytes, first paths, or None
+    placement = contract_of(trainer.strategy).placement
+    summary["nodes"] = placement.summary() if placement is not None else None
     for callback in callbacks:
         if hasattr(callback, "summary"):
             summary.update(callback.summary(trainer.world_size))

@@ -23,6 +23,20 @@ def test_torch_private_apis_are_where_they_were():
         assert hasattr(kinds, kind), f"_ComputationType.{kind} moved"
 
 
+def test_dcp_metadata_records_and_helpers_are_where_they_were():
+    import importlib
+
+    for module, names in _compat.DCP_METADATA_RECORDS.items():
+        found = importlib.import_module(module)
+        for name in names:
+            assert hasattr(found, name), f"{module}.{name} moved"
+    assert callable(_compat.dcp_set_element())
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader("/nonexistent")
+    assert str(_compat.dcp_metadata_path(reader, None)).endswith("/.metadata")
+
+
 def test_in_backward_is_true_inside_a_backward_pass():
     import torch
 

@@ -15,6 +15,7 @@ A checkpoint is a folder `step<N>.ckpt/` holding:
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,10 @@ MODEL_KEY = "state_dict"
 
 
 def storage_reader(path: Path):
-    """The DCP reader of a checkpoint folder: the one place that opens its `.metadata`."""
-    from torch.distributed.checkpoint import FileSystemReader
+    """The DCP reader of a checkpoint folder, its `.metadata` read by a restricted unpickler."""
+    from lightning_dist.checkpoint.safe import SafeFileSystemReader
 
-    return FileSystemReader(str(path))
+    return SafeFileSystemReader(str(path))
 
 
 def _options(full: bool = False):
@@ -89,21 +90,6 @@ def save_state(state: dict[str, Any], path: Path, process_group=None) -> None:
     save(flatten(state), checkpoint_id=str(path), process_group=process_group)
 
 
-def _weights_only_planner():
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-        """DCP's planner over a flat state dict, reading non-tensor values (the param_groups
-        settings) with `weights_only=True` instead of plain pickle."""
-
-        def load_bytes(self, read_item, value) -> None:
-            # Into the caller's dict: `state_dict` here may be a copy (sharded-tensor flattening).
-            loaded = torch.load(value, weights_only=True)
-            self.original_state_dict[read_item.dest_index.fqn] = loaded
-
-    return WeightsOnlyLoadPlanner(flatten_state_dict=False)
-
-
 def flatten(state: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """{"state_dict": {name: t}} -> {"state_dict.<name>": t}: the keys the files hold."""
     return {f"{top}.{key}": value for top, inner in state.items() for key, value in inner.items()}
@@ -120,11 +106,10 @@ def unflatten(flat: dict[str, Any], tops: list[str]) -> dict[str, dict[str, Any]
 def read_into(state: dict[str, dict[str, Any]], path: Path, process_group=None) -> None:
     """Fill `state` (from `gather_state`) from the checkpoint at `path` (collective): tensors
     in place, settings replaced."""
-    from torch.distributed.checkpoint import load
+    from lightning_dist.checkpoint.safe import load
 
     flat = flatten(state)
-    load(flat, storage_reader=storage_reader(path), planner=_weights_only_planner(),
-         process_group=process_group)  # fmt: skip
+    load(flat, path, process_group=process_group)  # settings with weights_only=True
     state.update(unflatten(flat, list(state)))
 
 
@@ -201,8 +186,9 @@ def read_meta(path: Path) -> dict[str, Any]:
 def read_full_state(path: Path, prefix: str = "") -> dict[str, Any]:
     """Every value whose DCP key starts with `prefix` (tensors whole, settings as saved), read in
     one process with no process group: for tests and tools. Verifies the manifest first."""
-    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from lightning_dist.checkpoint.safe import load
 
     open_manifest(path)
     metadata = storage_reader(path).read_metadata()
@@ -211,6 +197,7 @@ def read_full_state(path: Path, prefix: str = "") -> dict[str, Any]:
         if key.startswith(prefix):
             tensor = isinstance(item, TensorStorageMetadata)
             state[key] = torch.empty(item.size, dtype=item.properties.dtype) if tensor else ""
-    load(state, storage_reader=storage_reader(path), planner=_weights_only_planner(),
-         no_dist=True)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
+        load(state, path, no_dist=True)
     return state

@@ -5,6 +5,7 @@ strategy that wrote it, the data position, the precision, the library versions, 
 every other file in the folder. Loading reads it before anything else: a missing or unreadable
 manifest, a future version, or a file whose bytes differ from its hash stops the load with one
 line, before any file is deserialised. Plain JSON; nothing here imports Lightning.
+`CheckpointError` is checkpoint/safe.py's, one class for every refusal.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lightning_dist.checkpoint.safe import CheckpointError
+
+__all__ = ["FORMAT", "MANIFEST", "VERSION", "CheckpointError", "open_manifest", "write_manifest"]
+
 FORMAT = "lightning_dist.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message is one line naming the path and the fix."""
 
 
 def sha256_of(path: Path) -> str:

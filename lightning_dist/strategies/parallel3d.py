@@ -188,6 +188,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = self.layout_for(self.num_processes, self.num_nodes)
         check_param_dtype(self.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
+        self.place_on_nodes(self._device_mesh)
         set_module_device_mesh(self.lightning_module, self._device_mesh)
 
     @property
