@@ -198,6 +198,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
     ckpt_path, resume_note = resume_from(cfg)
+    if ckpt_path:
+        check_checkpoint(Path(ckpt_path), spec)
     layout = contract.layout_for(devices, num_nodes)
     _, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
     return RunPlan(
@@ -246,6 +248,23 @@ def init_from_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
 
     check_init_from(path, plan.spec)
     return [InitFromCheckpoint(path)]
+
+
+def check_checkpoint(path: Path, spec: Any) -> None:
+    """The checkpoint to resume from is complete, unchanged since it was written, of a format
+    version this code reads, and of this model's shapes; CheckpointError (a ValueError) naming
+    the problem otherwise. Runs on every rank before any process group exists."""
+    import torch
+
+    from lightning_dist.checkpoint.format import check_model_shapes
+    from lightning_dist.checkpoint.manifest import open_manifest
+
+    open_manifest(path)
+    with torch.device("meta"):
+        model = spec.build()
+    # CausalLM holds the model as `self.model`, so its state-dict names start with "model.".
+    shapes = {f"model.{name}": tuple(t.shape) for name, t in model.state_dict().items()}
+    check_model_shapes(path, shapes)
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
@@ -439,9 +458,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
     if plan.resume_note and trainer.is_global_zero:
         print(plan.resume_note, flush=True)
+    from lightning_dist.checkpoint.safe import CheckpointError
+
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
-    except NodePlacementError as e:  # raised alike on every rank, before the model exists
+    except (NodePlacementError, CheckpointError) as e:  # alike on every rank, before step 1
         raise ConfigError(str(e)) from e
 
     summary = build_summary(

@@ -3,6 +3,7 @@
 Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
 its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
 overrides `check_run`, `planner_settings` and `parallelize_model` where it has more to say.
+Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from lightning_dist.parallel.nodes import (
     local_node_map,
     mesh_groups,
 )
+from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
 
-class LightningDistStrategy:
+class LightningDistStrategy(FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
 
     single_process = False
