@@ -5,7 +5,8 @@ A checkpoint is a folder `step<N>.ckpt/` holding:
 - DCP files (`.metadata`, `*.distcp`): `state_dict.<name>` for each parameter and persistent
   buffer, and `optimizer_<i>.state.<name>.<key>` / `optimizer_<i>.param_groups.<name>.<key>`,
   where <name> is the name in the single-process LightningModule (no FSDP, checkpoint-wrapper,
-  compile or pipeline-stage segments). Tensors are stored by global shape and offset, so any
+  compile or pipeline-stage segments): the model's weights are `state_dict.model.<name>`
+  (`WEIGHTS`), <name> being the single-device Transformer's parameter name. Tensors are stored by global shape and offset, so any
   layout reads the pieces it holds;
 - `meta.pt`: Lightning's loops, callbacks, schedulers and datamodule state (read with
   `torch.load(weights_only=True)` only);
@@ -14,6 +15,7 @@ A checkpoint is a folder `step<N>.ckpt/` holding:
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import warnings
 from pathlib import Path
@@ -23,9 +25,24 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
-from lightning_dist.checkpoint.manifest import CheckpointError, open_manifest, write_manifest
+from lightning_dist.checkpoint.manifest import (
+    MANIFEST,
+    CheckpointError,
+    open_manifest,
+    write_manifest,
+)
 
 MODEL_KEY = "state_dict"
+WEIGHTS = MODEL_KEY + ".model."
+"""The prefix of the model's weights in the files: the LightningModule holds it as `model`."""
+
+
+@contextlib.contextmanager
+def one_process_io():
+    """Silence DCP's note that it reads or writes in one process: that is the point here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*assuming the intent is to (load|save)")
+        yield
 
 
 def storage_reader(path: Path):
@@ -167,6 +184,7 @@ def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: 
     )
 
     open_manifest(path)
+    require_resumable(path)
     state = gather_state(module, optimizers)
     shapes = {k: global_shape(v) for k, v in state[MODEL_KEY].items()}
     check_model_shapes(path, shapes, whole_model=whole_model)
@@ -186,18 +204,43 @@ def read_meta(path: Path) -> dict[str, Any]:
 def read_full_state(path: Path, prefix: str = "") -> dict[str, Any]:
     """Every value whose DCP key starts with `prefix` (tensors whole, settings as saved), read in
     one process with no process group: for tests and tools. Verifies the manifest first."""
+    open_manifest(path)
+    return read_values(path, prefix)
+
+
+def read_values(path: Path, prefix: str = "") -> dict[str, Any]:
+    """`read_full_state` without the manifest check, for a caller that has made it (or reads a
+    folder that has no manifest)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from lightning_dist.checkpoint.safe import load
 
-    open_manifest(path)
     metadata = storage_reader(path).read_metadata()
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith(prefix):
             tensor = isinstance(item, TensorStorageMetadata)
             state[key] = torch.empty(item.size, dtype=item.properties.dtype) if tensor else ""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
+    with one_process_io():
         load(state, path, no_dist=True)
     return state
+
+
+def is_weights_only(path: Path) -> bool:
+    """A folder with a manifest but no Lightning `meta.pt`: weights written by `import` (or
+    another weights-only writer), a start for `trainer.init_from`, not a run to resume."""
+    path = Path(path)
+    return (
+        path.is_dir()
+        and (path / MANIFEST).is_file()
+        and not (path / LIGHTNING_CHECKPOINT_METADATA).is_file()
+    )
+
+
+def require_resumable(path: Path) -> None:
+    """CheckpointError (one line) when `path` holds weights only."""
+    if is_weights_only(path):
+        raise CheckpointError(
+            f"checkpoint {path} holds weights only; start from it with trainer.init_from={path} "
+            f"(it has no {LIGHTNING_CHECKPOINT_METADATA}: no step, optimizer or data position)"
+        )

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_dist.checkpoint.safe import load
 from lightning_dist.checkpoint.weights import (
+    WEIGHTS,
     CheckpointError,
     CheckpointInfo,
     one_process_io,
@@ -78,7 +79,7 @@ def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> i
         set_model_state_dict,
     )
 
-    info = open_checkpoint(path)
+    info = open_checkpoint(path)  # the manifest's version and hashes, checked again here
     # FSDP1's flat parameters have no sharded view by parameter name: read whole tensors there
     # and let set_model_state_dict keep each rank's shard. DTensors (FSDP2, TP) and pipeline
     # stages read only their own parts.
@@ -86,7 +87,7 @@ def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> i
     state = get_model_state_dict(model, options=options)
 
     def key(name: str) -> str:
-        return info.weight_prefix + canonical_name(name.removeprefix(name_prefix))
+        return WEIGHTS + canonical_name(name.removeprefix(name_prefix))
 
     keyed = {key(name): t for name, t in state.items()}
     single = not (dist.is_available() and dist.is_initialized())

@@ -1,24 +1,22 @@
 """Read the model weights of a checkpoint folder in one process, and write weights-only ones.
 
 A checkpoint is a `step<N>.ckpt/` folder of torch.distributed.checkpoint (DCP) files with a
-`manifest.json` (format `lightning_dist.checkpoint`, see docs/CHECKPOINTS.md). Its weights are
-`state_dict.<name>`, <name> being the single-device model's parameter name. Sharded saves
-written before the manifest existed name them `state_dict.model.<name>` (the LightningModule's
-attribute) and carry no model description: the run's `.hydra/config.yaml` supplies it.
+`manifest.json` (format `lightning_dist.checkpoint`, see docs/CHECKPOINTS.md and format.py). Its
+weights are `state_dict.model.<name>` (`format.WEIGHTS`), <name> being the single-device model's
+parameter name; that is the one naming every writer uses, this module's `import` included.
+Sharded saves written before the manifest existed name them the same way and carry no model
+description: the run's `.hydra/config.yaml` supplies it.
 
-No process group is needed: DCP reads every shard into this process (`no_dist=True`). Every read
-goes through `lightning_dist.checkpoint.safe` (no plain pickle: a restricted unpickler for
-`.metadata`, `weights_only=True` for everything else).
+A folder with a manifest is verified (`manifest.open_manifest`: format version and every file's
+hash) before anything in it is read. No process group is needed: DCP reads every shard into this
+process (`no_dist=True`). Every read goes through `lightning_dist.checkpoint.safe` (no plain
+pickle: a restricted unpickler for `.metadata`, `weights_only=True` for everything else).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,30 +24,19 @@ from typing import Any
 import torch
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.format import (
+    WEIGHTS,
+    one_process_io,
+    read_values,
+    storage_reader,
+)
+from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest, write_manifest
 from lightning_dist.checkpoint.safe import CheckpointError
 from lightning_dist.models.args import ModelArgs
 
-FORMAT = "lightning_dist.checkpoint"
-VERSION = 1
-MANIFEST = "manifest.json"
+__all__ = ["WEIGHTS", "CheckpointError", "CheckpointInfo", "one_process_io", "open_checkpoint"]
+
 DCP_METADATA = ".metadata"
-WEIGHTS = "state_dict."
-LEGACY_WEIGHTS = "state_dict.model."
-
-
-@contextlib.contextmanager
-def one_process_io():
-    """Silence DCP's note that it reads or writes in one process: that is the point here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*assuming the intent is to (load|save)")
-        yield
-
-
-def storage_reader(path: Path):
-    """The DCP reader of a checkpoint folder: `.metadata` through a restricted unpickler."""
-    from lightning_dist.checkpoint.safe import SafeFileSystemReader
-
-    return SafeFileSystemReader(str(path))
 
 
 @dataclass
@@ -62,14 +49,13 @@ class CheckpointInfo:
     manifest: dict[str, Any] | None
     run_config: dict[str, Any] | None
     """The writing run's `.hydra/config.yaml`, when there is no manifest."""
-    weight_prefix: str
     args: ModelArgs | None
     step: int | None
     weight_names: list[str] = field(default_factory=list)
 
     def tensor_meta(self, name: str):
         """Size and dtype properties of weight `name`."""
-        return self.metadata.state_dict_metadata[self.weight_prefix + name]
+        return self.metadata.state_dict_metadata[WEIGHTS + name]
 
 
 def open_checkpoint(path: str | Path) -> CheckpointInfo:
@@ -82,25 +68,19 @@ def open_checkpoint(path: str | Path) -> CheckpointInfo:
             f"{path} is not a checkpoint folder (no {DCP_METADATA}); give a step<N>.ckpt folder "
             "written by a sharded save, or by `python -m lightning_dist.checkpoint import`"
         )
+    # Verified (version, every file's hash) before any file is deserialised.
+    manifest = open_manifest(path) if (path / MANIFEST).is_file() else None
     metadata = storage_reader(path).read_metadata()
-    manifest = _read_json(path / MANIFEST)
-    if manifest is not None and manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{path / MANIFEST} has format={manifest.get('format')!r}, not {FORMAT}"
-        )
     keys = [k for k in metadata.state_dict_metadata if k.startswith(WEIGHTS)]
-    legacy = bool(keys) and all(k.startswith(LEGACY_WEIGHTS) for k in keys)
-    prefix = LEGACY_WEIGHTS if legacy else WEIGHTS
     run_config = None if manifest else _run_config(path)
     return CheckpointInfo(
         path=path,
         metadata=metadata,
         manifest=manifest,
         run_config=run_config,
-        weight_prefix=prefix,
         args=_model_args(manifest, run_config),
         step=_step(path, manifest),
-        weight_names=[k.removeprefix(prefix) for k in keys],
+        weight_names=[k.removeprefix(WEIGHTS) for k in keys],
     )
 
 
@@ -116,15 +96,8 @@ def require_args(info: CheckpointInfo) -> ModelArgs:
 
 def read_weights(info: CheckpointInfo, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every weight of the checkpoint as a whole tensor in this process, by parameter name."""
-    from lightning_dist.checkpoint.safe import load
-
-    state = {}
-    for name in info.weight_names:
-        meta = info.tensor_meta(name)
-        state[info.weight_prefix + name] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    with one_process_io():
-        load(state, info.path, no_dist=True)
-    out = {k.removeprefix(info.weight_prefix): v for k, v in state.items()}
+    state = read_values(info.path, WEIGHTS)  # open_checkpoint verified the manifest
+    out = {k.removeprefix(WEIGHTS): v for k, v in state.items()}
     return {k: v.to(dtype) for k, v in out.items()} if dtype else out
 
 
@@ -142,9 +115,7 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
         save({WEIGHTS + k: v for k, v in state.items()}, storage_writer=writer, no_dist=True)
     n_params = sum(v.numel() for k, v in state.items() if not _is_tied_copy(k, args))
     dtype = next(iter(state.values())).dtype
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
+    fields = {
         "step": 0,
         "model": {**dataclasses.asdict(args), "parameters": n_params},
         "layout": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1, "world_size": 1},
@@ -154,10 +125,8 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
         "versions": {"torch": torch.__version__},
         "source": source,
         "optimizer": False,
-        "files": {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file()},
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    return write_manifest(out, fields)
 
 
 def model_overrides(model_args) -> list[str]:
@@ -174,23 +143,6 @@ def model_overrides(model_args) -> list[str]:
 
 def _is_tied_copy(name: str, args: ModelArgs) -> bool:
     return args.tie_embeddings and name == "output.weight"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e})") from e
 
 
 def _run_config(path: Path) -> dict[str, Any] | None:
