@@ -256,10 +256,11 @@ def check_checkpoint(path: Path, spec: Any) -> None:
     the problem otherwise. Runs on every rank before any process group exists."""
     import torch
 
-    from lightning_dist.checkpoint.format import check_model_shapes
+    from lightning_dist.checkpoint.format import check_model_shapes, require_resumable
     from lightning_dist.checkpoint.manifest import open_manifest
 
     open_manifest(path)
+    require_resumable(path)  # an imported weights-only folder: trainer.init_from, not a resume
     with torch.device("meta"):
         model = spec.build()
     # CausalLM holds the model as `self.model`, so its state-dict names start with "model.".
