@@ -34,8 +34,6 @@ from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest, write_ma
 from lightning_dist.checkpoint.safe import CheckpointError
 from lightning_dist.models.args import ModelArgs
 
-__all__ = ["WEIGHTS", "CheckpointError", "CheckpointInfo", "one_process_io", "open_checkpoint"]
-
 DCP_METADATA = ".metadata"
 
 
