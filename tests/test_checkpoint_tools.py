@@ -128,6 +128,44 @@ def test_inspect_shows_model_layout_step_and_sizes(imported, capsys):
     assert len(text.splitlines()) == 8
 
 
+def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_resumable(
+    imported, tmp_path, capsys
+):
+    import shutil
+
+    from lightning_dist.checkpoint.format import WEIGHTS, tensor_shapes
+    from lightning_dist.checkpoint.manifest import open_manifest
+    from lightning_dist.resume import is_complete, latest_checkpoint
+    from lightning_dist.train import check_checkpoint
+
+    _, ckpt = imported["llama"]
+    open_manifest(ckpt)  # version and every file's hash, as a trained checkpoint
+    assert all(k.startswith(WEIGHTS) for k in tensor_shapes(ckpt))  # state_dict.model.<name>
+    assert not is_complete(ckpt)
+    point = latest_checkpoint(ckpt.parent)
+    assert point.path is None and point.skipped == [] and point.weights_only == [ckpt]
+    assert f"holds weights only; start from it with trainer.init_from={ckpt}" in point.describe()
+    with pytest.raises(
+        ValueError, match=r"holds weights only; start from it with trainer.init_from="
+    ) as err:
+        check_checkpoint(ckpt, open_checkpoint(ckpt).args)
+    assert "\n" not in str(err.value)
+    # A changed shard is refused by every tool before anything is read.
+    tampered = tmp_path / "step0.ckpt"
+    shutil.copytree(ckpt, tampered)
+    shard = next(tampered.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    for argv in (["inspect", str(tampered)], ["consolidate", str(tampered), str(tmp_path / "x")],
+                 ["export", str(tampered), "--to", "hf", str(tmp_path / "hf")]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "does not match its hash" in err and len(err.strip().splitlines()) == 1, err
+    from lightning_dist.checkpoint.init_from import check_init_from
+
+    with pytest.raises(ValueError, match="does not match its hash"):
+        check_init_from(str(tampered), open_checkpoint(ckpt).args)
+
+
 def run_cli(argv: list[str]) -> int:
     try:
         return main(argv)
