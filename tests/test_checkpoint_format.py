@@ -264,3 +264,26 @@ def test_bad_checkpoints_stop_every_rank_with_one_line(matrix, tmp_path):
     assert wrong_size.returncode == 2 and "step 1" not in stdout, stderr[-3000:]
     _one_error_line(stderr, "model.tok_embeddings.weight has shape [512, 64] in the "
                     "checkpoint but [512, 32] in this model")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_crafted_metadata_file_stops_every_rank_of_a_resume_and_runs_nothing(tmp_path):
+    """A real checkpoint folder whose `.metadata` was replaced by a pickle that runs
+    `touch <marker>`, its manifest rewritten to match (the hashes guard against damage, not
+    against whoever can write the folder): both ranks of a 2-rank resume refuse it in one line,
+    exit 2, and the command never runs."""
+    from lightning_dist.checkpoint.manifest import write_manifest
+
+    path, _, _ = _saved(tmp_path)  # the format's own folder: no training run needed
+    marker = tmp_path / "marker"
+    (path / ".metadata").write_bytes(f"cos\nsystem\n(V touch {marker}\ntR.".encode())
+    write_manifest(path, {k: v for k, v in json.loads((path / MANIFEST).read_text()).items()
+                          if k not in ("format", "version", "files")})  # fmt: skip
+    open_manifest(path)  # the hashes match: only the restricted unpickler stands in the way
+    overrides = ["strategy=ddp", "hardware.devices=2", f"trainer.ckpt_path={path}"]
+    ranks = [_train(*overrides, tmp_path=tmp_path, env=_rank_env(r, 2)) for r in range(2)]
+    for proc in ranks:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and "step 1" not in stdout, stderr[-3000:]
+        _one_error_line(stderr, "system, which no checkpoint metadata needs")
+    assert not marker.exists(), "the crafted metadata ran its command"
