@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_dist.checkpoint.format import read_full_state
 from lightning_dist.parity import REPO_ROOT, max_relative_difference, reference_overrides
 
 SCRIPTS = REPO_ROOT / "scripts" / "slurm"
@@ -186,8 +187,8 @@ def _summary(run_dir: Path) -> dict:
 
 
 def _final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    return ckpt["state_dict"]
+    """The model's parameters in the run's last checkpoint (a folder, read whole)."""
+    return read_full_state(run_dir / "checkpoints" / "last.ckpt", "state_dict.")
 
 
 def test_sbatch_job_of_two_tasks_matches_single(jobs, cluster):
@@ -236,7 +237,7 @@ def test_sigusr1_requeues_the_job_and_it_finishes_bitwise(jobs, cluster):
     log = (root / f"requeue-{job_id}.out").read_text()
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", log[-4000:]
     stopped = int(re.search(r"preempted: saving .* at step (\d+)", log).group(1))
-    assert f"requeued SLURM job {job_id}" in log and 3 <= stopped < 8
+    assert f"requeueing SLURM job {job_id}" in log and 3 <= stopped < 8
     resumed, full = _summary(run_dir), _summary(root / "sbatch")
     assert resumed["status"] == "completed" and resumed["first_step"] == stopped
     assert resumed["steps"] == 8 and resumed["losses"] == full["losses"][stopped:]

@@ -6,7 +6,9 @@ interrupted rank is waiting in). At the end of every optimizer step the ranks OR
 one all-reduce, so they all see the signal at the same step boundary; then every rank saves
 `step<N>.ckpt` into the checkpoint folder and the fit stops. `train()` writes summary.json with
 `"status": "preempted"` and exits with `PREEMPTED_EXIT_CODE`; `trainer.resume=auto` continues.
-Under SLURM, SIGUSR1 (the warning signal of `--signal=USR1@...`) also requeues the job.
+Under SLURM, SIGUSR1 (the warning signal of `--signal=USR1@...`) also requeues the job: rank 0
+runs `scontrol requeue`, or, in the job scripts of `python -m lightning_dist.launch slurm`, the
+script does once srun has returned (summary.json then says `"requeue": true`).
 """
 
 from __future__ import annotations
@@ -69,16 +71,25 @@ class Preemption(Callback):
         self.checkpoint = self.dirpath / f"step{step}.ckpt"
         if trainer.is_global_zero:
             print(f"preempted: saving {self.checkpoint} at step {step}", flush=True)
-        trainer.save_checkpoint(self.checkpoint)
+        trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the whole state
         trainer.should_stop = True
         if self.received == signal.SIGUSR1 and trainer.is_global_zero:
-            requeue_slurm_job()
+            if os.environ.get(REQUEUE_BY_SCRIPT):
+                print("the job script requeues the job once every rank has exited", flush=True)
+            else:
+                requeue_slurm_job()
 
     def summary(self, world_size: int) -> dict[str, Any]:
         if self.preempted_at is None:
             return {}
         return {"status": "preempted", "preempted_at_step": self.preempted_at,
-                "checkpoint": str(self.checkpoint)}  # fmt: skip
+                "checkpoint": str(self.checkpoint),
+                "requeue": self.received == signal.SIGUSR1}  # fmt: skip
+
+
+REQUEUE_BY_SCRIPT = "LIGHTNING_DIST_REQUEUE_BY_SCRIPT"
+"""Set by the sbatch scripts of `python -m lightning_dist.launch slurm`: the script requeues the
+job after srun returns, so the ranks end cleanly instead of being killed by their own requeue."""
 
 
 def requeue_slurm_job() -> None:

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE, REQUEUE_BY_SCRIPT
 from lightning_dist.hardware import HardwareSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -120,18 +121,27 @@ def sbatch_script(job: SlurmJob) -> str:
         f'run_dir="{job.run_dir}"',
         "",
         "# SIGUSR1 (the --signal above, or scancel --signal=USR1): every rank checkpoints at the",
-        "# next step boundary, rank 0 requeues the job, and the requeued job resumes here.",
+        "# next step boundary and exits 75 with summary.json saying requeue; this script then",
+        "# requeues the job, and the requeued job resumes here. No --kill-on-bad-exit: srun",
+        "# would end the other ranks when the first exits 75; a rank that fails while the",
+        "# others wait is ended by the watchdog (trainer.collective_timeout_s).",
+        f"export {REQUEUE_BY_SCRIPT}=1",
     ]
     train = [job.python, str(REPO_ROOT / "train.py"), *job.overrides]
     command = " ".join(shlex.quote(a) for a in train)
     resume = " ".join(_resume_overrides(job.overrides))
     lines += [
-        f'srun --kill-on-bad-exit=1 {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
+        f'srun {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
         "status=$?",
         f"# {SIGNAL_DEATH_STATUS} = 128 + SIGUSR1: the signal came while Python started or exited,",
         "# where train.py cannot catch it; requeue unless the run had finished.",
+        "requeue=0",
+        f'if [ "$status" -eq {PREEMPTED_EXIT_CODE} ] && grep -qs \'"requeue": true\' "$run_dir/summary.json"',
+        "then requeue=1; fi",
         f'if [ "$status" -eq {SIGNAL_DEATH_STATUS} ] && ! grep -qs \'"status": "completed"\' \\',
-        '    "$run_dir/summary.json"; then scontrol requeue "$SLURM_JOB_ID"; fi',
+        '    "$run_dir/summary.json"; then requeue=1; fi',
+        'if [ "$requeue" -eq 1 ]; then',
+        '    echo "requeueing SLURM job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID"; fi',
         'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
