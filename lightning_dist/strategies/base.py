@@ -15,7 +15,9 @@ from lightning_dist._compat import process_group_settings
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
+from lightning_dist.parallel.fsdp import find_block_types
 
 
 class LightningDistStrategy:
@@ -23,6 +25,8 @@ class LightningDistStrategy:
 
     single_process = False
     pipelined = False
+    compile_backend: str | None = None
+    """The backend `parallelize_model` compiles each block with; None: no compilation."""
 
     def declared_layout(self, num_nodes: int) -> Layout:
         """The degrees as configured; one may be -1. Pure data parallelism by default."""
@@ -71,5 +75,14 @@ class LightningDistStrategy:
         init_process_group_for_attempt(*process_group_settings(self))
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
-        """Materialise the whole model on this rank (data-parallel strategies shard later)."""
-        return materialize(model, self.root_device, init_seed)
+        """Materialise the whole model on this rank (data-parallel strategies shard later), and
+        compile each block when `compile_backend` is set."""
+        model = materialize(model, self.root_device, init_seed)
+        if self.compile_backend is not None:
+            apply_compile(model, find_block_types(model), backend=self.compile_backend)
+        return model
+
+    def _set_compile(self, compile_blocks: bool, backend: str) -> None:
+        """Validate and keep `strategy.compile` / `strategy.compile_backend`."""
+        check_compile(compile_blocks, backend)
+        self.compile_backend = backend if compile_blocks else None
