@@ -169,7 +169,9 @@ def test_bubble_formula():
     assert bubble_fraction("1F1B", 4, 12) == pytest.approx(3 / 15)
     assert bubble_fraction("GPipe", 8, 8) == pytest.approx(7 / 15)
     assert bubble_fraction("Interleaved1F1B", 4, 12, 2) == pytest.approx(1.5 / 13.5)
-    assert bubble_fraction("ZBVZeroBubble", 4, 12, 2) == 0
+    # Zero-bubble: only the warm-up of p - 1 chunk forwards stays idle (bench/schedules.py).
+    assert bubble_fraction("ZBVZeroBubble", 4, 8, 2) == pytest.approx(3 / 51)
+    assert bubble_fraction("InterleavedZeroBubble", 2, 8, 2) == pytest.approx(1 / 49)
 
 
 def test_collective_volumes():
