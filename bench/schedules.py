@@ -13,8 +13,8 @@ Two measurements, because a CPU with fewer free cores than ranks cannot show a b
 2. Measured: `pp` gloo ranks (OMP_NUM_THREADS=1) train a stack of 8 Linear(512)+GELU layers
    cut into pp x v stages, 8 microbatches of 64 rows, every schedule interleaved inside each
    repeat. Step time is the median over steps of the slowest rank; busy = the main thread's
-   CPU time (the autograd engine's work; gloo waits use none), measured bubble = 1 - busy /
-   step on the busiest rank. Meaningful only when every rank has a core of its own.
+   CPU time (the autograd engine's work; gloo waits use none), measured idle share = 1 - busy
+   / step on the busiest rank. Meaningful only when every rank has a core of its own.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print("| pp | schedule | v | simulated bubble (F:I:W = 1:1:1) | analytic (p-1)/(m+p-1) "
-          "| measured step (s), median (min-max of repeats) | measured bubble |")  # fmt: skip
+          "| measured step (s), median (min-max of repeats) | measured idle share |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for pp in args.pp:
         measured = {} if args.simulate_only else measure(pp, args)

@@ -407,3 +407,21 @@ def test_cli_table_and_unknown_names(capsys):
         err = capsys.readouterr().err
         assert "valid:" in err and listed in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_bubble_formula_matches_a_replay_of_torch_schedule_tables():
+    """bench/schedules.py replays each schedule's action table; the planner's formula agrees,
+    and both zero-bubble schedules idle less than 1F1B and Interleaved1F1B."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "schedules.py"
+    spec = importlib.util.spec_from_file_location("bench_schedules", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for pp, m in ((2, 8), (4, 8), (4, 12)):
+        replayed = {name: bench.simulated_bubble(name, pp, m) for name in bench.SCHEDULES}
+        for name, v in bench.SCHEDULES.items():
+            assert replayed[name] == pytest.approx(bubble_fraction(name, pp, m, v)), (name, pp, m)
+        for zero_bubble in ("InterleavedZeroBubble", "ZBVZeroBubble"):
+            assert replayed[zero_bubble] < replayed["Interleaved1F1B"] < replayed["1F1B"]
