@@ -4,12 +4,12 @@ pipeline.
 The pipeline cut comes first in the code because every later step is applied to each stage
 module on its own (a stage is a copy of the model with the other layers removed), but it changes
 no parameter: within each stage the order is tensor parallelism over `tp`, activation
-checkpointing, per-block compilation, then FSDP2 over the data-parallel ranks; the stages are then wrapped in
-`torch.distributed.pipelining` stages and a schedule.
+checkpointing, per-block compilation (`parallel/compile.py`), then FSDP2 over the
+data-parallel ranks; the stages are then wrapped in `torch.distributed.pipelining` stages and a
+schedule.
 
 Given a materialised model (the same full weights on every rank) each rank keeps exactly its
-slice of them, so the result computes what the single-device model computes.
-Compilation (per block, `parallel/compile.py`) sits between checkpointing and FSDP. Given a meta
+slice of them, so the result computes what the single-device model computes. Given a meta
 model it allocates nothing; the caller materialises each stage (see `model_parts`).
 """
 
