@@ -80,6 +80,18 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def saved_tensors_hooks_active() -> bool:
+    """Whether saved-tensor hooks (activation checkpointing's, CPU offload's) are in force.
+
+    `torch._C._autograd._top_saved_tensors_default_hooks` returns the innermost pair or None;
+    torch has no public query. Sequence parallelism's shard saving installs hooks of its own
+    only outside others, which would otherwise stop seeing the tensors saved inside.
+    """
+    import torch
+
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
 def pipeline_action_types() -> Any:
     """`torch.distributed.pipelining.schedules._ComputationType`, the kinds of actions in a
     multi-stage schedule's `pipeline_order_with_comms`.
@@ -179,3 +191,43 @@ def wandb_run_started(logger: Any) -> bool:
     Lightning keeps the run in `WandbLogger._experiment` and offers no public query.
     """
     return getattr(logger, "_experiment", None) is not None
+
+
+DCP_METADATA_RECORDS = {
+    "torch.distributed.checkpoint.metadata": (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "MetadataIndex",
+        "_MEM_FORMAT_ENCODING",
+    ),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+    "torch.serialization": ("_get_layout",),
+    "torch": ("Size",),
+    "pathlib": ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"),
+    "collections": ("OrderedDict",),
+}
+"""The classes and functions a DCP `.metadata` pickle names (found by reading the pickles torch
+2.13 writes for model, DTensor and flattened optimizer states). checkpoint/safe.py builds only
+these (plus torch dtypes, layouts and memory formats); `_StorageInfo`, `_MEM_FORMAT_ENCODING`
+and `_get_layout` are private, so if torch renames one, loading refuses every checkpoint with
+that name in its message, and tests/test_compat.py fails first."""
+
+
+def dcp_metadata_path(reader: Any, rank: Any) -> Any:
+    """`FileSystemReader._get_metadata_path(rank)`: the `.metadata` file a reader would open
+    (`__<rank>.metadata` for per-rank metadata). Private; no public accessor exists."""
+    return reader._get_metadata_path(rank)
+
+
+def dcp_set_element() -> Any:
+    """`torch.distributed.checkpoint._traverse.set_element`: puts a value at a flattened key's
+    path in a nested state dict, as DCP's default load planner does for non-tensor values.
+    checkpoint/safe.py replaces that planner's `load_bytes` (which unpickles with
+    `weights_only=False`) and needs the same placement."""
+    from torch.distributed.checkpoint._traverse import set_element
+
+    return set_element

@@ -121,11 +121,15 @@ def build(node: DictConfig, group: str, **kwargs: Any) -> Any:
 HYDRA_CALLABLE_KEYS = ("_target_", "()", "class")
 """Keys under `hydra.` that make Hydra itself import and call something: callbacks, logging
 handlers, filters and formatters. Hydra acts on them before any of our code runs."""
+HYDRA_SHELL_KEYS = ("hydra.launcher.setup", "hydra.launcher.teardown", "hydra.launcher.srun_args")
+"""Keys of the Slurm launcher (conf/hydra/launcher/submitit_slurm.yaml) whose values become
+lines or words of the job's shell script."""
 
 
 def check_hydra_overrides(args: list[str]) -> None:
     """Refuse command-line overrides that would have Hydra run a callable (`hydra.callbacks.*`,
-    `hydra.job_logging.handlers.x.class=...`); Hydra's YAML files are code, the command line not."""
+    `hydra.job_logging.handlers.x.class=...`) or the Slurm job run shell code
+    (`hydra.launcher.setup`); Hydra's YAML files are code, the command line not."""
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -136,4 +140,9 @@ def check_hydra_overrides(args: list[str]) -> None:
             raise ValueError(
                 f"the override of {key} is refused: Hydra would import and run what it names "
                 "before any check; put Hydra callbacks and logging classes in a config file"
+            )
+        if key.startswith(HYDRA_SHELL_KEYS):
+            raise ValueError(
+                f"the override of {key} is refused: it would be run as shell code in the Slurm "
+                "job; put it in a launcher config file (conf/hydra/launcher/)"
             )

@@ -30,6 +30,8 @@ def launch_rank_zero() -> bool:
     """True in the process that launches the run (and in global rank 0 under torchrun/SLURM)."""
     if "RANK" in os.environ:
         return os.environ["RANK"] == "0"
+    if os.environ.get("SLURM_PROCID", "0") != "0":  # an srun task; Lightning sets RANK later
+        return False
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 

@@ -16,13 +16,16 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.hardware import HardwareSpec
+from lightning_dist.launch.submitit_resolvers import register_submitit_resolvers
 from lightning_dist.models.args import ModelArgs
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def _with_target(cls: type, target: str) -> type:
-    """A schema dataclass: `_target_` followed by the fields of dataclass `cls`."""
+def _with_target(cls: type, target: str, name: str) -> type:
+    """A schema dataclass: `_target_` followed by the fields of dataclass `cls`, importable as
+    `lightning_dist.config.<name>`, so a config pickled to a Slurm job (the submitit launcher)
+    finds its schema there instead of a copy without fields."""
     fields = [("_target_", str, field(default=target))]
     for f in dataclasses.fields(cls):
         default = (
@@ -31,10 +34,12 @@ def _with_target(cls: type, target: str) -> type:
             else field(default=f.default)
         )
         fields.append((f.name, f.type, default))
-    return dataclasses.make_dataclass(f"{cls.__name__}Schema", fields, kw_only=True)
+    return dataclasses.make_dataclass(
+        name, fields, kw_only=True, namespace={"__module__": __name__}
+    )
 
 
-LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs")
+LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs", "LlamaSchema")
 
 
 @dataclass(kw_only=True)
@@ -272,6 +277,10 @@ class TrainerSchema:
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
     ckpt_path: str | None = None
     """Resume from this checkpoint (a file, or a sharded checkpoint's folder)."""
+    init_from: str | None = None
+    """Start from this checkpoint folder's weights alone (written by any layout, or by
+    `python -m lightning_dist.checkpoint import`); optimizer, step and data start fresh. Ignored
+    when resuming (trainer.ckpt_path, or a checkpoint trainer.resume=auto found)."""
     resume: str | None = None
     """auto: resume from the newest complete step<N>.ckpt of the checkpoint folder, if any
     (partial ones are skipped and named); null: start fresh (or from trainer.ckpt_path)."""
@@ -364,6 +373,7 @@ SCHEMAS: dict[str, type] = {
 
 
 register_schemas()
+register_submitit_resolvers()  # for conf/hydra/launcher/submitit_slurm.yaml
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:

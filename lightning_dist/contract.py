@@ -56,6 +56,9 @@ class StrategyContract(Protocol):
     """True for a strategy that runs one process whatever `hardware.devices` says."""
     pipelined: bool
     """True once the model is split into pipeline stages (each runs once per microbatch)."""
+    placement: Any
+    """Once the processes exist: the node of every rank and the rank groups of each parallel
+    dimension (`lightning_dist.parallel.nodes.Placement`); None before, or when unknown."""
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         """The layout this strategy runs on `num_nodes` nodes of `devices` ranks (resolved)."""
@@ -91,6 +94,7 @@ class _PlainDataParallel:
         self.strategy = strategy
         self.single_process = type(strategy).__name__ == "SingleDeviceStrategy"
         self.pipelined = False
+        self.placement = None
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)

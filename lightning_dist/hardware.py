@@ -7,7 +7,7 @@ bandwidth per device in one direction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ACCELERATORS = ("cpu", "gpu")
 
@@ -38,6 +38,12 @@ class HardwareSpec:
     """Default Lightning precision on this hardware."""
     backend: str = "gloo"
     """torch.distributed backend: 'gloo' on CPUs, 'nccl' on NVIDIA GPUs."""
+    cpus_per_node: int | None = None
+    """Logical CPUs of one node (hardware threads); a Slurm job gives each rank its share.
+    None when unknown."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment a cluster job exports on these nodes (NCCL and network settings); written
+    into the Slurm script by `python -m lightning_dist.launch slurm`."""
 
     def __post_init__(self) -> None:
         if self.accelerator not in ACCELERATORS:

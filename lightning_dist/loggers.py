@@ -133,9 +133,11 @@ def _new_run_id() -> str:
 
 
 def _first_process() -> bool:
-    """Global rank 0 (Lightning's launcher leaves RANK unset there; torchrun sets it)."""
+    """Global rank 0 (Lightning's launcher leaves RANK unset there; torchrun sets it; under
+    srun every task is a rank, and Lightning sets RANK only later, so SLURM_PROCID says it)."""
     return (
         os.environ.get("RANK", "0") == "0"
+        and os.environ.get("SLURM_PROCID", "0") == "0"
         and os.environ.get("LOCAL_RANK", "0") == "0"
         and (os.environ.get("NODE_RANK", "0") == "0")
     )

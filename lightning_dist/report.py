@@ -171,6 +171,8 @@ def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = ""
 
     comm = summary.get("comm", {})
     by_dim = comm.get("comm_compute_ratio_by_dim") or {}
+    by_link = comm.get("comm_seconds_by_link") or {}
+    nodes = summary.get("nodes") or {}
     rows = [
         ("strategy", summary.get("strategy")),
         ("hardware", summary.get("hardware")),
@@ -178,6 +180,8 @@ def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = ""
         ("parameters", fmt(summary.get("parameters"), "{:,}")),
         ("layout", " ".join(f"{k}={v}" for k, v in summary.get("layout", {}).items())),
         ("world size", summary.get("world_size")),
+        ("nodes", fmt(nodes.get("num_nodes"), "{}") + "".join(
+            f", {d} {v['link'].replace('_', '-')}" for d, v in (nodes.get("mesh") or {}).items())),
         ("steps", summary.get("steps")),
         ("final loss", fmt(summary.get("final_loss"))),
         ("final loss, smoothed", fmt(summary.get("final_loss_smoothed"))),
@@ -186,6 +190,8 @@ def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = ""
         ("MFU", fmt(summary.get("mfu"), "{:.1%}")),
         ("comm/compute", fmt(comm.get("comm_compute_ratio"), "{:.1%}")
          + "".join(f", {d} {r:.1%}" for d, r in by_dim.items())),
+        ("comm time by link", ", ".join(f"{k.replace('_', '-')} {v * 1e3:.1f} ms"
+                                        for k, v in by_link.items()) or "n/a"),
         ("peak memory (max rank)", fmt(max(summary.get("peak_memory_bytes") or [0]) / GIB, "{:.2f} GiB")),
         ("wall time", fmt(summary.get("wall_seconds"), "{:.0f} s")),
     ]  # fmt: skip

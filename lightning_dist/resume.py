@@ -1,10 +1,11 @@
 """Finding the checkpoint to resume from, and writing single-file checkpoints atomically.
 
-A run's checkpoints are `step<N>.ckpt` in its checkpoint folder: a file (single, ddp, and the
-`full` state-dict type), or a folder of torch.distributed.checkpoint shards (the sharded
-strategies). A folder counts only when complete: DCP writes its `.metadata` after every shard,
-and Lightning writes its `meta.pt` after that, so both present means the save finished. A file
-is complete because `AtomicCheckpointIO` writes it under a temporary name and renames it.
+A run's checkpoints are `step<N>.ckpt` folders in its checkpoint folder, one format for every
+strategy (docs/CHECKPOINTS.md). A folder counts only when complete: its `manifest.json` is
+written last, after every shard, DCP's `.metadata` and Lightning's `meta.pt`. A single file
+(Lightning's own format, written by a strategy outside lightning_dist through
+`AtomicCheckpointIO`, under a temporary name then renamed) is not picked by `trainer.resume=auto`:
+lightning_dist strategies cannot load it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.manifest import MANIFEST
 
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
 DCP_METADATA = ".metadata"
@@ -43,10 +45,10 @@ class ResumePoint:
 
 
 def is_complete(path: Path) -> bool:
-    """A finished checkpoint: a file, or a DCP folder with both metadata files."""
-    if path.is_file():
-        return True
-    return (path / DCP_METADATA).is_file() and (path / LIGHTNING_CHECKPOINT_METADATA).is_file()
+    """A finished checkpoint: a folder with its manifest (written last) and its metadata files."""
+    return path.is_dir() and all(
+        (path / name).is_file() for name in (MANIFEST, DCP_METADATA, LIGHTNING_CHECKPOINT_METADATA)
+    )
 
 
 def latest_checkpoint(dirpath: str | Path) -> ResumePoint:

@@ -27,6 +27,7 @@ from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.parallel.nodes import NodePlacementError
 from lightning_dist.redaction import redact_text
 
 
@@ -197,6 +198,8 @@ def plan_run(cfg: DictConfig) -> RunPlan:
     check_strategy(strategy, spec, cfg, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
     ckpt_path, resume_note = resume_from(cfg)
+    if ckpt_path:
+        check_checkpoint(Path(ckpt_path), spec)
     layout = contract.layout_for(devices, num_nodes)
     _, accumulate = batch_plan(cfg.data.global_batch_size, layout.dp, cfg.data.micro_batch_size)
     return RunPlan(
@@ -225,9 +228,43 @@ def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
             )
         point = latest_checkpoint(checkpoint_dir(cfg))
         return (str(point.path) if point.path else None), point.describe()
+    if t.init_from and t.ckpt_path:
+        raise ValueError(
+            "trainer.init_from and trainer.ckpt_path are both set; init_from starts from "
+            "weights, ckpt_path resumes a run: keep one of them"
+        )
     if t.ckpt_path and not Path(t.ckpt_path).exists():
         raise FileNotFoundError(f"trainer.ckpt_path={t.ckpt_path} does not exist")
     return t.ckpt_path, None
+
+
+def init_from_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
+    """trainer.init_from: the checkpoint is checked now and loaded once the model is built;
+    nothing when resuming, since a resumed run has its own weights."""
+    path = cfg.trainer.init_from
+    if not path or plan.ckpt_path:
+        return []
+    from lightning_dist.checkpoint.init_from import InitFromCheckpoint, check_init_from
+
+    check_init_from(path, plan.spec)
+    return [InitFromCheckpoint(path)]
+
+
+def check_checkpoint(path: Path, spec: Any) -> None:
+    """The checkpoint to resume from is complete, unchanged since it was written, of a format
+    version this code reads, and of this model's shapes; CheckpointError (a ValueError) naming
+    the problem otherwise. Runs on every rank before any process group exists."""
+    import torch
+
+    from lightning_dist.checkpoint.format import check_model_shapes
+    from lightning_dist.checkpoint.manifest import open_manifest
+
+    open_manifest(path)
+    with torch.device("meta"):
+        model = spec.build()
+    # CausalLM holds the model as `self.model`, so its state-dict names start with "model.".
+    shapes = {f"model.{name}": tuple(t.shape) for name, t in model.state_dict().items()}
+    check_model_shapes(path, shapes)
 
 
 def check_machine(cfg: DictConfig, plan: RunPlan) -> None:
@@ -288,9 +325,12 @@ def resilience_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
     from lightning_dist.callbacks.nan_guard import NonFiniteGuard
     from lightning_dist.callbacks.preemption import Preemption
     from lightning_dist.callbacks.watchdog import HangWatchdog
+    from lightning_dist.launch.requeue_signal import hand_over
 
     t = cfg.trainer
-    callbacks = [NonFiniteGuard(t.nan_policy, t.nan_max_skips), Preemption(checkpoint_dir(cfg))]
+    preemption = Preemption(checkpoint_dir(cfg))
+    hand_over(preemption)  # a SIGUSR1 that came before training starts is acted on at step 1
+    callbacks = [NonFiniteGuard(t.nan_policy, t.nan_max_skips), preemption]
     if plan.world_size > 1:
         callbacks.append(HangWatchdog(stall_seconds=t.collective_timeout_s / 2))
     return callbacks
@@ -312,6 +352,14 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+def slurm_environment() -> list:
+    """Under Slurm, Lightning's SLURMEnvironment without its own requeue handler: SIGUSR1 is
+    the Preemption callback's (checkpoint, requeue, resume; lightning_dist/launch/requeue_signal.py)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
 def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list, logger):
     """The Lightning Trainer of this run."""
     import lightning as L
@@ -320,6 +368,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
     from lightning_dist.resume import AtomicCheckpointIO
 
     t, accumulate = cfg.trainer, plan.accumulate
+    plugins = [AtomicCheckpointIO(), *slurm_environment()]
     return L.Trainer(
         accelerator=plan.hardware.accelerator,
         devices=plan.devices,
@@ -339,7 +388,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
         use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
         logger=[lg for lg in (logger, metrics_logger(str(run_dir))) if lg is not None],
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
+        plugins=plugins,
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
@@ -359,6 +408,9 @@ def build_module(cfg: DictConfig, spec: Any):
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the configured model and return the summary (written to summary.json on rank 0)."""
     started = time.perf_counter()
+    from lightning_dist.launch.requeue_signal import hold_requeue_signal
+
+    hold_requeue_signal()  # under Slurm, before anything slow: SIGUSR1 must not end the process
     quiet_known_warnings()
     import lightning as L
 
@@ -376,7 +428,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.plan.check:
             check_fits(cfg, spec, hardware, strategy, layout, plan.precision)
         check_machine(cfg, plan)
-        resilience = resilience_callbacks(cfg, plan)
+        resilience = resilience_callbacks(cfg, plan) + init_from_callbacks(cfg, plan)
         datamodule = build(cfg.data, "data", vocab_size=spec.vocab_size)
 
     run_dir = _run_dir(cfg)
@@ -406,7 +458,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(run_config(cfg, layout, hardware))
     if plan.resume_note and trainer.is_global_zero:
         print(plan.resume_note, flush=True)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    from lightning_dist.checkpoint.safe import CheckpointError
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+    except (NodePlacementError, CheckpointError) as e:  # alike on every rank, before step 1
+        raise ConfigError(str(e)) from e
 
     summary = build_summary(
         cfg, module, stats, context, world_size=trainer.world_size,
@@ -418,6 +475,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary["status"] = "completed"
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(datamodule, "inputs", None)  # files, bytes, first paths, or None
+    placement = contract_of(trainer.strategy).placement
+    summary["nodes"] = placement.summary() if placement is not None else None
     for callback in callbacks:
         if hasattr(callback, "summary"):
             summary.update(callback.summary(trainer.world_size))

@@ -87,6 +87,8 @@ CASES = [
          "optim._target_ is set, but nothing is built from optim"),
     Case("hydra callback", fast("+hydra.callbacks.x._target_=os.system", f"+hydra.callbacks.x.command={ATTACK}"),
          "hydra.callbacks.x._target_ is refused"),
+    Case("slurm launcher shell line", fast("hydra/launcher=submitit_slurm", f"hydra.launcher.setup=[{ATTACK}]"),
+         "hydra.launcher.setup is refused"),
     # Secrets in overrides are never echoed.
     Case("unknown secret key", fast(f"+api_token={SECRET}"), "unknown config key api_token"),
     Case("secret key without +", fast(f"api_token={SECRET}"), "Key 'api_token' not in 'TrainSchema'"),

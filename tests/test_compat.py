@@ -24,6 +24,20 @@ def test_torch_private_apis_are_where_they_were():
     assert callable(_compat.schedule_ops_api()), "get_schedule_ops moved"
 
 
+def test_dcp_metadata_records_and_helpers_are_where_they_were():
+    import importlib
+
+    for module, names in _compat.DCP_METADATA_RECORDS.items():
+        found = importlib.import_module(module)
+        for name in names:
+            assert hasattr(found, name), f"{module}.{name} moved"
+    assert callable(_compat.dcp_set_element())
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader("/nonexistent")
+    assert str(_compat.dcp_metadata_path(reader, None)).endswith("/.metadata")
+
+
 def test_in_backward_is_true_inside_a_backward_pass():
     import torch
 
@@ -94,3 +108,11 @@ def test_no_private_api_outside_compat():
                 if root in ("torch", "lightning", "transformers") and private:
                     offenders.append(f"{path.relative_to(package)}:{node.lineno} {node.module}")
     assert not offenders, offenders
+
+
+def test_saved_tensors_hooks_active_sees_checkpointing_hooks():
+    import torch
+
+    assert _compat.saved_tensors_hooks_active() is False
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert _compat.saved_tensors_hooks_active() is True

@@ -82,12 +82,12 @@ def test_parity_with_one_process(name, reference, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["fsdp_full_shard", "fsdp2_reshard_full_ckpt"])
 def test_resume_continues_with_the_same_losses(name, tmp_path_factory):
-    """Save at step 5 (sharded for fsdp, full for fsdp2), resume in a new process: steps 6-10
-    are bitwise the uninterrupted run's."""
+    """Save at step 5 (fsdp, and fsdp2 with state_dict_type=full), resume in a new process:
+    steps 6-10 are bitwise the uninterrupted run's."""
     overrides = [*BASE, *CASES[name][0]]
     full, run_dir = _run(name, overrides, tmp_path_factory)
     checkpoint = run_dir / "checkpoints" / "step5.ckpt"
-    assert checkpoint.is_dir() == (name == "fsdp_full_shard"), "sharded saves a folder"
+    assert (checkpoint / "manifest.json").is_file(), "every strategy saves the one folder format"
     resumed = run_train([*overrides, f"trainer.ckpt_path={checkpoint}"],
                         tmp_path_factory.mktemp(f"{name}_resumed"))  # fmt: skip
     assert resumed["losses"] == full["losses"][5:10]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard
+from lightning_dist.checkpoint.format import read_full_state
 from lightning_dist.parity import REPO_ROOT, run_train
 from lightning_dist.resume import latest_checkpoint
 
@@ -72,7 +73,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    """The model's tensors of a checkpoint folder, whole (manifest and hashes checked first)."""
+    return read_full_state(path, "state_dict.")
 
 
 # --- the NaN guard --------------------------------------------------------------------------
@@ -150,17 +152,21 @@ def test_nan_stop_through_train_py_writes_no_nan_checkpoint(tmp_path):
 
 
 def test_auto_resume_skips_a_partial_checkpoint_and_says_so(tmp_path):
-    (tmp_path / "step5.ckpt").write_bytes(b"complete file")
+    complete = tmp_path / "step5.ckpt"
+    complete.mkdir()
+    for name in (".metadata", "meta.pt", "manifest.json"):
+        (complete / name).write_bytes(b"")
     sharded = tmp_path / "step10.ckpt"
     sharded.mkdir()
     (sharded / "__0_0.distcp").write_bytes(b"a shard, no metadata yet")
-    (tmp_path / "step15.ckpt.tmp").write_bytes(b"an interrupted single-file save")
-    point = latest_checkpoint(tmp_path)
-    assert point.path == tmp_path / "step5.ckpt" and point.step == 5
-    assert point.skipped == [sharded]
-    assert point.describe().endswith("(step 5); skipped incomplete step10.ckpt")
     (sharded / ".metadata").write_bytes(b"")
-    (sharded / "meta.pt").write_bytes(b"")
+    (sharded / "meta.pt").write_bytes(b"")  # the manifest, written last, is still missing
+    (tmp_path / "step15.ckpt").write_bytes(b"a single file: not this format")
+    point = latest_checkpoint(tmp_path)
+    assert point.path == complete and point.step == 5
+    assert point.skipped == [tmp_path / "step15.ckpt", sharded]
+    assert point.describe().endswith("(step 5); skipped incomplete step15.ckpt, step10.ckpt")
+    (sharded / "manifest.json").write_bytes(b"")
     assert latest_checkpoint(tmp_path).path == sharded
 
 
@@ -197,7 +203,7 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
     summary = json.loads((tmp_path / "summary.json").read_text())
     stopped = summary["preempted_at_step"]
     assert summary["status"] == "preempted" and 5 < stopped < 12
-    assert (tmp_path / "checkpoints" / f"step{stopped}.ckpt").is_file()
+    assert (tmp_path / "checkpoints" / f"step{stopped}.ckpt" / "manifest.json").is_file()
     resumed = run_train([*FAST, *DDP12, *logged, "trainer.resume=auto"], tmp_path)
     assert resumed["status"] == "completed" and resumed["first_step"] == stopped
     if logged:  # the resumed run continues the same (offline) W&B run

@@ -111,3 +111,38 @@ def test_local_shapes_after_tp(fake_tp_mesh):
     assert attention.wk.weight.to_local().shape == (16, 64)  # 1 of 2 kv heads
     assert attention.wo.weight.to_local().shape == (64, 32)
     assert model.tok_embeddings.weight.to_local().shape == (256, 64)  # half the vocabulary
+
+
+def test_sequence_parallel_saves_the_shard_and_gathers_again_in_backward(fake_tp_mesh):
+    """Under SP a block's backward gathers each sub-block's input again (2 all-gathers more than
+    the backward of the forward's reduce-scatters), since only the sequence shard was saved."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    model = DEBUG.build()
+    apply_tp(model, fake_tp_mesh, sequence_parallel=True)
+    x = torch.randn(2, 4, 64, requires_grad=True)
+    with CommDebugMode() as comm:
+        out = model.layers["0"](x, model.rope_cos, model.rope_sin)
+        out.sum().backward()
+    counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+    print("TP block forward and backward with SP:", counts)
+    assert counts == {"all_gather_into_tensor": 6, "reduce_scatter_tensor": 4}
+
+
+def test_sequence_parallel_leaves_outer_saved_tensor_hooks_alone(fake_tp_mesh):
+    """Inside activation checkpointing (whose saved-tensor hooks keep nothing of the block) the
+    sub-blocks add no hooks of their own, so the outer hooks still see every saved tensor,
+    the gathered full-sequence inputs of the projections included."""
+    model = ModelArgs(**{**vars(DEBUG), "ffn_hidden_size": 256}).build()  # w2's input: 128 wide
+    apply_tp(model, fake_tp_mesh, sequence_parallel=True)
+    x = torch.randn(2, 4, 64, requires_grad=True)
+    seen = []
+
+    def pack(t):
+        local = t.to_local() if hasattr(t, "to_local") else t
+        seen.append(tuple(local.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.layers["0"](x, model.rope_cos, model.rope_sin)
+    assert (16, 64) in seen  # wq/wk/wv's and w1/w3's input: 2 x 8 tokens, all gathered

@@ -16,7 +16,10 @@ profiled on every rank. From its events:
 
 Collectives are attributed to a mesh dimension by where they run: at start-up one tiny
 collective per process group is profiled to learn which worker threads (or CUDA streams) serve
-which dimension; point-to-point sends and receives are the pipeline's.
+which dimension; point-to-point sends and receives are the pipeline's. Each dimension is also
+labelled by the link it crosses on this rank, from the strategy's node map (its `placement`):
+`intra_node` when this rank's group of it lies on one node, else `inter_node`; collectives of
+no known dimension are `unattributed`. The time per link is the union of its dimensions' times.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from lightning_dist.callbacks.context import RunContext, StepClock, step_clock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
+from lightning_dist.contract import contract_of
 from lightning_dist.parallel.pipeline import SCHEDULE_MARKER
 from lightning_dist.planner.timing import bubble_fraction
 from lightning_dist.quiet import quiet_profiler
@@ -86,6 +90,20 @@ def locate_process_groups(strategy: Any) -> dict[tuple[str, int], str]:
     return located
 
 
+def dimension_links(strategy: Any) -> dict[str, str]:
+    """The link (`intra_node` or `inter_node`) each mesh dimension's group of this rank
+    crosses, from the strategy's node map; empty when the strategy has none."""
+    placement = contract_of(strategy).placement
+    if placement is None:
+        return {}
+    nodes = placement.nodes
+    links = {}
+    for name, group in _mesh_groups(strategy).items():
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        links[name] = nodes.link(ranks if ranks is not None else range(len(nodes.node_of_rank)))
+    return links
+
+
 def _computes(event: Any, main_thread: int | None) -> bool:
     if COMM_EVENT.search(event.name):
         return False
@@ -113,8 +131,10 @@ def schedule_window(events: list[Any], main_thread: int | None) -> dict[str, flo
 
 
 def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: float,
-                 main_thread: int | None) -> dict[str, Any]:  # fmt: skip
-    """Communication, compute and idle time (seconds) of one profiled step."""
+                 main_thread: int | None,
+                 links: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Communication, compute and idle time (seconds) of one profiled step; with `links`
+    (dimension -> link) also the communication time over each link."""
     comm, compute, per_dim = [], [], {}
     for event in events:
         if COMM_EVENT.search(event.name):
@@ -128,12 +148,20 @@ def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: f
     comm_time = union_length(comm) * seconds
     compute_time = union_length(compute_union) * seconds
     exposed = sum(e - s for s, e in subtract(union_of(comm), compute_union)) * seconds
+    by_link: dict[str, list[tuple[float, float]]] = {}
+    for dim, intervals in per_dim.items():
+        by_link.setdefault((links or {}).get(dim, "unattributed"), []).extend(intervals)
     return {
         "step_seconds": span,
         "comm_seconds": comm_time,
         "compute_seconds": compute_time,
         "exposed_comm_seconds": exposed,
         "comm_seconds_by_dim": {d: union_length(v) * seconds for d, v in per_dim.items()},
+        **(
+            {"comm_seconds_by_link": {k: union_length(v) * seconds for k, v in by_link.items()}}
+            if links
+            else {}
+        ),
         "comm_compute_ratio": comm_time / compute_time if compute_time else None,
         "idle_fraction": max(0.0, 1.0 - compute_time / span) if span else None,
         "busy_seconds": max(0.0, span - exposed),
@@ -159,6 +187,7 @@ class CommComputeMonitor(Callback):
         self.measurements: list[list[dict[str, Any]]] = []
         """One entry per profiled step: the analysis of every rank, in rank order."""
         self._located: dict[tuple[str, int], str] = {}
+        self._links: dict[str, str] = {}
         self.clock = StepClock()
         """The trainer's shared clock once training starts (`step_clock(trainer)`)."""
         self._prof = None
@@ -178,6 +207,7 @@ class CommComputeMonitor(Callback):
         self.clock.start(trainer)
         if dist.is_initialized():
             self._located = locate_process_groups(trainer.strategy)
+            self._links = dimension_links(trainer.strategy)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._prof is None and self._profiled(trainer.global_step + 1):
@@ -194,7 +224,7 @@ class CommComputeMonitor(Callback):
         self._prof.__exit__(None, None, None)
         events, self._prof = self._prof.events(), None
         main_thread = next((e.thread for e in events if e.name == MARKER), None)
-        mine = analyse_step(events, self._located, span, main_thread)
+        mine = analyse_step(events, self._located, span, main_thread, self._links)
         gathered = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size()
@@ -221,6 +251,8 @@ class CommComputeMonitor(Callback):
             metrics[f"comm/{dim}_seconds"] = seconds
         for dim, dim_ratio in self.ratio_by_dim(per_rank).items():
             metrics[f"comm/{dim}_compute_ratio"] = dim_ratio
+        for link, seconds in self.seconds_by_link(per_rank).items():
+            metrics[f"comm/{link}_seconds"] = seconds
         stragglers = self.stragglers(per_rank)
         metrics["stragglers/slowest_rank"] = float(stragglers["slowest_rank"])
         metrics["stragglers/spread"] = stragglers["spread"]
@@ -251,6 +283,13 @@ class CommComputeMonitor(Callback):
             dim: statistics.fmean(r["comm_seconds_by_dim"].get(dim, 0.0) for r in per_rank)
             for dim in dims
         }
+
+    @staticmethod
+    def seconds_by_link(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+        """Time in collectives over each link (intra_node, inter_node), the mean over ranks."""
+        rows = [r.get("comm_seconds_by_link", {}) for r in per_rank]
+        links = sorted({link for row in rows for link in row})
+        return {link: statistics.fmean(row.get(link, 0.0) for row in rows) for link in links}
 
     @staticmethod
     def ratio_by_dim(per_rank: list[dict[str, Any]]) -> dict[str, float]:
@@ -314,6 +353,7 @@ class CommComputeMonitor(Callback):
                 ),
                 "exposed_comm_seconds": statistics.fmean(r["exposed_comm_seconds"] for r in last),
                 "comm_compute_ratio_by_dim": self.ratio_by_dim(last),
+                "comm_seconds_by_link": self.seconds_by_link(last),
                 "warn_ratio": self.warn_ratio,
             }
         }

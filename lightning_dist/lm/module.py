@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchmetrics.text import Perplexity
 
+from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.materialize import materialize
 
 # Name segments that FSDP1, activation checkpointing and torch.compile insert into parameter names,
@@ -61,6 +62,10 @@ class CausalLM(L.LightningModule):
         self._loss_sum = torch.zeros(())
         self._micro_steps = 0
         self._ppl_from_loss = False
+        self.loss_chunk_tokens = int(getattr(model_spec, "loss_chunk_tokens", 0) or 0)
+        """Tokens per chunk of a loss that never holds the whole logits; 0: plain loss."""
+        self._heads: list[torch.nn.Module] = []
+        """The deferred output projection (a plain list: not registered as a submodule)."""
 
     # --- model --------------------------------------------------------------------------------
 
@@ -71,6 +76,9 @@ class CausalLM(L.LightningModule):
             model = self.model_spec.build()
         # Weight decay goes by each parameter's original rank; FSDP1 shows flat 1-D shards later.
         self._matrix_names = {n for n, p in model.named_parameters() if p.ndim >= 2}
+        # The chunked loss applies the output projection itself, so the model returns the
+        # final hidden states; a model that names no `output_head` keeps the plain loss.
+        deferred = self.loss_chunk_tokens > 0 and defer_output_head(model) is not None
         parallelize = (
             getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
         )
@@ -78,13 +86,27 @@ class CausalLM(L.LightningModule):
             self.model = parallelize(model, init_seed=self.init_seed)
         else:
             self.model = materialize(model, self.device, self.init_seed)
+        if deferred:
+            # After parallelisation: under PP the head is on the last stage (a copy or not).
+            self._heads = [m for m in self.model.modules() if getattr(m, "defers_logits", False)]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's output: logits, or the final hidden states under a chunked loss."""
         return self.model(tokens)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy; also the loss each pipeline microbatch runs."""
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        """Mean next-token cross-entropy; also the loss each pipeline microbatch runs.
+
+        With a chunked loss the model's output is the final hidden states, and the output
+        projection is applied here, `loss_chunk_tokens` tokens at a time. Its weight is read
+        after the model's forward: FSDP keeps the root unit (which holds it) gathered until
+        backward.
+        """
+        if self._heads:
+            weight = self._heads[0].weight
+            loss = chunked_cross_entropy(logits, weight, targets, self.loss_chunk_tokens)
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         # With loss parallelism the logits, and so the loss, are DTensors; hand on a plain one.
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
@@ -95,7 +117,8 @@ class CausalLM(L.LightningModule):
             # and return the batch's mean loss on every rank; no rank has the whole logits.
             return self.model(inputs, targets, self.loss_fn), None, targets
         logits = self.model(inputs)
-        return self.loss_fn(logits, targets), logits, targets
+        # With a chunked loss these are hidden states, not logits: no perplexity from them.
+        return self.loss_fn(logits, targets), None if self._heads else logits, targets
 
     # --- training -----------------------------------------------------------------------------
 

@@ -39,8 +39,16 @@ class ModelArgs:
     """Share the embedding matrix with the output projection."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of linear and embedding weights."""
+    loss_chunk_tokens: int = 0
+    """Tokens per chunk of the training loss, which then never holds the whole logits (the
+    output projection runs chunk by chunk inside the loss, recomputed in backward;
+    `lightning_dist.lm.chunked_loss`). 0 computes the logits of the whole batch at once."""
 
     def __post_init__(self) -> None:
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(
+                f"model.loss_chunk_tokens={self.loss_chunk_tokens} must be 0 (off) or positive"
+            )
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive")

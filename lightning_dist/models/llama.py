@@ -55,11 +55,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """y = x / rms(x) * weight in float32, saving x and 1 / rms(x) for backward.
+
+    Autograd would also keep the float32 normalised x (and in bf16 a float32 copy of x), d
+    floats per token that backward can recompute from x for the cost of one multiply.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight.float()).type_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        g = grad.float()
+        gw = g * weight.float()
+        grad_x = rstd * (gw - normed * (gw * normed).mean(-1, keepdim=True))
+        grad_weight = (g * normed).sum(dim=tuple(range(g.dim() - 1)))
+        return grad_x.type_as(x), grad_weight.type_as(weight), None
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale, computed in float32.
 
     The output has the input's dtype whatever the weight's, so a float32 weight does not
-    silently promote bfloat16 activations.
+    silently promote bfloat16 activations. Only the input (and one float per token) is kept
+    for backward.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5):
@@ -68,9 +94,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).type_as(x)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
         """Set the scale to one."""
@@ -179,6 +203,8 @@ class Transformer(nn.Module):
     pipeline_blocks = "layers"
     pipeline_first = ("tok_embeddings",)
     pipeline_last = ("norm", "output")
+    output_head = "output"
+    """The output projection, which a chunked loss may apply itself (`lm.chunked_loss`)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -31,6 +31,11 @@ A plan without `"norm"` entries cannot run sequence parallelism. Users may also 
   `pipeline_first` modules are None), runs whatever blocks are left, and returns hidden states
   when the `pipeline_last` modules are None. Every stage returns a single tensor.
 
+**Output head** (`output_head`, optional): dotted path of a bias-free `nn.Linear` that maps the
+final hidden states to logits. A chunked loss (`model.loss_chunk_tokens`,
+`lightning_dist.lm.chunked_loss`) makes it return its input and applies its weight itself, a
+chunk of tokens at a time; models without it keep the plain loss.
+
 **Initialisation** (`init_weights()`): a model built on the meta device gets its storage from
 `to_empty()` and its values from `init_weights()`, which must set every parameter and buffer in
 place (see `require_init_weights`).

@@ -120,7 +120,11 @@ def apply_fsdp(
         # all-gather it again at once.
         last = i == len(blocks) - 1
         fully_shard(block, reshard_after_forward=reshard_after_forward and not last, **options)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **options)
+    # An output head that defers its logits is read by the loss after the forward
+    # (lightning_dist.lm.chunked_loss), so the root unit that holds it stays gathered until
+    # backward, which would all-gather it again first thing anyway.
+    defers = any(getattr(m, "defers_logits", False) for m in model.modules())
+    fully_shard(model, reshard_after_forward=reshard_after_forward and not defers, **options)
     set_prefetch(blocks, prefetch_forward, prefetch_backward)
     log.info(
         "Applied FSDP2 to %d %s blocks on a %s mesh (reshard_after_forward=%s)",

@@ -7,22 +7,34 @@ into torch `ParallelStyle`s for the chosen options:
 - without sequence parallelism each block's forward does two all-reduces (after the row-parallel
   attention output and MLP down projection), the norms are replicated;
 - with it the residual stream stays split along the sequence; each all-reduce becomes a
-  reduce-scatter, and an all-gather feeds each column-parallel sub-block;
+  reduce-scatter, and an all-gather feeds each column-parallel sub-block, which saves only the
+  sequence shard for backward and gathers it again there (`parallel/sequence_parallel.py`);
 - with loss parallelism the logits stay split along the vocabulary and the cross-entropy runs
   on the shards (`torch.distributed.tensor.parallel.loss_parallel`), so the full
-  [batch, seq, vocab] logits never exist on one rank.
+  [batch, seq, vocab] logits never exist on one rank. An output head that defers its logits to
+  the loss (`lightning_dist.lm.chunked_loss`) gets its weight split the same way, and its
+  (replicated) input hidden states are handed to the loss as they are;
+- the embedding is vocabulary-parallel: each rank looks up the tokens its rows hold, on local
+  tensors, so the gradient of its weight is its [vocab / tp, dim] shard. (torch's DTensor has
+  no row-sharded rule for the embedding's backward and would hold a full [vocab, dim] gradient
+  on every rank.)
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
+from functools import partial
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, distribute_module
+from torch.distributed.tensor.parallel import RowwiseParallel
 
 from lightning_dist.models.protocol import TP_STYLES
+from lightning_dist.parallel.sequence_parallel import GatherSequenceInput
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +152,6 @@ def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
     )
@@ -148,11 +159,15 @@ def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel:
     # Between blocks the activations are either replicated or split along the sequence (dim 1).
     between = Shard(1) if sequence_parallel else Replicate()
     if name == "embedding":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+        return VocabParallelEmbedding(output_layouts=between)
     if name == "colwise":
         return ColwiseParallel()
     if name == "rowwise":
         return RowwiseParallel(output_layouts=between)
+    if name == "output" and getattr(module, "defers_logits", False):
+        return ColwiseParallel(
+            input_layouts=between, output_layouts=Replicate(), use_local_output=False
+        )
     if name == "output":
         return ColwiseParallel(
             input_layouts=between,
@@ -163,19 +178,43 @@ def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel:
         return None
     if name == "norm":
         return SequenceParallel()
-    # "sp_input": gather the first input, pass the others (rotary tables, ...) through as they are.
-    n_inputs = _positional_inputs(module)
-    return PrepareModuleInput(
-        input_layouts=(Shard(1),) + (None,) * (n_inputs - 1),
-        desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
-    )
+    # "sp_input": gather the first input (the rest, rotary tables..., pass through as they are)
+    # and keep only its sequence shard for backward.
+    return GatherSequenceInput()
 
 
-def _positional_inputs(module: nn.Module) -> int:
-    """Required positional parameters of `module.forward` (how the parent block calls it)."""
-    params = inspect.signature(module.forward).parameters.values()
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
+def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> DTensor:
+    if isinstance(tokens, DTensor):
+        tokens = tokens.to_local()
+    weight = module.weight  # a DTensor split by rows over the TP mesh
+    rows = weight.to_local()  # whose backward hands back a Shard(0) gradient: the local rows
+    first = weight.device_mesh.get_local_rank() * rows.shape[0]
+    ids = tokens - first
+    outside = (ids < 0) | (ids >= rows.shape[0])
+    out = F.embedding(ids.masked_fill(outside, 0), rows)
+    out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    # Each token's row lives on one rank and the others contribute zeros: a partial sum.
+    return DTensor.from_local(out, weight.device_mesh, [Partial()], run_check=False)
+
+
+class VocabParallelEmbedding(RowwiseParallel):
+    """Rows of an `nn.Embedding` split over the TP ranks, looked up on local tensors.
+
+    The tokens stay plain (replicated) tensors; each rank masks those outside its rows, and the
+    partial outputs are summed into `output_layouts` (a reduce-scatter along the sequence under
+    sequence parallelism, else an all-reduce). The weight's gradient is the local rows only.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        if not isinstance(module, nn.Embedding):
+            raise ValueError(
+                f"TP style 'embedding' needs an nn.Embedding, got {type(module).__name__}"
+            )
+        module.forward = partial(_vocab_parallel_lookup, module)
+        return distribute_module(
+            module, device_mesh, self._partition_embedding_fn, None,
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )  # fmt: skip
 
 
 def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> None:

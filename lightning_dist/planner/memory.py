@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from lightning_dist.layout import Layout
+from lightning_dist.planner.activations import layer_activation_bytes
 from lightning_dist.planner.settings import (
     FRAGMENTATION,
     RESERVE_BYTES,
@@ -127,39 +128,6 @@ def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> floa
     return first if stage in ("first", "only") else 1.0
 
 
-def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
-    """Bytes one block saves for backward, per token, on one TP rank.
-
-    Derived from the ops of `lightning_dist.models.llama`, with d = dim, h = hidden_dim and
-    w = bytes of a matmul input (4 in 32-true, else 2):
-
-    - each RMSNorm saves its fp32 input and fp32 normalised output: 2 norms x 8d bytes
-      (divided by tp under sequence parallelism, where norms run on a sequence shard);
-    - the projections' inputs: under bf16-mixed autocast casts the norm output once per linear
-      (3 x 2d for wq/wk/wv, 2 x 2d for w1/w3 = 10d); in 32-true the five share one 4d tensor
-      per norm (8d); in bf16-true 2d per norm (4d). Under TP these are the all-gathered inputs
-      of the column-parallel linears, so they do not divide by tp;
-    - SDPA saves q, the head-repeated k and v, and its output: 4d x w over the heads, so
-      divided by tp (`wo`'s input is a view of that output: SDPA lays it out as [b, s, h, hd]);
-    - SwiGLU saves w1's output, silu's output, w3's output and their product: 4h x w / tp;
-    - RoPE saves nothing but its constant tables; flash / memory-efficient SDPA keeps only a
-      per-head log-sum-exp, while the math path adds the softmax and score matrices,
-      2 x n_heads x s x w per token, divided by tp.
-
-    Checked with saved-tensor hooks on a one-block model: exact in 32-true; bf16-mixed adds
-    autocast's bf16 weight copies, which `buffer_bytes` counts.
-    """
-    d, h = model.dim, model.hidden_dim
-    precision = settings.precision
-    w = 4 if precision == "32-true" else 2
-    linear_inputs = {"32-true": 8 * d, "bf16-mixed": 10 * d, "bf16-true": 4 * d}[precision]
-    norms = 16 * d / (tp if settings.sequence_parallel else 1)
-    heads = (4 * d * w + 4 * h * w) / tp
-    if settings.attention == "math":
-        heads += 2 * model.n_heads * settings.seq_len * w / tp
-    return norms + linear_inputs + heads
-
-
 def activation_bytes(
     model, layout: Layout, settings: TrainSettings, shape: StageShape, stage: str, microbatches: int
 ) -> float:
@@ -171,11 +139,14 @@ def activation_bytes(
     - with full activation checkpointing: each block keeps only its input (residual dtype, split
       by tp under SP), n x layers x d x r, plus one block's recomputed activations while its
       backward runs;
-    - the last stage adds its final norm and the logits, b x s x V / tp elements held as the
+    - the last stage adds its final norm (its input, r x d / sp, and its output, the output
+      projection's input, w x d) and the logits, b x s x V / tp elements held as the
       matmul output, its fp32 copy for the loss (none in 32-true, where `.float()` is the
-      same tensor) and the log-softmax: w + 8 bytes each, 8 in 32-true. With
-      checkpointing the logits are freed before the blocks' backward, so the peak is the larger
-      of the logits and one recomputed block, not their sum.
+      same tensor) and the log-softmax: w + 8 bytes each, 8 in 32-true. With the chunked loss
+      (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s)
+      rows of them, and none are kept for backward. With checkpointing the logits are freed
+      before the blocks' backward, so the peak is the larger of the logits and one recomputed
+      block, not their sum.
     """
     tokens = settings.micro_batch_size * settings.seq_len
     tp, d = layout.tp, model.dim
@@ -187,7 +158,9 @@ def activation_bytes(
     logits = 0.0
     if shape.has_output:
         per_vocab = 8 if settings.precision == "32-true" else w + 8
-        logits = tokens * (model.vocab_size / tp * per_vocab + 8 * d / sp + w * d)
+        chunk = getattr(model, "loss_chunk_tokens", 0)
+        rows = min(chunk, tokens) if chunk else tokens
+        logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
     if settings.activation_checkpointing:
         kept = inflight * shape.layers * tokens * d * residual / sp
         return kept + max(per_layer, logits)

@@ -3,30 +3,43 @@
 Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
 its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
 overrides `check_run`, `planner_settings` and `parallelize_model` where it has more to say.
+Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks`).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
 
 from lightning_dist._compat import process_group_settings
 from lightning_dist.contract import PlannerSettings
-from lightning_dist.layout import Layout
+from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
 from lightning_dist.parallel.fsdp import find_block_types
+from lightning_dist.parallel.nodes import (
+    Placement,
+    check_node_counts,
+    gather_node_map,
+    local_node_map,
+    mesh_groups,
+)
+from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
+>>>>>>> main
 
 
-class LightningDistStrategy:
+class LightningDistStrategy(FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
 
     single_process = False
     pipelined = False
     compile_backend: str | None = None
     """The backend `parallelize_model` compiles each block with; None: no compilation."""
+    placement: Placement | None = None
+    """The node of every rank and the groups of each dimension, once the processes exist."""
 
     def declared_layout(self, num_nodes: int) -> Layout:
         """The degrees as configured; one may be -1. Pure data parallelism by default."""
@@ -66,6 +79,7 @@ class LightningDistStrategy:
     def setup_environment(self) -> None:
         self.join_process_group()
         super().setup_environment()
+        self.place_on_nodes()
 
     def join_process_group(self) -> None:
         """Under torchrun restarts, join the process group in this attempt's own key space
@@ -73,6 +87,26 @@ class LightningDistStrategy:
         if self.single_process:
             return
         init_process_group_for_attempt(*process_group_settings(self))
+
+    def place_on_nodes(self, mesh=None) -> None:
+        """Learn the node of every rank (one all-gather) and check it against the configured
+        node count and the layout: NodePlacementError, the same on every rank, before any
+        model exists. Groups come from `mesh` (a DeviceMesh) if given, else from the layout."""
+        if self.single_process:
+            self.placement = Placement(nodes=local_node_map(), groups={})
+            return
+        nodes = gather_node_map(self.root_device)
+        check_node_counts(nodes, num_nodes=self.num_nodes, devices=self.num_processes)
+        layout = self.layout
+        if mesh is not None:
+            groups = mesh_groups(mesh, MESH_DIMS)
+        else:
+            groups = {d: layout.group_ranks(d) for d in MESH_DIMS if getattr(layout, d) > 1}
+        self.placement = Placement(nodes=nodes, groups=groups)
+        hsdp = layout.dp_replicate > 1 and layout.dp_shard > 1
+        for line in self.placement.check(hsdp=hsdp):
+            if self.global_rank == 0:
+                print(f"warning: {line}", file=sys.stderr, flush=True)
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
         """Materialise the whole model on this rank (data-parallel strategies shard later), and

@@ -1,7 +1,6 @@
 """`strategy=3d` / `Trainer(strategy="parallel3d")`: data x tensor x pipeline parallelism.
 
-A thin layer over Lightning's ModelParallelStrategy (process group, launcher, DTensor-aware
-sharded checkpoints). What it adds:
+A thin layer over Lightning's ModelParallelStrategy (process group, launcher). What it adds:
 
 - the mesh of a `Layout` (pp, dp_replicate, dp_shard, tp; tp innermost so it stays in a node);
 - `parallelize_model(model, init_seed=...)`, which the LightningModule calls in
@@ -10,14 +9,15 @@ sharded checkpoints). What it adds:
   the schedule (forward and backward), so Lightning's backward is a no-op;
 - the loss-parallel context around the steps and backward when the logits stay vocab-split;
 - gradient clipping by the norm over every mesh dimension;
-- the data sampler over the data-parallel ranks only.
+- the data sampler over the data-parallel ranks only;
+- checkpoints in the one format of every strategy (`strategies/checkpoint_hooks.py`), with
+  pipeline stages under their single-process names, optionally written in the background.
 """
 
 from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import nn
 
 from lightning_dist._compat import set_module_device_mesh
+from lightning_dist.checkpoint.async_saves import AsyncSaves
 from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
@@ -36,7 +37,7 @@ from lightning_dist.parallel.parallelize import dp_mesh, model_parts, paralleliz
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.parallel.tp import check_tp
-from lightning_dist.strategies import checkpoint3d, sharding
+from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
 from lightning_dist.strategies.user_path import explain_stage_errors, plain_tensor
 
@@ -62,8 +63,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             the model anywhere; the random init then differs from a single process's). By
             default every rank materialises the whole model once, so the weights equal the
             single-device ones, and keeps its slice.
-        state_dict_type: "sharded" (a torch.distributed.checkpoint folder) or "full".
-        async_save: write sharded checkpoints in the background (see `checkpoint3d.AsyncSaves`).
+        state_dict_type: "sharded" or "full"; both write the one checkpoint format
+            (docs/CHECKPOINTS.md), "full" only forbids `async_save`.
+        async_save: write checkpoints in the background (see `checkpoint.async_saves`).
     """
 
     strategy_name = "parallel3d"
@@ -197,6 +199,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = self.layout_for(self.num_processes, self.num_nodes)
         check_param_dtype(self.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
+        self.place_on_nodes(self._device_mesh)
         set_module_device_mesh(self.lightning_module, self._device_mesh)
 
     @property
@@ -367,46 +370,17 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def optimizer_state(self, optimizer) -> dict[str, Any]:
-        """Sharded saves flatten the optimizer state per parameter (see `checkpoint3d`)."""
-        if not self._save_distributed_checkpoint:
-            return super().optimizer_state(optimizer)
-        return checkpoint3d.flat_optimizer_state(self.model, optimizer)
-
     def enable_async_save(self) -> None:  # the contract's
         if not self._save_distributed_checkpoint:
             raise ValueError(
                 "trainer.checkpoint.async_save=true needs strategy.state_dict_type=sharded"
             )
-        self._async_saves = checkpoint3d.AsyncSaves()
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
-        """Lightning's save, or with `async_save` the same files written in the background."""
-        if self._async_saves is None:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
-        path = Path(self.broadcast(filepath))
-        if path.is_file():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
-        state = {"state_dict": checkpoint.pop("state_dict")}
-        for i, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
-            state[f"optimizer_{i}"] = optimizer_state
-        self._async_saves.save(state, path, checkpoint, rank0=self.global_rank == 0)
+        self._async_saves = AsyncSaves()
 
     def teardown(self) -> None:
         if self._async_saves is not None:  # the last save finishes before the processes end
             self._async_saves.wait()
         super().teardown()
-
-    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a checkpoint saved with the same layout."""
-        path = Path(self.broadcast(checkpoint_path))
-        if not checkpoint3d.is_sharded_checkpoint(path):
-            return super().load_checkpoint(path, weights_only=weights_only)
-        # Its metadata file is always read with weights_only=True (see checkpoint3d).
-        return checkpoint3d.load_sharded(
-            self.model, self.optimizers, path, strict=self.lightning_module.strict_loading
-        )
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:

@@ -1,0 +1,96 @@
+"""`inspect`: what a checkpoint holds (model, layout, step, sizes), in one screen of text."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from lightning_dist.checkpoint.weights import CheckpointInfo
+
+SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+OPTIMIZER_STATE = re.compile(r"^optimizer_(\d+)\.state\..*\.([A-Za-z_]+)$")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def describe(info: CheckpointInfo) -> str:
+    """The inspect text: one `key  value` line per fact."""
+    rows = [("checkpoint", str(info.path)), ("format", _format(info))]
+    rows.append(("step", "unknown" if info.step is None else str(info.step)))
+    rows.append(("model", _model(info)))
+    rows.append(("parameters", _parameters(info)))
+    rows.append(("layout", _layout(info)))
+    rows.append(("optimizer", _optimizer(info)))
+    rows.append(("files", _files(info)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _format(info: CheckpointInfo) -> str:
+    if info.manifest:
+        return f"{info.manifest['format']} v{info.manifest.get('version')} (manifest.json)"
+    source = "the run's .hydra/config.yaml" if info.run_config else "nothing"
+    return f"DCP folder without manifest.json; model and layout read from {source}"
+
+
+def _model(info: CheckpointInfo) -> str:
+    a = info.args
+    if a is None:
+        return "unknown (no manifest, no run config)"
+    tied = ", tied embeddings" if a.tie_embeddings else ""
+    return (
+        f"Transformer dim={a.dim} n_layers={a.n_layers} n_heads={a.n_heads} "
+        f"n_kv_heads={a.kv_heads} ffn_hidden_size={a.hidden_dim} vocab_size={a.vocab_size} "
+        f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g} norm_eps={a.norm_eps:g}{tied}"
+    )
+
+
+def _parameters(info: CheckpointInfo) -> str:
+    tied = info.args is not None and info.args.tie_embeddings
+    total, dtypes = 0, Counter()
+    for name in info.weight_names:
+        meta = info.tensor_meta(name)
+        if tied and name == "output.weight":
+            continue
+        total += meta.size.numel()
+        dtypes[str(meta.properties.dtype).removeprefix("torch.")] += meta.size.numel()
+    kinds = ", ".join(dtypes)
+    return f"{total:,} in {len(info.weight_names)} tensors ({kinds or 'none'})"
+
+
+def _layout(info: CheckpointInfo) -> str:
+    if info.manifest and info.manifest.get("layout"):
+        layout = dict(info.manifest["layout"])
+        strategy = info.manifest.get("strategy")
+        world = layout.pop("world_size", None)
+        degrees = " ".join(f"{k}={v}" for k, v in layout.items())
+        head = f"strategy={strategy} " if strategy else ""
+        return f"{head}{degrees} (world size {world})"
+    ranks = {int(m.group(1)) for p in info.path.iterdir() if (m := SHARD_FILE.match(p.name))}
+    strategy = ((info.run_config or {}).get("strategy") or {}).get("name", "unknown")
+    return f"strategy={strategy}, written by {len(ranks)} rank(s)"
+
+
+def _optimizer(info: CheckpointInfo) -> str:
+    kinds: dict[int, set[str]] = {}
+    for key in info.metadata.state_dict_metadata:
+        if m := OPTIMIZER_STATE.match(key):
+            kinds.setdefault(int(m.group(1)), set()).add(m.group(2))
+    if not kinds:
+        return "none (weights only)"
+    return "; ".join(f"optimizer_{i}: {', '.join(sorted(k))}" for i, k in sorted(kinds.items()))
+
+
+def _files(info: CheckpointInfo) -> str:
+    files = sorted((p for p in info.path.iterdir() if p.is_file()), key=lambda p: p.name)
+    sizes = [(p.name, p.stat().st_size) for p in files]
+    total = sum(s for _, s in sizes)
+    listed = ", ".join(f"{n} {human_bytes(s)}" for n, s in sizes[:6])
+    more = f", and {len(sizes) - 6} more" if len(sizes) > 6 else ""
+    return f"{len(sizes)} files, {human_bytes(total)}: {listed}{more}"

@@ -1,0 +1,203 @@
+"""Save and load the one checkpoint format of every strategy (docs/CHECKPOINTS.md, "Format").
+
+A checkpoint is a folder `step<N>.ckpt/` holding:
+
+- DCP files (`.metadata`, `*.distcp`): `state_dict.<name>` for each parameter and persistent
+  buffer, and `optimizer_<i>.state.<name>.<key>` / `optimizer_<i>.param_groups.<name>.<key>`,
+  where <name> is the name in the single-process LightningModule (no FSDP, checkpoint-wrapper,
+  compile or pipeline-stage segments). Tensors are stored by global shape and offset, so any
+  layout reads the pieces it holds;
+- `meta.pt`: Lightning's loops, callbacks, schedulers and datamodule state (read with
+  `torch.load(weights_only=True)` only);
+- `manifest.json`, written last (see `manifest.py`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.manifest import CheckpointError, open_manifest, write_manifest
+
+MODEL_KEY = "state_dict"
+
+
+def storage_reader(path: Path):
+    """The DCP reader of a checkpoint folder, its `.metadata` read by a restricted unpickler."""
+    from lightning_dist.checkpoint.safe import SafeFileSystemReader
+
+    return SafeFileSystemReader(str(path))
+
+
+def _options(full: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Flattened optimizer state: one key per parameter and setting, so pipeline ranks (which
+    # hold different parameters) each get their own param_groups entries.
+    # A full state dict stays on every rank (cpu_offload would keep it on rank 0 only).
+    return StateDictOptions(
+        full_state_dict=full, cpu_offload=not full, flatten_optimizer_state_dict=True
+    )
+
+
+def _plain(optimizer):
+    return getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer
+
+
+def gather_state(module: nn.Module, optimizers: list, *, full: bool = False) -> dict[str, Any]:
+    """{"state_dict": model state, "optimizer_<i>": flat optimizer state} of this rank."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state: dict[str, Any] = {MODEL_KEY: get_model_state_dict(module, options=_options(full))}
+    for i, optimizer in enumerate(optimizers):
+        state[f"optimizer_{i}"] = get_optimizer_state_dict(
+            module, _plain(optimizer), options=_options(full)
+        )
+    return state
+
+
+def prepare_folder(path: Path, *, rank0: bool, barrier) -> None:
+    """An empty folder at `path`: an older checkpoint of the same name (a rewritten last.ckpt, a
+    file of the old format) is removed first, so no stale shard survives beside the new ones."""
+    if rank0:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        path.mkdir(parents=True)
+    barrier()
+
+
+def finish_folder(path: Path, meta: dict[str, Any], manifest_fields: dict[str, Any]) -> None:
+    """Rank 0, once every rank's shards are written: Lightning's metadata, then the manifest."""
+    torch.save(meta, path / LIGHTNING_CHECKPOINT_METADATA)
+    write_manifest(path, manifest_fields)
+
+
+def save_state(state: dict[str, Any], path: Path, process_group=None) -> None:
+    """Write `state` (from `gather_state`) as DCP files into `path` (collective)."""
+    from torch.distributed.checkpoint import save
+
+    save(flatten(state), checkpoint_id=str(path), process_group=process_group)
+
+
+def flatten(state: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{"state_dict": {name: t}} -> {"state_dict.<name>": t}: the keys the files hold."""
+    return {f"{top}.{key}": value for top, inner in state.items() for key, value in inner.items()}
+
+
+def unflatten(flat: dict[str, Any], tops: list[str]) -> dict[str, dict[str, Any]]:
+    state: dict[str, dict[str, Any]] = {top: {} for top in tops}
+    for key, value in flat.items():
+        top, inner = key.split(".", 1)
+        state[top][inner] = value
+    return state
+
+
+def read_into(state: dict[str, dict[str, Any]], path: Path, process_group=None) -> None:
+    """Fill `state` (from `gather_state`) from the checkpoint at `path` (collective): tensors
+    in place, settings replaced."""
+    from lightning_dist.checkpoint.safe import load
+
+    flat = flatten(state)
+    load(flat, path, process_group=process_group)  # settings with weights_only=True
+    state.update(unflatten(flat, list(state)))
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{DCP key: global shape} of every tensor in the checkpoint."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = storage_reader(path).read_metadata()
+    return {
+        key: tuple(item.size)
+        for key, item in metadata.state_dict_metadata.items()
+        if isinstance(item, TensorStorageMetadata)
+    }
+
+
+def global_shape(tensor: Any) -> tuple[int, ...]:
+    """The whole tensor's shape of a plain tensor, a DTensor or a ShardedTensor."""
+    return tuple(tensor.size())
+
+
+def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], *,
+                       whole_model: bool = True, saved=None) -> None:  # fmt: skip
+    """CheckpointError naming the first parameter whose shape differs, or that the checkpoint
+    lacks; with `whole_model` (not a pipeline rank's stages) also one that the model lacks."""
+    saved = tensor_shapes(path) if saved is None else saved
+    prefix = MODEL_KEY + "."
+    in_checkpoint = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+    for name, shape in model_shapes.items():
+        if name not in in_checkpoint:
+            raise CheckpointError(
+                f"checkpoint {path} has no parameter {name} of this model (shape {list(shape)}); "
+                "it was saved from another model: resume with the checkpoint's model config"
+            )
+        if tuple(in_checkpoint[name]) != tuple(shape):
+            raise CheckpointError(
+                f"checkpoint {path}: parameter {name} has shape {list(in_checkpoint[name])} in "
+                f"the checkpoint but {list(shape)} in this model; resume with the checkpoint's "
+                "model config (see its manifest.json 'model')"
+            )
+    extra = sorted(set(in_checkpoint) - set(model_shapes))
+    if whole_model and extra:
+        raise CheckpointError(
+            f"checkpoint {path} holds parameter {extra[0]}, which this model lacks; resume with "
+            "the checkpoint's model config (see its manifest.json 'model')"
+        )
+
+
+def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: bool = True,
+               process_group=None) -> dict[str, Any]:  # fmt: skip
+    """Check the manifest and hashes, then load model and optimizer state into this rank's
+    shards from any layout's checkpoint; return Lightning's metadata (loops, schedulers...)."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    open_manifest(path)
+    state = gather_state(module, optimizers)
+    shapes = {k: global_shape(v) for k, v in state[MODEL_KEY].items()}
+    check_model_shapes(path, shapes, whole_model=whole_model)
+    read_into(state, path, process_group=process_group)
+    set_model_state_dict(module, state[MODEL_KEY], options=_options())
+    for i, optimizer in enumerate(optimizers):
+        set_optimizer_state_dict(module, _plain(optimizer), state[f"optimizer_{i}"],
+                                 options=_options())  # fmt: skip
+    return read_meta(path)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """Lightning's metadata file, never with plain pickle."""
+    return torch.load(Path(path) / LIGHTNING_CHECKPOINT_METADATA, weights_only=True)
+
+
+def read_full_state(path: Path, prefix: str = "") -> dict[str, Any]:
+    """Every value whose DCP key starts with `prefix` (tensors whole, settings as saved), read in
+    one process with no process group: for tests and tools. Verifies the manifest first."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from lightning_dist.checkpoint.safe import load
+
+    open_manifest(path)
+    metadata = storage_reader(path).read_metadata()
+    state: dict[str, Any] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith(prefix):
+            tensor = isinstance(item, TensorStorageMetadata)
+            state[key] = torch.empty(item.size, dtype=item.properties.dtype) if tensor else ""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single")
+        load(state, path, no_dist=True)
+    return state

@@ -1,0 +1,157 @@
+"""Weights of our `Transformer` <-> a Hugging Face Llama-family model, name by name.
+
+Our rotary embedding rotates consecutive pairs of a head's features (x[2i], x[2i+1]), as Meta's
+reference code does; Hugging Face rotates the two halves (x[i], x[i + head_dim / 2]). The same
+model in both therefore differs only in the order of the output rows of each head of the query
+and key projections, and `to_hf`/`from_hf` reorder them. Everything else is a rename.
+
+Only architectures our model can represent exactly are accepted: Llama and Mistral (no biases,
+no rotary scaling). Qwen2 has q/k/v biases, which our `Transformer` does not; train it with
+`model=hf_llama model.pretrained_path=<dir>` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_dist.models.args import ModelArgs
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+# Per layer: our name -> Hugging Face name (both relative to the layer).
+LAYER_NAMES = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+TOP_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name -> the Hugging Face one (`layers.3.attention.wq.weight` ->
+    `model.layers.3.self_attn.q_proj.weight`)."""
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    _, index, rest = name.split(".", 2)
+    return f"model.layers.{index}.{LAYER_NAMES[rest]}"
+
+
+def _pairs_to_halves(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    # Rows of each head in the order 0, 2, 4, ..., 1, 3, 5, ...
+    return weight.unflatten(0, (-1, head_dim // 2, 2)).transpose(1, 2).flatten(0, 2)
+
+
+def _halves_to_pairs(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return weight.unflatten(0, (-1, 2, head_dim // 2)).transpose(1, 2).flatten(0, 2)
+
+
+def to_hf(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """Our state dict -> LlamaForCausalLM's (the output projection left out when tied)."""
+    out = {}
+    for name, tensor in state.items():
+        if args.tie_embeddings and name == "output.weight":
+            continue
+        if name.endswith(("attention.wq.weight", "attention.wk.weight")):
+            tensor = _pairs_to_halves(tensor, args.head_dim)
+        out[hf_name(name)] = tensor.contiguous()
+    return out
+
+
+def from_hf(hf_state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """A Llama-family HF state dict -> ours, with exactly the names `Transformer(args)` has.
+
+    Raises ValueError naming a weight that is missing, left over, or of the wrong shape.
+    """
+    with torch.device("meta"):
+        expected = args.build().state_dict()
+    out = {}
+    for name, meta in expected.items():
+        source = hf_name(name)
+        if name == "output.weight" and args.tie_embeddings and source not in hf_state:
+            source = "model.embed_tokens.weight"  # tied: saved once, as the embedding
+        if source not in hf_state:
+            raise ValueError(f"the Hugging Face weights have no {source} (for our {name})")
+        tensor = hf_state[source]
+        if tuple(tensor.shape) != tuple(meta.shape):
+            raise ValueError(
+                f"{source} has shape {tuple(tensor.shape)}, expected {tuple(meta.shape)} "
+                f"for our {name}"
+            )
+        if name.endswith(("attention.wq.weight", "attention.wk.weight")):
+            tensor = _halves_to_pairs(tensor, args.head_dim)
+        out[name] = tensor.contiguous()
+    used = {hf_name(n) for n in expected} | {"model.embed_tokens.weight"}
+    extra = sorted(k for k in hf_state if k not in used and not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise ValueError(
+            f"the Hugging Face weights have {len(extra)} tensor(s) our model lacks, e.g. "
+            f"{extra[0]}; only {', '.join(SUPPORTED_MODEL_TYPES)} without biases are supported"
+        )
+    return out
+
+
+def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
+    """The config.json of the LlamaForCausalLM equal to our `Transformer(args)`."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "rope_theta": args.rope_theta,  # read by transformers releases before v5
+        "tie_word_embeddings": args.tie_embeddings,
+        "initializer_range": args.init_std,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def model_args_from_hf(hf_dir: Path) -> ModelArgs:
+    """Our `ModelArgs` for the HF model in `hf_dir` (its config.json); ValueError when our model
+    cannot represent it exactly."""
+    from lightning_dist.models.hf import HFModelSpec
+
+    raw = json.loads((hf_dir / "config.json").read_text())
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        hint = " (q/k/v biases)" if model_type == "qwen2" else ""
+        raise ValueError(
+            f"model_type={model_type!r}{hint} is not representable by our Transformer; import "
+            f"supports {', '.join(SUPPORTED_MODEL_TYPES)}. Train it as it is with "
+            f"model=hf_llama model.pretrained_path={hf_dir} model.config=null"
+        )
+    spec = HFModelSpec(pretrained_path=str(hf_dir))
+    cfg = spec.hf_config().to_dict()
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; only 'default' is")
+    args = spec.to_model_args()
+    window = cfg.get("sliding_window") if model_type == "mistral" else None
+    if window and window < args.max_seq_len:
+        # Our attention sees the whole sequence; up to the window that is what Mistral computes,
+        # and train.py refuses a data.seq_len above max_seq_len.
+        args.max_seq_len = window
+    return args

@@ -1,0 +1,137 @@
+"""The sbatch script of a training run, from its composed config.
+
+One Slurm task per rank: `--nodes` is `hardware.num_nodes`, `--ntasks-per-node` is
+`hardware.devices` (1 for a one-process strategy), and on GPUs each task gets one GPU. Each task
+gets `hardware.cpus_per_node / devices` CPUs when the spec knows the node's CPUs. The script
+exports the hardware's `env` (NCCL and network settings), runs `srun python train.py` in a run
+directory named after the job, with `trainer.resume=auto`, and asks for SIGUSR1 before the time
+limit: the run checkpoints and requeues itself, and the requeued job resumes in the same run
+directory and W&B run (docs/LAUNCH.md, "Requeue").
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lightning_dist.hardware import HardwareSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SIGNAL_DEATH_STATUS = 128 + 10
+"""srun's exit status when a task was ended by SIGUSR1 (signal 10 on Linux)."""
+
+
+@dataclass(kw_only=True)
+class SlurmJob:
+    """What one sbatch script asks of Slurm, and the training command it runs."""
+
+    job_name: str = "lightning_dist"
+    nodes: int = 1
+    tasks_per_node: int = 1
+    """Ranks per node; Lightning's SLURMEnvironment wants exactly `--ntasks-per-node`."""
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    """None leaves Slurm's default (one CPU per task)."""
+    time: str = "01:00:00"
+    requeue_signal_s: int = 120
+    """Seconds before the time limit at which Slurm sends SIGUSR1."""
+    partition: str | None = None
+    account: str | None = None
+    log_dir: str = "outputs/slurm"
+    env: dict[str, str] = field(default_factory=dict)
+    hardware_name: str = "cpu"
+    overrides: list[str] = field(default_factory=list)
+    """train.py overrides, without `hydra.run.dir` (the script sets it)."""
+    run_dir: str = "outputs/slurm/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"
+    """Expanded by the shell in the job: the same folder for every requeue of the job."""
+    workdir: str = "."
+    python: str = sys.executable
+    extra_sbatch: list[str] = field(default_factory=list)
+
+
+def job_for(hardware: HardwareSpec, *, single_process: bool, overrides: list[str],
+            workdir: str, cpus_per_task: int | None = None, **options) -> SlurmJob:  # fmt: skip
+    """The job of a run on `hardware`: one task per rank. Raises ValueError for a GPU count
+    Slurm cannot be asked for (`hardware.devices=-1`)."""
+    if hardware.devices == -1:
+        raise ValueError(
+            f"hardware={hardware.name} has devices=-1 (every GPU of this machine); a Slurm job "
+            "needs the GPUs per node: add hardware.devices=<GPUs per node>"
+        )
+    tasks = 1 if single_process else hardware.devices
+    nodes = 1 if single_process else hardware.num_nodes
+    if cpus_per_task is None and hardware.cpus_per_node:
+        cpus_per_task = max(hardware.cpus_per_node // tasks, 1)
+    run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    if run_dirs:
+        options["run_dir"] = run_dirs[-1]
+    return SlurmJob(
+        nodes=nodes, tasks_per_node=tasks,
+        gpus_per_node=tasks if hardware.accelerator == "gpu" else 0,
+        cpus_per_task=cpus_per_task, env=dict(hardware.env), hardware_name=hardware.name,
+        overrides=[o for o in overrides if not o.startswith("hydra.run.dir=")],
+        workdir=str(Path(workdir).resolve()), **options,
+    )  # fmt: skip
+
+
+def _resume_overrides(overrides: list[str]) -> list[str]:
+    """`trainer.resume=auto`, unless the command already says where to start from."""
+    keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    return [] if keys & {"trainer.resume", "trainer.ckpt_path"} else ["trainer.resume=auto"]
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """The text of the sbatch script."""
+    ranks = job.nodes * job.tasks_per_node
+    lines = [
+        "#!/bin/bash",
+        "# Written by `python -m lightning_dist.launch slurm`: "
+        f"{job.nodes} node(s) x {job.tasks_per_node} task(s) = {ranks} rank(s), one per task.",
+        f"#SBATCH --job-name={job.job_name}",
+        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --ntasks-per-node={job.tasks_per_node}",
+    ]
+    if job.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
+    if job.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={job.cpus_per_task}")
+    lines += [
+        f"#SBATCH --time={job.time}",
+        f"#SBATCH --signal=USR1@{job.requeue_signal_s}",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={job.log_dir}/%x-%j.out",
+        f"#SBATCH --chdir={job.workdir}",
+    ]
+    lines += [f"#SBATCH --{name}={value}" for name, value in
+              (("partition", job.partition), ("account", job.account)) if value]  # fmt: skip
+    lines += [f"#SBATCH {arg}" for arg in job.extra_sbatch]
+    lines.append("")
+    if job.env:
+        lines.append(f"# NCCL and network settings of hardware={job.hardware_name}")
+        lines += [f"export {name}={shlex.quote(str(v))}" for name, v in job.env.items()]
+    lines += [
+        "# One thread per CPU Slurm gave the task; Slurm 22.05's srun does not take the CPUs",
+        "# per task from sbatch by itself.",
+        "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+        "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
+        f'run_dir="{job.run_dir}"',
+        "",
+        "# SIGUSR1 (the --signal above, or scancel --signal=USR1): every rank checkpoints at the",
+        "# next step boundary, rank 0 requeues the job, and the requeued job resumes here.",
+    ]
+    train = [job.python, str(REPO_ROOT / "train.py"), *job.overrides]
+    command = " ".join(shlex.quote(a) for a in train)
+    resume = " ".join(_resume_overrides(job.overrides))
+    lines += [
+        f'srun --kill-on-bad-exit=1 {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
+        "status=$?",
+        f"# {SIGNAL_DEATH_STATUS} = 128 + SIGUSR1: the signal came while Python started or exited,",
+        "# where train.py cannot catch it; requeue unless the run had finished.",
+        f'if [ "$status" -eq {SIGNAL_DEATH_STATUS} ] && ! grep -qs \'"status": "completed"\' \\',
+        '    "$run_dir/summary.json"; then scontrol requeue "$SLURM_JOB_ID"; fi',
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,128 @@
+"""Lightning's checkpoint hooks for every lightning_dist strategy: one format, any layout.
+
+Each strategy saves the same folder (`lightning_dist/checkpoint/format.py`): DCP shards under
+single-process names, Lightning's `meta.pt`, and `manifest.json` last. Loading needs the
+optimizers to exist (model and optimizer state are read together, resharded to this layout), so
+it runs after `setup()` for every strategy, DDP and single included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from lightning_dist.checkpoint import format as ckpt
+from lightning_dist.checkpoint.canonical import canonical_module
+
+
+class FormatCheckpointHooks:
+    """Mixed into `LightningDistStrategy`; `self` is also a Lightning strategy."""
+
+    _async_saves = None
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    def checkpoint_module(self) -> nn.Module:
+        """The module whose state-dict names are the single-process LightningModule's."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(self.model, FullyShardedDataParallel):  # FSDP1 wraps the LightningModule
+            return self.model
+        return canonical_module(self.lightning_module, getattr(self, "_pipeline", None))
+
+    # Lightning's own collection would gather the state a second time: the format reads it
+    # from the model in save_checkpoint (and writes it in load_checkpoint).
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        return {}
+
+    def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
+        pass  # loaded in load_checkpoint
+
+    def load_optimizer_state_dict(self, checkpoint) -> None:
+        pass  # loaded in load_checkpoint
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+        path = Path(self.broadcast(str(filepath)))
+        checkpoint.pop("state_dict", None)
+        optimizers = self.optimizers if checkpoint.pop("optimizer_states", None) is not None else []
+        state = ckpt.gather_state(self.checkpoint_module(), optimizers)
+        fields = self.manifest_fields(checkpoint)
+        rank0 = self.global_rank == 0
+        if self._async_saves is not None:
+            self._async_saves.wait()  # the previous save finishes before its folder is reused
+        ckpt.prepare_folder(path, rank0=rank0, barrier=self.barrier)
+        if self._async_saves is not None:
+            self._async_saves.save(state, path, checkpoint, fields, rank0=rank0)
+            return
+        ckpt.save_state(state, path)
+        if rank0:
+            ckpt.finish_folder(path, checkpoint, fields)
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint of any strategy and layout into this one (see CHECKPOINTS.md)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        pipelined = getattr(self, "_pipeline", None) is not None  # this rank's stages only
+        meta = ckpt.load_state(
+            self.checkpoint_module(), self.optimizers, path, whole_model=not pipelined
+        )
+        meta.setdefault("optimizer_states", [])  # loaded above; Lightning checks the key only
+        return meta
+
+    def manifest_fields(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """What `manifest.json` says about this run, besides the format and the file hashes."""
+        import lightning
+        import torch
+
+        import lightning_dist
+
+        trainer = self.lightning_module.trainer
+        layout = self.layout_for(self.world_size, 1)  # the degrees, not the node split
+        datamodule = getattr(trainer, "datamodule", None)
+        data = {}
+        if datamodule is not None and hasattr(datamodule, "global_batch_size"):
+            data = {
+                "global_batch_size": datamodule.global_batch_size,
+                "seed": getattr(datamodule, "seed", None),
+                "samples_seen": trainer.global_step * datamodule.global_batch_size,
+            }
+        layout_fields = {
+            name: getattr(layout, name)
+            for name in ("dp_replicate", "dp_shard", "tp", "pp", "schedule", "virtual_stages")
+        }
+        return {
+            "step": int(trainer.global_step),
+            "model": _model_args(self.lightning_module),
+            "layout": {**layout_fields, "world_size": layout.world_size},
+            "strategy": getattr(self, "strategy_name", type(self).__name__),
+            "data": data,
+            "precision": str(trainer.precision),
+            "versions": {
+                "torch": torch.__version__,
+                "lightning": lightning.__version__,
+                "lightning_dist": lightning_dist.__version__,
+            },
+        }
+
+
+def _model_args(module: nn.Module) -> dict[str, Any]:
+    """The model's arguments as plain JSON values (ModelArgs or HFModelSpec), else {}."""
+    spec = getattr(module, "model_spec", None)
+    if spec is None or not dataclasses.is_dataclass(spec):
+        return {}
+    args = {
+        k: v
+        for k, v in dataclasses.asdict(spec).items()
+        if v is None or isinstance(v, (bool, int, float, str, list, dict))
+    }
+    if hasattr(spec, "num_params"):
+        args["parameters"] = int(spec.num_params())
+    return args
