@@ -28,7 +28,6 @@ from lightning_dist.parallel.nodes import (
     mesh_groups,
 )
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
->>>>>>> main
 
 
 class LightningDistStrategy(FormatCheckpointHooks):
