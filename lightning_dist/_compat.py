@@ -49,6 +49,18 @@ def mem_tracker_class() -> type:
     return MemTracker
 
 
+def schedule_ops_api():
+    """`torch.distributed.pipelining._schedule_visualizer.get_schedule_ops`: the action table
+    (F, B, I, W per rank and time slot) of a pipeline schedule, built without processes.
+
+    Why private: torch's only way to read a schedule's order without a process group;
+    bench/schedules.py simulates each schedule's bubble from it.
+    """
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    return get_schedule_ops
+
+
 MEM_TRACKER_INTERNALS = (
     "_register_global_optimizer_hook",
     "_update_peak_stats",

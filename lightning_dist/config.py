@@ -99,6 +99,10 @@ class SyntheticDataSchema:
 class SingleSchema:
     name: str = "single"
     _target_: str = "lightning_dist.strategies.single_device_strategy"
+    compile: bool = False
+    """torch.compile each block (regional compilation) before the strategy wraps the model."""
+    compile_backend: str = "inductor"
+    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
 
 
 @dataclass(kw_only=True)
@@ -112,6 +116,10 @@ class DDPSchema:
     static_graph: bool = False
     broadcast_buffers: bool = False
     """Re-broadcast buffers every forward; off, since our buffers (RoPE tables) never change."""
+    compile: bool = False
+    """torch.compile each block (regional compilation) before the strategy wraps the model."""
+    compile_backend: str = "inductor"
+    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
 
 
 @dataclass(kw_only=True)
@@ -135,8 +143,13 @@ class FSDPSchema:
     """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
     reduce_dtype: str | None = "fp32"
     buffer_dtype: str | None = "fp32"
-    activation_checkpointing: int = 0
-    """0: off; n: checkpoint every n-th block (1: every block)."""
+    activation_checkpointing: Any = 0
+    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
+    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
+    compile: bool = False
+    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
+    compile_backend: str = "inductor"
+    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
     cpu_offload: bool = False
     use_orig_params: bool = True
     sync_module_states: bool = False
@@ -164,8 +177,13 @@ class FSDP2Schema:
     """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
     reduce_dtype: str | None = "fp32"
     cpu_offload: bool = False
-    activation_checkpointing: int = 0
-    """0: off; n: checkpoint every n-th block (1: every block)."""
+    activation_checkpointing: Any = 0
+    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
+    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
+    compile: bool = False
+    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
+    compile_backend: str = "inductor"
+    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
     auto_wrap: list[str] | None = None
     """Block class names to shard one by one; null detects them."""
     state_dict_type: str = "sharded"
@@ -204,8 +222,13 @@ class Parallel3DSchema:
     sequence_parallel: bool = False
     loss_parallel: bool = True
     """Keep logits split along the vocabulary for the cross-entropy (tp > 1)."""
-    activation_checkpointing: int = 0
-    """0: off; n: checkpoint every n-th block (1: every block)."""
+    activation_checkpointing: Any = 0
+    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
+    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
+    compile: bool = False
+    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
+    compile_backend: str = "inductor"
+    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
     reshard_after_forward: Any = True
     param_dtype: str | None = None
     """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""

@@ -21,6 +21,7 @@ def test_torch_private_apis_are_where_they_were():
     kinds = _compat.pipeline_action_types()
     for kind in ("FORWARD", "SEND_F", "RECV_F", "UNSHARD", "RESHARD"):
         assert hasattr(kinds, kind), f"_ComputationType.{kind} moved"
+    assert callable(_compat.schedule_ops_api()), "get_schedule_ops moved"
 
 
 def test_dcp_metadata_records_and_helpers_are_where_they_were():

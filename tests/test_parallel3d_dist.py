@@ -35,6 +35,8 @@ HF_BASE = [
 CLIP = [*BASE, "trainer.gradient_clip_val=0.05", "optim.eps=1e-3", "optim.warmup_steps=1",
         "optim.lr=3e-2"]  # fmt: skip
 INTERLEAVED = ["strategy.virtual_stages=2"]
+SAC_COMPILE = ["strategy.activation_checkpointing=op", "strategy.compile=true",
+               "strategy.compile_backend=aot_eager"]  # fmt: skip
 
 CASES = {
     "tp2": (BASE, ["strategy=tp", "hardware.devices=2"]),
@@ -63,6 +65,10 @@ CASES = {
         ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=4",
          "strategy.activation_checkpointing=1"],
     ),
+    # Op-level (selective) checkpointing and per-block compilation together (aot_eager: the
+    # same traced graphs as inductor without C++ generation, which is slow on 2 cores).
+    "fsdp2_op_compile": (BASE, ["strategy=fsdp2", "hardware.devices=2", *SAC_COMPILE]),
+    "dp2xpp2_op_compile": (BASE, ["strategy=3d", "strategy.pp=2", "hardware.devices=4", *SAC_COMPILE]),
     "dp2xtp2xpp2_clip": (CLIP, ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=8"]),
     "hf_tp2": (HF_BASE, ["strategy=tp", "hardware.devices=2"]),
     "hf_pp2": (HF_BASE, ["strategy=pp", "hardware.devices=2"]),

@@ -169,7 +169,9 @@ def test_bubble_formula():
     assert bubble_fraction("1F1B", 4, 12) == pytest.approx(3 / 15)
     assert bubble_fraction("GPipe", 8, 8) == pytest.approx(7 / 15)
     assert bubble_fraction("Interleaved1F1B", 4, 12, 2) == pytest.approx(1.5 / 13.5)
-    assert bubble_fraction("ZBVZeroBubble", 4, 12, 2) == 0
+    # Zero-bubble: only the warm-up of p - 1 chunk forwards stays idle (bench/schedules.py).
+    assert bubble_fraction("ZBVZeroBubble", 4, 8, 2) == pytest.approx(3 / 51)
+    assert bubble_fraction("InterleavedZeroBubble", 2, 8, 2) == pytest.approx(1 / 49)
 
 
 def test_collective_volumes():
@@ -405,3 +407,21 @@ def test_cli_table_and_unknown_names(capsys):
         err = capsys.readouterr().err
         assert "valid:" in err and listed in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_bubble_formula_matches_a_replay_of_torch_schedule_tables():
+    """bench/schedules.py replays each schedule's action table; the planner's formula agrees,
+    and both zero-bubble schedules idle less than 1F1B and Interleaved1F1B."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "schedules.py"
+    spec = importlib.util.spec_from_file_location("bench_schedules", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for pp, m in ((2, 8), (4, 8), (4, 12)):
+        replayed = {name: bench.simulated_bubble(name, pp, m) for name in bench.SCHEDULES}
+        for name, v in bench.SCHEDULES.items():
+            assert replayed[name] == pytest.approx(bubble_fraction(name, pp, m, v)), (name, pp, m)
+        for zero_bubble in ("InterleavedZeroBubble", "ZBVZeroBubble"):
+            assert replayed[zero_bubble] < replayed["Interleaved1F1B"] < replayed["1F1B"]

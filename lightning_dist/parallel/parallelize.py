@@ -1,10 +1,12 @@
-"""`parallelize()`: apply a layout to a model, in the fixed order TP -> AC -> FSDP -> pipeline.
+"""`parallelize()`: apply a layout to a model, in the fixed order TP -> AC -> compile -> FSDP ->
+pipeline.
 
 The pipeline cut comes first in the code because every later step is applied to each stage
 module on its own (a stage is a copy of the model with the other layers removed), but it changes
 no parameter: within each stage the order is tensor parallelism over `tp`, activation
-checkpointing, then FSDP2 over the data-parallel ranks; the stages are then wrapped in
-`torch.distributed.pipelining` stages and a schedule.
+checkpointing, per-block compilation (`parallel/compile.py`), then FSDP2 over the
+data-parallel ranks; the stages are then wrapped in `torch.distributed.pipelining` stages and a
+schedule.
 
 Given a materialised model (the same full weights on every rank) each rank keeps exactly its
 slice of them, so the result computes what the single-device model computes. Given a meta
@@ -21,6 +23,7 @@ from torch import nn
 
 from lightning_dist.layout import Layout
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
 from lightning_dist.parallel.tp import apply_tp
@@ -44,7 +47,8 @@ def parallelize(
     tp_plan: dict[str, Any] | None = None,
     sequence_parallel: bool = False,
     loss_parallel: bool = True,
-    activation_checkpointing: int = 0,
+    activation_checkpointing: int | str = 0,
+    compile_backend: str | None = None,
     split_points: list[int] | None = None,
     auto_wrap: list[str | type[nn.Module]] | None = None,
     fsdp: dict[str, Any] | None = None,
@@ -55,6 +59,8 @@ def parallelize(
     `PipelinedModel` holding this rank's stages; call it as `model(inputs, target, loss_fn)`.
     `auto_wrap` names the block classes to checkpoint and shard (None detects them); `fsdp`
     holds extra `apply_fsdp` keywords (reshard_after_forward, mp_policy, prefetch, ...).
+    `activation_checkpointing` is an int (every n-th block) or 'full' / 'op' (see
+    `parse_activation_checkpointing`); `compile_backend` (None: off) compiles each block.
     """
     pipelined = layout.pp > 1
     if pipelined:
@@ -71,6 +77,8 @@ def parallelize(
                 loss_parallel=loss_parallel, strict=not pipelined,
             )  # fmt: skip
         apply_activation_checkpointing(part, blocks, every_n=activation_checkpointing)
+        if compile_backend is not None:
+            apply_compile(part, blocks, backend=compile_backend)
         if layout.dp > 1:
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **(fsdp or {}))
     if not pipelined:
@@ -87,7 +95,8 @@ def shard_children(
     mesh,
     *,
     auto_wrap: list[str | type[nn.Module]] | None = None,
-    activation_checkpointing: int = 0,
+    activation_checkpointing: int | str = 0,
+    compile_backend: str | None = None,
     **fsdp: Any,
 ) -> nn.Module:
     """Shard a module that is not a single model (a LightningModule holding its layers): each
@@ -107,6 +116,8 @@ def shard_children(
         for unit in child.children() if is_container else [child]:
             if any(True for _ in unit.parameters()):
                 apply_activation_checkpointing(unit, block_types, every_n=activation_checkpointing)
+                if compile_backend is not None:
+                    apply_compile(unit, block_types, backend=compile_backend)
                 apply_fsdp(unit, mesh, block_types=block_types, **fsdp)
     return module
 

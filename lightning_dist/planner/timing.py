@@ -49,13 +49,15 @@ def bubble_fraction(schedule: str, pp: int, microbatches: int, virtual_stages: i
 
     GPipe and 1F1B idle for (p - 1) stage-times out of m + p - 1, i.e. (p-1)/(m+p-1).
     Interleaving with v chunks per rank shrinks the ramp to (p - 1)/v chunk-times, giving
-    ((p-1)/v) / (m + (p-1)/v). The zero-bubble schedules fill the ramp with weight-gradient
-    work, so we count their bubble as zero.
+    ((p-1)/v) / (m + (p-1)/v). The zero-bubble schedules fill the cool-down with deferred
+    weight-gradient work but not the warm-up: each rank still waits p - 1 chunk forwards, out
+    of 3 m v chunk-forward times of work (F : I : W = 1 : 1 : 1), i.e. (p-1)/(3mv + p-1).
+    bench/schedules.py replays torch's own action tables and finds exactly these numbers.
     """
     if pp <= 1:
         return 0.0
     if schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
-        return 0.0
+        return (pp - 1) / (3 * microbatches * virtual_stages + pp - 1)
     ramp = (pp - 1) / (virtual_stages if schedule == "Interleaved1F1B" else 1)
     return ramp / (microbatches + ramp)
 

@@ -17,7 +17,9 @@ from lightning_dist._compat import process_group_settings
 from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
+from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.nodes import (
     Placement,
     check_node_counts,
@@ -33,6 +35,8 @@ class LightningDistStrategy(FormatCheckpointHooks):
 
     single_process = False
     pipelined = False
+    compile_backend: str | None = None
+    """The backend `parallelize_model` compiles each block with; None: no compilation."""
     placement: Placement | None = None
     """The node of every rank and the groups of each dimension, once the processes exist."""
 
@@ -104,5 +108,14 @@ class LightningDistStrategy(FormatCheckpointHooks):
                 print(f"warning: {line}", file=sys.stderr, flush=True)
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
-        """Materialise the whole model on this rank (data-parallel strategies shard later)."""
-        return materialize(model, self.root_device, init_seed)
+        """Materialise the whole model on this rank (data-parallel strategies shard later), and
+        compile each block when `compile_backend` is set."""
+        model = materialize(model, self.root_device, init_seed)
+        if self.compile_backend is not None:
+            apply_compile(model, find_block_types(model), backend=self.compile_backend)
+        return model
+
+    def _set_compile(self, compile_blocks: bool, backend: str) -> None:
+        """Validate and keep `strategy.compile` / `strategy.compile_backend`."""
+        check_compile(compile_blocks, backend)
+        self.compile_backend = backend if compile_blocks else None

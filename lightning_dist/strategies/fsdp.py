@@ -25,6 +25,7 @@ from torch import nn
 from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -67,7 +68,9 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             backward_prefetch is BACKWARD_PRE, BACKWARD_POST or "none".
         param_dtype / reduce_dtype / buffer_dtype: mixed precision ("bf16", "fp16", "fp32");
             param_dtype None follows the Trainer's precision on GPUs and stays fp32 on CPUs.
-        activation_checkpointing: 0 off; n checkpoints every n-th block.
+        activation_checkpointing: 0 off; n checkpoints every n-th block; 'full' every block;
+            'op' / 'selective' saves matmul outputs and recomputes the pointwise ops.
+        compile / compile_backend: torch.compile each block (inside its FSDP unit).
         cpu_offload: keep parameters and gradients in host memory (GPU runs only).
         use_orig_params / sync_module_states: passed to FSDP.
         auto_wrap: block classes (or their names) to wrap as FSDP units; None detects them, []
@@ -88,7 +91,9 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         param_dtype: str | None = None,
         reduce_dtype: str | None = "fp32",
         buffer_dtype: str | None = "fp32",
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int | str = 0,
+        compile: bool = False,
+        compile_backend: str = "inductor",
         cpu_offload: bool = False,
         use_orig_params: bool = True,
         sync_module_states: bool = False,
@@ -133,6 +138,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         self.activation_checkpointing = sharding.check_activation_checkpointing(
             activation_checkpointing
         )
+        self._set_compile(compile, compile_backend)
         self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
 
@@ -184,7 +190,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         return PlannerSettings(
             sharding=sharding_mode(layout, keeps_gathered=zero2),
-            activation_checkpointing=bool(self.activation_checkpointing),
+            activation_checkpointing=sharding.checkpointing_enabled(self.activation_checkpointing),
             offload=bool(self.cpu_offload.offload_params),
             limit_all_gathers=bool(self.kwargs.get("limit_all_gathers", True)),
         )
@@ -281,6 +287,8 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         sharding.move_metrics(wrapped, self.root_device)
         # After wrapping, as Lightning does: each checkpointed block runs inside its FSDP unit.
         apply_activation_checkpointing(wrapped, block_types, every_n=self.activation_checkpointing)
+        if self.compile_backend is not None:
+            apply_compile(wrapped, block_types, backend=self.compile_backend)
         return wrapped
 
     @classmethod

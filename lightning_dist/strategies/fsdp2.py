@@ -31,7 +31,9 @@ class FSDP2Strategy(Parallel3DStrategy):
         param_dtype / reduce_dtype: MixedPrecisionPolicy; param_dtype None follows the
             Trainer's precision on GPUs and stays fp32 on CPUs.
         cpu_offload: CPUOffloadPolicy (the optimizer step then runs on the CPU).
-        activation_checkpointing: 0 off; n checkpoints every n-th block.
+        activation_checkpointing: 0 off; n checkpoints every n-th block; 'full' every block;
+            'op' / 'selective' saves matmul outputs and recomputes the pointwise ops.
+        compile / compile_backend: torch.compile each block (after checkpointing, before FSDP).
         auto_wrap: block classes (or names) to shard one by one; None detects them.
         state_dict_type: "sharded" (torch.distributed.checkpoint folder) or "full" (one file).
         init_sharded: each rank allocates and initialises only its own shards (weights then
@@ -50,7 +52,9 @@ class FSDP2Strategy(Parallel3DStrategy):
         param_dtype: str | None = None,
         reduce_dtype: str | None = "fp32",
         cpu_offload: bool = False,
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int | str = 0,
+        compile: bool = False,
+        compile_backend: str = "inductor",
         auto_wrap: list[str | type[nn.Module]] | None = None,
         state_dict_type: str = "sharded",
         init_sharded: bool = False,
@@ -64,7 +68,8 @@ class FSDP2Strategy(Parallel3DStrategy):
             dp_shard=-1, dp_replicate=dp_replicate or 1, reshard_after_forward=reshard_after_forward,
             prefetch_forward=prefetch_forward, prefetch_backward=prefetch_backward,
             param_dtype=param_dtype, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload,
-            activation_checkpointing=activation_checkpointing, auto_wrap=auto_wrap,
+            activation_checkpointing=activation_checkpointing, compile=compile,
+            compile_backend=compile_backend, auto_wrap=auto_wrap,
             state_dict_type=state_dict_type, init_sharded=init_sharded, async_save=async_save,
             process_group_backend=process_group_backend, timeout=timeout,
         )  # fmt: skip

@@ -52,7 +52,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         tp_plan: {module pattern: style}; None (or empty) takes the model's own `tp_plan`.
         sequence_parallel: split norms and residuals along the sequence between TP regions.
         loss_parallel: keep the logits split along the vocabulary for the cross-entropy.
-        activation_checkpointing: 0 off; n checkpoints every n-th block.
+        activation_checkpointing: 0 off; n checkpoints every n-th block; 'full' every block;
+            'op' / 'selective' saves matmul outputs and recomputes the pointwise ops.
+        compile / compile_backend: torch.compile each block (after checkpointing, before FSDP).
         reshard_after_forward, param_dtype, reduce_dtype: FSDP2 settings on the dp ranks.
         prefetch_forward / prefetch_backward: blocks whose all-gather FSDP2 issues ahead.
         cpu_offload: FSDP2's CPUOffloadPolicy (the optimizer step then runs on the CPU).
@@ -82,7 +84,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         tp_plan: dict[str, Any] | None = None,
         sequence_parallel: bool = False,
         loss_parallel: bool = True,
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int | str = 0,
+        compile: bool = False,
+        compile_backend: str = "inductor",
         reshard_after_forward: bool | int = True,
         param_dtype: str | None = None,
         reduce_dtype: str | None = "fp32",
@@ -117,6 +121,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         self.activation_checkpointing = sharding.check_activation_checkpointing(
             activation_checkpointing
         )
+        self._set_compile(compile, compile_backend)
         self.reshard_after_forward = reshard_after_forward
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.prefetch_forward, self.prefetch_backward = prefetch_forward, prefetch_backward
@@ -140,6 +145,12 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = super().layout_for(devices, num_nodes)
         if not isinstance(self.reshard_after_forward, bool):
             check_reshard(self.reshard_after_forward, layout.dp_shard)
+        if layout.tp > 1 and self.compile_backend not in (None, "eager"):
+            # torch 2.13: AOTAutograd hands DTensor's redistribute backward a plain gradient.
+            raise ValueError(
+                f"strategy.compile=true with tp={layout.tp} fails in this torch version "
+                f"(AOTAutograd and DTensor); set strategy.compile_backend=eager or tp=1"
+            )
         return layout
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
@@ -175,7 +186,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         keeps_gathered = self.reshard_after_forward is False
         return PlannerSettings(
             sharding=sharding_mode(layout, keeps_gathered=keeps_gathered),
-            activation_checkpointing=bool(self.activation_checkpointing),
+            activation_checkpointing=sharding.checkpointing_enabled(self.activation_checkpointing),
             offload=self.cpu_offload,
             sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
         )
@@ -217,6 +228,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             model, self.device_mesh, layout, device=self.root_device, tp_plan=self.tp_plan,
             sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel,
             activation_checkpointing=self.activation_checkpointing,
+            compile_backend=self.compile_backend,
             split_points=self.split_points, auto_wrap=self.auto_wrap, fsdp=self._fsdp_options(),
         )  # fmt: skip
         if self.init_sharded:
@@ -289,7 +301,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         """Shard a LightningModule that built its layers in __init__, child by child."""
         return shard_children(
             model, dp_mesh(self.device_mesh, self.layout), auto_wrap=self.auto_wrap,
-            activation_checkpointing=self.activation_checkpointing, **self._fsdp_options(),
+            activation_checkpointing=self.activation_checkpointing,
+            compile_backend=self.compile_backend, **self._fsdp_options(),
         )  # fmt: skip
 
     def _clip_by_global_norm(self) -> None:

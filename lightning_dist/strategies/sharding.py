@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lightning_dist.parallel.activation_checkpoint import parse_activation_checkpointing
 from lightning_dist.parallel.fsdp import find_block_types
 
 STATE_DICT_TYPES = ("sharded", "full")
@@ -28,13 +29,15 @@ def check_auto_wrap(model: nn.Module, auto_wrap) -> tuple[type[nn.Module], ...]:
     return find_block_types(model, auto_wrap)
 
 
-def check_activation_checkpointing(every_n: int) -> int:
-    if not isinstance(every_n, int) or every_n < 0:
-        raise ValueError(
-            f"strategy.activation_checkpointing={every_n!r} must be 0 (off) or n to checkpoint "
-            "every n-th block (1: every block)"
-        )
-    return every_n
+def check_activation_checkpointing(value: int | str) -> int | str:
+    """`value` unchanged if it is a valid setting (see `parse_activation_checkpointing`)."""
+    parse_activation_checkpointing(value, "strategy.activation_checkpointing")
+    return value
+
+
+def checkpointing_enabled(value: int | str) -> bool:
+    """Whether the setting checkpoints any block (the planner's `activation_checkpointing`)."""
+    return parse_activation_checkpointing(value).enabled
 
 
 def move_metrics(module: nn.Module, device: torch.device) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
@@ -14,6 +16,12 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
 
     single_process = True
 
+    def __init__(
+        self, *, compile: bool = False, compile_backend: str = "inductor", **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self._set_compile(compile, compile_backend)
+
     def declared_layout(self, num_nodes: int) -> Layout:
         return Layout()
 
@@ -21,8 +29,12 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
         return Layout()
 
 
-def single_device_strategy(device: str | None = None) -> SingleProcessStrategy:
+def single_device_strategy(
+    device: str | None = None, *, compile: bool = False, compile_backend: str = "inductor"
+) -> SingleProcessStrategy:
     """One process on `device`; by default the first GPU if there is one, else the CPU."""
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    return SingleProcessStrategy(device=torch.device(device))
+    return SingleProcessStrategy(
+        device=torch.device(device), compile=compile, compile_backend=compile_backend
+    )

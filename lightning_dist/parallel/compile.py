@@ -1,0 +1,79 @@
+"""Regional compilation: `torch.compile` each transformer block on its own, in place.
+
+Compiling block by block instead of the whole model keeps compile time to one block's graph
+(the blocks share their code, so the later ones reuse the first one's compiled code), and lets
+FSDP, pipeline stages and Lightning's hooks stay outside the compiled regions. It runs after
+tensor parallelism and activation checkpointing (a checkpointed block is compiled together with
+its checkpoint, so the compiler sees the recomputation) and before FSDP.
+
+`nn.Module.compile()` compiles a module where it stands: parameter names are unchanged (no
+`_orig_mod.` segment), so checkpoints do not depend on this setting. No Lightning import here.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+
+from torch import nn
+
+from lightning_dist.parallel.fsdp import block_modules
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("inductor", "aot_eager", "eager")
+"""inductor generates kernels (Triton on GPUs, C++ on CPUs: needs a C compiler); aot_eager
+traces forward and backward without generating code (fast to compile, for tests); eager only
+captures the graph."""
+
+
+def check_compile(compile_blocks: bool, backend: str, name: str = "strategy") -> None:
+    """Raise ValueError naming the bad value when the compile settings cannot run here."""
+    if not isinstance(compile_blocks, bool):
+        raise ValueError(f"{name}.compile={compile_blocks!r} must be true or false")
+    if backend not in BACKENDS:
+        raise ValueError(f"{name}.compile_backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if compile_blocks and backend == "inductor" and not _has_compiler_for_inductor():
+        raise ValueError(
+            f"{name}.compile=true with compile_backend=inductor needs a C compiler on CPUs "
+            f"(none found); install gcc or set {name}.compile_backend=aot_eager"
+        )
+
+
+def _has_compiler_for_inductor() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or any(shutil.which(cc) for cc in ("gcc", "cc", "clang"))
+
+
+def block_slots(model: nn.Module, block_types: Sequence[type[nn.Module]]) -> list[nn.Module]:
+    """The module standing in each block's place: the block, or its checkpoint wrapper."""
+    wrappers = {}
+    for module in model.modules():
+        inner = getattr(module, "_checkpoint_wrapped_module", None)
+        if inner is not None:
+            wrappers[id(inner)] = module
+    return [wrappers.get(id(b), b) for b in block_modules(model, block_types)]
+
+
+def apply_compile(
+    model: nn.Module,
+    block_types: Sequence[type[nn.Module]],
+    *,
+    backend: str = "inductor",
+    fullgraph: bool = False,
+) -> nn.Module:
+    """Compile every block of `model` (with its checkpoint wrapper, if any) in place.
+
+    `fullgraph=False` lets FSDP's hooks, which torch.compile skips, break the graph instead of
+    failing. Returns `model`.
+    """
+    slots = block_slots(model, block_types)
+    if not slots:
+        log.warning("Compilation found no blocks in %s", type(model).__name__)
+        return model
+    for slot in slots:
+        slot.compile(backend=backend, fullgraph=fullgraph)
+    log.info("Applied torch.compile (%s) to %d blocks", backend, len(slots))
+    return model

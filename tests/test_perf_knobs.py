@@ -1,0 +1,138 @@
+"""Selective (op-level) activation checkpointing and per-block compilation, in one process.
+
+The distributed parity of both knobs (fsdp2, and tp2 x pp2) is in test_parallel3d_dist.py.
+Compilation here uses backend="aot_eager": it traces forward and backward as inductor does but
+generates no C++, which would take tens of seconds per block on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_dist.lm.module import WRAPPER_SEGMENTS
+from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.activation_checkpoint import (
+    CheckpointChoice,
+    apply_activation_checkpointing,
+    parse_activation_checkpointing,
+)
+from lightning_dist.parallel.compile import apply_compile, block_slots
+from lightning_dist.parallel.fsdp import find_block_types
+
+ARGS = ModelArgs(
+    dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=64, max_seq_len=32
+)
+
+
+def _model():
+    with torch.device("meta"):
+        model = ARGS.build()
+    return materialize(model, torch.device("cpu"), seed=0)
+
+
+def _backward_ops(model, tokens) -> tuple[dict[str, int], float, list[torch.Tensor]]:
+    """Calls of each aten op during backward (recomputation runs there; ops that op-level
+    checkpointing answers from its cache are listed too), the matmul FLOPs actually run in
+    backward (the cache hides those from FlopCounterMode), and the gradients."""
+    model.zero_grad()
+    loss = model(tokens).float().pow(2).mean()
+    with profile(activities=[ProfilerActivity.CPU]) as prof, FlopCounterMode(display=False) as f:
+        loss.backward()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    return counts, f.get_total_flops(), [p.grad.clone() for p in model.parameters()]
+
+
+def _grads(model, tokens) -> list[torch.Tensor]:
+    # No profiler here: under it, a compiled full checkpoint's recomputed CPU attention kernel
+    # (run_with_rng_state) returns NotImplemented in torch 2.13.
+    model.zero_grad()
+    model(tokens).float().pow(2).mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_settings_parse_to_choices_and_bad_ones_name_the_fix():
+    assert parse_activation_checkpointing(0) == CheckpointChoice("none", 0)
+    assert parse_activation_checkpointing(2) == CheckpointChoice("full", 2)
+    assert parse_activation_checkpointing(2).label == "every_2"
+    assert parse_activation_checkpointing("full") == CheckpointChoice("full", 1)
+    assert parse_activation_checkpointing("selective") == CheckpointChoice("op", 1)
+    assert parse_activation_checkpointing("OP").label == "op"
+    assert not parse_activation_checkpointing("none").enabled
+    for bad in (-1, "sometimes", True, 1.5):
+        with pytest.raises(ValueError, match=r"activation_checkpointing=.*'op' / 'selective'"):
+            parse_activation_checkpointing(bad)
+
+
+def test_op_level_recomputes_pointwise_ops_but_no_matmul():
+    """Full checkpointing replays the block's matmuls in backward; op-level replays only the
+    cheap ops (SiLU here) and saves the matmul outputs. Gradients are identical."""
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 16))
+    base = _model()
+    runs = {}
+    for setting in (0, "full", "op"):
+        model = copy.deepcopy(base)
+        apply_activation_checkpointing(model, find_block_types(model), every_n=setting)
+        runs[setting] = _backward_ops(model, tokens)
+    flops = {k: f for k, (_, f, _) in runs.items()}
+    silu = {k: c.get("aten::silu", 0) for k, (c, _, _) in runs.items()}
+    assert flops["full"] > 1.2 * flops[0] and flops["op"] == flops[0], flops
+    assert silu[0] == 0 and silu["op"] >= ARGS.n_layers and silu["full"] >= ARGS.n_layers, silu
+    for setting in ("full", "op"):
+        for a, b in zip(runs[0][2], runs[setting][2], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("setting", [0, "op", 2])
+def test_compiled_blocks_match_eager_and_keep_names(setting):
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 16))
+    eager = _model()
+    expected = _grads(eager, tokens)
+    model = copy.deepcopy(eager)
+    blocks = find_block_types(model)
+    apply_activation_checkpointing(model, blocks, every_n=setting)
+    apply_compile(model, blocks, backend="aot_eager")
+    slots = block_slots(model, blocks)
+    assert len(slots) == ARGS.n_layers
+    wrapped = [hasattr(s, "_checkpoint_wrapped_module") for s in slots]
+    choice = parse_activation_checkpointing(setting)
+    assert wrapped == [choice.enabled and i % choice.every_n == 0 for i in range(ARGS.n_layers)]
+    assert all(s._compiled_call_impl is not None for s in slots)
+    grads = _grads(model, tokens)
+    for a, b in zip(expected, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    names = {WRAPPER_SEGMENTS.sub("", n) for n, _ in model.named_parameters()}
+    assert names == {n for n, _ in eager.named_parameters()}
+
+
+def test_strategies_take_the_knobs_from_config_and_reject_bad_ones(compose):
+    from lightning_dist.config import hardware_spec
+    from lightning_dist.train import build_strategy
+
+    for name in ("single", "ddp", "fsdp", "fsdp2", "3d"):
+        extra = [] if name in ("single", "ddp") else ["strategy.activation_checkpointing=op"]
+        cfg = compose(f"strategy={name}", "strategy.compile=true",
+                      "strategy.compile_backend=aot_eager", *extra)  # fmt: skip
+        strategy = build_strategy(cfg.strategy, hardware_spec(cfg))
+        assert strategy.compile_backend == "aot_eager", name
+    cfg = compose("strategy=fsdp2", "strategy.compile=true", "strategy.compile_backend=tvm")
+    # Hydra wraps the strategy's ValueError; train() prints its one line and exits 2.
+    with pytest.raises(Exception, match="strategy.compile_backend='tvm' is not one of"):
+        build_strategy(cfg.strategy, hardware_spec(cfg))
+
+
+def test_compile_with_tensor_parallelism_is_refused_before_start():
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+    strategy = Parallel3DStrategy(tp=2, compile=True, compile_backend="aot_eager")
+    with pytest.raises(
+        ValueError,
+        match="strategy.compile=true with tp=2 .* set strategy.compile_backend=eager or tp=1",
+    ):
+        strategy.layout_for(2, 1)
+    Parallel3DStrategy(tp=2, compile=True, compile_backend="eager").layout_for(2, 1)
