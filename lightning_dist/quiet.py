@@ -9,7 +9,9 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
 - Lightning's "💡 Tip ... litlogger" advert, on every Trainer;
 - torch's `broadcast_buffers` deprecation, raised by the DDP wrapper on every rank for an
   argument Lightning's DDPStrategy passes through (`strategy.broadcast_buffers`);
-- Lightning's hint that `srun` exists but is unused: shown once per process, not once per job.
+- Lightning's hint that `srun` exists but is unused, printed by every rank of a local run on any
+  machine with Slurm installed: local runs there are deliberate, and a run that needs Slurm
+  (`hardware.num_nodes` above 1) already stops with its own error (docs/LAUNCH.md).
 
 W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
 """
@@ -50,4 +52,4 @@ def quiet_third_party() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning
     )
-    warnings.filterwarnings("once", message=r"The `srun` command is available on your system")
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")

@@ -58,12 +58,15 @@ def fix_hydra_child_command() -> None:
 def end_launched_job(trainer: Any, timeout: float = 300.0) -> None:
     """In the process that started this job's other ranks: wait for them to exit, destroy the
     process group and restore the launcher variables, so that the next job of a multirun starts
-    its own ranks. A no-op in every other process (one-process runs, ranks that torchrun or SLURM
-    started, the children themselves)."""
+    its own ranks. A one-rank job's process group is destroyed too; in every other process (ranks
+    that torchrun or SLURM started, the children themselves) nothing happens."""
     import torch.distributed as dist
 
-    children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None)
-    if not children:
+    children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
+    # A one-rank job (ddp with hardware.devices=1) starts no children but leaves a process group
+    # of one and the launcher's variables just the same; the next job would reuse both.
+    one_rank_group = trainer.world_size == 1 and dist.is_initialized()
+    if not children and not one_rank_group:
         return
     for rank, child in enumerate(children, start=1):
         try:
