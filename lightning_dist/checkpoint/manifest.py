@@ -114,12 +114,27 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
             f"checkpoint {folder} holds {extra[0]}, a file its {MANIFEST} does not list; "
             "remove it or resume from another checkpoint"
         )
+    stamp = _file_stamps(folder, recorded)
+    if _verified.get(folder.resolve()) == stamp:
+        return  # hashed by this process already (train.py's check, then the load), unchanged
     for name, expected in sorted(recorded.items()):
         if sha256_of(folder / name) != expected:
             raise CheckpointError(
                 f"checkpoint {folder}: {name} does not match its hash in {MANIFEST} "
                 "(truncated or modified); resume from another checkpoint"
             )
+    _verified[folder.resolve()] = stamp
+
+
+_verified: dict[Path, tuple] = {}
+"""Folders this process has hashed, with the size and mtime of each file then: the check before
+launch and the load in the same process read every byte once, not twice."""
+
+
+def _file_stamps(folder: Path, names) -> tuple:
+    return tuple(
+        (n, (folder / n).stat().st_size, (folder / n).stat().st_mtime_ns) for n in sorted(names)
+    )
 
 
 def open_manifest(folder: Path) -> dict[str, Any]:
