@@ -5,9 +5,6 @@ computes what one process computes. RMSNorm keeps only its input for backward.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -20,6 +17,7 @@ from lightning_dist.planner.activations import (
     layer_activation_bytes,
 )
 from lightning_dist.planner.settings import TrainSettings
+from tests.rank_scripts import run_two_ranks
 
 
 def test_rmsnorm_keeps_only_its_input_and_matches_autograd():
@@ -49,13 +47,7 @@ def test_rmsnorm_keeps_only_its_input_and_matches_autograd():
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("actmem") / "result.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           str(REPO_ROOT / "tests" / "actmem_ranks.py"), str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(out.read_text())
+    return run_two_ranks("actmem_ranks.py", tmp_path_factory.mktemp("actmem") / "result.json")
 
 
 @pytest.mark.slow

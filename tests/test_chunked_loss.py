@@ -6,11 +6,6 @@ embedding gradient."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +13,7 @@ import torch.nn.functional as F
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.parallel.memory import measure_step
-from lightning_dist.parity import REPO_ROOT
+from tests.rank_scripts import run_two_ranks
 
 ARGS = ModelArgs(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=4096, ffn_hidden_size=128,
@@ -83,13 +78,7 @@ def test_models_without_an_output_head_keep_the_plain_loss():
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("ranks") / "result.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           str(REPO_ROOT / "tests" / "loss_ranks.py"), str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(out.read_text())
+    return run_two_ranks("loss_ranks.py", tmp_path_factory.mktemp("ranks") / "result.json")
 
 
 def _relative(a: list[float], b: list[float]) -> float:
