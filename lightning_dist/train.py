@@ -489,9 +489,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         from lightning_dist.record import summary_block
 
         print(summary_block(summary, run_dir / "summary.json"), flush=True)
-    from lightning_dist.strategies.launch import end_launched_job
+    from lightning_dist.strategies.launch import end_job
 
-    end_launched_job(trainer)  # a multirun's next job starts its own ranks
+    end_job(trainer)  # every rank leaves its process group; a multirun's next job starts anew
     return summary
 
 

@@ -228,6 +228,10 @@ def test_sigusr1_requeues_the_job_and_it_finishes_bitwise(jobs, cluster):
     while _job(cluster, job_id).get("Restarts", "0") == "0":
         assert time.monotonic() < deadline, "the job was not requeued"
         time.sleep(0.5)
+    # The requeue revokes the job's credential, and slurmd compares times in whole seconds: a
+    # start within the same second is killed as "Job credential revoked". Slurm's own hold
+    # avoids that; ours must wait out the second.
+    time.sleep(2)
     while (state := _job(cluster, job_id).get("JobState")) not in ("RUNNING", *FINAL_STATES):
         if state == "PENDING":  # not while the first run is still being ended
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster)

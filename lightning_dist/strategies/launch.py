@@ -9,7 +9,7 @@ A multirun runs its jobs one after another in the process that is rank 0 of each
 leaves that process with the finished job's process group and the launcher's variables
 (`LOCAL_RANK` above all, which tells the next launcher that someone else started the ranks), so
 the next job would start no processes and talk to the previous job's exited ranks.
-`end_launched_job` undoes both once a job is over: every job starts its own ranks.
+`end_job` undoes both once a job is over: every job starts its own ranks.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _child_command(local_rank: int) -> tuple[list[str], str]:
 
 def fix_hydra_child_command() -> None:
     """Make Lightning's subprocess launcher start children with this job's own overrides, and
-    remember the launcher variables as they are before it runs (see `end_launched_job`)."""
+    remember the launcher variables as they are before it runs (see `end_job`)."""
     from lightning_dist._compat import replace_hydra_child_command
 
     _before_launch.clear()
@@ -55,19 +55,20 @@ def fix_hydra_child_command() -> None:
     replace_hydra_child_command(_child_command)
 
 
-def end_launched_job(trainer: Any, timeout: float = 300.0) -> None:
-    """In the process that started this job's other ranks: wait for them to exit, destroy the
-    process group and restore the launcher variables, so that the next job of a multirun starts
-    its own ranks. A one-rank job's process group is destroyed too; in every other process (ranks
-    that torchrun or SLURM started, the children themselves) nothing happens."""
+def end_job(trainer: Any, timeout: float = 300.0) -> None:
+    """Once a job has finished without error, in every rank: wait for the ranks this process
+    started, then destroy the process group. Without that, gloo's worker threads can abort a
+    rank as the interpreter exits ("terminate called without an active exception"), failing a
+    job whose training had finished. In the process that launched the ranks (or ran a one-rank
+    job) the launcher variables are restored as well, so that a multirun's next job starts its
+    own ranks. Only called after success: a rank that destroys the group while another still
+    waits in a collective would hang it."""
     import torch.distributed as dist
 
     children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
     # A one-rank job (ddp with hardware.devices=1) starts no children but leaves a process group
     # of one and the launcher's variables just the same; the next job would reuse both.
-    one_rank_group = trainer.world_size == 1 and dist.is_initialized()
-    if not children and not one_rank_group:
-        return
+    launched_here = bool(children) or (trainer.world_size == 1 and dist.is_initialized())
     for rank, child in enumerate(children, start=1):
         try:
             code = child.wait(timeout)
@@ -78,6 +79,8 @@ def end_launched_job(trainer: Any, timeout: float = 300.0) -> None:
             print(f"warning: rank {rank} of this job exited with status {code}", file=sys.stderr)
     if dist.is_initialized():
         dist.destroy_process_group()
+    if not launched_here:
+        return
     for name, value in _before_launch.items():
         if value is None:
             os.environ.pop(name, None)
