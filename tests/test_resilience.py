@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard
+from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard, _all_finite
 from lightning_dist.checkpoint.format import read_full_state
 from lightning_dist.parity import REPO_ROOT, run_train
 from lightning_dist.resume import latest_checkpoint
@@ -108,6 +108,21 @@ def _fit(module: L.LightningModule, guard: NonFiniteGuard, steps: int = 6) -> No
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, data)
+
+
+def test_the_finiteness_check_is_exact_at_the_edges_of_the_range():
+    """Huge finite gradients are finite (no overflow to a false alarm); one inf, one NaN, or an
+    inf and a -inf that would cancel are not; bf16 and empty tensors are handled."""
+    big = torch.full((1 << 16,), torch.finfo(torch.float32).max)
+    assert _all_finite([big, -big, torch.zeros(3)])
+    assert _all_finite([torch.full((1000,), 3e38, dtype=torch.bfloat16), torch.empty(0)])
+    assert _all_finite([])
+    for bad in (float("inf"), float("nan")):
+        grad = torch.ones(10_000)
+        grad[1234] = bad
+        assert not _all_finite([torch.ones(5), grad])
+    assert not _all_finite([torch.tensor([float("inf"), -float("inf")])])
+    assert not _all_finite([torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)])
 
 
 def test_nan_policy_skip_leaves_the_weights_untouched_and_goes_on():

@@ -78,16 +78,21 @@ class NonFiniteGuard(Callback):
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element of every tensor is finite, with one host sync: the max-abs norm is
-    NaN or inf exactly when some element is (it cannot overflow, unlike the 2-norm), and
-    torch's foreach kernel takes one pass per tensor without a boolean copy of each."""
+    """Whether every element of every tensor is finite, with one host sync and no copy of a
+    tensor. Each tensor is summed in float64: a sum of finite fp32 or bf16 values cannot
+    overflow there (fp32's largest value times 2^32 elements is still finite), while an inf or a
+    NaN carries through to the sum (inf - inf is NaN), so the sum is finite exactly when every
+    element is. On CPU this is about 8x faster than the max-abs (infinity) norm, whose kernel
+    is not vectorised: 1 ms against 9 ms for 3.3M parameters, about 1.3% of a step of the
+    tiny model (bench/overhead.py)."""
     from torch.distributed.tensor import DTensor
-    from torch.nn.utils import get_total_norm
 
     local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    local = [t.detach() for t in local if t.numel()]
     if not local:
         return True
-    return bool(torch.isfinite(get_total_norm([t.detach() for t in local], float("inf"))))
+    sums = torch.stack([t.sum(dtype=torch.float64) for t in local])
+    return bool(torch.isfinite(sums).all())
 
 
 def _finite(tensor: torch.Tensor) -> bool:
