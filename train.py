@@ -10,7 +10,8 @@ import hydra
 from lightning_dist.callbacks.nan_guard import NonFiniteError
 from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
 from lightning_dist.config import CONF_DIR
-from lightning_dist.train import ConfigError, guard_command_line, report_config_error, train
+from lightning_dist.run_errors import ConfigError, guard_command_line, report_config_error
+from lightning_dist.train import train
 
 NON_FINITE_EXIT_CODE = 3
 

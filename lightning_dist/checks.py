@@ -172,3 +172,23 @@ def check_cpu_capacity(devices: int, num_params: int, *, cores: int | None = Non
             f"GiB of model states), but this machine has {memory / gib:.1f} GiB; lower "
             "hardware.devices or pick a smaller model"
         )
+
+
+def _cluster_launch() -> bool:
+    """True when an external launcher (torchrun, SLURM) started this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
+
+
+def check_machine(cfg: DictConfig, plan: Any) -> None:
+    """Checks against this machine and launch (skipped by `plan.only`, which runs anywhere)."""
+    plan.hardware.check_machine()
+    if plan.hardware.num_nodes > 1 and not _cluster_launch():
+        raise ValueError(
+            f"hardware.num_nodes={plan.hardware.num_nodes} needs every node started by torchrun "
+            "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
+        )
+    if cfg.data.seq_len > plan.spec.max_seq_len:
+        raise ValueError(
+            f"data.seq_len={cfg.data.seq_len} is above the model's maximum "
+            f"{plan.spec.max_seq_len}; lower data.seq_len or raise model.max_seq_len."
+        )

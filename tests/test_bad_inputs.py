@@ -27,7 +27,7 @@ from lightning_dist.builder import check_hydra_overrides
 from lightning_dist.config import compose_config
 from lightning_dist.lm.token_cache import find_files, resolve_files
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.train import ConfigError, report_config_error
+from lightning_dist.run_errors import ConfigError, report_config_error
 
 SECRET = "planted0override0secret0value0000"
 ENV_SECRET = "planted0environment0secret0value0"

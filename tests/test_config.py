@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 
 from lightning_dist.config import choice_names, hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.train import build_strategy, run_config
+from lightning_dist.run_summary import run_config
+from lightning_dist.train import build_strategy
 
 STRATEGIES = choice_names("strategy")
 HARDWARE = choice_names("hardware")
