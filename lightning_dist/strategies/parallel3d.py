@@ -186,9 +186,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         keeps_gathered = self.reshard_after_forward is False
         return PlannerSettings(
             sharding=sharding_mode(layout, keeps_gathered=keeps_gathered),
-            activation_checkpointing=sharding.checkpointing_enabled(self.activation_checkpointing),
+            activation_checkpointing=self.activation_checkpointing,
             offload=self.cpu_offload,
             sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
+            **self.compile_settings(),
         )
 
     # --- processes, mesh, data ----------------------------------------------------------------
