@@ -70,11 +70,9 @@ def parse_activation_checkpointing(
     selective; raises ValueError naming the bad value and the choices."""
     if isinstance(value, CheckpointChoice):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        value = repr(value)  # falls through to the error below
-    elif isinstance(value, int) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return CheckpointChoice("none" if value == 0 else "full", value)
-    elif isinstance(value, str) and value.lower() in NAMES:
+    if isinstance(value, str) and value.lower() in NAMES:
         return CheckpointChoice(*NAMES[value.lower()])
     raise ValueError(
         f"{name}={value!r} must be 0 (off), n (checkpoint every n-th block), "

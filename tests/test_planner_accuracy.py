@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.calibration import CHEAP, TOLERANCES, compare
+from lightning_dist.calibration import CHEAP, COMMON, LAYOUTS, TOLERANCES, compare, predict
 from lightning_dist.parallel.memory import StepMemoryMeter, measure_step
 
 
@@ -20,6 +20,24 @@ def test_prediction_matches_measurement(name, tmp_path):
     assert result.measured["activations"] > 0.4 * result.measured["total"]
     for category, tolerance in TOLERANCES.items():
         assert abs(result.error(category)) <= tolerance, result.failures()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label", "backend"),
+    [
+        (LAYOUTS["3d 1, AC op"], "op", None),
+        (LAYOUTS["3d 1, AC every 2"], "every_2", None),
+        (("strategy=fsdp", "hardware.devices=2", "strategy.activation_checkpointing=full",
+          "strategy.compile=true", "strategy.compile_backend=aot_eager"), "full", "aot_eager"),
+        (("strategy=single", "hardware.devices=1", "strategy.compile=true"), "none", "inductor"),
+        (("strategy=ddp", "hardware.devices=2"), "none", None),
+    ],
+)  # fmt: skip
+def test_the_configured_checkpointing_and_compile_reach_the_planner(overrides, label, backend):
+    """train.py's strategy config -> the planner's settings, as `plan.check` estimates a run."""
+    settings = predict([*COMMON, *overrides]).settings
+    assert settings.activation_checkpointing.label == label
+    assert (settings.compile_backend if settings.compile else None) == backend
 
 
 def test_meter_without_module_hooks_measures_microbatches():
