@@ -66,3 +66,41 @@ def test_meter_without_module_hooks_measures_microbatches():
     # Each microbatch keeps at least the 64 x 256 hidden layer's output for backward.
     assert mem["activations"] >= 2 * 64 * 256 * 4
     assert mem["total"] >= 3 * 4 * n + mem["activations"]
+
+
+def test_compiled_blocks_run_eager_under_the_memory_meter():
+    """Why the calibration table has no compiled row (docs/PLANNER.md): under MemTracker's
+    dispatch mode torch.compile falls back to eager, so `measure_step` would measure the eager
+    step. If this fails, compiled memory has become measurable: add a compiled row."""
+    from lightning_dist.models.args import ModelArgs
+
+    calls = []
+
+    def counting_backend(graph, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return graph.forward(*args)
+
+        return run
+
+    torch.manual_seed(0)
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, ffn_hidden_size=128,
+                     max_seq_len=64)  # fmt: skip
+    model = args.build()
+    for block in model.layers.values():
+        block.compile(backend=counting_backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens = torch.randint(0, 128, (2, 32))
+
+    def step():
+        opt.zero_grad()
+        model(tokens).float().pow(2).mean().backward()
+        opt.step()
+
+    step()
+    calls.clear()
+    step()
+    assert len(calls) == 2  # one compiled forward per block
+    calls.clear()
+    measure_step(step, model, [opt])
+    assert calls == []
