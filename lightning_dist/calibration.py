@@ -56,11 +56,18 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "pp 2 (1F1B, 4 mb)": ("strategy=pp", "hardware.devices=2"),
     "3d dp2 x tp2 x pp2": ("strategy=3d", "strategy.tp=2", "strategy.pp=2",
                            "hardware.devices=8"),
+    "3d 1, AC full": ("strategy=3d", "hardware.devices=1", "strategy.activation_checkpointing=full"),
+    "3d 1, AC every 2": ("strategy=3d", "hardware.devices=1",
+                         "strategy.activation_checkpointing=2"),
+    "3d 1, AC op": ("strategy=3d", "hardware.devices=1", "strategy.activation_checkpointing=op"),
+    "tp 2 + SP, AC op": ("strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=true",
+                         "strategy.activation_checkpointing=op"),
 }  # fmt: skip
 """Name -> the overrides that select the layout (on top of COMMON)."""
 
-CHEAP = ("single", "ddp 2", "fsdp FULL_SHARD 2")
-"""The layouts the slow test runs."""
+CHEAP = ("single", "ddp 2", "fsdp FULL_SHARD 2", "3d 1, AC every 2", "3d 1, AC op")
+"""The layouts the slow test runs (one process each for the checkpointing choices; `3d 1, AC
+full` is left out because its activations are under 0.4 of the peak, below the sanity bound)."""
 
 CATEGORIES = ("model states", "activations", "total", "process")
 """What each layout compares; `process` (peak RSS against the total with the reserve) only

@@ -25,12 +25,16 @@ class PlannerSettings:
 
     sharding: str = "NO_SHARD"
     """FSDP mode over dp_shard: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: int | str | bool = 0
+    """`strategy.activation_checkpointing` as configured: 0, n, 'full' or 'op' (True: 'full')."""
     offload: bool = False
     """Parameters, gradients and optimizer state live in host memory."""
     sequence_parallel: bool = False
     limit_all_gathers: bool = True
     """At most two blocks' gathered parameters in flight (FSDP2 always rate-limits)."""
+    compile: bool = False
+    """Each block runs under torch.compile (`strategy.compile`)."""
+    compile_backend: str = "inductor"
 
     def as_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `lightning_dist.planner.estimate`."""

@@ -27,8 +27,10 @@ LEGEND = """legend: dp_replicate = data-parallel replicas; dp_shard = data-paral
   backward), HYBRID_SHARD (FULL_SHARD inside dp_shard, replicated over dp_replicate): FSDP modes.
   mbs = micro-batch: the sequences one rank runs through one forward (one pipeline microbatch
   under pp); the rest of the global batch is gradient accumulation or further microbatches.
-  ac = activation checkpointing of every block; offload = parameters, gradients and optimizer
-  state live in host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
+  ac = activation checkpointing: ac=full (every block keeps only its input), ac=n (every n-th
+  block in full), ac=op (every block keeps its matmul outputs, recomputes the pointwise ops);
+  compile = per-block torch.compile; offload = parameters, gradients and optimizer state live in
+  host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
   GiB/dev = predicted peak per device; step s, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 
@@ -69,6 +71,16 @@ def _compose(overrides: list[str]):
         _fail(" ".join(lines[:3]) or type(err).__name__)
 
 
+def compile_settings(cfg) -> dict[str, Any]:
+    """`compile` and `compile_backend` of the configured strategy, as the planner takes them
+    (strategies without them, such as strategy=auto, do not compile)."""
+    strategy = cfg.get("strategy") or {}
+    return {
+        "compile": bool(strategy.get("compile", False)),
+        "compile_backend": str(strategy.get("compile_backend", "inductor")),
+    }
+
+
 def _plan(cfg, model, hardware):
     from lightning_dist.planner import plan_layouts
 
@@ -81,6 +93,7 @@ def _plan(cfg, model, hardware):
             seq_len=int(cfg.data.seq_len),
             precision=cfg.trainer.get("precision") or None,
             micro_batch_sizes=(int(mbs),) if mbs else None,
+            **compile_settings(cfg),
         )
     except ValueError as err:
         _fail(str(err))
@@ -118,8 +131,10 @@ def strategy_overrides(candidate) -> list[str] | None:
             out.append("strategy.sequence_parallel=true")
     if zero2:
         out.append("strategy.reshard_after_forward=false")
-    if st.activation_checkpointing:
-        out.append("strategy.activation_checkpointing=1")
+    if st.activation_checkpointing.enabled:
+        out.append(f"strategy.activation_checkpointing={st.activation_checkpointing.setting}")
+    if st.compile:
+        out += ["strategy.compile=true", f"strategy.compile_backend={st.compile_backend}"]
     if lay.pp == 1 and candidate.grad_accumulation > 1:  # else each rank's whole share at once
         out.append(f"data.per_rank_batch_size={st.micro_batch_size}")
     return out
@@ -186,8 +201,21 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
+def compile_note(cfg) -> str:
+    """One line: whether the plan times the blocks compiled, with which backend and speedup."""
+    from lightning_dist.planner.settings import COMPILE_SPEEDUP
+
+    settings = compile_settings(cfg)
+    if not settings["compile"]:
+        return "per-block torch.compile: off (strategy.compile)"
+    backend = settings["compile_backend"]
+    speedup = COMPILE_SPEEDUP.get(backend, 1.0)
+    return f"per-block torch.compile: {backend}, compute time / {speedup:.2f} (assumed)"
+
+
 def assumptions(cfg, model, hardware, model_name: str) -> list[str]:
-    """The lines every plan starts with: the model, batch, precision, optimizer and hardware."""
+    """The lines every plan starts with: the model, batch, precision, optimizer, compilation and
+    hardware."""
     args = model.to_model_args() if hasattr(model, "to_model_args") else model
     gbs, seq = int(cfg.data.global_batch_size), int(cfg.data.seq_len)
     precision = cfg.trainer.get("precision") or hardware.precision
@@ -197,6 +225,7 @@ def assumptions(cfg, model, hardware, model_name: str) -> list[str]:
         f"model {model_name} ({_size(args.num_params())} parameters), {precision}, "
         f"{OPTIMIZER_NAMES['adamw']}; global batch {gbs} x {seq} tokens = {gbs * seq:,} "
         "tokens per step",
+        compile_note(cfg),
         f"hardware {hardware.name}: {hardware.num_nodes} node(s) x {per_node} devices, {memory}",
     ]
 

@@ -35,7 +35,7 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
 def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str) -> str:
     """One line: the planner's best layout for this model and hardware and the train.py
     command that runs it, or why none fits."""
-    from lightning_dist.plan import hydra_task_overrides, train_command
+    from lightning_dist.plan import compile_settings, hydra_task_overrides, train_command
     from lightning_dist.planner import plan_layouts
 
     result = plan_layouts(
@@ -44,6 +44,7 @@ def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
         global_batch_size=int(cfg.data.global_batch_size),
         seq_len=int(cfg.data.seq_len),
         precision=precision,
+        **compile_settings(cfg),
     )
     if result.chosen is None:
         return result.message
@@ -123,7 +124,7 @@ def planned_strategy(cfg: Any, spec: Any, hardware: HardwareSpec) -> tuple[dict,
         "microbatches": best.grad_accumulation if layout.pp > 1 else None,
         "virtual_stages": layout.virtual_stages,
         "sequence_parallel": bool(settings.sequence_parallel and layout.tp > 1),
-        "activation_checkpointing": 1 if settings.activation_checkpointing else 0,
+        "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
     }
     return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe()

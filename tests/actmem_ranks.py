@@ -2,9 +2,10 @@
 
 Under tp=2 with sequence and loss parallelism (and the chunked loss, so the logits are not in
 the way), it measures with MemTracker (`measure_step`) the activations of one training step of
-llama_debug-shaped models with 2 and 4 blocks: their difference over 2 blocks and the tokens is
-the activation bytes per token and block. It also checks that the step computes what one
-process computes. Rank 0 writes a JSON to argv[1].
+llama_debug-shaped models with 2 and 4 blocks, without checkpointing and with op-level
+checkpointing: their difference over 2 blocks and the tokens is the activation bytes per token
+and block. It also checks that the step computes what one process computes. Rank 0 writes a
+JSON to argv[1].
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 from lightning_dist.layout import Layout
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.args import ModelArgs
+from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.memory import measure_step
 from lightning_dist.parallel.tp import apply_tp
 
@@ -36,6 +39,24 @@ def build(n_layers: int):
     torch.manual_seed(0)
     model = args(n_layers).build()
     return model, defer_output_head(model)
+
+
+def activations_per_block(mesh, batch, checkpointing=0) -> float:
+    """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with SP and
+    loss parallelism) over `mesh`, or one process without a mesh; checkpointing applied after
+    TP, as `parallel/parallelize.py` does."""
+    measured = {}
+    for n_layers in (2, 4):
+        model, head = build(n_layers)
+        blocks = find_block_types(model)
+        if mesh is not None:
+            apply_tp(model, mesh, sequence_parallel=True, loss_parallel=True)
+        apply_activation_checkpointing(model, blocks, every_n=checkpointing)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = step_fn(model, head, opt, batch, tp=mesh is not None)
+        step()
+        measured[n_layers] = measure_step(step, model, [opt])["activations"]
+    return (measured[4] - measured[2]) / 2 / (BATCH * SEQ)
 
 
 def step_fn(model, head, opt, batch, tp: bool):
@@ -64,6 +85,7 @@ def main(out: str) -> None:
         step()
         result[f"activations {n_layers}"] = measure_step(step, model, [opt])["activations"]
         result[f"tp2 losses {n_layers}"] = step.losses
+    result["op per block"] = activations_per_block(mesh, batch, "op")
     model, head = build(4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = step_fn(model, head, opt, batch, tp=False)

@@ -104,18 +104,21 @@ def test_strategies_do_not_import_the_lightning_module():
 
 
 def test_lower_layers_do_not_import_upper_ones():
-    """models/ sees only itself; parallel/ and planner/ see neither Lightning glue nor lm/."""
+    """models/ sees only itself; parallel/ and planner/ see neither Lightning glue nor lm/.
+    Both read the parsed activation-checkpointing setting, torch-free like the layout."""
     rules = {
         "lightning_dist.models": ("lightning_dist.models", "lightning_dist._compat"),
         "lightning_dist.parallel": (
             "lightning_dist.parallel",
             "lightning_dist.layout",
+            "lightning_dist.activation_checkpointing",
             "lightning_dist.models",
             "lightning_dist._compat",
         ),
         "lightning_dist.planner": (
             "lightning_dist.planner",
             "lightning_dist.layout",
+            "lightning_dist.activation_checkpointing",
             "lightning_dist.hardware",
             "lightning_dist.models",
         ),
@@ -162,7 +165,7 @@ def test_a_toy_strategy_gets_checks_planner_settings_and_telemetry(tmp_path):
     plan = _toy("hardware=dgx_h100", "model=llama3_1b", "data.global_batch_size=64", "plan.only=true",
                 tmp_path=tmp_path / "plan")  # fmt: skip
     layout_line = next(line for line in plan.stdout.splitlines() if "layout:" in line)
-    assert "dp_replicate=8" in layout_line and layout_line.rstrip().endswith("ac"), plan.stdout
+    assert "dp_replicate=8" in layout_line and layout_line.rstrip().endswith("ac=full"), plan.stdout
     # Telemetry: a real 2-rank run records the toy's layout, throughput and memory.
     run = _toy("hardware.devices=2", "trainer.max_steps=3", tmp_path=tmp_path / "run")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.plan import main, strategy_overrides, train_command
+from lightning_dist.plan import compile_settings, main, strategy_overrides, train_command
 from lightning_dist.planner import plan_layouts
 from lightning_dist.preflight import estimate_run
 from lightning_dist.train import build_strategy
@@ -65,6 +65,22 @@ def test_offload_rows_show_host_memory(capsys):
     assert "29.9" in row  # the offloaded states, in host memory, not a 0.0 on the device
 
 
+def test_compiled_plans_say_so_and_their_commands_compile(capsys):
+    args = ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
+            "data.global_batch_size=64", "data.seq_len=4096"]  # fmt: skip
+    assert main([*args, "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "per-block torch.compile: inductor, compute time / 1.10 (assumed)"
+    assert "compile" in next(line for line in lines if line.startswith(" *"))
+    assert main([*args, "--command"]) == 0
+    command = _command_args(capsys.readouterr().out.strip())
+    assert "strategy.compile=true" in command and "strategy.compile_backend=inductor" in command
+    assert main(["model=llama3_8b", "hardware=dgx_h100", "--top", "1"]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[1] == "per-block torch.compile: off (strategy.compile)"
+    )
+
+
 def test_command_prints_one_runnable_line(capsys):
     assert main([*PLAN_70B, "--command"]) == 0
     (line,) = capsys.readouterr().out.strip().splitlines()
@@ -84,6 +100,8 @@ def test_command_prints_one_runnable_line(capsys):
         ["model=llama3_1b", "hardware=rtx4090_x4"],
         ["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=64",
          "data.global_batch_size=512", "data.seq_len=4096"],
+        ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
+         "data.global_batch_size=64", "data.seq_len=4096"],
     ],
 )  # fmt: skip
 def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):
@@ -92,8 +110,8 @@ def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, o
     cfg = compose_config([*overrides, f"paths.output_dir={tmp_path}"])
     spec, hw = model_spec(cfg), hardware_spec(cfg)
     result = plan_layouts(spec, hw, global_batch_size=int(cfg.data.global_batch_size),
-                          seq_len=int(cfg.data.seq_len),
-                          precision=cfg.trainer.precision or None)  # fmt: skip
+                          seq_len=int(cfg.data.seq_len), precision=cfg.trainer.precision or None,
+                          **compile_settings(cfg))  # fmt: skip
     checked = 0
     for cand in result.candidates[:8]:
         if strategy_overrides(cand) is None:

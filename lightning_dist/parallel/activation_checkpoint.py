@@ -11,7 +11,8 @@ Three choices, one setting (`strategy.activation_checkpointing`):
   activations, RoPE, residual adds, casts) are recomputed. Most of full checkpointing's memory
   saving on pointwise tensors, for a few percent of recompute instead of a third.
 
-No Lightning import here.
+The setting itself is parsed in `lightning_dist/activation_checkpointing.py` (no torch there,
+so the planner shares it). No Lightning import here.
 """
 
 from __future__ import annotations
@@ -19,58 +20,17 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from lightning_dist.activation_checkpointing import (  # noqa: F401 (re-exported)
+    CheckpointChoice,
+    parse_activation_checkpointing,
+)
 from lightning_dist.parallel.fsdp import block_modules
 
 log = logging.getLogger(__name__)
-
-NAMES = {"none": ("none", 0), "off": ("none", 0), "full": ("full", 1), "op": ("op", 1),
-         "selective": ("op", 1)}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CheckpointChoice:
-    """A parsed `activation_checkpointing` setting: what to recompute, and in which blocks."""
-
-    mode: str
-    """'none', 'full' (whole blocks) or 'op' (selective: matmul outputs saved)."""
-    every_n: int
-    """Blocks 0, n, 2n, ... are checkpointed; 0 when mode is 'none'."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
-
-    @property
-    def label(self) -> str:
-        """The planner's name: 'none', 'full', 'op' or 'every_<n>' (full, every n-th block)."""
-        if self.mode == "full" and self.every_n > 1:
-            return f"every_{self.every_n}"
-        return self.mode
-
-
-def parse_activation_checkpointing(
-    value, name: str = "activation_checkpointing"
-) -> CheckpointChoice:
-    """An int n >= 0 (0 off, n: every n-th block in full) or one of none, off, full, op,
-    selective; raises ValueError naming the bad value and the choices."""
-    if isinstance(value, CheckpointChoice):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        value = repr(value)  # falls through to the error below
-    elif isinstance(value, int) and value >= 0:
-        return CheckpointChoice("none" if value == 0 else "full", value)
-    elif isinstance(value, str) and value.lower() in NAMES:
-        return CheckpointChoice(*NAMES[value.lower()])
-    raise ValueError(
-        f"{name}={value!r} must be 0 (off), n (checkpoint every n-th block), "
-        "'full' (every block), 'op' / 'selective' (save matmul outputs, recompute the rest) "
-        "or 'none'"
-    )
 
 
 def saved_ops() -> list:

@@ -2,6 +2,10 @@
 implementation keeps (`layer_activation_bytes`, the planner's number) and the minimum the math
 needs (`analytic_layer_activation_bytes`, Korthikanti et al. 2022). docs/PLANNER.md derives
 both and compares them with MemTracker's measurement.
+
+Under activation checkpointing a checkpointed block keeps less (`checkpointed_layer_bytes`:
+its input, or under op-level checkpointing `selective_layer_bytes`) and recomputes the rest
+while its backward runs (`recomputed_layer_bytes`).
 """
 
 from __future__ import annotations
@@ -69,3 +73,82 @@ def analytic_layer_activation_bytes(model, tp: int, settings: TrainSettings) -> 
     r = 2 if settings.precision == "bf16-true" else 4
     sp = tp if settings.sequence_parallel else 1
     return (2 * r * d + 2 * w * d) / sp + (w * (2 * d + 2 * kv) + 4 * w * h) / tp
+
+
+def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+    """Bytes one block keeps per token on one TP rank under the settings' checkpointing, from
+    its forward until its backward (recomputation not included; see `recomputed_layer_bytes`).
+
+    - full (and every n-th block): only the block's input, the residual stream, r x d / sp;
+    - op: `selective_layer_bytes`;
+    - none: `layer_activation_bytes`.
+    """
+    mode = settings.activation_checkpointing.mode
+    if mode == "full":
+        sp = tp if settings.sequence_parallel else 1
+        return (2 if settings.precision == "bf16-true" else 4) * model.dim / sp
+    if mode == "op":
+        return selective_layer_bytes(model, tp, settings)
+    return layer_activation_bytes(model, tp, settings)
+
+
+def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+    """Bytes one block keeps per token on one TP rank under op-level checkpointing.
+
+    The op policy (`parallel/activation_checkpoint.py`, `saved_ops`) caches the outputs of every
+    mm, bmm, SDPA kernel and functional collective the block runs; the checkpoint keeps the
+    block's input. With r, w, sp and kv = n_kv_heads x head_dim as in `layer_activation_bytes`:
+
+    - the block's input, the residual stream: r x d / sp;
+    - wq, wk, wv's outputs and SDPA's output: w x (2d + 2kv) / tp, and SDPA's log-sum-exp, one
+      float per query head: 4 x n_heads / tp (the math path instead keeps its scores, a bmm
+      output, n_heads x s x w / tp, and no log-sum-exp);
+    - w1 and w3's outputs: 2h x w / tp;
+    - wo and w2's outputs: 2d x w. Under TP these are partial sums over the whole hidden size
+      (and, under SP, the whole sequence) before their reduction, so they are not divided;
+    - under TP the collectives' outputs: without SP the two all-reduces', 2d x w; with SP the
+      two all-gathers' (the norm outputs over the whole sequence, 2d x w) and the two
+      reduce-scatters' (2d x w / tp).
+
+    Everything else (norm outputs, RoPE, the repeated k and v, SiLU, the product, the residual
+    adds) is recomputed. Under TP with SP this keeps more than no checkpointing at all (the
+    gathered norm outputs and the partial sums are full-size); docs/PLANNER.md has the numbers.
+    """
+    d, h = model.dim, model.hidden_dim
+    kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
+    w = 4 if settings.precision == "32-true" else 2
+    r = 2 if settings.precision == "bf16-true" else 4
+    sp = tp if settings.sequence_parallel else 1
+    kept = r * d / sp + w * (2 * d + 2 * kv + 2 * h) / tp + 2 * d * w
+    if settings.attention == "math":
+        kept += model.n_heads * settings.seq_len * w / tp
+    else:
+        kept += 4 * model.n_heads / tp
+    if tp > 1:
+        kept += 2 * d * w + (2 * d * w / tp if sp > 1 else 0.0)
+    return kept
+
+
+def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+    """Bytes per token one checkpointed block's recomputation adds while its backward runs,
+    beyond what it keeps (`checkpointed_layer_bytes`), on one TP rank.
+
+    - full: everything `layer_activation_bytes` counts but the block's input, which is kept;
+    - op: the tensors it recomputes, i.e. `layer_activation_bytes` less the block's input, SDPA's
+      output and w1 and w3's outputs (kept; under the math path one of the two score matrices
+      too), less wo and w2's outputs, which the recomputation hands back to the residual adds
+      and frees.
+    """
+    mode = settings.activation_checkpointing.mode
+    if mode == "none":
+        return 0.0
+    d, h = model.dim, model.hidden_dim
+    w = 4 if settings.precision == "32-true" else 2
+    sp = tp if settings.sequence_parallel else 1
+    block_input = (2 if settings.precision == "bf16-true" else 4) * d / sp
+    recomputed = layer_activation_bytes(model, tp, settings) - block_input
+    if mode == "op":
+        recomputed -= w * (d + 2 * h) / tp + 2 * d * w
+        if settings.attention == "math":
+            recomputed -= model.n_heads * settings.seq_len * w / tp
+    return recomputed

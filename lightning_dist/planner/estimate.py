@@ -42,7 +42,7 @@ class Candidate:
         return self.settings.global_batch_size // self.layout.dp // self.settings.micro_batch_size
 
     def describe(self) -> str:
-        """A short human label, e.g. 'tp=8 pp=4 dp_shard=16 1F1B FULL_SHARD mbs=1 ac'."""
+        """A short human label, e.g. 'tp=8 pp=4 dp_shard=16 1F1B FULL_SHARD mbs=1 ac=op'."""
         return describe(self.layout, self.settings)
 
     def as_dict(self) -> dict:
@@ -64,7 +64,8 @@ class Candidate:
             "comm_compute_ratio": t.comm_compute_ratio,
             "bubble_fraction": t.bubble_fraction,
             "sharding": st.sharding if lay.dp_shard > 1 else "NO_SHARD",
-            "activation_checkpointing": st.activation_checkpointing,
+            "activation_checkpointing": st.activation_checkpointing.label,
+            "compile": st.compile_backend if st.compile else None,
             "offload": st.offload,
             "micro_batch_size": st.micro_batch_size,
             "grad_accumulation": self.grad_accumulation if lay.pp == 1 else 1,
@@ -84,7 +85,13 @@ def describe(layout: Layout, settings: TrainSettings) -> str:
     elif layout.dp > 1:
         parts.append("NO_SHARD")
     parts.append(f"mbs={settings.micro_batch_size}")
-    parts += ["ac"] * settings.activation_checkpointing + ["offload"] * settings.offload
+    if settings.activation_checkpointing.enabled:
+        # The strategy's own value: ac=full, ac=op, ac=2 (every 2nd block).
+        parts.append(f"ac={settings.activation_checkpointing.setting}")
+    if settings.compile:
+        backend = settings.compile_backend
+        parts.append("compile" if backend == "inductor" else f"compile={backend}")
+    parts += ["offload"] * settings.offload
     return " ".join(parts)
 
 
@@ -100,6 +107,20 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
     if devices_per_node % tp:
         return f"tp={tp} does not divide the {devices_per_node} devices per node"
     return tp_split_problem(model, tp)
+
+
+def compile_problem(tp: int, backend: str | None) -> str | None:
+    """Why per-block compilation with `backend` (None: off) cannot run with `tp`, or None.
+
+    torch 2.13's AOTAutograd hands DTensor's redistribute backward a plain gradient, so under
+    TP only the `eager` backend (no AOTAutograd) runs; the 3D strategy refuses the others.
+    """
+    if tp > 1 and backend not in (None, "eager"):
+        return (
+            f"strategy.compile=true with tp={tp} fails in this torch version "
+            f"(AOTAutograd and DTensor); set strategy.compile_backend=eager or tp=1"
+        )
+    return None
 
 
 def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
@@ -136,8 +157,10 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
 
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
+    backend = settings.compile_backend if settings.compile else None
     problem = (
         tp_problem(model, hardware.resolved_devices(), layout.tp)
+        or compile_problem(layout.tp, backend)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)
     )
@@ -181,12 +204,14 @@ def fit_problem(memory: MemoryBreakdown, hardware, headroom: float) -> str | Non
     return None
 
 
-def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None):
+def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None,
+             compile_speedup=None):  # fmt: skip
     """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`)."""
     memory = memory_per_device(model, layout, settings, accelerator=hardware.accelerator)
     problem = fit_problem(memory, hardware, headroom)
     kwargs = {} if overlap is None else {"overlap": overlap}
-    time = step_time(model, hardware, layout, settings, efficiency=efficiency, **kwargs)
+    time = step_time(model, hardware, layout, settings, efficiency=efficiency,
+                     compile_speedup=compile_speedup, **kwargs)  # fmt: skip
     return Candidate(layout, settings, memory, time, problem is None, problem)
 
 
@@ -201,14 +226,17 @@ def estimate(
     optimizer: str = "adamw",
     sharding: str | None = None,
     micro_batch_size: int | None = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: int | str | bool = 0,
     offload: bool = False,
     sequence_parallel: bool = True,
     limit_all_gathers: bool = True,
     attention: str = "flash",
+    compile: bool = False,
+    compile_backend: str = "inductor",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
+    compile_speedup: float | None = None,
 ) -> Candidate:
     """Predict memory and step time of ONE layout; `fits` says whether it fits with headroom.
 
@@ -216,7 +244,9 @@ def estimate(
     `sharding` defaults to FULL_SHARD when dp_shard > 1 (HYBRID when dp_replicate > 1 too), else
     NO_SHARD. `micro_batch_size` defaults to the per-rank batch over the layout's microbatches
     under PP, and to the whole per-rank batch (no accumulation) without. `precision` defaults to
-    the hardware's. Raises ValueError when the layout cannot exist on the hardware.
+    the hardware's. `activation_checkpointing`, `compile` and `compile_backend` take the
+    strategy's values (see `TrainSettings`); `compile_speedup` overrides COMPILE_SPEEDUP. Raises
+    ValueError when the layout cannot exist on the hardware.
     """
     model = as_model_args(model)
     layout = layout.resolve(hardware.world_size)
@@ -257,10 +287,13 @@ def estimate(
         sequence_parallel=sequence_parallel,
         limit_all_gathers=limit_all_gathers,
         attention=attention,
+        compile=compile,
+        compile_backend=compile_backend,
     )
     check_layout(model, hardware, layout, settings)
     if layout.pp > 1:
         layout = replace(layout, microbatches=per_rank // micro_batch_size)
     return evaluate(
-        model, hardware, layout, settings, headroom=headroom, efficiency=efficiency, overlap=overlap
-    )
+        model, hardware, layout, settings, headroom=headroom, efficiency=efficiency,
+        overlap=overlap, compile_speedup=compile_speedup,
+    )  # fmt: skip

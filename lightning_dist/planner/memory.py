@@ -13,7 +13,11 @@ import math
 from dataclasses import asdict, dataclass
 
 from lightning_dist.layout import Layout
-from lightning_dist.planner.activations import layer_activation_bytes
+from lightning_dist.planner.activations import (
+    checkpointed_layer_bytes,
+    layer_activation_bytes,
+    recomputed_layer_bytes,
+)
 from lightning_dist.planner.settings import (
     FRAGMENTATION,
     RESERVE_BYTES,
@@ -128,32 +132,43 @@ def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> floa
     return first if stage in ("first", "only") else 1.0
 
 
+def checkpointed_blocks(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
+    """Blocks of one rank of a stage that activation checkpointing wraps: blocks 0, n, 2n, ...
+    of each of its chunks (each chunk is checkpointed on its own, `parallel/parallelize.py`)."""
+    v = layout.virtual_stages if layout.pp > 1 else 1
+    return v * settings.activation_checkpointing.checkpointed(shape.layers // v)
+
+
 def activation_bytes(
     model, layout: Layout, settings: TrainSettings, shape: StageShape, stage: str, microbatches: int
 ) -> float:
     """Peak activation bytes of one rank of one stage.
 
-    tokens = micro_batch_size x seq_len per microbatch; n = in-flight microbatches.
+    tokens = micro_batch_size x seq_len per microbatch; n = in-flight microbatches. Each block
+    keeps, per token, `layer_activation_bytes` without checkpointing and
+    `checkpointed_layer_bytes` when checkpointed (its input in full; its matmul, attention and
+    collective outputs under 'op'); with every n-th block, a chunk of c blocks checkpoints
+    ceil(c / n) of them. The peak is the larger of:
 
-    - without checkpointing: n x layers x per-layer bytes;
-    - with full activation checkpointing: each block keeps only its input (residual dtype, split
-      by tp under SP), n x layers x d x r, plus one block's recomputed activations while its
-      backward runs;
-    - the last stage adds its final norm (its input, r x d / sp, and its output, the output
-      projection's input, w x d) and the logits, b x s x V / tp elements held as the
-      matmul output, its fp32 copy for the loss (none in 32-true, where `.float()` is the
-      same tensor) and the log-softmax: w + 8 bytes each, 8 in 32-true. With the chunked loss
-      (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s)
-      rows of them, and none are kept for backward. With checkpointing the logits are freed
-      before the blocks' backward, so the peak is the larger of the logits and one recomputed
-      block, not their sum.
+    - the turn from forward to backward: n x the stage's kept bytes, plus the logits;
+    - the first recomputation in backward, of the last checkpointed block of the rank's last
+      chunk: the blocks before it still keep theirs, the ones after it and the logits are
+      freed, and it adds `recomputed_layer_bytes` (other in-flight microbatches keep all).
+
+    The last stage adds its final norm (its input, r x d / sp, and its output, the output
+    projection's input, w x d) and the logits, b x s x V / tp elements held as the matmul
+    output, its fp32 copy for the loss (none in 32-true, where `.float()` is the same tensor) and
+    the log-softmax: w + 8 bytes each, 8 in 32-true. With the chunked loss
+    (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s) rows of
+    them, and none are kept for backward.
     """
     tokens = settings.micro_batch_size * settings.seq_len
     tp, d = layout.tp, model.dim
     sp = tp if settings.sequence_parallel else 1
     residual = 2 if settings.precision == "bf16-true" else 4
     w = 4 if settings.precision == "32-true" else 2
-    per_layer = layer_activation_bytes(model, tp, settings) * tokens
+    plain = layer_activation_bytes(model, tp, settings) * tokens
+    kept = checkpointed_layer_bytes(model, tp, settings) * tokens
     inflight = inflight_microbatches(layout, stage, microbatches)
     logits = 0.0
     if shape.has_output:
@@ -161,10 +176,19 @@ def activation_bytes(
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
         logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
-    if settings.activation_checkpointing:
-        kept = inflight * shape.layers * tokens * d * residual / sp
-        return kept + max(per_layer, logits)
-    return inflight * shape.layers * per_layer + logits
+    checkpointed = checkpointed_blocks(layout, settings, shape)
+    stage_kept = (shape.layers - checkpointed) * plain + checkpointed * kept
+    peak = stage_kept + logits
+    choice = settings.activation_checkpointing
+    v = layout.virtual_stages if layout.pp > 1 else 1
+    last = choice.last_checkpointed(shape.layers // v)
+    if last is not None:
+        # Blocks 0..last of the last chunk: last // n + 1 of them checkpointed.
+        ahead = last // choice.every_n + 1
+        before = stage_kept * (v - 1) / v + ahead * kept + (last + 1 - ahead) * plain
+        recompute = recomputed_layer_bytes(model, tp, settings) * tokens
+        peak = max(peak, before + recompute)
+    return (inflight - 1) * stage_kept + peak
 
 
 def model_state_bytes(

@@ -12,12 +12,17 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from lightning_dist.activation_checkpointing import (
+    CheckpointChoice,
+    parse_activation_checkpointing,
+)
 from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,
     as_model_args,
     batch_problem,
+    compile_problem,
     describe,
     evaluate,
     fit_problem,
@@ -41,6 +46,10 @@ from lightning_dist.planner.space import (
     pp_values,
 )
 from lightning_dist.planner.timing import step_time
+
+CHECKPOINTING_CHOICES = (0, 2, "op", "full")
+"""The `activation_checkpointing` settings a search tries when none is pinned: off, every 2nd
+block, op-level (selective) and every block, from the least recompute to the least memory."""
 
 
 @dataclass
@@ -79,7 +88,7 @@ def plan_layouts(
     seq_len: int,
     precision: str | None = None,
     optimizer: str = "adamw",
-    activation_checkpointing: bool | None = None,
+    activation_checkpointing: int | str | bool | None = None,
     allow_offload: bool = True,
     sharding_modes: tuple[str, ...] = SHARDING_MODES,
     schedules: tuple[str, ...] = ("1F1B", "Interleaved1F1B"),
@@ -87,13 +96,18 @@ def plan_layouts(
     sequence_parallel: bool = True,
     limit_all_gathers: bool = True,
     attention: str = "flash",
+    compile: bool = False,
+    compile_backend: str = "inductor",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
+    compile_speedup: float | None = None,
 ) -> PlanResult:
     """Enumerate layouts of `model` on `hardware`, keep those that fit, rank by step time.
 
-    `activation_checkpointing=None` tries both; True/False pins it. Offload is tried for a
+    `activation_checkpointing=None` tries each of CHECKPOINTING_CHOICES; a setting (0, n,
+    'full', 'op'; True/False for full/off) pins it. `compile` and `compile_backend` say how the
+    run compiles (not searched); `compile_speedup` overrides COMPILE_SPEEDUP. Offload is tried for a
     sharded family only when nothing in that family fits without it. Each family (degrees plus
     FSDP mode) contributes its fastest fitting variant; ties go to the simpler layout, then the
     larger micro-batch. `rejected` lists {"family", "reason"} with the numbers. Raises
@@ -109,6 +123,8 @@ def plan_layouts(
         sequence_parallel=sequence_parallel,
         limit_all_gathers=limit_all_gathers,
         attention=attention,
+        compile=compile,
+        compile_backend=compile_backend,
     )
     if seq_len > getattr(model, "max_seq_len", seq_len):
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
@@ -118,9 +134,7 @@ def plan_layouts(
         base=base,
         per_node=per_node,
         world=per_node * hardware.num_nodes,
-        ac_options=(
-            (False, True) if activation_checkpointing is None else (activation_checkpointing,)
-        ),
+        ac_options=_checkpointing_options(activation_checkpointing),
         allow_offload=allow_offload,
         sharding_modes=sharding_modes,
         schedules=schedules,
@@ -128,6 +142,7 @@ def plan_layouts(
         efficiency=efficiency,
         overlap=overlap,
         headroom=headroom,
+        compile_speedup=compile_speedup,
     )
     families, min_batch = _enumerate_families(search)
     best, misses, rejected = _search_families(search, families)
@@ -141,6 +156,15 @@ def plan_layouts(
     return PlanResult(closest, None, rejected_list, _nothing_fits(search, closest[0]))
 
 
+def _checkpointing_options(setting) -> tuple[CheckpointChoice, ...]:
+    """The choices to try: CHECKPOINTING_CHOICES for None, else the one setting given."""
+    if setting is None:
+        return tuple(parse_activation_checkpointing(c) for c in CHECKPOINTING_CHOICES)
+    if isinstance(setting, bool):
+        setting = "full" if setting else 0
+    return (parse_activation_checkpointing(setting),)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Search:
     """The fixed inputs of one `plan_layouts` call, shared by its steps."""
@@ -151,7 +175,7 @@ class _Search:
     """The settings every variant starts from (no micro-batch, FSDP mode, AC or offload yet)."""
     per_node: int
     world: int
-    ac_options: tuple[bool, ...]
+    ac_options: tuple[CheckpointChoice, ...]
     allow_offload: bool
     sharding_modes: tuple[str, ...]
     schedules: tuple[str, ...]
@@ -159,6 +183,7 @@ class _Search:
     efficiency: float | None
     overlap: float
     headroom: float
+    compile_speedup: float | None
 
 
 @dataclass(frozen=True)
@@ -202,8 +227,10 @@ def _enumerate_families(search: _Search) -> tuple[list[_Family], float]:
     model, per_node, world = search.model, search.per_node, search.world
     families: list[_Family] = []
     min_batch = math.inf
+    base = search.base
+    backend = base.compile_backend if base.compile else None
     for tp in powers_of_two(world):
-        problem = tp_problem(model, per_node, tp)
+        problem = tp_problem(model, per_node, tp) or compile_problem(tp, backend)
         if problem:
             families.append(_Family(f"tp={tp}", problem=problem))
             if tp > per_node:
@@ -282,7 +309,12 @@ def _search_family(search: _Search, family: _Family) -> _Tally:
 
 
 def _sweep_micro_batches(
-    search: _Search, family: _Family, make_layout, ac: bool, offload: bool, tally: _Tally
+    search: _Search,
+    family: _Family,
+    make_layout,
+    ac: CheckpointChoice,
+    offload: bool,
+    tally: _Tally,
 ) -> None:
     """Estimate one variant at each micro-batch size, smallest first, into `tally`; stop at the
     first that does not fit."""
@@ -314,6 +346,7 @@ def _sweep_micro_batches(
             settings,
             efficiency=search.efficiency,
             overlap=search.overlap,
+            compile_speedup=search.compile_speedup,
         )
         tally.fitting.append(Candidate(layout, settings, mem, t, True))
 
@@ -341,6 +374,7 @@ def _closest_misses(search: _Search, misses: list[_Miss]) -> list[Candidate]:
             headroom=search.headroom,
             efficiency=search.efficiency,
             overlap=search.overlap,
+            compile_speedup=search.compile_speedup,
         )
         for miss in sorted(misses, key=lambda miss: miss.need)[:5]
     ]
@@ -370,8 +404,10 @@ def _nothing_fits(search: _Search, smallest: Candidate) -> str:
         usable = hardware.memory_gib * GIB * search.headroom
         helps[0] += f", {math.ceil(states / usable)} devices' worth"
     helps[0] += ")"
-    if True not in search.ac_options:
-        helps.append("activation checkpointing")
+    if not any(c.mode == "full" and c.every_n == 1 for c in search.ac_options):
+        helps.append(
+            "activation checkpointing of every block (strategy.activation_checkpointing=full)"
+        )
     if not search.allow_offload:
         helps.append("CPU offload")
     if smallest.settings.micro_batch_size == 1:
@@ -391,7 +427,7 @@ def _complexity(c: Candidate) -> int:
         + (lay.pp > 1)
         + (lay.dp_shard > 1)
         + hybrid
-        + st.activation_checkpointing
+        + st.activation_checkpointing.enabled
         + 2 * st.offload
     )
 

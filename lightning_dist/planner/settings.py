@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_dist.activation_checkpointing import CheckpointChoice, parse_activation_checkpointing
+
 GIB = 1024**3
 
 # Lightning precision aliases, folded onto the three regimes the memory model distinguishes.
@@ -56,6 +58,17 @@ HOST_MEMORY_GIB_PER_DEVICE = 192.0
 less the OS and page cache)."""
 HOST_OPTIMIZER_PARAMS_PER_SEC = 2.5e8
 """Parameters per second a CPU Adam step updates per device it serves (a node's cores shared)."""
+SELECTIVE_RECOMPUTE_SHARE = 0.03
+"""Time op-level checkpointing adds to a block, as a share of the block's training compute: it
+recomputes only norms, RoPE, SiLU, the product and the residual adds, which do next to no FLOPs
+but read and write their tensors (memory-bound; docs/PLANNER.md estimates ~3% for Llama 3 8B on
+an H100). An assumption, not measured here."""
+COMPILE_SPEEDUP = {"inductor": 1.10, "aot_eager": 1.0, "eager": 1.0}
+"""Compute time is divided by this under `compile` (per-block torch.compile), by backend. Inductor
+fuses the pointwise ops around the matmuls (norms, RoPE, SwiGLU, residual adds) into a few
+kernels; we assume 10% less compute time on GPUs. An assumption, not measured here (this CPU has
+no GPU; docs/PLANNER.md). aot_eager and eager run the same kernels as eager mode: no change.
+`step_time(compile_speedup=...)` overrides it."""
 
 
 def normalize_precision(precision: str) -> str:
@@ -99,8 +112,11 @@ class TrainSettings:
     """Sequences per rank per forward pass (a pipeline microbatch under PP)."""
     sharding: str = "FULL_SHARD"
     """FSDP mode over `dp_shard`: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
-    activation_checkpointing: bool = False
-    """Recompute each block in backward, keeping only its input."""
+    activation_checkpointing: CheckpointChoice | bool | int | str = False
+    """What backward recomputes, as `strategy.activation_checkpointing` takes it: 0 / 'none'
+    (off), n (blocks 0, n, 2n, ... of each chunk in full), 'full' (every block keeps only its
+    input) or 'op' (every block keeps its matmul, attention and collective outputs and recomputes
+    the pointwise ops). True and False mean 'full' and off. Held as a `CheckpointChoice`."""
     offload: bool = False
     """FSDP CPU offload: sharded params, grads and optimizer state live in host memory."""
     sequence_parallel: bool = True
@@ -109,9 +125,22 @@ class TrainSettings:
     """FSDP's rate limiter: at most two layers' gathered params in flight."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
+    compile: bool = False
+    """Per-block torch.compile (`strategy.compile`): compute time / COMPILE_SPEEDUP[backend]."""
+    compile_backend: str = "inductor"
+    """`strategy.compile_backend`: 'inductor', 'aot_eager' or 'eager'."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", normalize_precision(self.precision))
+        ac = self.activation_checkpointing
+        if isinstance(ac, bool):
+            ac = "full" if ac else "none"
+        object.__setattr__(self, "activation_checkpointing", parse_activation_checkpointing(ac))
+        if self.compile_backend not in COMPILE_SPEEDUP:
+            raise ValueError(
+                f"compile_backend={self.compile_backend!r} is not one of "
+                f"{', '.join(COMPILE_SPEEDUP)}"
+            )
         for name in ("global_batch_size", "seq_len", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")

@@ -12,8 +12,14 @@ import math
 from dataclasses import dataclass
 
 from lightning_dist.layout import Layout
-from lightning_dist.planner.memory import SHARDED_MODES, StageShape, stage_shapes
+from lightning_dist.planner.memory import (
+    SHARDED_MODES,
+    StageShape,
+    checkpointed_blocks,
+    stage_shapes,
+)
 from lightning_dist.planner.settings import (
+    COMPILE_SPEEDUP,
     DEFAULT_DP_OVERLAP,
     DEFAULT_EFFICIENCY,
     DEFAULT_OVERLAP_SLOWDOWN,
@@ -22,6 +28,7 @@ from lightning_dist.planner.settings import (
     NOMINAL_LINK_GBYTES_PER_SEC,
     NOMINAL_PEAK_FLOPS,
     RING_STEP_LATENCY_S,
+    SELECTIVE_RECOMPUTE_SHARE,
     TrainSettings,
     state_bytes,
 )
@@ -106,14 +113,20 @@ class StepTime:
     bubble_fraction: float
 
 
-def _stage_flops_per_token(model, shape: StageShape, seq_len: int, recompute: bool) -> float:
-    # Same accounting as ModelArgs.train_flops_per_token, restricted to this stage's blocks;
-    # recomputation replays each block's forward, a third of its training FLOPs.
-    per_layer = 6.0 * (model.block_params() - 2 * model.dim) + 12.0 * model.dim * seq_len
-    if recompute:
-        per_layer *= 4 / 3
+def _stage_flops_per_token(
+    model, layout: Layout, settings: TrainSettings, shape: StageShape
+) -> tuple[float, float]:
+    """(training FLOPs, recomputation FLOPs) per token of one rank of a stage.
+
+    Same accounting as ModelArgs.train_flops_per_token, restricted to this stage's blocks. A
+    block checkpointed in full replays its forward, a third of its training FLOPs; under 'op'
+    it replays only pointwise ops, counted as SELECTIVE_RECOMPUTE_SHARE of its training time.
+    """
+    per_layer = 6.0 * (model.block_params() - 2 * model.dim) + 12.0 * model.dim * settings.seq_len
     output = 6.0 * model.vocab_size * model.dim if shape.has_output else 0.0
-    return shape.layers * per_layer + output
+    checkpointed = checkpointed_blocks(layout, settings, shape)
+    share = 1 / 3 if settings.activation_checkpointing.mode == "full" else SELECTIVE_RECOMPUTE_SHARE
+    return shape.layers * per_layer + output, checkpointed * per_layer * share
 
 
 def exposed_seconds(phases: list[tuple[float, float]], overlap: float, slowdown: float) -> float:
@@ -139,14 +152,19 @@ def step_time(
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     slowdown: float = DEFAULT_OVERLAP_SLOWDOWN,
+    compile_speedup: float | None = None,
 ) -> StepTime:
     """Time one step of `layout` (resolved) on `hardware`.
 
-    - compute: the busiest stage's FLOPs per token x tokens per microbatch / tp, over
-      peak x efficiency, for each of the m = (global_batch / dp) / micro_batch microbatches;
+    - compute: the busiest stage's FLOPs per token (recomputation included: a third more for
+      each block checkpointed in full, SELECTIVE_RECOMPUTE_SHARE more under 'op') x tokens per
+      microbatch / tp, over peak x efficiency, for each of the m = (global_batch / dp) /
+      micro_batch microbatches; under `settings.compile` divided by `compile_speedup` (default
+      COMPILE_SPEEDUP of the backend);
     - pipeline: m + (p-1)/v stage-times for GPipe/1F1B/interleaved, m for zero-bubble;
     - TP: 4 all-reduce-equivalents of b x s x dim activations per block per microbatch (2 in
-      forward, 2 in backward; 6 with recomputation), over the tp group's link, exposed;
+      forward, 2 in backward), 6 for a block checkpointed in full (its recomputed forward
+      communicates again; 'op' keeps the collectives' outputs), over the tp group's link, exposed;
     - PP: one activation forward and one gradient backward per microbatch and chunk, exposed;
     - DP: see `dp_phases`; it hides under compute as `exposed_seconds` describes;
     - offload: host copies of the shards and a CPU optimizer step, exposed;
@@ -159,10 +177,14 @@ def step_time(
         efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(hardware.accelerator, 0.5)
     )
     peak = hardware.peak_flops(settings.precision)
+    if compile_speedup is None:
+        compile_speedup = COMPILE_SPEEDUP[settings.compile_backend] if settings.compile else 1.0
     shapes = [shape for _, shape in stage_shapes(model, layout)]
-    ac = settings.activation_checkpointing
-    stage_flops = max(_stage_flops_per_token(model, sh, s, ac) for sh in shapes)
-    t_mb = stage_flops * b * s / tp / ((peak or NOMINAL_PEAK_FLOPS) * eff)
+    train, recompute = max(
+        (_stage_flops_per_token(model, layout, settings, sh) for sh in shapes), key=sum
+    )
+    speed = (peak or NOMINAL_PEAK_FLOPS) * eff * compile_speedup
+    t_mb = (train + recompute) * b * s / tp / speed
     compute = m * t_mb
     bubble = bubble_fraction(layout.schedule, pp, m, layout.virtual_stages)
     pipeline = compute / (1 - bubble)
@@ -173,15 +195,19 @@ def step_time(
     tp_comm = 0.0
     if tp > 1:
         bw, lat = link(1, tp)
-        calls = m * max(sh.layers for sh in shapes) * (6 if ac else 4)
+        full = settings.activation_checkpointing.mode == "full"
+        calls = m * max(
+            4 * sh.layers + 2 * (checkpointed_blocks(layout, settings, sh) if full else 0)
+            for sh in shapes
+        )
         tp_comm = calls * (allreduce_volume(act_bytes, tp) / bw + 2 * (tp - 1) * lat)
     pp_comm = 0.0
     if pp > 1:
         bw, lat = link(layout.dp * tp, pp)
         sp = tp if settings.sequence_parallel else 1
         pp_comm = m * layout.virtual_stages * 2 * (act_bytes / sp / bw + lat)
-    # Forward is a third of a block's training FLOPs, a quarter once backward recomputes it.
-    fwd = t_mb * (0.25 if ac else 1 / 3)
+    # Forward is a third of the training FLOPs, less once backward recomputes some of it.
+    fwd = t_mb * train / 3 / (train + recompute)
     phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
     dp_comm = sum(comm for comm, _ in phases)
     exposed = tp_comm + pp_comm + exposed_seconds(phases, overlap, slowdown)

@@ -66,7 +66,12 @@ class LightningDistStrategy(FormatCheckpointHooks):
             layout.check_batch(global_batch_size, micro_batch_size)
 
     def planner_settings(self, layout: Layout) -> PlannerSettings:
-        return PlannerSettings()
+        return PlannerSettings(**self.compile_settings())
+
+    def compile_settings(self) -> dict[str, Any]:
+        """The planner's `compile` and `compile_backend` for this strategy."""
+        compiled = self.compile_backend is not None
+        return {"compile": compiled, "compile_backend": self.compile_backend or "inductor"}
 
     def enable_async_save(self) -> None:
         """Write checkpoints in the background; only the FSDP2/3D core can (sharded saves)."""

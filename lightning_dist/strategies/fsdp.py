@@ -190,9 +190,10 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         return PlannerSettings(
             sharding=sharding_mode(layout, keeps_gathered=zero2),
-            activation_checkpointing=sharding.checkpointing_enabled(self.activation_checkpointing),
+            activation_checkpointing=self.activation_checkpointing,
             offload=bool(self.cpu_offload.offload_params),
             limit_all_gathers=bool(self.kwargs.get("limit_all_gathers", True)),
+            **self.compile_settings(),
         )
 
     def _check_world(self, world_size: int, devices_per_node: int, num_nodes: int) -> None:

@@ -37,6 +37,7 @@ from lightning_dist.parallel.parallelize import dp_mesh, model_parts, paralleliz
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
 from lightning_dist.parallel.tp import check_tp
+from lightning_dist.planner.estimate import compile_problem
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
 from lightning_dist.strategies.user_path import explain_stage_errors, plain_tensor
@@ -145,12 +146,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = super().layout_for(devices, num_nodes)
         if not isinstance(self.reshard_after_forward, bool):
             check_reshard(self.reshard_after_forward, layout.dp_shard)
-        if layout.tp > 1 and self.compile_backend not in (None, "eager"):
-            # torch 2.13: AOTAutograd hands DTensor's redistribute backward a plain gradient.
-            raise ValueError(
-                f"strategy.compile=true with tp={layout.tp} fails in this torch version "
-                f"(AOTAutograd and DTensor); set strategy.compile_backend=eager or tp=1"
-            )
+        problem = compile_problem(layout.tp, self.compile_backend)  # shared with the planner
+        if problem:
+            raise ValueError(problem)
         return layout
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
@@ -186,9 +184,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         keeps_gathered = self.reshard_after_forward is False
         return PlannerSettings(
             sharding=sharding_mode(layout, keeps_gathered=keeps_gathered),
-            activation_checkpointing=sharding.checkpointing_enabled(self.activation_checkpointing),
+            activation_checkpointing=self.activation_checkpointing,
             offload=self.cpu_offload,
             sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
+            **self.compile_settings(),
         )
 
     # --- processes, mesh, data ----------------------------------------------------------------

@@ -35,11 +35,6 @@ def check_activation_checkpointing(value: int | str) -> int | str:
     return value
 
 
-def checkpointing_enabled(value: int | str) -> bool:
-    """Whether the setting checkpoints any block (the planner's `activation_checkpointing`)."""
-    return parse_activation_checkpointing(value).enabled
-
-
 def move_metrics(module: nn.Module, device: torch.device) -> None:
     """Move torchmetrics states, which FSDP does not move (they are not parameters)."""
     from torchmetrics import Metric
