@@ -291,6 +291,10 @@ class TrainerSchema:
     """stop: a non-finite loss or gradient stops the run before the optimizer step; skip: the
     step is skipped (up to trainer.nan_max_skips in a row)."""
     nan_max_skips: int = 5
+    gc_every_n_steps: int = 50
+    """Python's cyclic garbage collector runs every this many optimizer steps, on every rank at
+    once, instead of whenever allocations trigger it (inside a step, on one rank, the others
+    waiting); 0 leaves Python's automatic collection as it is (GarbageCollection callback)."""
     deterministic: bool = False
     benchmark: bool = False
 

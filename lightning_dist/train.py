@@ -240,6 +240,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     stats = RunStats(tokens_per_step=cfg.data.global_batch_size * seq_len)
     callbacks = [build(c, "callbacks") for c in (cfg.callbacks or {}).values() if c is not None]
     callbacks += [stats]
+    if cfg.trainer.gc_every_n_steps:
+        from lightning_dist.callbacks.gc_control import GarbageCollection
+
+        callbacks.append(GarbageCollection(cfg.trainer.gc_every_n_steps))
     callbacks += [MemoryByCategory(), *checkpoint_callbacks(cfg.trainer, run_dir), *resilience]
     context = RunContext(
         hardware=hardware, layout=layout, precision=precision, seq_len=seq_len,
