@@ -48,6 +48,7 @@ class HangWatchdog(Callback):
         self._thread: threading.Thread | None = None
         self._store = None
         self._rank, self._world = 0, 1
+        self._started = time.time()
 
     # --- phases, from the training hooks -------------------------------------------------------
 
@@ -82,6 +83,10 @@ class HangWatchdog(Callback):
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         self._store = _heartbeat_store(self._rank, self.interval)
         self._progress_time = time.monotonic()
+        self._started = time.time()
+        # The first beat before step 1: a rank that freezes early, even before its thread's
+        # first beat, has a heartbeat (with its pid) that ages, and is named and killed.
+        self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
         self._thread = threading.Thread(target=self._beat, name="lightning_dist-watchdog",
                                         daemon=True)  # fmt: skip
         self._thread.start()
@@ -92,21 +97,26 @@ class HangWatchdog(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._stop.set()
 
+    def _heartbeat(self, now: float) -> dict[str, Any]:
+        return {"step": self.step, "phase": self.phase, "time": now,
+                "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+
     def _beat(self) -> None:
-        host, pid = socket.gethostname(), os.getpid()
         while not self._stop.wait(self.interval):
             now = time.time()
-            mine = {"step": self.step, "phase": self.phase, "time": now, "host": host, "pid": pid}
             try:
-                self._store.set(f"hb/{self._rank}", json.dumps(mine))
+                self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(now)))
                 others = self._read_others()
             except Exception as e:  # the store lives in rank 0: it is frozen or gone
                 if self._stop.is_set():
                     return
                 self._stalled(0, None, f"its heartbeat store does not answer ({e})")
                 return
-            for rank, beat in others.items():
-                problem = self._problem(beat, now)
+            for rank in range(self._world):
+                if rank == self._rank:
+                    continue
+                beat = others.get(rank)
+                problem = self._problem(beat, now) if beat else self._never_beat(now)
                 if problem and not self._stop.is_set():
                     self._stalled(rank, beat, problem)
                     return
@@ -116,6 +126,14 @@ class HangWatchdog(Callback):
         present = [r for r in ranks if self._store.check([f"hb/{r}"])]
         values = self._store.multi_get([f"hb/{r}" for r in present]) if present else []
         return {r: json.loads(v) for r, v in zip(present, values, strict=True)}
+
+    def _never_beat(self, now: float) -> str | None:
+        """A rank with no heartbeat at all: stalled once this rank has watched for
+        `stall_seconds` (every rank writes its first beat before step 1)."""
+        waited = now - self._started
+        if waited > self.stall_seconds:
+            return f"it has sent no heartbeat in the {waited:.0f} s since training started"
+        return None
 
     def _problem(self, beat: dict, now: float) -> str | None:
         age = now - beat["time"]

@@ -14,6 +14,7 @@ the next job would start no processes and talk to the previous job's exited rank
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -56,19 +57,25 @@ def fix_hydra_child_command() -> None:
 
 
 def end_job(trainer: Any, timeout: float = 300.0) -> None:
-    """Once a job has finished without error, in every rank: wait for the ranks this process
-    started, then destroy the process group. Without that, gloo's worker threads can abort a
-    rank as the interpreter exits ("terminate called without an active exception"), failing a
-    job whose training had finished. In the process that launched the ranks (or ran a one-rank
-    job) the launcher variables are restored as well, so that a multirun's next job starts its
-    own ranks. Only called after success: a rank that destroys the group while another still
-    waits in a collective would hang it."""
+    """Once a job has finished without error: in the process that launched the ranks (or ran a
+    one-rank job), wait for the other ranks, destroy the process group and restore the launcher
+    variables, so that a multirun's next job starts its own ranks. Every other rank (started by
+    Lightning, torchrun or Slurm) destroys its group when the interpreter exits, while Python is
+    still whole: a gloo group left to the interpreter's teardown can abort the process ("terminate
+    called without an active exception"), failing a job whose training had finished; a
+    torchrun- or Slurm-started process that runs several jobs keeps its group until then. Only
+    called after success: a rank that destroys the group while another still waits in a
+    collective would hang it."""
     import torch.distributed as dist
 
     children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
     # A one-rank job (ddp with hardware.devices=1) starts no children but leaves a process group
     # of one and the launcher's variables just the same; the next job would reuse both.
     launched_here = bool(children) or (trainer.world_size == 1 and dist.is_initialized())
+    if not launched_here:
+        if dist.is_initialized():
+            _destroy_group_at_exit()
+        return
     for rank, child in enumerate(children, start=1):
         try:
             code = child.wait(timeout)
@@ -79,10 +86,26 @@ def end_job(trainer: Any, timeout: float = 300.0) -> None:
             print(f"warning: rank {rank} of this job exited with status {code}", file=sys.stderr)
     if dist.is_initialized():
         dist.destroy_process_group()
-    if not launched_here:
-        return
     for name, value in _before_launch.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+_exit_hook: list[bool] = []
+
+
+def _destroy_group_at_exit() -> None:
+    """Register, once per process, the destruction of the default process group at exit."""
+    if _exit_hook:
+        return
+    _exit_hook.append(True)
+
+    def destroy() -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(destroy)
