@@ -208,11 +208,10 @@ def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
     parallelism) gives its full value first, which every rank of its mesh computes alike."""
     import torch.distributed as dist
 
-    with torch.no_grad():
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        value = value.detach().clone()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(value)  # sum: gloo has no average
-            value /= dist.get_world_size()
+    from lightning_dist.strategies.user_path import plain_tensor
+
+    value = plain_tensor(value)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value)  # sum: gloo has no average
+        value /= dist.get_world_size()
     return value
