@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 from lightning_dist.activation_checkpointing import (
     CheckpointChoice,
     parse_activation_checkpointing,
 )
-from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,
@@ -24,19 +22,17 @@ from lightning_dist.planner.estimate import (
     batch_problem,
     compile_problem,
     describe,
-    evaluate,
     fit_problem,
     pp_problem,
     tp_problem,
 )
 from lightning_dist.planner.memory import memory_per_device
+from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
     DEFAULT_HEADROOM,
-    GIB,
     SHARDING_MODES,
     TrainSettings,
-    state_bytes,
 )
 from lightning_dist.planner.space import (
     dp_splits,
@@ -128,7 +124,7 @@ def plan_layouts(
     )
     if seq_len > getattr(model, "max_seq_len", seq_len):
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
-    search = _Search(
+    search = SearchInputs(
         model=model,
         hardware=hardware,
         base=base,
@@ -150,10 +146,10 @@ def plan_layouts(
     if best:
         return PlanResult(sorted(best, key=_rank), 0, rejected_list)
     if not misses:
-        message = _no_layout_exists(search, min_batch, rejected)
+        message = no_layout_exists(search, min_batch, rejected)
         return PlanResult([], None, rejected_list, message)
-    closest = _closest_misses(search, misses)
-    return PlanResult(closest, None, rejected_list, _nothing_fits(search, closest[0]))
+    closest = closest_misses(search, misses)
+    return PlanResult(closest, None, rejected_list, nothing_fits(search, closest[0]))
 
 
 def _checkpointing_options(setting) -> tuple[CheckpointChoice, ...]:
@@ -166,7 +162,7 @@ def _checkpointing_options(setting) -> tuple[CheckpointChoice, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Search:
+class SearchInputs:
     """The fixed inputs of one `plan_layouts` call, shared by its steps."""
 
     model: object
@@ -200,25 +196,16 @@ class _Family:
     problem: str | None = None
 
 
-class _Miss(NamedTuple):
-    """The variant of a family needing the least device memory, when none of them fits."""
-
-    need: tuple[bool, float]
-    layout: Layout
-    settings: TrainSettings
-    problem: str | None
-
-
 @dataclass
 class _Tally:
     """What the search of one family has found so far."""
 
     fitting: list[Candidate] = field(default_factory=list)
-    smallest: _Miss | None = None
+    smallest: Miss | None = None
     first_problem: str | None = None
 
 
-def _enumerate_families(search: _Search) -> tuple[list[_Family], float]:
+def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
     """Walk tp, then pp, then the dp splits, and list the families in that order.
 
     Degrees that cannot work become families with a `problem`. Also returns the smallest global
@@ -248,7 +235,7 @@ def _enumerate_families(search: _Search) -> tuple[list[_Family], float]:
     return families, min_batch
 
 
-def _dp_families(search: _Search, tp: int, pp: int, dp: int) -> list[_Family]:
+def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int) -> list[_Family]:
     """The families of one (tp, pp): one per dp split and FSDP mode, or a single rejected one
     when the global batch does not split over dp."""
     gbs = search.base.global_batch_size
@@ -268,12 +255,12 @@ def _dp_families(search: _Search, tp: int, pp: int, dp: int) -> list[_Family]:
 
 
 def _search_families(
-    search: _Search, families: list[_Family]
-) -> tuple[list[Candidate], list[_Miss], dict[str, str]]:
+    search: SearchInputs, families: list[_Family]
+) -> tuple[list[Candidate], list[Miss], dict[str, str]]:
     """Search each family in order. Returns the fastest fitting candidate of each family that
     has one, the smallest miss of each that does not, and {family: reason} for the rejected."""
     best: list[Candidate] = []
-    misses: list[_Miss] = []
+    misses: list[Miss] = []
     rejected: dict[str, str] = {}
     for family in families:
         if family.problem is not None:
@@ -294,7 +281,7 @@ def _search_families(
     return best, misses, rejected
 
 
-def _search_family(search: _Search, family: _Family) -> _Tally:
+def _search_family(search: SearchInputs, family: _Family) -> _Tally:
     """Estimate the variants of one family: each AC option, schedule and micro-batch size,
     first without offload and, only if none of those fits, with it."""
     tally = _Tally()
@@ -309,7 +296,7 @@ def _search_family(search: _Search, family: _Family) -> _Tally:
 
 
 def _sweep_micro_batches(
-    search: _Search,
+    search: SearchInputs,
     family: _Family,
     make_layout,
     ac: CheckpointChoice,
@@ -336,7 +323,7 @@ def _sweep_micro_batches(
         # Report the smallest device need; a host-memory miss only if all are.
         need = (bool(problem) and problem.startswith("offload"), mem.total)
         if tally.smallest is None or need < tally.smallest.need:
-            tally.smallest = _Miss(need, layout, settings, problem)
+            tally.smallest = Miss(need, layout, settings, problem)
         if problem:
             break  # larger micro-batches only need more
         t = step_time(
@@ -363,61 +350,6 @@ def _build_layout(make_layout, per_rank: int, settings: TrainSettings):
     return layout, None
 
 
-def _closest_misses(search: _Search, misses: list[_Miss]) -> list[Candidate]:
-    """The five misses needing the least device memory, fully estimated, smallest first."""
-    return [
-        evaluate(
-            search.model,
-            search.hardware,
-            miss.layout,
-            miss.settings,
-            headroom=search.headroom,
-            efficiency=search.efficiency,
-            overlap=search.overlap,
-            compile_speedup=search.compile_speedup,
-        )
-        for miss in sorted(misses, key=lambda miss: miss.need)[:5]
-    ]
-
-
-def _no_layout_exists(search: _Search, min_batch: float, rejected: dict[str, str]) -> str:
-    """One line for when no family got as far as a memory estimate: the global batch is too
-    small for the devices, or the first few distinct reasons."""
-    gbs, world = search.base.global_batch_size, search.world
-    if gbs < min_batch < math.inf:
-        return (
-            f"global_batch_size={gbs} is too small for {world} devices: every "
-            f"layout needs at least {min_batch} sequences per step (one per data-parallel "
-            f"rank, and pp microbatches per pipeline); raise it or use fewer devices"
-        )
-    reasons = "; ".join(list(dict.fromkeys(rejected.values()))[:4])
-    return f"no layout can exist on {world} devices: {reasons}"
-
-
-def _nothing_fits(search: _Search, smallest: Candidate) -> str:
-    """One line: the smallest memory any layout needs, and what would help."""
-    model, hardware, base = search.model, search.hardware, search.base
-    per_param = sum(state_bytes(base.precision, base.optimizer))
-    states = per_param * model.num_params()
-    helps = [f"more devices (the model states alone are {_gib(states)} GiB in total"]
-    if hardware.memory_gib:
-        usable = hardware.memory_gib * GIB * search.headroom
-        helps[0] += f", {math.ceil(states / usable)} devices' worth"
-    helps[0] += ")"
-    if not any(c.mode == "full" and c.every_n == 1 for c in search.ac_options):
-        helps.append(
-            "activation checkpointing of every block (strategy.activation_checkpointing=full)"
-        )
-    if not search.allow_offload:
-        helps.append("CPU offload")
-    if smallest.settings.micro_batch_size == 1:
-        helps.append(f"a shorter seq_len than {base.seq_len}")
-    return (
-        f"no layout fits on {search.world} x {hardware.name} devices: the smallest, "
-        f"{smallest.describe()}, {smallest.reason}; would help: " + ", ".join(helps)
-    )
-
-
 def _complexity(c: Candidate) -> int:
     """How many parallelisms and memory savers a candidate stacks (offload counts double)."""
     lay, st = c.layout, c.settings
@@ -435,8 +367,3 @@ def _complexity(c: Candidate) -> int:
 def _rank(c: Candidate):
     """Sort key: fastest step, then simplest layout, then largest micro-batch, then least memory."""
     return (c.time.step_seconds, _complexity(c), -c.settings.micro_batch_size, c.memory.total)
-
-
-def _gib(nbytes: float | None) -> str:
-    """Bytes as GiB with one decimal, or "?" when unknown."""
-    return "?" if nbytes is None else f"{nbytes / GIB:.1f}"
