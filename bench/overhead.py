@@ -5,7 +5,7 @@
 For DDP and FSDP2 on 2 CPU ranks (gloo), runs three things on the same model, data, global
 batch and seed, interleaved `--repeats` times so that drift hits all alike:
 
-- raw:  bench/raw_loop.py under torchrun;
+- raw:  bench/raw_loop.py under torchrun (under fsdp2, sharded with train.py's FSDP settings);
 - bare: train.py with every callback off (`callbacks=none`, `logger=none`);
 - full: train.py with the default callbacks (progress, throughput/MFU, comm/stragglers).
 
@@ -50,8 +50,17 @@ def lightning(strategy: str, steps: int, run_dir: Path, callbacks: bool) -> list
     return json.loads((run_dir / "summary.json").read_text())["step_seconds"]
 
 
+RUN_TIMEOUT_S = 900
+"""One run takes under a minute here; past this it is hung, and the benchmark stops."""
+
+
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(
+            cmd, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        sys.exit(f"error: {' '.join(cmd[:6])}... ran past {RUN_TIMEOUT_S} s and was killed")
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
 

@@ -5,6 +5,12 @@
 Same model, data, global batch, seed, optimizer, schedule and clipping as
 `python train.py model=tiny data=synthetic`, written the way a careful engineer would without
 any framework; it records the wall time of every optimizer step.
+
+Under fsdp2 it shards the model as train.py does (`lightning_dist.parallel.fsdp.apply_fsdp`: one
+unit per block and the root, the last block kept gathered for backward, one block of explicit
+prefetch), so that the comparison measures the framework and not a different FSDP configuration.
+`--fsdp torch-defaults` instead calls `fully_shard` with torch's defaults, to measure what that
+configuration difference costs.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.models.materialize import materialize
 
 
-def build(strategy: str, overrides: list[str], device: torch.device):
+def build(strategy: str, overrides: list[str], device: torch.device, fsdp: str = "train"):
     cfg = compose_config([*overrides, "paths.output_dir=/tmp"])
     spec = model_spec(cfg)
     with torch.device("meta"):
@@ -35,12 +41,19 @@ def build(strategy: str, overrides: list[str], device: torch.device):
     model = materialize(model, device, cfg.seed)
     if strategy == "ddp":
         model = DistributedDataParallel(model, broadcast_buffers=False)
-    else:
+    elif fsdp == "torch-defaults":
         from torch.distributed.fsdp import fully_shard
 
         for block in model.layers.values():
             fully_shard(block)
         fully_shard(model)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from lightning_dist.parallel.fsdp import apply_fsdp
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        apply_fsdp(model, mesh, reshard_after_forward=True, prefetch_forward=1, prefetch_backward=1)
     return cfg, spec, model
 
 
@@ -49,12 +62,13 @@ def main() -> None:
     parser.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--fsdp", choices=["train", "torch-defaults"], default="train")
     parser.add_argument("overrides", nargs="*", default=["model=tiny", "data=synthetic"])
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
-    cfg, spec, model = build(args.strategy, args.overrides, device)
+    cfg, spec, model = build(args.strategy, args.overrides, device, args.fsdp)
     data, o = cfg.data, cfg.optim
     micro, accumulate = batch_plan(data.global_batch_size, world, data.micro_batch_size)
     dataset = SyntheticTokens(vocab_size=spec.vocab_size, seq_len=data.seq_len,
@@ -95,6 +109,7 @@ def main() -> None:
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"step_seconds": times, "losses": losses}, f)
+    dist.barrier()  # both ranks leave together: gloo's teardown can wait on a departed peer
     dist.destroy_process_group()
 
 
