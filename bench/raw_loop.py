@@ -34,7 +34,7 @@ from lightning_dist.models.materialize import materialize
 
 
 def build(strategy: str, overrides: list[str], device: torch.device, fsdp: str = "train"):
-    cfg = compose_config([*overrides, "paths.output_dir=/tmp"])
+    cfg = compose_config([*overrides, f"strategy={strategy}", "paths.output_dir=/tmp"])
     spec = model_spec(cfg)
     with torch.device("meta"):
         model = spec.build()
@@ -53,7 +53,9 @@ def build(strategy: str, overrides: list[str], device: torch.device, fsdp: str =
         from lightning_dist.parallel.fsdp import apply_fsdp
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        apply_fsdp(model, mesh, reshard_after_forward=True, prefetch_forward=1, prefetch_backward=1)
+        st = cfg.strategy  # train.py's values, so the two stay the same if a default changes
+        apply_fsdp(model, mesh, reshard_after_forward=st.reshard_after_forward,
+                   prefetch_forward=st.prefetch_forward, prefetch_backward=st.prefetch_backward)  # fmt: skip
     return cfg, spec, model
 
 
