@@ -8,6 +8,7 @@ misspelt key fails when the config is composed, before anything runs. This modul
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dist import options
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.launch.submitit_resolvers import register_submitit_resolvers
 from lightning_dist.models.args import ModelArgs
@@ -95,158 +97,46 @@ class SyntheticDataSchema:
     seed: int = "${seed}"  # type: ignore[assignment]
 
 
-@dataclass(kw_only=True)
-class SingleSchema:
-    name: str = "single"
-    _target_: str = "lightning_dist.strategies.single_device_strategy"
-    compile: bool = False
-    """torch.compile each block (regional compilation) before the strategy wraps the model."""
-    compile_backend: str = "inductor"
-    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
+def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
+    """The Hydra schema of a strategy: `name`, `_target_` and every knob of the option classes
+    its preset uses (lightning_dist/options.py), with the preset's defaults. Generated, so a
+    knob is declared once; importable as `lightning_dist.config.<schema>` (see `_with_target`)."""
+    spec = options.PRESETS[preset]
+    fields: list[tuple[str, Any, Any]] = [
+        ("name", str, field(default=name)),
+        ("_target_", str, field(default=target)),
+    ]
+    for group in spec.groups:
+        hints = typing.get_type_hints(options.GROUPS[group])
+        for f in options.group_knobs(group):
+            kind = f.metadata.get("hydra_type") or hints[f.name]
+            if group == "layout":  # -1 / null mean "the remaining ranks" / "one per node"
+                kind = int | None if f.name == "dp_replicate" else kind
+            default = spec.default(f)
+            wrapped = (
+                field(default_factory=lambda d=default: type(d)(d))
+                if isinstance(default, list | dict)
+                else field(default=default)
+            )
+            fields.append((f.name, kind, wrapped))
+    return dataclasses.make_dataclass(
+        schema, fields, kw_only=True, namespace={"__module__": __name__}
+    )
 
 
-@dataclass(kw_only=True)
-class DDPSchema:
-    name: str = "ddp"
-    _target_: str = "lightning_dist.strategies.ddp.DataParallelStrategy"
-    process_group_backend: str | None = None
-    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
-    find_unused_parameters: bool = False
-    gradient_as_bucket_view: bool = True
-    static_graph: bool = False
-    broadcast_buffers: bool = False
-    """Re-broadcast buffers every forward; off, since our buffers (RoPE tables) never change."""
-    compile: bool = False
-    """torch.compile each block (regional compilation) before the strategy wraps the model."""
-    compile_backend: str = "inductor"
-    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
-
-
-@dataclass(kw_only=True)
-class FSDPSchema:
-    """`strategy=fsdp`: FSDP1 with the tuned recipe (docs/FSDP.md explains each default)."""
-
-    name: str = "fsdp"
-    _target_: str = "lightning_dist.strategies.fsdp.TunedFSDPStrategy"
-    process_group_backend: str | None = None
-    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
-    sharding_strategy: str | None = None
-    """FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or NO_SHARD; null picks
-    SHARD_GRAD_OP on one node and HYBRID_SHARD across nodes."""
-    hybrid_shard_size: int | None = None
-    """Ranks per shard group under HYBRID_SHARD; null means one node."""
-    forward_prefetch: bool = True
-    backward_prefetch: str | None = "BACKWARD_PRE"
-    """BACKWARD_PRE, BACKWARD_POST or none."""
-    limit_all_gathers: bool = True
-    param_dtype: str | None = None
-    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
-    reduce_dtype: str | None = "fp32"
-    buffer_dtype: str | None = "fp32"
-    activation_checkpointing: Any = 0
-    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
-    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
-    compile: bool = False
-    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
-    compile_backend: str = "inductor"
-    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
-    cpu_offload: bool = False
-    use_orig_params: bool = True
-    sync_module_states: bool = False
-    auto_wrap: list[str] | None = None
-    """Block class names to wrap as FSDP units; null detects them, [] wraps the root only."""
-    state_dict_type: str = "sharded"
-    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
-
-
-@dataclass(kw_only=True)
-class FSDP2Schema:
-    """`strategy=fsdp2`: per-parameter sharding with fully_shard; HSDP with dp_replicate > 1."""
-
-    name: str = "fsdp2"
-    _target_: str = "lightning_dist.strategies.fsdp2.FSDP2Strategy"
-    process_group_backend: str | None = None
-    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
-    dp_replicate: int | None = None
-    """Replica groups (HSDP); null means one per node. Shards: world size / dp_replicate."""
-    reshard_after_forward: Any = True
-    """true, false, or an int (reshard to groups of that size)."""
-    prefetch_forward: int = 1
-    prefetch_backward: int = 1
-    param_dtype: str | None = None
-    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
-    reduce_dtype: str | None = "fp32"
-    cpu_offload: bool = False
-    activation_checkpointing: Any = 0
-    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
-    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
-    compile: bool = False
-    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
-    compile_backend: str = "inductor"
-    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
-    auto_wrap: list[str] | None = None
-    """Block class names to shard one by one; null detects them."""
-    state_dict_type: str = "sharded"
-    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
-    init_sharded: bool = False
-    """Initialise after sharding (scale) instead of materialising whole (parity)."""
-
-
-@dataclass(kw_only=True)
-class Parallel3DSchema:
-    """`strategy=3d`, `tp`, `pp`: data x tensor x pipeline parallelism (docs/PARALLEL3D.md)."""
-
-    name: str = "3d"
-    _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
-    process_group_backend: str | None = None
-    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
-    dp_shard: int = -1
-    """Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks."""
-    dp_replicate: int = 1
-    """Data-parallel replica groups (HSDP across them)."""
-    tp: int = 1
-    """Tensor-parallel ranks (innermost: keep within a node)."""
-    pp: int = 1
-    """Pipeline stages' ranks (outermost)."""
-    schedule: str = "1F1B"
-    """GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble."""
-    microbatches: int | None = None
-    """Pipeline microbatches per step; null means 2 x pp."""
-    virtual_stages: int = 1
-    """Stages per pipeline rank (2+ for the interleaved schedules, 2 for ZBVZeroBubble)."""
-    split_points: list[int] | None = None
-    """First layer index of each stage after the first; null balances stages by cost."""
-    tp_plan: Any = None
-    """{module pattern: style}; null uses the model's own plan. On the command line a key
-    cannot hold `*`: name modules exactly there, or write the plan in a YAML file."""
-    sequence_parallel: bool = False
-    loss_parallel: bool = True
-    """Keep logits split along the vocabulary for the cross-entropy (tp > 1)."""
-    activation_checkpointing: Any = 0
-    """0: off; n: checkpoint every n-th block in full (1: every block); full (= 1); op or
-    selective: every block, saving matmul/attention outputs and recomputing pointwise ops."""
-    compile: bool = False
-    """torch.compile each block (regional compilation), after checkpointing, before sharding."""
-    compile_backend: str = "inductor"
-    """inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager."""
-    reshard_after_forward: Any = True
-    param_dtype: str | None = None
-    """fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs."""
-    reduce_dtype: str | None = "fp32"
-    init_sharded: bool = False
-    """Initialise each shard on its rank (no full copy; init differs from a single process)."""
-    state_dict_type: str = "sharded"
-    """Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file)."""
-
-
-@dataclass(kw_only=True)
-class AutoSchema:
-    """`strategy=auto`: the planner picks the layout, run by Parallel3DStrategy."""
-
-    name: str = "auto"
-    _target_: str = "lightning_dist.strategies.parallel3d.Parallel3DStrategy"
-    process_group_backend: str | None = None
-    """torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs)."""
+_STRATEGIES = "lightning_dist.strategies."
+SingleSchema = _strategy_schema(
+    "single", _STRATEGIES + "single_device_strategy", "single", "SingleSchema"
+)
+DDPSchema = _strategy_schema("ddp", _STRATEGIES + "ddp.DataParallelStrategy", "ddp", "DDPSchema")
+FSDPSchema = _strategy_schema("fsdp", _STRATEGIES + "fsdp.TunedFSDPStrategy", "fsdp", "FSDPSchema")
+FSDP2Schema = _strategy_schema("fsdp2", _STRATEGIES + "fsdp2.FSDP2Strategy", "fsdp2", "FSDP2Schema")
+Parallel3DSchema = _strategy_schema(
+    "3d", _STRATEGIES + "parallel3d.Parallel3DStrategy", "3d", "Parallel3DSchema"
+)
+AutoSchema = _strategy_schema(
+    "auto", _STRATEGIES + "parallel3d.Parallel3DStrategy", "auto", "AutoSchema"
+)
 
 
 @dataclass(kw_only=True)

@@ -13,43 +13,10 @@ one) is read through `contract_of`, which treats it as plain data parallelism.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from lightning_dist.layout import Layout
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannerSettings:
-    """The knobs of a strategy that change the planner's memory and time model."""
-
-    sharding: str = "NO_SHARD"
-    """FSDP mode over dp_shard: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
-    activation_checkpointing: int | str | bool = 0
-    """`strategy.activation_checkpointing` as configured: 0, n, 'full' or 'op' (True: 'full')."""
-    offload: bool = False
-    """Parameters, gradients and optimizer state live in host memory."""
-    sequence_parallel: bool = False
-    limit_all_gathers: bool = True
-    """At most two blocks' gathered parameters in flight (FSDP2 always rate-limits)."""
-    compile: bool = False
-    """Each block runs under torch.compile (`strategy.compile`)."""
-    compile_backend: str = "inductor"
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of `lightning_dist.planner.estimate`."""
-        return asdict(self)
-
-
-def sharding_mode(layout: Layout, *, keeps_gathered: bool = False) -> str:
-    """The planner's name for how `layout` shards: NO_SHARD without dp_shard, SHARD_GRAD_OP
-    when gathered parameters stay until backward (ZeRO-2), else FULL_SHARD, or HYBRID_SHARD
-    when shard groups are replicated."""
-    if layout.dp_shard == 1:
-        return "NO_SHARD"
-    if keeps_gathered:
-        return "SHARD_GRAD_OP"
-    return "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+from lightning_dist.options import StrategyOptions
 
 
 @runtime_checkable
@@ -60,6 +27,8 @@ class StrategyContract(Protocol):
     """True for a strategy that runs one process whatever `hardware.devices` says."""
     pipelined: bool
     """True once the model is split into pipeline stages (each runs once per microbatch)."""
+    options: StrategyOptions
+    """Every knob as configured (lightning_dist/options.py): the planner's input."""
     placement: Any
     """Once the processes exist: the node of every rank and the rank groups of each parallel
     dimension (`lightning_dist.parallel.nodes.Placement`); None before, or when unknown."""
@@ -75,10 +44,6 @@ class StrategyContract(Protocol):
 
         `model` is the model built on the meta device; the batch sizes are `data.*`.
         """
-        ...
-
-    def planner_settings(self, layout: Layout) -> PlannerSettings:
-        """The settings the planner models for this strategy on `layout`."""
         ...
 
     def parallelize_model(self, model: Any, *, init_seed: int) -> Any:
@@ -99,15 +64,13 @@ class _PlainDataParallel:
         self.single_process = type(strategy).__name__ == "SingleDeviceStrategy"
         self.pipelined = False
         self.placement = None
+        self.options = StrategyOptions()
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)
 
     def check_run(self, **run: Any) -> None:
         pass
-
-    def planner_settings(self, layout: Layout) -> PlannerSettings:
-        return PlannerSettings()
 
     def enable_async_save(self) -> None:
         raise ValueError(

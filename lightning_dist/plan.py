@@ -110,25 +110,21 @@ def _flag(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def strategy_overrides(candidate) -> list[str] | None:
+def strategy_overrides(candidate) -> list[str]:
     """The `strategy=...` and `data.per_rank_batch_size` overrides that make train.py run this
-    candidate's layout and settings, or None when no config does (CPU offload with tp or pp)."""
+    candidate's layout and settings (the 3d strategy runs every layout, CPU offload included)."""
     lay, st = candidate.layout, candidate.settings
     zero2 = lay.dp_shard > 1 and st.sharding == "SHARD_GRAD_OP"
+    out = ["strategy=3d"] + [f"strategy.{k}={v}" for k, v in lay.degrees().items()]
+    if lay.pp > 1:
+        out += [f"strategy.schedule={lay.schedule}",
+                f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
+        if lay.virtual_stages > 1:
+            out.append(f"strategy.virtual_stages={lay.virtual_stages}")
+    if lay.tp > 1 and st.sequence_parallel:
+        out.append("strategy.sequence_parallel=true")
     if st.offload:
-        if lay.tp > 1 or lay.pp > 1:
-            return None
-        out = ["strategy=fsdp2", f"strategy.dp_replicate={lay.dp_replicate}",
-               "strategy.cpu_offload=true"]  # fmt: skip
-    else:
-        out = ["strategy=3d"] + [f"strategy.{k}={v}" for k, v in lay.degrees().items()]
-        if lay.pp > 1:
-            out += [f"strategy.schedule={lay.schedule}",
-                    f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
-            if lay.virtual_stages > 1:
-                out.append(f"strategy.virtual_stages={lay.virtual_stages}")
-        if lay.tp > 1 and st.sequence_parallel:
-            out.append("strategy.sequence_parallel=true")
+        out.append("strategy.cpu_offload=true")
     if zero2:
         out.append("strategy.reshard_after_forward=false")
     if st.activation_checkpointing.enabled:
@@ -146,12 +142,10 @@ def _is_layout_override(item: str) -> bool:
     return key in ("strategy", *batch) or key.startswith(("strategy.", "plan."))
 
 
-def train_command(base: list[str], candidate) -> str | None:
+def train_command(base: list[str], candidate) -> str:
     """`python train.py BASE STRATEGY...`: the user's overrides (without their strategy, batch
-    split or plan.* ones) plus this candidate's; None when no config runs it."""
+    split or plan.* ones) plus this candidate's."""
     layout = strategy_overrides(candidate)
-    if layout is None:
-        return None
     kept = [o for o in base if not _is_layout_override(o)]
     return "python train.py " + shlex.join([*kept, *layout])
 
@@ -166,9 +160,6 @@ def _wrapped(command: str, width: int = 110) -> str:
         else:
             line = f"{line} {word}" if line else word
     return " \\\n".join([*lines, line])
-
-
-NO_COMMAND = "(no train.py config: CPU offload runs only with tp = pp = 1, as strategy=fsdp2)"
 
 
 def hydra_task_overrides() -> list[str]:
@@ -304,7 +295,7 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         best = result.best()
         console.print(f"chosen: [bold green]{best.describe()}[/]", highlight=False)
         command = train_command(overrides, best)
-        console.print(f"run it: {_wrapped(command) if command else NO_COMMAND}", highlight=False,
+        console.print(f"run it: {_wrapped(command)}", highlight=False,
                       soft_wrap=True)  # fmt: skip
         console.print("(the command of row N: --command N; of every row: --command all)")
     if result.rejected:
@@ -318,7 +309,7 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
     Return False when there is none to print."""
     if which == "all":
         for i, cand in enumerate(result.candidates[:top]):
-            print(f"# {i}: {cand.describe()}\n{train_command(overrides, cand) or NO_COMMAND}")
+            print(f"# {i}: {cand.describe()}\n{train_command(overrides, cand)}")
         return bool(result.candidates)
     if which == "chosen":
         if result.chosen is None:
@@ -328,9 +319,8 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
         index = int(which)
     else:
         _fail(f"--command {which}: give a row number below {len(result.candidates)}, or all")
-    command = train_command(overrides, result.candidates[index])
-    print(command or NO_COMMAND)
-    return command is not None
+    print(train_command(overrides, result.candidates[index]))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
         seq_len=int(cfg.data.seq_len),
         precision=precision,
         micro_batch_size=cfg.data.micro_batch_size,
-        **contract_of(strategy).planner_settings(layout).as_kwargs(),
+        options=contract_of(strategy).options,
     )
 
 
@@ -50,7 +50,7 @@ def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
         return result.message
     best = result.candidates[result.chosen]
     command = train_command(hydra_task_overrides(), best)
-    return f"the planner suggests: {best.describe()}" + (f"; run it: {command}" if command else "")
+    return f"the planner suggests: {best.describe()}; run it: {command}"
 
 
 def check_fits(cfg, spec, hardware, strategy, layout, precision) -> None:

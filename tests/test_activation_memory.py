@@ -60,7 +60,7 @@ def test_per_layer_activations_near_the_analytic_count(measured):
     from actmem_ranks import BATCH, SEQ, args
 
     per_layer = (measured["activations 4"] - measured["activations 2"]) / 2 / measured["tokens"]
-    settings = TrainSettings(
+    settings = TrainSettings.of(
         global_batch_size=BATCH, seq_len=SEQ, micro_batch_size=BATCH, precision="32-true",
         sequence_parallel=True,
     )  # fmt: skip
@@ -84,7 +84,7 @@ def test_sequence_parallel_step_matches_one_process(measured):
 def _settings(checkpointing=0, sequence_parallel=False) -> TrainSettings:
     from tests.actmem_ranks import BATCH, SEQ
 
-    return TrainSettings(
+    return TrainSettings.of(
         global_batch_size=BATCH, seq_len=SEQ, micro_batch_size=BATCH, precision="32-true",
         sequence_parallel=sequence_parallel, activation_checkpointing=checkpointing,
     )  # fmt: skip

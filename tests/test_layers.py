@@ -105,12 +105,14 @@ def test_strategies_do_not_import_the_lightning_module():
 
 def test_lower_layers_do_not_import_upper_ones():
     """models/ sees only itself; parallel/ and planner/ see neither Lightning glue nor lm/.
-    Both read the parsed activation-checkpointing setting, torch-free like the layout."""
+    Both read the option classes (lightning_dist/options.py) and the parsed activation-
+    checkpointing setting, torch-free like the layout."""
     rules = {
         "lightning_dist.models": ("lightning_dist.models", "lightning_dist._compat"),
         "lightning_dist.parallel": (
             "lightning_dist.parallel",
             "lightning_dist.layout",
+            "lightning_dist.options",
             "lightning_dist.activation_checkpointing",
             "lightning_dist.models",
             "lightning_dist._compat",
@@ -118,6 +120,7 @@ def test_lower_layers_do_not_import_upper_ones():
         "lightning_dist.planner": (
             "lightning_dist.planner",
             "lightning_dist.layout",
+            "lightning_dist.options",
             "lightning_dist.activation_checkpointing",
             "lightning_dist.hardware",
             "lightning_dist.models",

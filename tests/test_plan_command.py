@@ -14,7 +14,7 @@ import pytest
 from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.plan import compile_settings, main, strategy_overrides, train_command
+from lightning_dist.plan import compile_settings, main, train_command
 from lightning_dist.planner import plan_layouts
 from lightning_dist.preflight import estimate_run
 from lightning_dist.train import build_strategy
@@ -98,6 +98,7 @@ def test_command_prints_one_runnable_line(capsys):
         ["model=llama3_8b", "hardware=dgx_h100"],
         ["model=llama3_8b", "hardware=rtx4090_x4", "data.seq_len=2048", "data.global_batch_size=8"],
         ["model=llama3_1b", "hardware=rtx4090_x4"],
+        ["model=llama3_70b", "hardware=dgx_h100"],  # CPU offload with tp > 1 (strategy=3d)
         ["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=64",
          "data.global_batch_size=512", "data.seq_len=4096"],
         ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
@@ -114,8 +115,6 @@ def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, o
                           **compile_settings(cfg))  # fmt: skip
     checked = 0
     for cand in result.candidates[:8]:
-        if strategy_overrides(cand) is None:
-            continue
         run_cfg = compose_config([*_command_args(train_command(overrides, cand)),
                                   f"paths.output_dir={tmp_path}"])  # fmt: skip
         strategy = build_strategy(run_cfg.strategy, hw)

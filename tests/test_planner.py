@@ -137,7 +137,7 @@ def test_tp_and_pp_divide_the_parameters():
 
 
 def _settings(**kw) -> TrainSettings:
-    return TrainSettings(**{"global_batch_size": 8, "seq_len": 4096, **kw})
+    return TrainSettings.of(**{"global_batch_size": 8, "seq_len": 4096, **kw})
 
 
 def test_activation_levers_shrink_activations():

@@ -37,7 +37,7 @@ def test_layout_predicted_not_to_fit_stops_before_launch():
 def test_ddp_prediction_is_unsharded(tmp_path):
     cfg = compose_config(["hardware=dgx_h100", "model=llama3_8b", f"paths.output_dir={tmp_path}"])
     layout = Layout(dp_replicate=8)
-    assert contract_of(object()).planner_settings(layout).sharding == "NO_SHARD"
+    assert contract_of(object()).options.planner_sharding(layout) == "NO_SHARD"
     candidate = estimate_run(cfg, model_spec(cfg), hardware_spec(cfg), object(), layout,
                              "bf16-mixed")  # fmt: skip
     states = candidate.as_dict()["memory_bytes"]

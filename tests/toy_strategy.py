@@ -10,19 +10,18 @@ from hydra.core.config_store import ConfigStore
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_dist.builder import allow_targets
-from lightning_dist.contract import PlannerSettings
+from lightning_dist.options import StrategyOptions
 from lightning_dist.strategies.base import LightningDistStrategy
 
 
 class ToyStrategy(LightningDistStrategy, DDPStrategy):
+    options = StrategyOptions().with_knobs(activation_checkpointing="full")
+
     def check_run(self, *, devices, num_nodes, **run) -> None:
         world = devices * num_nodes
         if world & (world - 1):
             raise ValueError(f"strategy=toy needs a power-of-two world size, got {world}")
         super().check_run(devices=devices, num_nodes=num_nodes, **run)
-
-    def planner_settings(self, layout) -> PlannerSettings:
-        return PlannerSettings(sharding="NO_SHARD", activation_checkpointing=True)
 
 
 @dataclass(kw_only=True)

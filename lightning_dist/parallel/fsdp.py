@@ -168,3 +168,30 @@ def set_prefetch(blocks: Sequence[nn.Module], forward: int, backward: int) -> No
             behind = list(reversed(blocks[max(0, i - backward) : i]))
             if behind:
                 block.set_modules_to_backward_prefetch(behind)
+
+
+def fsdp_kwargs(options, *, precision: str, device_type: str) -> dict:
+    """`apply_fsdp` keywords from a `StrategyOptions`: the one FSDP2 configuration of every
+    layout (reshard, prefetch, the mixed-precision policy of the run's precision, offload)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from lightning_dist.parallel.precision import mixed_dtypes
+
+    dtypes = mixed_dtypes(
+        param_dtype=options.precision.param_dtype, reduce_dtype=options.precision.reduce_dtype,
+        precision=precision, device_type=device_type,
+    )  # fmt: skip
+    # Pinned host memory needs CUDA; on a CPU-only machine plain memory does the same job.
+    offload = (
+        CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        if options.sharding.cpu_offload
+        else None
+    )
+    return {
+        "reshard_after_forward": options.fsdp.reshard_after_forward,
+        "mp_policy": mixed_precision_policy(dtypes),
+        "offload_policy": offload,
+        "prefetch_forward": options.fsdp.prefetch_forward,
+        "prefetch_backward": options.fsdp.prefetch_backward,
+    }

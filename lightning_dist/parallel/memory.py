@@ -89,7 +89,11 @@ class _NoModuleHooks:
 
 
 def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
-    from lightning_dist._compat import mem_tracker_class
+    from lightning_dist._compat import (
+        mem_tracker_class,
+        mem_tracker_current,
+        mem_tracker_replace_module_hooks,
+    )
 
     MemTracker = mem_tracker_class()
 
@@ -97,7 +101,7 @@ def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
         def __init__(self) -> None:
             super().__init__()
             if not module_hooks:
-                self._mod_tracker = _NoModuleHooks()
+                mem_tracker_replace_module_hooks(self, _NoModuleHooks())
 
         # The tracker counts everything after `optimizer.step()` begins as optimizer state. A
         # closure-style step (Lightning's) runs forward and backward inside it, so there the
@@ -110,7 +114,7 @@ def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
         # in the optimizer step; their own high-water mark is the number that matters.
         def _update_peak_stats(self, peak_state):
             super()._update_peak_stats(peak_state)
-            for dev, snap in self._curr_mem_snap.items():
+            for dev, snap in mem_tracker_current(self).items():
                 act = sum(v for k, v in snap.items() if getattr(k, "value", k) == "Activation")
                 self.peak_activations[dev] = max(self.peak_activations.get(dev, 0), act)
 
@@ -154,8 +158,10 @@ class StepMemoryMeter:
 
     def optimizer_step_begins(self) -> None:
         """From here on, new tensors are optimizer state or its temporaries."""
+        from lightning_dist._compat import mem_tracker_enter_optimizer
+
         if self._tracker is not None:
-            self._tracker._in_opt = True
+            mem_tracker_enter_optimizer(self._tracker)
 
     def stop(self) -> dict[str, int]:
         """End tracking and return bytes by category (see `CATEGORIES`)."""

@@ -16,15 +16,15 @@ model it allocates nothing; the caller materialises each stage (see `model_parts
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_dist.layout import Layout
+from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
-from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types
+from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types, fsdp_kwargs
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
 from lightning_dist.parallel.tp import apply_tp
 
@@ -44,43 +44,43 @@ def parallelize(
     layout: Layout,
     *,
     device: torch.device,
-    tp_plan: dict[str, Any] | None = None,
-    sequence_parallel: bool = False,
-    loss_parallel: bool = True,
-    activation_checkpointing: int | str = 0,
-    compile_backend: str | None = None,
-    split_points: list[int] | None = None,
-    auto_wrap: list[str | type[nn.Module]] | None = None,
-    fsdp: dict[str, Any] | None = None,
+    options: StrategyOptions | None = None,
+    precision: str = "32-true",
 ) -> nn.Module:
     """Apply `layout` over the named 4-D `mesh` (see `Layout.build_mesh`); return the model.
 
     Without pipeline parallelism the result is `model`, sharded in place. With it, a
     `PipelinedModel` holding this rank's stages; call it as `model(inputs, target, loss_fn)`.
-    `auto_wrap` names the block classes to checkpoint and shard (None detects them); `fsdp`
-    holds extra `apply_fsdp` keywords (reshard_after_forward, mp_policy, prefetch, ...).
-    `activation_checkpointing` is an int (every n-th block) or 'full' / 'op' (see
-    `parse_activation_checkpointing`); `compile_backend` (None: off) compiles each block.
+    `options` holds every knob (lightning_dist/options.py: the TP plan and sequence/loss
+    parallelism, activation checkpointing, compile, FSDP2, the pipeline split); `precision` is
+    the Trainer's, which FSDP's mixed-precision policy follows.
     """
+    options = options or StrategyOptions()
+    fsdp = fsdp_kwargs(options, precision=precision, device_type=device.type)
     pipelined = layout.pp > 1
     if pipelined:
-        parts = stage_modules(model, layout, mesh["pp"].get_local_rank(), split_points)
+        parts = stage_modules(
+            model, layout, mesh["pp"].get_local_rank(), options.pipeline.split_points
+        )
     else:
         parts = [(0, model)]
+    tp = options.tp
     for _, part in parts:
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
-        blocks = find_block_types(part, auto_wrap)
+        blocks = find_block_types(part, options.sharding.auto_wrap)
         if layout.tp > 1:
             apply_tp(
-                part, mesh["tp"], plan=tp_plan, sequence_parallel=sequence_parallel,
-                loss_parallel=loss_parallel, strict=not pipelined,
+                part, mesh["tp"], plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
+                loss_parallel=tp.loss_parallel, strict=not pipelined,
             )  # fmt: skip
-        apply_activation_checkpointing(part, blocks, every_n=activation_checkpointing)
-        if compile_backend is not None:
-            apply_compile(part, blocks, backend=compile_backend)
+        apply_activation_checkpointing(
+            part, blocks, every_n=options.checkpointing.activation_checkpointing
+        )
+        if options.compile.backend is not None:
+            apply_compile(part, blocks, backend=options.compile.backend)
         if layout.dp > 1:
-            apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **(fsdp or {}))
+            apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
     if not pipelined:
         return model
     log.info(
@@ -94,10 +94,9 @@ def shard_children(
     module: nn.Module,
     mesh,
     *,
-    auto_wrap: list[str | type[nn.Module]] | None = None,
-    activation_checkpointing: int | str = 0,
-    compile_backend: str | None = None,
-    **fsdp: Any,
+    device: torch.device,
+    options: StrategyOptions,
+    precision: str = "32-true",
 ) -> nn.Module:
     """Shard a module that is not a single model (a LightningModule holding its layers): each
     child that holds parameters becomes FSDP units, with the blocks inside checkpointed and
@@ -109,15 +108,17 @@ def shard_children(
             f"({', '.join(own)}); move them into a submodule, or build the model in "
             "configure_model() and pass it to self.trainer.strategy.parallelize_model()"
         )
-    block_types = find_block_types(module, auto_wrap)
+    fsdp = fsdp_kwargs(options, precision=precision, device_type=device.type)
+    block_types = find_block_types(module, options.sharding.auto_wrap)
+    every_n = options.checkpointing.activation_checkpointing
     for child in module.children():
         # Containers have no forward of their own to hook, so their members are the units.
         is_container = isinstance(child, (nn.ModuleList, nn.ModuleDict))
         for unit in child.children() if is_container else [child]:
             if any(True for _ in unit.parameters()):
-                apply_activation_checkpointing(unit, block_types, every_n=activation_checkpointing)
-                if compile_backend is not None:
-                    apply_compile(unit, block_types, backend=compile_backend)
+                apply_activation_checkpointing(unit, block_types, every_n=every_n)
+                if options.compile.backend is not None:
+                    apply_compile(unit, block_types, backend=options.compile.backend)
                 apply_fsdp(unit, mesh, block_types=block_types, **fsdp)
     return module
 

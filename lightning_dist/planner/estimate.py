@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lightning_dist.layout import Layout, tp_split_problem
+from lightning_dist.options import StrategyOptions
 from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
     DEFAULT_HEADROOM,
     GIB,
     HOST_MEMORY_GIB_PER_DEVICE,
+    PLANNER_OPTIONS,
     TrainSettings,
+    with_knobs,
 )
 from lightning_dist.planner.timing import StepTime, step_time
 
@@ -226,36 +229,30 @@ def estimate(
     optimizer: str = "adamw",
     sharding: str | None = None,
     micro_batch_size: int | None = None,
-    activation_checkpointing: int | str | bool = 0,
-    offload: bool = False,
-    sequence_parallel: bool = True,
-    limit_all_gathers: bool = True,
+    options: StrategyOptions | None = None,
     attention: str = "flash",
-    compile: bool = False,
-    compile_backend: str = "inductor",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
     compile_speedup: float | None = None,
+    **knobs,
 ) -> Candidate:
     """Predict memory and step time of ONE layout; `fits` says whether it fits with headroom.
 
     `layout` may hold one -1 degree; it is resolved against the hardware's world size.
-    `sharding` defaults to FULL_SHARD when dp_shard > 1 (HYBRID when dp_replicate > 1 too), else
-    NO_SHARD. `micro_batch_size` defaults to the per-rank batch over the layout's microbatches
-    under PP, and to the whole per-rank batch (no accumulation) without. `precision` defaults to
-    the hardware's. `activation_checkpointing`, `compile` and `compile_backend` take the
-    strategy's values (see `TrainSettings`); `compile_speedup` overrides COMPILE_SPEEDUP. Raises
-    ValueError when the layout cannot exist on the hardware.
+    `options` are the strategy's knobs (lightning_dist/options.py; a strategy's `.options`),
+    PLANNER_OPTIONS when None; `knobs` change some of them by name (`activation_checkpointing
+    ="op"`, `cpu_offload=True`). `sharding` defaults to the options' FSDP mode on this layout
+    (`StrategyOptions.planner_sharding`). `micro_batch_size` defaults to the per-rank batch
+    over the layout's microbatches under PP, and to the whole per-rank batch (no accumulation)
+    without. `precision` defaults to the hardware's. `compile_speedup` overrides
+    COMPILE_SPEEDUP. Raises ValueError when the layout cannot exist on the hardware.
     """
+    options = with_knobs(options or PLANNER_OPTIONS, knobs)
     model = as_model_args(model)
     layout = layout.resolve(hardware.world_size)
     if sharding is None:
-        sharding = (
-            "NO_SHARD"
-            if layout.dp_shard == 1
-            else ("HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD")
-        )
+        sharding = options.planner_sharding(layout)
     if global_batch_size % layout.dp:
         raise ValueError(
             f"global_batch_size={global_batch_size} is not divisible by dp={layout.dp}"
@@ -282,13 +279,8 @@ def estimate(
         optimizer=optimizer,
         micro_batch_size=micro_batch_size,
         sharding=sharding,
-        activation_checkpointing=activation_checkpointing,
-        offload=offload,
-        sequence_parallel=sequence_parallel,
-        limit_all_gathers=limit_all_gathers,
         attention=attention,
-        compile=compile,
-        compile_backend=compile_backend,
+        options=options,
     )
     check_layout(model, hardware, layout, settings)
     if layout.pp > 1:

@@ -15,6 +15,7 @@ from lightning_dist.activation_checkpointing import (
     CheckpointChoice,
     parse_activation_checkpointing,
 )
+from lightning_dist.options import StrategyOptions
 from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,
@@ -31,8 +32,10 @@ from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
     DEFAULT_HEADROOM,
+    PLANNER_OPTIONS,
     SHARDING_MODES,
     TrainSettings,
+    with_knobs,
 )
 from lightning_dist.planner.space import (
     dp_splits,
@@ -89,21 +92,22 @@ def plan_layouts(
     sharding_modes: tuple[str, ...] = SHARDING_MODES,
     schedules: tuple[str, ...] = ("1F1B", "Interleaved1F1B"),
     micro_batch_sizes: tuple[int, ...] | None = None,
-    sequence_parallel: bool = True,
-    limit_all_gathers: bool = True,
+    options: StrategyOptions | None = None,
     attention: str = "flash",
-    compile: bool = False,
-    compile_backend: str = "inductor",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
     compile_speedup: float | None = None,
+    **knobs,
 ) -> PlanResult:
     """Enumerate layouts of `model` on `hardware`, keep those that fit, rank by step time.
 
     `activation_checkpointing=None` tries each of CHECKPOINTING_CHOICES; a setting (0, n,
-    'full', 'op'; True/False for full/off) pins it. `compile` and `compile_backend` say how the
-    run compiles (not searched); `compile_speedup` overrides COMPILE_SPEEDUP. Offload is tried for a
+    'full', 'op'; True/False for full/off) pins it. `options` are the strategy knobs every
+    candidate starts from (PLANNER_OPTIONS when None), `knobs` change some by name
+    (`compile=True`); the search varies the layout, the FSDP mode, checkpointing and offload,
+    and keeps the rest (compile, sequence parallelism) as given. `compile_speedup` overrides
+    COMPILE_SPEEDUP. Offload is tried for a
     sharded family only when nothing in that family fits without it. Each family (degrees plus
     FSDP mode) contributes its fastest fitting variant; ties go to the simpler layout, then the
     larger micro-batch. `rejected` lists {"family", "reason"} with the numbers. Raises
@@ -116,11 +120,8 @@ def plan_layouts(
         seq_len=seq_len,
         precision=precision or hardware.precision,
         optimizer=optimizer,
-        sequence_parallel=sequence_parallel,
-        limit_all_gathers=limit_all_gathers,
         attention=attention,
-        compile=compile,
-        compile_backend=compile_backend,
+        options=with_knobs(options or PLANNER_OPTIONS, knobs),
     )
     if seq_len > getattr(model, "max_seq_len", seq_len):
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
@@ -306,14 +307,9 @@ def _sweep_micro_batches(
     """Estimate one variant at each micro-batch size, smallest first, into `tally`; stop at the
     first that does not fit."""
     hardware = search.hardware
+    base = search.base.with_knobs(activation_checkpointing=ac, cpu_offload=offload)
     for mbs in search.micro_batch_sizes or powers_dividing(family.per_rank):
-        settings = replace(
-            search.base,
-            micro_batch_size=mbs,
-            sharding=family.mode,
-            activation_checkpointing=ac,
-            offload=offload,
-        )
+        settings = replace(base, micro_batch_size=mbs, sharding=family.mode)
         layout, problem = _build_layout(make_layout, family.per_rank, settings)
         if layout is None:
             tally.first_problem = tally.first_problem or problem

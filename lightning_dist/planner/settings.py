@@ -6,9 +6,10 @@ so nothing under `lightning_dist/planner/` imports torch, torch.distributed or L
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from lightning_dist.activation_checkpointing import CheckpointChoice, parse_activation_checkpointing
+from lightning_dist.activation_checkpointing import CheckpointChoice
+from lightning_dist.options import KNOB_GROUP, StrategyOptions
 
 GIB = 1024**3
 
@@ -112,35 +113,66 @@ class TrainSettings:
     """Sequences per rank per forward pass (a pipeline microbatch under PP)."""
     sharding: str = "FULL_SHARD"
     """FSDP mode over `dp_shard`: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
-    activation_checkpointing: CheckpointChoice | bool | int | str = False
-    """What backward recomputes, as `strategy.activation_checkpointing` takes it: 0 / 'none'
-    (off), n (blocks 0, n, 2n, ... of each chunk in full), 'full' (every block keeps only its
-    input) or 'op' (every block keeps its matmul, attention and collective outputs and recomputes
-    the pointwise ops). True and False mean 'full' and off. Held as a `CheckpointChoice`."""
-    offload: bool = False
-    """FSDP CPU offload: sharded params, grads and optimizer state live in host memory."""
-    sequence_parallel: bool = True
-    """Shard norms and the residual stream along the sequence under TP (Megatron SP)."""
-    limit_all_gathers: bool = True
-    """FSDP's rate limiter: at most two layers' gathered params in flight."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
-    compile: bool = False
-    """Per-block torch.compile (`strategy.compile`): compute time / COMPILE_SPEEDUP[backend]."""
-    compile_backend: str = "inductor"
-    """`strategy.compile_backend`: 'inductor', 'aot_eager' or 'eager'."""
+    options: StrategyOptions = field(default_factory=lambda: PLANNER_OPTIONS)
+    """The strategy's knobs (lightning_dist/options.py); the properties below read the ones
+    the cost model uses."""
+
+    @property
+    def activation_checkpointing(self) -> CheckpointChoice:
+        return self.options.checkpointing.activation_checkpointing
+
+    @property
+    def offload(self) -> bool:
+        return self.options.sharding.cpu_offload
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.options.tp.sequence_parallel
+
+    @property
+    def limit_all_gathers(self) -> bool:
+        """FSDP1's rate limiter; FSDP2 always rate-limits."""
+        fsdp1 = self.options.fsdp1
+        return True if fsdp1 is None else fsdp1.limit_all_gathers
+
+    @property
+    def compile(self) -> bool:
+        return self.options.compile.compile
+
+    @property
+    def compile_backend(self) -> str:
+        return self.options.compile.compile_backend
+
+    def with_knobs(self, **knobs) -> TrainSettings:
+        """A copy with some strategy knobs changed (`activation_checkpointing="op"`, ...)."""
+        return replace(self, options=with_knobs(self.options, knobs))
+
+    @classmethod
+    def of(cls, *, options: StrategyOptions | None = None, **kwargs) -> TrainSettings:
+        """Settings from fields and strategy knobs by name: `TrainSettings.of(seq_len=4096,
+        global_batch_size=8, activation_checkpointing="op")`. Without `options`, the knobs
+        start from PLANNER_OPTIONS."""
+        knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in KNOB_GROUP}
+        return cls(options=with_knobs(options or PLANNER_OPTIONS, knobs), **kwargs)
+
+
+PLANNER_OPTIONS = StrategyOptions().with_knobs(sequence_parallel=True)
+"""The knobs the planner assumes when no strategy is given: every default, with sequence
+parallelism on under TP (the layouts it proposes run it: `plan.strategy_overrides`)."""
+
+
+def with_knobs(options: StrategyOptions, knobs: dict) -> StrategyOptions:
+    """`options.with_knobs(**knobs)`, where activation_checkpointing may also be True (full)
+    or False (off), as the planner's callers have long written it."""
+    ac = knobs.get("activation_checkpointing")
+    if isinstance(ac, bool):
+        knobs = {**knobs, "activation_checkpointing": "full" if ac else 0}
+    return options.with_knobs(**knobs) if knobs else options
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", normalize_precision(self.precision))
-        ac = self.activation_checkpointing
-        if isinstance(ac, bool):
-            ac = "full" if ac else "none"
-        object.__setattr__(self, "activation_checkpointing", parse_activation_checkpointing(ac))
-        if self.compile_backend not in COMPILE_SPEEDUP:
-            raise ValueError(
-                f"compile_backend={self.compile_backend!r} is not one of "
-                f"{', '.join(COMPILE_SPEEDUP)}"
-            )
         for name in ("global_batch_size", "seq_len", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")

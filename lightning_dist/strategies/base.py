@@ -14,9 +14,9 @@ from typing import Any
 from torch import nn
 
 from lightning_dist._compat import process_group_settings
-from lightning_dist.contract import PlannerSettings
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
+from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
 from lightning_dist.parallel.fsdp import find_block_types
@@ -30,13 +30,25 @@ from lightning_dist.parallel.nodes import (
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
 
+def build_options(
+    owner: type, preset: str, options: StrategyOptions | None, kwargs: dict[str, Any]
+) -> tuple[StrategyOptions, dict[str, Any]]:
+    """Split a strategy's keyword arguments into its knobs, built into `StrategyOptions` by
+    its preset, and the rest (Lightning's own: accelerator, parallel_devices, ...)."""
+    knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in KNOB_GROUP}
+    if options is not None and knobs:
+        raise TypeError(f"{owner.__name__}: pass options= or knobs ({', '.join(knobs)}), not both")
+    return options or PRESETS[preset].build(knobs, owner.__name__), kwargs
+
+
 class LightningDistStrategy(FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
 
     single_process = False
     pipelined = False
-    compile_backend: str | None = None
-    """The backend `parallelize_model` compiles each block with; None: no compilation."""
+    options: StrategyOptions = StrategyOptions()
+    """Every knob of this strategy (lightning_dist/options.py), built once in `__init__`; the
+    planner, `parallelize()` and the checks read it."""
     placement: Placement | None = None
     """The node of every rank and the groups of each dimension, once the processes exist."""
 
@@ -65,13 +77,10 @@ class LightningDistStrategy(FormatCheckpointHooks):
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
 
-    def planner_settings(self, layout: Layout) -> PlannerSettings:
-        return PlannerSettings(**self.compile_settings())
-
-    def compile_settings(self) -> dict[str, Any]:
-        """The planner's `compile` and `compile_backend` for this strategy."""
-        compiled = self.compile_backend is not None
-        return {"compile": compiled, "compile_backend": self.compile_backend or "inductor"}
+    @property
+    def compile_backend(self) -> str | None:
+        """The backend `parallelize_model` compiles each block with; None: no compilation."""
+        return self.options.compile.backend
 
     def enable_async_save(self) -> None:
         """Write checkpoints in the background; only the FSDP2/3D core can (sharded saves)."""
@@ -120,7 +129,6 @@ class LightningDistStrategy(FormatCheckpointHooks):
             apply_compile(model, find_block_types(model), backend=self.compile_backend)
         return model
 
-    def _set_compile(self, compile_blocks: bool, backend: str) -> None:
-        """Validate and keep `strategy.compile` / `strategy.compile_backend`."""
-        check_compile(compile_blocks, backend)
-        self.compile_backend = backend if compile_blocks else None
+    def check_compile(self) -> None:
+        """The compile settings can run on this machine (inductor needs a C compiler)."""
+        check_compile(self.options.compile.compile, self.options.compile.compile_backend)

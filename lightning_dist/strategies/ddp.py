@@ -6,7 +6,8 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_dist.strategies.base import LightningDistStrategy
+from lightning_dist.options import StrategyOptions
+from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
 class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
@@ -14,11 +15,19 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
 
     The contract's defaults describe it exactly (layout dp_replicate = world size, planner
     sharding NO_SHARD); this class adds them to Lightning's DDPStrategy, and per-block
-    compilation (`compile`, `compile_backend`) before DDP wraps the model.
+    compilation before DDP wraps the model. Its knobs are those of `options.PRESETS["ddp"]`
+    (`find_unused_parameters`, `compile`, ...); other keyword arguments go to Lightning.
     """
 
-    def __init__(
-        self, *, compile: bool = False, compile_backend: str = "inductor", **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self._set_compile(compile, compile_backend)
+    def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
+        self.options, rest = build_options(type(self), "ddp", options, kwargs)
+        ddp = self.options.ddp
+        super().__init__(
+            process_group_backend=self.options.process.process_group_backend,
+            find_unused_parameters=ddp.find_unused_parameters,
+            gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+            static_graph=ddp.static_graph,
+            broadcast_buffers=ddp.broadcast_buffers,
+            **rest,
+        )
+        self.check_compile()

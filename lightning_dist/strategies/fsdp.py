@@ -16,29 +16,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
-from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout, batch_plan
+from lightning_dist.options import FSDP1_HYBRID, StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
-from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
+from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes
 from lightning_dist.strategies import sharding
-from lightning_dist.strategies.base import LightningDistStrategy
+from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
-SHARDING_STRATEGIES = (
-    "FULL_SHARD",
-    "SHARD_GRAD_OP",
-    "HYBRID_SHARD",
-    "_HYBRID_SHARD_ZERO2",
-    "NO_SHARD",
-)
-HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "none")
+HYBRID = FSDP1_HYBRID
 
 
 class GlobalNormFSDPPrecision(FSDPPrecision):
@@ -57,25 +48,13 @@ class GlobalNormFSDPPrecision(FSDPPrecision):
 
 
 class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
-    """FSDP1 with the tuned recipe; every argument is a typed knob (see docs/FSDP.md).
+    """FSDP1 with the tuned recipe (see docs/FSDP.md).
 
-    Args:
-        sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or
-            NO_SHARD; None picks SHARD_GRAD_OP on one node, HYBRID_SHARD across nodes (or when
-            `hybrid_shard_size` is set).
-        hybrid_shard_size: ranks per shard group under HYBRID_SHARD; None means one node.
-        forward_prefetch / backward_prefetch / limit_all_gathers: FSDP1's overlap knobs;
-            backward_prefetch is BACKWARD_PRE, BACKWARD_POST or "none".
-        param_dtype / reduce_dtype / buffer_dtype: mixed precision ("bf16", "fp16", "fp32");
-            param_dtype None follows the Trainer's precision on GPUs and stays fp32 on CPUs.
-        activation_checkpointing: 0 off; n checkpoints every n-th block; 'full' every block;
-            'op' / 'selective' saves matmul outputs and recomputes the pointwise ops.
-        compile / compile_backend: torch.compile each block (inside its FSDP unit).
-        cpu_offload: keep parameters and gradients in host memory (GPU runs only).
-        use_orig_params / sync_module_states: passed to FSDP.
-        auto_wrap: block classes (or their names) to wrap as FSDP units; None detects them, []
-            wraps the root only (Lightning's default).
-        state_dict_type: "sharded" (torch.distributed.checkpoint folder) or "full" (one file).
+    Its knobs are keyword arguments named as in `conf/strategy/fsdp.yaml`, declared and
+    documented once in `lightning_dist.options` (`PRESETS["fsdp"]`: `FSDP1Options`,
+    `ShardingOptions`, `PrecisionOptions`, activation checkpointing, compile, the process group
+    and the checkpoint format); or pass a built `options=StrategyOptions(...)`. Other keyword
+    arguments (accelerator, parallel_devices, ...) go to Lightning's FSDPStrategy.
     """
 
     strategy_name = "fsdp_tuned"
@@ -83,75 +62,37 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     def __init__(
         self,
         *,
-        sharding_strategy: str | None = None,
-        hybrid_shard_size: int | None = None,
-        forward_prefetch: bool = True,
-        backward_prefetch: str | None = "BACKWARD_PRE",
-        limit_all_gathers: bool = True,
-        param_dtype: str | None = None,
-        reduce_dtype: str | None = "fp32",
-        buffer_dtype: str | None = "fp32",
-        activation_checkpointing: int | str = 0,
-        compile: bool = False,
-        compile_backend: str = "inductor",
-        cpu_offload: bool = False,
-        use_orig_params: bool = True,
-        sync_module_states: bool = False,
-        auto_wrap: list[str | type[nn.Module]] | None = None,
-        state_dict_type: str = "sharded",
-        process_group_backend: str | None = None,
+        options: StrategyOptions | None = None,
         timeout: timedelta | None = default_pg_timeout,
-        accelerator=None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment=None,
-        checkpoint_io=None,
-        precision_plugin=None,
+        **kwargs,
     ) -> None:
         from torch.distributed.fsdp import BackwardPrefetch
 
-        self._sharding_choice = _check_sharding(sharding_strategy)
-        _check_hybrid_shard_size(hybrid_shard_size, self._sharding_choice)
-        prefetch = _check_backward_prefetch(backward_prefetch)
-        for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
-                             ("buffer_dtype", buffer_dtype)):  # fmt: skip
-            parse_dtype(value, f"strategy.{field}")
+        self.options, rest = build_options(type(self), "fsdp", options, kwargs)
+        fsdp1 = self.options.fsdp1
+        prefetch = fsdp1.backward_prefetch
         super().__init__(
-            process_group_backend=process_group_backend,
+            process_group_backend=self.options.process.process_group_backend,
             timeout=timeout,
-            cpu_offload=cpu_offload,
-            state_dict_type=sharding.check_state_dict_type(state_dict_type),
-            limit_all_gathers=limit_all_gathers,
-            forward_prefetch=forward_prefetch,
+            cpu_offload=self.options.sharding.cpu_offload,
+            state_dict_type=self.options.checkpoint_format.state_dict_type,
+            limit_all_gathers=fsdp1.limit_all_gathers,
+            forward_prefetch=fsdp1.forward_prefetch,
             backward_prefetch=BackwardPrefetch[prefetch] if prefetch else None,
-            use_orig_params=use_orig_params,
-            sync_module_states=sync_module_states,
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
+            use_orig_params=fsdp1.use_orig_params,
+            sync_module_states=fsdp1.sync_module_states,
+            **rest,
         )
-        self.hybrid_shard_size = hybrid_shard_size
-        self.param_dtype = param_dtype
-        self.reduce_dtype = reduce_dtype
-        self.buffer_dtype = buffer_dtype
-        self.activation_checkpointing = sharding.check_activation_checkpointing(
-            activation_checkpointing
-        )
-        self._set_compile(compile, compile_backend)
-        self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
+        self.check_compile()
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
 
     # --- the contract: layout, checks, planner settings --------------------------------------
 
     def resolved_sharding(self, num_nodes: int | None = None) -> str:
         """The sharding strategy on `num_nodes` nodes (default: this run's)."""
-        if self._sharding_choice is not None:
-            return self._sharding_choice
-        nodes = self.num_nodes if num_nodes is None else num_nodes
-        if nodes > 1 or self.hybrid_shard_size is not None:
-            return "HYBRID_SHARD"
-        return "SHARD_GRAD_OP"
+        return self.options.fsdp1.resolved_sharding(
+            self.num_nodes if num_nodes is None else num_nodes
+        )
 
     def declared_layout(self, num_nodes: int) -> Layout:
         """Data-parallel degrees: sharded over all ranks, or replicate x shard when hybrid."""
@@ -159,8 +100,8 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         if name == "NO_SHARD":
             return Layout(dp_replicate=-1)
         if name in HYBRID:
-            if self.hybrid_shard_size is not None:
-                return Layout(dp_replicate=-1, dp_shard=self.hybrid_shard_size)
+            if self.options.fsdp1.hybrid_shard_size is not None:
+                return Layout(dp_replicate=-1, dp_shard=self.options.fsdp1.hybrid_shard_size)
             return Layout(dp_replicate=num_nodes, dp_shard=-1)
         return Layout(dp_shard=-1)
 
@@ -173,7 +114,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
                   micro_batch_size: int | None = None) -> None:  # fmt: skip
         """Validate against the run before any process starts; raises ValueError."""
         layout = self.layout_for(devices, num_nodes)
-        check_param_dtype(self.param_dtype, precision)
+        check_param_dtype(self.options.precision.param_dtype, precision)
         if self.cpu_offload.offload_params and accelerator == "cpu":
             raise ValueError(
                 "strategy.cpu_offload=true cannot run on hardware.accelerator=cpu: FSDP1 offloads "
@@ -183,23 +124,12 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             _, accumulate = batch_plan(global_batch_size, layout.dp, micro_batch_size)
             self._check_offload_accumulation(accumulate)
         if model is not None:
-            sharding.check_auto_wrap(model, self.auto_wrap)
-
-    def planner_settings(self, layout: Layout) -> PlannerSettings:
-        name = self.resolved_sharding(2 if layout.dp_replicate > 1 else 1)
-        zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
-        return PlannerSettings(
-            sharding=sharding_mode(layout, keeps_gathered=zero2),
-            activation_checkpointing=self.activation_checkpointing,
-            offload=bool(self.cpu_offload.offload_params),
-            limit_all_gathers=bool(self.kwargs.get("limit_all_gathers", True)),
-            **self.compile_settings(),
-        )
+            sharding.check_auto_wrap(model, self.options.sharding.auto_wrap)
 
     def _check_world(self, world_size: int, devices_per_node: int, num_nodes: int) -> None:
         if self.resolved_sharding(num_nodes) not in HYBRID:
             return
-        size = self.hybrid_shard_size or devices_per_node
+        size = self.options.fsdp1.hybrid_shard_size or devices_per_node
         if world_size % size:
             divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
             raise ValueError(
@@ -226,8 +156,9 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         from torch.distributed.fsdp import MixedPrecision
 
         dtypes = mixed_dtypes(
-            param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
-            buffer_dtype=self.buffer_dtype, precision=self.precision_plugin.precision,
+            param_dtype=self.options.precision.param_dtype,
+            reduce_dtype=self.options.precision.reduce_dtype,
+            buffer_dtype=self.options.fsdp1.buffer_dtype, precision=self.precision_plugin.precision,
             device_type=self.root_device.type,
         )  # fmt: skip
         if dtypes is None:
@@ -241,10 +172,10 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         self._check_world(self.world_size, self.num_processes, self.num_nodes)
-        check_param_dtype(self.param_dtype, self.precision_plugin.precision)
+        check_param_dtype(self.options.precision.param_dtype, self.precision_plugin.precision)
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
         if self.resolved_sharding() in HYBRID:
-            shard = self.hybrid_shard_size or self.num_processes
+            shard = self.options.fsdp1.hybrid_shard_size or self.num_processes
             # Outer dimension replicates (across nodes), inner shards (within a node).
             self.kwargs["device_mesh"] = init_device_mesh(
                 self.root_device.type, (self.world_size // shard, shard),
@@ -274,7 +205,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
 
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
             return super()._setup_model(model)  # the user wrapped it in configure_model
-        block_types = sharding.check_auto_wrap(model, self.auto_wrap)
+        block_types = sharding.check_auto_wrap(model, self.options.sharding.auto_wrap)
         policy = ModuleWrapPolicy(set(block_types)) if block_types else None
         wrapped = FullyShardedDataParallel(
             module=model,
@@ -287,7 +218,8 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         )
         sharding.move_metrics(wrapped, self.root_device)
         # After wrapping, as Lightning does: each checkpointed block runs inside its FSDP unit.
-        apply_activation_checkpointing(wrapped, block_types, every_n=self.activation_checkpointing)
+        every_n = self.options.checkpointing.activation_checkpointing
+        apply_activation_checkpointing(wrapped, block_types, every_n=every_n)
         if self.compile_backend is not None:
             apply_compile(wrapped, block_types, backend=self.compile_backend)
         return wrapped
@@ -297,41 +229,6 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         strategy_registry.register(
             "fsdp_tuned", cls, description="FSDP1 with tuned defaults (lightning_dist)"
         )
-
-
-def _check_sharding(value: str | None) -> str | None:
-    if value is None:
-        return None
-    name = str(value).upper()
-    if name not in SHARDING_STRATEGIES:
-        raise ValueError(
-            f"strategy.sharding_strategy={value!r} is not one of {', '.join(SHARDING_STRATEGIES)} "
-            "(or null for the tuned default)"
-        )
-    return name
-
-
-def _check_hybrid_shard_size(size: int | None, choice: str | None) -> None:
-    if size is None:
-        return
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"strategy.hybrid_shard_size={size!r} must be a positive integer")
-    if choice not in (None, *HYBRID):
-        raise ValueError(
-            f"strategy.hybrid_shard_size={size} needs a hybrid sharding strategy, not "
-            f"{choice}; set strategy.sharding_strategy=HYBRID_SHARD"
-        )
-
-
-def _check_backward_prefetch(value: str | None) -> str | None:
-    if value is None or str(value).lower() == "none":
-        return None
-    name = str(value).upper()
-    if name not in BACKWARD_PREFETCH:
-        raise ValueError(
-            f"strategy.backward_prefetch={value!r} is not one of {', '.join(BACKWARD_PREFETCH)}"
-        )
-    return name
 
 
 def _sharding_enum(name: str):

@@ -27,15 +27,15 @@ from torch import nn
 
 from lightning_dist._compat import set_module_device_mesh
 from lightning_dist.checkpoint.async_saves import AsyncSaves
-from lightning_dist.contract import PlannerSettings, sharding_mode
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.models.protocol import require_init_weights
+from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
-from lightning_dist.parallel.fsdp import check_reshard, mixed_precision_policy
+from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize, shard_children
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
-from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes, parse_dtype
+from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp
 from lightning_dist.planner.estimate import compile_problem
 from lightning_dist.strategies import sharding
@@ -46,89 +46,38 @@ from lightning_dist.strategies.user_path import explain_stage_errors, plain_tens
 class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     """Data (FSDP2/HSDP) x tensor x pipeline parallelism for any LightningModule.
 
+    Every knob is a keyword argument named as in `conf/strategy/3d.yaml` (`tp=2`,
+    `activation_checkpointing="op"`, `prefetch_forward=2`, ...): the option classes of
+    `lightning_dist.options` declare and document each one (`MESH_GROUPS`), and the
+    `PRESETS` entry of the class gives its defaults. Alternatively pass a built
+    `options=StrategyOptions(...)`. Besides the knobs:
+
     Args:
-        dp_shard, dp_replicate, tp, pp: the degrees; one may be -1 (the remaining ranks).
-        schedule, microbatches, virtual_stages: pipeline settings (see `Layout`).
-        split_points: first layer index of each stage after the first; None balances by cost.
-        tp_plan: {module pattern: style}; None (or empty) takes the model's own `tp_plan`.
-        sequence_parallel: split norms and residuals along the sequence between TP regions.
-        loss_parallel: keep the logits split along the vocabulary for the cross-entropy.
-        activation_checkpointing: 0 off; n checkpoints every n-th block; 'full' every block;
-            'op' / 'selective' saves matmul outputs and recomputes the pointwise ops.
-        compile / compile_backend: torch.compile each block (after checkpointing, before FSDP).
-        reshard_after_forward, param_dtype, reduce_dtype: FSDP2 settings on the dp ranks.
-        prefetch_forward / prefetch_backward: blocks whose all-gather FSDP2 issues ahead.
-        cpu_offload: FSDP2's CPUOffloadPolicy (the optimizer step then runs on the CPU).
-        auto_wrap: block classes (or names) to shard one by one; None detects them.
-        init_sharded: each rank allocates and initialises only its own shards (no full copy of
-            the model anywhere; the random init then differs from a single process's). By
-            default every rank materialises the whole model once, so the weights equal the
-            single-device ones, and keeps its slice.
-        state_dict_type: "sharded" or "full"; both write the one checkpoint format
-            (docs/CHECKPOINTS.md), "full" only forbids `async_save`.
         async_save: write checkpoints in the background (see `checkpoint.async_saves`).
+        timeout: the process group's collective timeout.
     """
 
     strategy_name = "parallel3d"
+    preset = "3d"
+    """The entry of `lightning_dist.options.PRESETS` that gives this class its knobs."""
 
     def __init__(
         self,
         *,
-        dp_shard: int = -1,
-        dp_replicate: int = 1,
-        tp: int = 1,
-        pp: int = 1,
-        schedule: str = "1F1B",
-        microbatches: int | None = None,
-        virtual_stages: int = 1,
-        split_points: list[int] | None = None,
-        tp_plan: dict[str, Any] | None = None,
-        sequence_parallel: bool = False,
-        loss_parallel: bool = True,
-        activation_checkpointing: int | str = 0,
-        compile: bool = False,
-        compile_backend: str = "inductor",
-        reshard_after_forward: bool | int = True,
-        param_dtype: str | None = None,
-        reduce_dtype: str | None = "fp32",
-        prefetch_forward: int = 1,
-        prefetch_backward: int = 1,
-        cpu_offload: bool = False,
-        auto_wrap: list[str | type[nn.Module]] | None = None,
-        init_sharded: bool = False,
-        state_dict_type: str = "sharded",
+        options: StrategyOptions | None = None,
         async_save: bool = False,
-        process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        **knobs: Any,
     ) -> None:
+        if options is not None and knobs:
+            raise TypeError(f"{type(self).__name__}: pass options= or knobs, not both")
+        self.options = options or PRESETS[self.preset].build(knobs, type(self).__name__)
         super().__init__(
-            save_distributed_checkpoint=sharding.check_state_dict_type(state_dict_type)
-            == "sharded",
-            process_group_backend=process_group_backend,
+            save_distributed_checkpoint=self.options.checkpoint_format.state_dict_type == "sharded",
+            process_group_backend=self.options.process.process_group_backend,
             timeout=timeout,
         )
-        self._layout = Layout(
-            pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, schedule=schedule,
-            microbatches=microbatches, virtual_stages=virtual_stages,
-        )  # fmt: skip
-        check_reshard(reshard_after_forward, None)  # the shard group size is checked with the run
-        _check_prefetch(prefetch_forward, prefetch_backward)
-        parse_dtype(param_dtype, "strategy.param_dtype")
-        parse_dtype(reduce_dtype, "strategy.reduce_dtype")
-        self.split_points = None if split_points is None else list(split_points)
-        self.tp_plan = dict(tp_plan) if tp_plan else None  # empty: the model's own plan
-        self.sequence_parallel = sequence_parallel
-        self.loss_parallel = loss_parallel
-        self.activation_checkpointing = sharding.check_activation_checkpointing(
-            activation_checkpointing
-        )
-        self._set_compile(compile, compile_backend)
-        self.reshard_after_forward = reshard_after_forward
-        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        self.prefetch_forward, self.prefetch_backward = prefetch_forward, prefetch_backward
-        self.cpu_offload = cpu_offload
-        self.auto_wrap = None if auto_wrap is None else list(auto_wrap)
-        self.init_sharded = init_sharded
+        self.check_compile()
         self._async_saves = None
         if async_save:
             self.enable_async_save()
@@ -140,12 +89,13 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     # --- the contract: layout, checks, planner settings --------------------------------------
 
     def declared_layout(self, num_nodes: int) -> Layout:
-        return self._layout
+        return self.options.declared_layout(num_nodes)
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         layout = super().layout_for(devices, num_nodes)
-        if not isinstance(self.reshard_after_forward, bool):
-            check_reshard(self.reshard_after_forward, layout.dp_shard)
+        reshard = self.options.fsdp.reshard_after_forward
+        if not isinstance(reshard, bool):
+            check_reshard(reshard, layout.dp_shard)
         problem = compile_problem(layout.tp, self.compile_backend)  # shared with the planner
         if problem:
             raise ValueError(problem)
@@ -157,7 +107,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         """Validate the layout against the run, the batch and the (meta) model before any
         process starts; raises ValueError naming the numbers."""
         layout = self.layout_for(devices, num_nodes)
-        check_param_dtype(self.param_dtype, precision)
+        check_param_dtype(self.options.precision.param_dtype, precision)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
         if model is not None:
@@ -172,23 +122,13 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         args = _model_args(model)
         if args is not None:
             layout.check_model(args)
+        tp, auto_wrap = self.options.tp, self.options.sharding.auto_wrap
         if layout.tp > 1:
-            check_tp(model, layout.tp, plan=self.tp_plan, sequence_parallel=self.sequence_parallel)
+            check_tp(model, layout.tp, plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel)
         if layout.pp > 1:
-            split_blocks(model, layout.num_stages, self.split_points)
-        if self.auto_wrap is not None:
-            sharding.check_auto_wrap(model, self.auto_wrap)
-
-    def planner_settings(self, layout: Layout) -> PlannerSettings:
-        # reshard_after_forward=False keeps gathered parameters until backward (ZeRO-2).
-        keeps_gathered = self.reshard_after_forward is False
-        return PlannerSettings(
-            sharding=sharding_mode(layout, keeps_gathered=keeps_gathered),
-            activation_checkpointing=self.activation_checkpointing,
-            offload=self.cpu_offload,
-            sequence_parallel=bool(self.sequence_parallel and layout.tp > 1),
-            **self.compile_settings(),
-        )
+            split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
+        if auto_wrap is not None:
+            sharding.check_auto_wrap(model, auto_wrap)
 
     # --- processes, mesh, data ----------------------------------------------------------------
 
@@ -196,7 +136,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         self.join_process_group()
         self._setup_distributed()
         layout = self.layout_for(self.num_processes, self.num_nodes)
-        check_param_dtype(self.param_dtype, self.precision_plugin.precision)
+        check_param_dtype(self.options.precision.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
         self.place_on_nodes(self._device_mesh)
         set_module_device_mesh(self.lightning_module, self._device_mesh)
@@ -221,20 +161,18 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         """
         layout = self.layout
         self.check_model(model, layout)
-        if not self.init_sharded:
+        init_sharded = self.options.fsdp.init_sharded
+        if not init_sharded:
             model = materialize(model, self.root_device, init_seed)
         result = parallelize(
-            model, self.device_mesh, layout, device=self.root_device, tp_plan=self.tp_plan,
-            sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel,
-            activation_checkpointing=self.activation_checkpointing,
-            compile_backend=self.compile_backend,
-            split_points=self.split_points, auto_wrap=self.auto_wrap, fsdp=self._fsdp_options(),
+            model, self.device_mesh, layout, device=self.root_device, options=self.options,
+            precision=self.precision_plugin.precision,
         )  # fmt: skip
-        if self.init_sharded:
+        if init_sharded:
             self._init_shards(result, init_seed)
         self._pipeline = result if isinstance(result, PipelinedModel) else None
         self._parallelize_called = True
-        return result if self.cpu_offload else result.to(self.root_device)
+        return result if self.options.sharding.cpu_offload else result.to(self.root_device)
 
     def _init_shards(self, model: nn.Module, seed: int) -> None:
         # One seed per distinct shard: the data-parallel replicas (dp_replicate) must draw the
@@ -247,26 +185,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(seed + 1_000_003 * shard_id)
                 part.init_weights()
-
-    def _fsdp_options(self) -> dict[str, Any]:
-        """`apply_fsdp` keywords: the one FSDP2 configuration of every layout."""
-        from torch.distributed.fsdp import CPUOffloadPolicy
-
-        dtypes = mixed_dtypes(
-            param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
-            precision=self.precision_plugin.precision, device_type=self.root_device.type,
-        )  # fmt: skip
-        # Pinned host memory needs CUDA; on a CPU-only machine plain memory does the same job.
-        offload = (
-            CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if self.cpu_offload else None
-        )
-        return {
-            "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": mixed_precision_policy(dtypes),
-            "offload_policy": offload,
-            "prefetch_forward": self.prefetch_forward,
-            "prefetch_backward": self.prefetch_backward,
-        }
 
     def setup(self, trainer) -> None:
         from torch.distributed.fsdp import FSDPModule
@@ -283,7 +201,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         self._clip_by_global_norm()
 
     def model_to_device(self) -> None:
-        if not self.cpu_offload:  # offloaded shards stay in host memory
+        if not self.options.sharding.cpu_offload:  # offloaded shards stay in host memory
             super().model_to_device()
 
     def _require_data_parallel_only(self) -> None:
@@ -299,9 +217,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     def _setup_model(self, model: nn.Module) -> nn.Module:
         """Shard a LightningModule that built its layers in __init__, child by child."""
         return shard_children(
-            model, dp_mesh(self.device_mesh, self.layout), auto_wrap=self.auto_wrap,
-            activation_checkpointing=self.activation_checkpointing,
-            compile_backend=self.compile_backend, **self._fsdp_options(),
+            model, dp_mesh(self.device_mesh, self.layout), device=self.root_device,
+            options=self.options, precision=self.precision_plugin.precision,
         )  # fmt: skip
 
     def _clip_by_global_norm(self) -> None:
@@ -320,7 +237,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     # --- steps --------------------------------------------------------------------------------
 
     def _loss_parallel(self):
-        if self.layout.tp > 1 and self.loss_parallel:
+        if self.layout.tp > 1 and self.options.tp.loss_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
 
             return loss_parallel()
@@ -398,9 +315,3 @@ def _model_args(model: nn.Module):
         return spec.to_model_args() if spec is not None else None
     except ValueError:  # an HF architecture ModelArgs cannot describe; the plan checks remain
         return None
-
-
-def _check_prefetch(forward: int, backward: int) -> None:
-    for name, value in (("prefetch_forward", forward), ("prefetch_backward", backward)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"strategy.{name}={value!r} must be 0 or a number of blocks")

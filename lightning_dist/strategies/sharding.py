@@ -10,29 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_dist.parallel.activation_checkpoint import parse_activation_checkpointing
 from lightning_dist.parallel.fsdp import find_block_types
-
-STATE_DICT_TYPES = ("sharded", "full")
-
-
-def check_state_dict_type(value: str) -> str:
-    if value not in STATE_DICT_TYPES:
-        raise ValueError(
-            f"strategy.state_dict_type={value!r} is not one of {', '.join(STATE_DICT_TYPES)}"
-        )
-    return value
 
 
 def check_auto_wrap(model: nn.Module, auto_wrap) -> tuple[type[nn.Module], ...]:
     """The block classes to wrap; raises ValueError listing the model's blocks if one is absent."""
     return find_block_types(model, auto_wrap)
-
-
-def check_activation_checkpointing(value: int | str) -> int | str:
-    """`value` unchanged if it is a valid setting (see `parse_activation_checkpointing`)."""
-    parse_activation_checkpointing(value, "strategy.activation_checkpointing")
-    return value
 
 
 def move_metrics(module: nn.Module, device: torch.device) -> None:

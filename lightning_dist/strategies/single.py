@@ -8,7 +8,8 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_dist.layout import Layout
-from lightning_dist.strategies.base import LightningDistStrategy
+from lightning_dist.options import StrategyOptions
+from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
 class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
@@ -16,11 +17,10 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
 
     single_process = True
 
-    def __init__(
-        self, *, compile: bool = False, compile_backend: str = "inductor", **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self._set_compile(compile, compile_backend)
+    def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
+        self.options, rest = build_options(type(self), "single", options, kwargs)
+        super().__init__(**rest)
+        self.check_compile()
 
     def declared_layout(self, num_nodes: int) -> Layout:
         return Layout()
@@ -29,12 +29,9 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
         return Layout()
 
 
-def single_device_strategy(
-    device: str | None = None, *, compile: bool = False, compile_backend: str = "inductor"
-) -> SingleProcessStrategy:
-    """One process on `device`; by default the first GPU if there is one, else the CPU."""
+def single_device_strategy(device: str | None = None, **knobs: Any) -> SingleProcessStrategy:
+    """One process on `device`; by default the first GPU if there is one, else the CPU.
+    `knobs`: those of `options.PRESETS["single"]` (`compile`, `compile_backend`)."""
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    return SingleProcessStrategy(
-        device=torch.device(device), compile=compile, compile_backend=compile_backend
-    )
+    return SingleProcessStrategy(device=torch.device(device), **knobs)
