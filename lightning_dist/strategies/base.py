@@ -2,7 +2,8 @@
 
 Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
 its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
-overrides `check_run`, `planner_settings` and `parallelize_model` where it has more to say.
+overrides `check_run` and `parallelize_model` where it has more to say; its knobs are
+`self.options` (lightning_dist/options.py), built in its constructor by `build_options`.
 Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks`).
 """
 
