@@ -227,3 +227,15 @@ def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> N
             value = getattr(module, attr, None)
             if isinstance(value, int) and not isinstance(value, bool) and value % tp == 0:
                 setattr(module, attr, value // tp)
+
+
+def loss_parallel_context(tp: int, loss_parallel: bool):
+    """The context the loss and its backward run in: torch's `loss_parallel()` when the logits
+    stay split along the vocabulary (tp > 1 and `loss_parallel`), else nothing."""
+    import contextlib
+
+    if tp > 1 and loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as vocab_split_loss
+
+        return vocab_split_loss()
+    return contextlib.nullcontext()

@@ -16,7 +16,6 @@ A thin layer over Lightning's ModelParallelStrategy (process group, launcher). W
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +35,7 @@ from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize, shard_children
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
-from lightning_dist.parallel.tp import check_tp
+from lightning_dist.parallel.tp import check_tp, loss_parallel_context
 from lightning_dist.planner.estimate import compile_problem
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -237,11 +236,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     # --- steps --------------------------------------------------------------------------------
 
     def _loss_parallel(self):
-        if self.layout.tp > 1 and self.options.tp.loss_parallel:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            return loss_parallel()
-        return contextlib.nullcontext()
+        return loss_parallel_context(self.layout.tp, self.options.tp.loss_parallel)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._pipeline is None:
