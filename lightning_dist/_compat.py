@@ -1,16 +1,31 @@
-"""Every private torch, Lightning and transformers API the project uses, in one place.
+"""Every private name of torch, Lightning, Hydra, OmegaConf, wandb or transformers the project
+needs, in one place: `PRIVATE_NAMES` lists each (attribute, hook override, import, patch), with
+whose it is, where we use it, why no public API serves and the version it was checked on; the
+helpers below wrap the accesses that are easy to route here.
 
-Each entry says the version it was checked on, why no public API serves, and what breaks if it
-moves. `tests/test_compat.py` touches each one, so an upgrade that moves one fails there with its
-name, not deep inside a training run. Nothing here is imported eagerly: the planner reads the
-package on machines without Lightning.
+`tests/test_compat.py` parses every module of the package and fails on a private name that is
+not listed, and checks that each listed name still exists where its entry says, so an upgrade
+that moves one fails there with its name, not deep inside a training run. Nothing here is
+imported eagerly: the planner reads the package on machines without Lightning.
 
-Checked on torch 2.13.0, lightning 2.6.6, transformers 5.24.0.
+Checked on torch 2.13.0, lightning 2.6.6, hydra-core 1.3.8, omegaconf 2.3.1, wandb 0.31.0 and
+transformers 5.24.0 (Python 3.11).
+
+torch 2.11 (the GPU machines' version, with Lightning 2.6.6 and Python 3.12): every torch name
+below, and what our code relies on around it (`_ComputationType`'s kinds, the DCP metadata
+classes, the signatures of the MemTracker methods we override and of RowwiseParallel's two
+functions), is in 2.11.0 with the same signature. Checked by reading the sources of the torch
+2.11.0 wheel from PyPI (its version.py names commit 70d99e99, the v2.11.0 release); the
+pytorch/pytorch copy the search tools hold has no tags, and its snapshot is too large to fetch.
+Two differences, neither a break: 2.13's `get_schedule_ops` takes a `defer_pp_recv` we do not
+pass, and 2.13's MemTracker skips the ops DTensor's sharding propagation runs under a fake mode
+of its own, which 2.11's tracks, so the meter's numbers for DTensor layouts may read higher there.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 LIGHTNING_CHECKPOINT_METADATA = "meta.pt"
 """Lightning's `lightning.fabric.utilities.load._METADATA_FILENAME`: the file beside the DCP shards
@@ -231,3 +246,320 @@ def dcp_set_element() -> Any:
     from torch.distributed.checkpoint._traverse import set_element
 
     return set_element
+
+
+# --- helpers for the modules that route their accesses here -----------------------------------
+
+
+def config_child(node: Any, key: Any) -> Any:
+    """OmegaConf's `node._get_node(key)`: the child node itself, its interpolations unresolved
+    and its value unvalidated (`node[key]` would resolve it). No public accessor exists."""
+    return node._get_node(key)
+
+
+def config_is_none(node: Any) -> bool:
+    """OmegaConf's `node._is_none()`: whether a DictConfig or ListConfig node is set to null
+    (a switched-off callback), asked without reading its content."""
+    return node._is_none()
+
+
+def config_is_missing(node: Any) -> bool:
+    """OmegaConf's `node._is_missing()`: whether a node is `???`, asked of the node itself
+    (`OmegaConf.is_missing` needs its parent and key)."""
+    return node._is_missing()
+
+
+class ModuleInternals(NamedTuple):
+    """The live registries of an `nn.Module`: what `register_parameter`, `register_buffer` and
+    `add_module` write to."""
+
+    parameters: dict
+    buffers: dict
+    non_persistent_buffers: set
+    modules: dict
+
+
+def module_internals(module: Any) -> ModuleInternals:
+    """`nn.Module._parameters`, `_buffers`, `_non_persistent_buffers_set` and `_modules`.
+
+    checkpoint/canonical.py builds views of modules that share their entries under the very
+    names (tied weights, a child held under two names, empty slots included); the public
+    `named_*(recurse=False)` iterators drop duplicates and None, and a buffer's persistence has
+    no public query."""
+    return ModuleInternals(
+        module._parameters, module._buffers, module._non_persistent_buffers_set, module._modules
+    )
+
+
+def attached_trainer(module: Any) -> Any:
+    """A LightningModule's Trainer, or None when it has none: `LightningModule.trainer` raises
+    then, and Lightning keeps the reference in `_trainer` with no public query."""
+    return module._trainer
+
+
+def plain_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer behind a `LightningOptimizer` (kept in its `_optimizer`); any other
+    object as it is. The public `LightningOptimizer.optimizer` would need an isinstance check,
+    so a Lightning import, in modules that read checkpoints without Lightning."""
+    return getattr(optimizer, "_optimizer", optimizer)
+
+
+def mem_tracker_current(tracker: Any) -> dict:
+    """`MemTracker._curr_mem_snap`: bytes per device and category right now. The public
+    `get_tracker_snapshot("current")` returns a copy, too slow to take on every peak."""
+    return tracker._curr_mem_snap
+
+
+def mem_tracker_enter_optimizer(tracker: Any) -> None:
+    """Count what is allocated from now on as optimizer state: `MemTracker` sets `_in_opt` from
+    its global optimizer hooks, which a closure-style step (Lightning's) fires too early."""
+    tracker._in_opt = True
+
+
+def mem_tracker_replace_module_hooks(tracker: Any, stand_in: Any) -> None:
+    """Replace `MemTracker._mod_tracker` (the ModTracker whose module hooks keep the module
+    hierarchy) by `stand_in`; a pipeline stage's repeated and nested module calls break it."""
+    tracker._mod_tracker = stand_in
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+KINDS = {
+    "attribute": "read or set on a foreign object (a dotted name: a module's or a class's)",
+    "hook": "a private method of a foreign base class that one of our classes overrides",
+    "import": "a private module, or a private name imported from a module",
+    "patch": "a foreign object's attribute replaced by a function of ours",
+    "bypass": "a foreign base class's method called directly, skipping the classes between",
+    "constant": "a private constant whose value we copy (checked equal by the test)",
+    "pickle": "a private name that a checkpoint's pickle may hold (checkpoint/safe.py allows it)",
+}
+
+TORCH = "torch 2.13.0; 2.11.0 by source"
+LIGHTNING = "lightning 2.6.6"
+HYDRA = "hydra-core 1.3.8"
+OMEGACONF = "omegaconf 2.3.1"
+TRANSFORMERS = "transformers 5.24.0"
+PYTHON = "Python 3.11.7"
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """One private name we use. `name` is what the code names: the full dotted path for a
+    module's attribute or an import, the bare attribute for one read on instances."""
+
+    name: str
+    owner: tuple[str, ...]
+    """Dotted paths of the classes or modules it belongs to (each is checked to still have it)."""
+    kind: str
+    used_in: tuple[str, ...]
+    """Modules whose code uses it, directly or through `via`."""
+    why: str
+    checked: str
+    via: str = ""
+    """The helper or constant of this module the users call instead, if any."""
+    probe: str = ""
+    """A dotted path that must resolve, where the owner answers any name (`torch.ops`)."""
+
+
+def _entry(name, owner, kind, used_in, why, checked, via="", probe="") -> PrivateName:
+    owner = (owner,) if isinstance(owner, str) else tuple(owner)
+    used_in = (used_in,) if isinstance(used_in, str) else tuple(used_in)
+    return PrivateName(name, owner, kind, used_in, why, checked, via, probe)
+
+
+_CKPT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+_MEM_TRACKER = "torch.distributed._tools.mem_tracker.MemTracker"
+_SUBPROCESS = "strategies.launchers.subprocess_script"
+_MODULE = "torch.nn.Module"
+_OMEGA = ("omegaconf.DictConfig", "omegaconf.ListConfig")
+_SDPA = "the attention kernels SDPA dispatches to; selective checkpointing keeps ops by handle"
+
+_ENTRIES = (
+    # --- torch: imports and module attributes -------------------------------------------------
+    _entry(_CKPT_WRAPPER, "torch.distributed.algorithms._checkpoint", "import",
+           "lightning_dist.parallel.activation_checkpoint",
+           "the only way to checkpoint existing submodules without editing forward",
+           TORCH, via="checkpoint_wrapper_api"),
+    _entry(_MEM_TRACKER, "torch.distributed._tools.mem_tracker", "import",
+           "lightning_dist.parallel.memory",
+           "the only tracker splitting memory into params, grads, optimizer, activations",
+           TORCH, via="mem_tracker_class"),
+    _entry("torch.distributed.pipelining._schedule_visualizer.get_schedule_ops",
+           "torch.distributed.pipelining._schedule_visualizer", "import", "bench.schedules",
+           "a schedule's action table without a process group", TORCH, via="schedule_ops_api"),
+    _entry("torch.distributed.pipelining.schedules._ComputationType",
+           "torch.distributed.pipelining.schedules", "import", "lightning_dist.parallel.pipeline",
+           "the action kinds of pipeline_order_with_comms; no public enum", TORCH,
+           via="pipeline_action_types"),
+    _entry("torch.distributed.checkpoint._traverse.set_element",
+           "torch.distributed.checkpoint._traverse", "import", "lightning_dist.checkpoint.safe",
+           "the placement DCP's default load planner uses for non-tensor values", TORCH,
+           via="dcp_set_element"),
+    _entry("torch._C._current_graph_task_id", "torch._C", "attribute",
+           "lightning_dist.parallel.memory", "whether backward runs; no public query", TORCH,
+           via="in_backward"),
+    _entry("torch._C._autograd._top_saved_tensors_default_hooks", "torch._C._autograd",
+           "attribute", "lightning_dist.parallel.sequence_parallel",
+           "whether saved-tensor hooks are in force; no public query", TORCH,
+           via="saved_tensors_hooks_active"),
+    _entry("torch.ops._c10d_functional", "torch.ops", "attribute",
+           "lightning_dist.parallel.activation_checkpoint",
+           "the functional collectives DTensor issues; selective checkpointing keeps their "
+           "outputs by op handle, and there is no public namespace", TORCH,
+           probe="torch.ops._c10d_functional.all_reduce"),
+    *(
+        _entry(f"torch.ops.aten.{op}", "torch.ops.aten", "attribute",
+               "lightning_dist.parallel.activation_checkpoint", _SDPA, TORCH)
+        for op in (
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+        )
+    ),
+    # --- torch: attributes and hooks on classes -------------------------------------------------
+    _entry("_checkpoint_wrapped_module", f"{_CKPT_WRAPPER}.ActivationWrapper", "attribute",
+           "lightning_dist.parallel.compile",
+           "a checkpoint wrapper's inner module; the wrapper has no public accessor", TORCH),
+    _entry("_parameters", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
+           "see module_internals", TORCH, via="module_internals"),
+    _entry("_buffers", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
+           "see module_internals", TORCH, via="module_internals"),
+    _entry("_non_persistent_buffers_set", _MODULE, "attribute",
+           "lightning_dist.checkpoint.canonical", "see module_internals", TORCH,
+           via="module_internals"),
+    _entry("_modules", _MODULE, "attribute",
+           ("lightning_dist.checkpoint.canonical", "lightning_dist.parallel.pipeline"),
+           "see module_internals; StageBlocks (a ModuleDict) redefines the dict API it would "
+           "call, so reads its own children as ModuleDict itself does", TORCH,
+           via="module_internals"),
+    _entry("forward", "torch.nn.Embedding", "patch", "lightning_dist.parallel.tp",
+           "the vocab-parallel embedding looks up local rows with a mask; a ParallelStyle can "
+           "only change what an instance computes through its forward", TORCH),
+    _entry("_apply", "torch.distributed.tensor.parallel.ParallelStyle", "hook",
+           ("lightning_dist.parallel.tp", "lightning_dist.parallel.sequence_parallel"),
+           "the one method a custom tensor-parallel style implements (torch's styles do)", TORCH),
+    _entry("_partition_embedding_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
+           "attribute", "lightning_dist.parallel.tp",
+           "RowwiseParallel's own sharding of an embedding, reused for the same placements",
+           TORCH),
+    _entry("_prepare_output_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
+           "attribute", "lightning_dist.parallel.tp",
+           "RowwiseParallel's own output redistribution, reused for the same layouts", TORCH),
+    _entry("_get_metadata_path", "torch.distributed.checkpoint.FileSystemReader", "attribute",
+           "lightning_dist.checkpoint.safe", "the .metadata file a reader opens; no accessor",
+           TORCH, via="dcp_metadata_path"),
+    *(
+        _entry(name, _MEM_TRACKER, kind, "lightning_dist.parallel.memory",
+               "Lightning's closure-style step and a pipeline's repeated module calls need "
+               "MemTracker's internals changed (see parallel/memory.py)", TORCH, via=via)
+        for name, kind, via in (
+            ("_register_global_optimizer_hook", "hook", ""),
+            ("_update_peak_stats", "hook", ""),
+            ("_track_module_params_and_buffers", "hook", ""),
+            ("_curr_mem_snap", "attribute", "mem_tracker_current"),
+            ("_in_opt", "attribute", "mem_tracker_enter_optimizer"),
+            ("_mod_tracker", "attribute", "mem_tracker_replace_module_hooks"),
+        )
+    ),
+    *(
+        _entry(f"{module}.{name}", module, "pickle", "lightning_dist.checkpoint.safe",
+               "a DCP .metadata pickle names it; the safe loader builds only listed names",
+               TORCH, via="DCP_METADATA_RECORDS")
+        for module, name in (
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+            ("torch.serialization", "_get_layout"),
+        )
+    ),
+    # --- Lightning ------------------------------------------------------------------------------
+    _entry("lightning.fabric.utilities.load._METADATA_FILENAME",
+           "lightning.fabric.utilities.load", "constant",
+           ("lightning_dist.resume", "lightning_dist.checkpoint.weights",
+            "lightning_dist.checkpoint.format"),
+           "the file of loops and callback states beside DCP shards; no public constant",
+           LIGHTNING, via="LIGHTNING_CHECKPOINT_METADATA"),
+    *(
+        _entry(f"lightning.{pkg}.{_SUBPROCESS}._hydra_subprocess_cmd", f"lightning.{pkg}."
+               f"{_SUBPROCESS}", "patch", "lightning_dist.strategies.launch",
+               "Lightning's child command under Hydra reruns a whole multirun; no hook",
+               LIGHTNING, via="replace_hydra_child_command")
+        for pkg in ("fabric", "pytorch")
+    ),
+    _entry("_device_mesh", ("lightning.pytorch.LightningModule",
+                            "lightning.pytorch.strategies.ModelParallelStrategy"), "attribute",
+           "lightning_dist.strategies.parallel3d",
+           "the `device_mesh` properties read it and have no setter; our setup_environment "
+           "builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
+    _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
+           "attribute", "lightning_dist.strategies.parallel3d",
+           "ModelParallelStrategy's process-group setup, kept while its setup_environment is "
+           "replaced", LIGHTNING),
+    _entry("_save_distributed_checkpoint", "lightning.pytorch.strategies.ModelParallelStrategy",
+           "attribute", "lightning_dist.strategies.parallel3d",
+           "whether checkpoints are sharded; no public accessor", LIGHTNING),
+    _entry("_setup_model", "lightning.pytorch.strategies.Strategy", "hook",
+           ("lightning_dist.strategies.fsdp", "lightning_dist.strategies.parallel3d"),
+           "where Strategy.setup wraps the model (FSDPStrategy overrides it too)", LIGHTNING),
+    _entry("lightning.pytorch.strategies.Strategy.setup", "lightning.pytorch.strategies.Strategy",
+           "bypass", "lightning_dist.strategies.parallel3d",
+           "ModelParallelStrategy.setup insists on configure_model(); a model built in "
+           "__init__ takes the generic setup", LIGHTNING),
+    _entry("_precision_plugin", "lightning.pytorch.strategies.Strategy", "attribute",
+           "lightning_dist.strategies.fsdp",
+           "the stored plugin behind the `precision_plugin` property we override", LIGHTNING),
+    _entry("clip_grad_by_norm", "lightning.pytorch.plugins.precision.Precision", "patch",
+           "lightning_dist.strategies.parallel3d",
+           "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
+           "plugin instance clips by the whole model's norm instead", LIGHTNING),
+    _entry("_process_group_backend", ("lightning.pytorch.strategies.DDPStrategy",
+                                      "lightning.pytorch.strategies.FSDPStrategy",
+                                      "lightning.pytorch.strategies.ModelParallelStrategy"),
+           "attribute", "lightning_dist.strategies.base",
+           "the backend a strategy's group is made with; no public accessor", LIGHTNING,
+           via="process_group_settings"),
+    _entry("_timeout", ("lightning.pytorch.strategies.DDPStrategy",
+                        "lightning.pytorch.strategies.FSDPStrategy",
+                        "lightning.pytorch.strategies.ModelParallelStrategy"),
+           "attribute", "lightning_dist.strategies.base",
+           "the timeout a strategy's group is made with; no public accessor", LIGHTNING,
+           via="process_group_settings"),
+    _entry("_trainer", "lightning.pytorch.LightningModule", "attribute", "lightning_dist.lm.module",
+           "whether a Trainer is attached; `trainer` raises when not", LIGHTNING,
+           via="attached_trainer"),
+    _entry("_optimizer", "lightning.pytorch.core.optimizer.LightningOptimizer", "attribute",
+           "lightning_dist.checkpoint.format", "see plain_optimizer", LIGHTNING,
+           via="plain_optimizer"),
+    _entry("_wandb_init", "lightning.pytorch.loggers.WandbLogger", "attribute",
+           "lightning_dist.loggers", "the arguments for wandb.init; `anonymous` cannot be left "
+           "out otherwise (wandb 0.31.0 warns on it)", LIGHTNING, via="drop_wandb_anonymous"),
+    _entry("_experiment", "lightning.pytorch.loggers.WandbLogger", "attribute",
+           "lightning_dist.loggers", "whether the run exists; `experiment` would create it",
+           LIGHTNING, via="wandb_run_started"),
+    # --- Hydra and OmegaConf --------------------------------------------------------------------
+    _entry("hydra._internal.utils", "hydra._internal", "import", "lightning_dist.run_errors",
+           "where Hydra reports its own config errors; no hook", HYDRA, via="wrap_hydra_errors"),
+    _entry("run_and_report", "hydra._internal.utils", "patch", "lightning_dist.run_errors",
+           "replaced (idempotently) to report config errors in one line; `_run_hydra` looks "
+           "it up on each call", HYDRA, via="wrap_hydra_errors"),
+    _entry("_get_node", _OMEGA, "attribute", ("lightning_dist.builder", "lightning_dist.checks"),
+           "see config_child", OMEGACONF, via="config_child"),
+    _entry("_is_none", _OMEGA, "attribute", ("lightning_dist.builder", "lightning_dist.checks"),
+           "see config_is_none", OMEGACONF, via="config_is_none"),
+    _entry("_is_missing", _OMEGA, "attribute", "lightning_dist.builder", "see config_is_missing",
+           OMEGACONF, via="config_is_missing"),
+    # --- transformers ---------------------------------------------------------------------------
+    _entry("_no_split_modules", "transformers.PreTrainedModel", "attribute",
+           "lightning_dist.parallel.fsdp",
+           "an HF model's own list of its block classes (Accelerate reads it too)", TRANSFORMERS),
+    _entry(HF_INITIALIZED_FLAG, "transformers.PreTrainedModel", "attribute",
+           "lightning_dist.models.hf", "see HF_INITIALIZED_FLAG", TRANSFORMERS,
+           via="HF_INITIALIZED_FLAG"),
+    # --- the standard library -------------------------------------------------------------------
+    _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.registry",
+           "registers our strategies once lightning.pytorch has loaded, without importing it; "
+           "the import system has no post-import hook", PYTHON),
+)  # fmt: skip
+
+PRIVATE_NAMES: dict[str, PrivateName] = {entry.name: entry for entry in _ENTRIES}
+"""Every private name the package uses, by `PrivateName.name`."""

@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from lightning_dist._compat import config_child, config_is_missing, config_is_none
+
 ALLOWED_TARGETS: dict[str, list[str]] = {
     "model": ["lightning_dist.models."],
     "data": ["lightning_dist.lm.data."],
@@ -46,15 +48,15 @@ def allow_targets(group: str, *prefixes: str) -> None:
 def _targets(node: Any, path: str):
     """(path, target) of every `_target_` in a config subtree."""
     if isinstance(node, DictConfig):
-        if node._is_none() or node._is_missing():
+        if config_is_none(node) or config_is_missing(node):
             return
         for key in node:
-            child = node._get_node(key)
+            child = config_child(node, key)
             if key == "_target_":
                 yield f"{path}._target_", node[key]
             elif isinstance(child, DictConfig | ListConfig):
                 yield from _targets(child, f"{path}.{key}")
-    elif isinstance(node, ListConfig) and not node._is_none():
+    elif isinstance(node, ListConfig) and not config_is_none(node):
         for i, child in enumerate(node):
             yield from _targets(child, f"{path}[{i}]")
 
@@ -86,12 +88,12 @@ def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` in a composed training config is allowed for its place; one ValueError
     naming the first that is not."""
     for key in cfg:
-        node = cfg._get_node(key)
-        if key == "callbacks" and isinstance(node, DictConfig) and not node._is_none():
+        node = config_child(cfg, key)
+        if key == "callbacks" and isinstance(node, DictConfig) and not config_is_none(node):
             for name in node:
-                entry = node._get_node(name)
+                entry = config_child(node, name)
                 if not isinstance(entry, DictConfig) or "_target_" not in entry:
-                    if entry._is_none():
+                    if config_is_none(entry):
                         continue
                     raise ValueError(
                         f"callbacks.{name} must be a config with a _target_ (or null to switch "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from lightning_dist._compat import module_internals
+
 
 def canonical_module(root: nn.Module, pipeline: nn.Module | None = None) -> nn.Module:
     """`root` itself, or, when `pipeline` (a PipelinedModel with `parts`) sits inside it, a
@@ -36,33 +38,38 @@ def merge_modules(modules: list[nn.Module]) -> nn.Module:
     if len(modules) == 1:
         return modules[0]
     view = nn.Module()
+    mine = module_internals(view)
     for module in modules:
-        for name, param in module._parameters.items():
-            if param is not None and name not in view._parameters:
+        theirs = module_internals(module)
+        for name, param in theirs.parameters.items():
+            if param is not None and name not in mine.parameters:
                 view.register_parameter(name, param)
-        for name, buffer in module._buffers.items():
-            if buffer is not None and name not in view._buffers:
-                persistent = name not in module._non_persistent_buffers_set
+        for name, buffer in theirs.buffers.items():
+            if buffer is not None and name not in mine.buffers:
+                persistent = name not in theirs.non_persistent_buffers
                 view.register_buffer(name, buffer, persistent=persistent)
     names: list[str] = []
     for module in modules:
-        names += [n for n, c in module._modules.items() if c is not None and n not in names]
+        children = module_internals(module).modules
+        names += [n for n, c in children.items() if c is not None and n not in names]
     for name in names:
-        view.add_module(name, merge_modules([m._modules.get(name) for m in modules]))
+        parts = [module_internals(m).modules.get(name) for m in modules]
+        view.add_module(name, merge_modules(parts))
     return view
 
 
 def _replace(root: nn.Module, path: list[str], module: nn.Module) -> nn.Module:
     """A shallow view of `root` with the submodule at `path` replaced by `module`."""
     view = nn.Module()
-    for name, param in root._parameters.items():
+    internals = module_internals(root)
+    for name, param in internals.parameters.items():
         if param is not None:
             view.register_parameter(name, param)
-    for name, buffer in root._buffers.items():
+    for name, buffer in internals.buffers.items():
         if buffer is not None:
-            persistent = name not in root._non_persistent_buffers_set
+            persistent = name not in internals.non_persistent_buffers
             view.register_buffer(name, buffer, persistent=persistent)
-    for name, child in root._modules.items():
+    for name, child in internals.modules.items():
         if child is None:
             continue
         if name == path[0]:

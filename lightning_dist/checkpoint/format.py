@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA, plain_optimizer
 from lightning_dist.checkpoint.manifest import (
     MANIFEST,
     CheckpointError,
@@ -64,7 +64,7 @@ def _options(full: bool = False):
 
 
 def _plain(optimizer):
-    return getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer
+    return plain_optimizer(optimizer)  # a LightningOptimizer's torch optimizer
 
 
 def gather_state(module: nn.Module, optimizers: list, *, full: bool = False) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchmetrics.text import Perplexity
 
+from lightning_dist._compat import attached_trainer
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.materialize import materialize
 
@@ -80,7 +81,9 @@ class CausalLM(L.LightningModule):
         # final hidden states; a model that names no `output_head` keeps the plain loss.
         deferred = self.loss_chunk_tokens > 0 and defer_output_head(model) is not None
         parallelize = (
-            getattr(self.trainer.strategy, "parallelize_model", None) if self._trainer else None
+            getattr(self.trainer.strategy, "parallelize_model", None)
+            if attached_trainer(self)
+            else None
         )
         if parallelize is not None:
             self.model = parallelize(model, init_seed=self.init_seed)
