@@ -47,6 +47,8 @@ def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_ty
 
 
 def _dtype(value: str | None, name: str) -> str | None:
+    if hasattr(value, "is_floating_point"):  # a torch.dtype, as plain Lightning code may pass
+        value = str(value).removeprefix("torch.")
     if value is not None and str(value).lower() not in DTYPE_NAMES:
         raise ValueError(f"strategy.{name}={value!r} is not one of fp32, bf16, fp16 (or null)")
     return None if value is None else str(value).lower()
@@ -456,7 +458,9 @@ class StrategyOptions:
         """A copy with some knobs changed (validated as at construction)."""
         changes: dict[str, Any] = {}
         for name, value in knobs.items():
-            group = KNOB_GROUP[name]
+            group = KNOB_GROUP.get(name)
+            if group is None:
+                raise TypeError(f"no knob {name!r}; the knobs are: {', '.join(KNOB_GROUP)}")
             current = changes.get(group) or getattr(self, group) or GROUPS[group]()
             changes[group] = dataclasses.replace(current, **{name: value})
         return dataclasses.replace(self, **changes)

@@ -111,7 +111,7 @@ def planned_strategy(cfg: Any, spec: Any, hardware: HardwareSpec) -> tuple[dict,
         seq_len=int(cfg.data.seq_len),
         precision=cfg.trainer.precision or hardware.precision,
         micro_batch_sizes=(int(micro),) if micro else None,
-        allow_offload=False,  # the 3D strategy does not offload
+        allow_offload=False,  # strategy=auto runs without CPU offload (its kwargs below)
     )
     best = result.best()
     layout, settings = best.layout, best.settings

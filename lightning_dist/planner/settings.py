@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from lightning_dist.activation_checkpointing import CheckpointChoice
-from lightning_dist.options import KNOB_GROUP, StrategyOptions
+from lightning_dist.options import KNOB_GROUP, FSDP1Options, StrategyOptions
 
 GIB = 1024**3
 
@@ -145,6 +145,19 @@ class TrainSettings:
     def compile_backend(self) -> str:
         return self.options.compile.compile_backend
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", normalize_precision(self.precision))
+        for name in ("global_batch_size", "seq_len", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if self.sharding not in SHARDING_MODES:
+            raise ValueError(
+                f"sharding={self.sharding!r} is not one of {', '.join(SHARDING_MODES)}"
+            )
+        if self.attention not in ("flash", "math"):
+            raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
+        state_bytes(self.precision, self.optimizer)  # validates the optimizer name
+
     def with_knobs(self, **knobs) -> TrainSettings:
         """A copy with some strategy knobs changed (`activation_checkpointing="op"`, ...)."""
         return replace(self, options=with_knobs(self.options, knobs))
@@ -169,17 +182,7 @@ def with_knobs(options: StrategyOptions, knobs: dict) -> StrategyOptions:
     ac = knobs.get("activation_checkpointing")
     if isinstance(ac, bool):
         knobs = {**knobs, "activation_checkpointing": "full" if ac else 0}
+    if options.fsdp1 is None and any(KNOB_GROUP.get(k) == "fsdp1" for k in knobs):
+        # An FSDP1 knob alone (limit_all_gathers=False) keeps the planner's default mode.
+        options = replace(options, fsdp1=FSDP1Options(sharding_strategy="FULL_SHARD"))
     return options.with_knobs(**knobs) if knobs else options
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "precision", normalize_precision(self.precision))
-        for name in ("global_batch_size", "seq_len", "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.sharding not in SHARDING_MODES:
-            raise ValueError(
-                f"sharding={self.sharding!r} is not one of {', '.join(SHARDING_MODES)}"
-            )
-        if self.attention not in ("flash", "math"):
-            raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
-        state_bytes(self.precision, self.optimizer)  # validates the optimizer name

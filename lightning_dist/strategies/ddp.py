@@ -16,7 +16,10 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
     The contract's defaults describe it exactly (layout dp_replicate = world size, planner
     sharding NO_SHARD); this class adds them to Lightning's DDPStrategy, and per-block
     compilation before DDP wraps the model. Its knobs are those of `options.PRESETS["ddp"]`
-    (`find_unused_parameters`, `compile`, ...); other keyword arguments go to Lightning.
+    (`find_unused_parameters`, `compile`, ...), with their defaults also from Python:
+    `gradient_as_bucket_view=True` and `broadcast_buffers=False` (our buffers never change;
+    pass `broadcast_buffers=True` for a model whose buffers do, such as BatchNorm's). Other
+    keyword arguments go to Lightning.
     """
 
     def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:

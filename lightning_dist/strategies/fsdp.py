@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
 from lightning_dist.layout import Layout, batch_plan
-from lightning_dist.options import FSDP1_HYBRID, StrategyOptions
+from lightning_dist.options import FSDP1_HYBRID, PRESETS, StrategyOptions, group_knobs
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes
@@ -30,6 +30,9 @@ from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 HYBRID = FSDP1_HYBRID
+LIGHTNING_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
+                       "precision_plugin"}  # fmt: skip
+"""Lightning's own FSDPStrategy arguments this class passes on (besides `timeout`)."""
 
 
 class GlobalNormFSDPPrecision(FSDPPrecision):
@@ -69,6 +72,12 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         from torch.distributed.fsdp import BackwardPrefetch
 
         self.options, rest = build_options(type(self), "fsdp", options, kwargs)
+        unknown = sorted(set(rest) - LIGHTNING_ARGUMENTS)
+        if unknown:  # Lightning would hand them to FullyShardedDataParallel at wrap time
+            raise TypeError(
+                f"{type(self).__name__} has no knob {unknown[0]!r}; its knobs are: "
+                + ", ".join(f.name for g in PRESETS["fsdp"].groups for f in group_knobs(g))
+            )
         fsdp1 = self.options.fsdp1
         prefetch = fsdp1.backward_prefetch
         super().__init__(
