@@ -527,3 +527,14 @@ PRESETS: dict[str, Preset] = {
 """Each strategy's knobs, by the name of its schema (`conf/strategy/<file>.yaml` extends
 `/schema_<name>`); `tp` and `pp` are YAML presets of `3d`, `auto` lets the planner set the
 layout and runs the 3d strategy."""
+
+
+def knob_reference(preset: str) -> str:
+    """A docstring section listing a preset's knobs: name, default and documentation, from the
+    option classes themselves (strategies append it to their class docstring)."""
+    spec = PRESETS[preset]
+    lines = ["", "Knobs (lightning_dist/options.py; the same names as `strategy.<knob>`):", ""]
+    for group in spec.groups:
+        for f in group_knobs(group):
+            lines.append(f"    {f.name} = {spec.default(f)!r}: {knob_doc(group, f)}")
+    return "\n".join(lines)

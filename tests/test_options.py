@@ -193,3 +193,21 @@ def test_plain_lightning_keywords_and_options_objects_build_the_same(tmp_path):
     with pytest.raises(TypeError, match="has no knob 'tp'"):
         TunedFSDPStrategy(tp=2)
     assert dataclasses.is_dataclass(by_keyword.options)
+
+
+def test_each_strategy_shows_its_knobs_in_its_signature_and_docstring():
+    import inspect
+
+    from lightning_dist.strategies.ddp import DataParallelStrategy
+    from lightning_dist.strategies.fsdp import TunedFSDPStrategy
+    from lightning_dist.strategies.fsdp2 import FSDP2Strategy
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+    for cls in (Parallel3DStrategy, FSDP2Strategy, TunedFSDPStrategy, DataParallelStrategy):
+        params = inspect.signature(cls).parameters
+        spec = options.PRESETS[cls.preset]
+        for group in spec.groups:
+            for f in options.group_knobs(group):
+                assert params[f.name].default == spec.default(f), (cls.__name__, f.name)
+                assert f"    {f.name} = " in cls.__doc__, (cls.__name__, f.name)
+    assert inspect.signature(FSDP2Strategy).parameters["dp_replicate"].default is None

@@ -9,6 +9,7 @@ Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -17,7 +18,7 @@ from torch import nn
 from lightning_dist._compat import process_group_settings
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
-from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions
+from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
 from lightning_dist.parallel.fsdp import find_block_types
@@ -29,6 +30,21 @@ from lightning_dist.parallel.nodes import (
     mesh_groups,
 )
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
+
+
+def knob_signature(cls: type) -> inspect.Signature:
+    """`cls.__init__`'s signature with its `**knobs` spelt out as keyword-only parameters (the
+    preset's defaults); a `**kwargs` that goes on to Lightning stays at the end."""
+    own = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    spec = PRESETS[cls.preset]
+    knobs = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default(f))
+        for g in spec.groups
+        for f in group_knobs(g)
+    ]
+    rest = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    tail = [p for p in own if p.kind is inspect.Parameter.VAR_KEYWORD and p.name != "knobs"]
+    return inspect.Signature([*knobs, *rest, *tail])
 
 
 def build_options(
@@ -44,6 +60,18 @@ def build_options(
 
 class LightningDistStrategy(FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
+
+    preset: str | None = None
+    """The entry of `lightning_dist.options.PRESETS` that gives the class its knobs."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The class's own docstring and signature list its knobs, read from the option classes,
+        # so help() and editors show every keyword argument without a hand-kept copy.
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("preset") is None:
+            return
+        cls.__doc__ = (cls.__doc__ or "") + "\n" + knob_reference(cls.preset)
+        cls.__signature__ = knob_signature(cls)
 
     single_process = False
     pipelined = False

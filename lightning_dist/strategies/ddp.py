@@ -22,8 +22,10 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
     keyword arguments go to Lightning.
     """
 
+    preset = "ddp"
+
     def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
-        self.options, rest = build_options(type(self), "ddp", options, kwargs)
+        self.options, rest = build_options(type(self), self.preset, options, kwargs)
         ddp = self.options.ddp
         super().__init__(
             process_group_backend=self.options.process.process_group_backend,

@@ -61,6 +61,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     """
 
     strategy_name = "fsdp_tuned"
+    preset = "fsdp"
 
     def __init__(
         self,
@@ -71,7 +72,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     ) -> None:
         from torch.distributed.fsdp import BackwardPrefetch
 
-        self.options, rest = build_options(type(self), "fsdp", options, kwargs)
+        self.options, rest = build_options(type(self), self.preset, options, kwargs)
         unknown = sorted(set(rest) - LIGHTNING_ARGUMENTS)
         if unknown:  # Lightning would hand them to FullyShardedDataParallel at wrap time
             raise TypeError(

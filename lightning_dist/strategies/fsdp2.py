@@ -10,9 +10,13 @@ sharded child by child in `setup()`.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
 from lightning_dist.layout import Layout
+from lightning_dist.options import StrategyOptions
 from lightning_dist.strategies.parallel3d import Parallel3DStrategy
 
 
@@ -23,13 +27,20 @@ class FSDP2Strategy(Parallel3DStrategy):
     strategy_name = "fsdp2"
     preset = "fsdp2"
 
-    def __init__(self, **kwargs: Any) -> None:
-        replicas = kwargs.get("dp_replicate")
+    def __init__(
+        self,
+        *,
+        options: StrategyOptions | None = None,
+        async_save: bool = False,
+        timeout: timedelta | None = default_pg_timeout,
+        **knobs: Any,
+    ) -> None:
+        replicas = knobs.get("dp_replicate")
         if replicas is not None and (
             isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
         ):
             raise ValueError(f"strategy.dp_replicate={replicas!r} must be a positive integer")
-        super().__init__(**kwargs)
+        super().__init__(options=options, async_save=async_save, timeout=timeout, **knobs)
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         world = devices * num_nodes

@@ -58,7 +58,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     strategy_name = "parallel3d"
     preset = "3d"
-    """The entry of `lightning_dist.options.PRESETS` that gives this class its knobs."""
 
     def __init__(
         self,

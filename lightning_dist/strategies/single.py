@@ -16,9 +16,10 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
     """Lightning's SingleDeviceStrategy, declaring the contract: one rank, whatever the devices."""
 
     single_process = True
+    preset = "single"
 
     def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
-        self.options, rest = build_options(type(self), "single", options, kwargs)
+        self.options, rest = build_options(type(self), self.preset, options, kwargs)
         super().__init__(**rest)
         self.check_compile()
 
