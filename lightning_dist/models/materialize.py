@@ -20,3 +20,28 @@ def materialize(model: torch.nn.Module, device: torch.device, seed: int) -> torc
             torch.manual_seed(seed)
             model.init_weights()
     return model.to(device)
+
+
+def materialize_with_reset(module: torch.nn.Module, device: torch.device) -> None:
+    """Allocate a meta-device module on `device` and initialise each submodule that holds
+    parameters or buffers of its own with its `reset_parameters()` (torch's convention, what a
+    user's `configure_model()` that sharded on the meta device expects). Nothing to do for a
+    module without meta tensors; ValueError naming the classes that have no such method."""
+    if not any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        return
+    module.to_empty(device=device)
+    missing = set()
+    for sub in module.modules():
+        if not any(True for _ in [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]):
+            continue
+        reset = getattr(sub, "reset_parameters", None)
+        if callable(reset):
+            reset()
+        else:
+            missing.add(type(sub).__name__)
+    if missing:
+        raise ValueError(
+            f"cannot initialise {', '.join(sorted(missing))} after building on the meta device: "
+            "give each a reset_parameters() method, or build the model in configure_model() and "
+            "pass it to self.trainer.strategy.parallelize_model()"
+        )

@@ -126,3 +126,27 @@ def shard_children(
 def model_parts(model: nn.Module) -> list[nn.Module]:
     """The stage modules of a `PipelinedModel`, or `[model]`."""
     return list(model.parts) if isinstance(model, PipelinedModel) else [model]
+
+
+def init_shards(parts: list[nn.Module], layout: Layout, rank: int, *, device, seed: int) -> None:
+    """Allocate and initialise each part's own shards on `device` (no full copy anywhere).
+
+    One seed per distinct shard: the data-parallel replicas (dp_replicate) draw the same values,
+    every other rank different ones (or TP shards would repeat each other). The weights then
+    differ from a single process's; `init_sharded=false` keeps parity instead."""
+    c = layout.coordinate(rank)
+    shard_id = (c["pp"] * layout.dp_shard + c["dp_shard"]) * layout.tp + c["tp"]
+    for part in parts:
+        part.to_empty(device=device)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed + 1_000_003 * shard_id)
+            part.init_weights()
+
+
+def optimizers_to_device(optimizers, device: torch.device) -> None:
+    """Move any optimizer state tensors to `device` (a restored state may sit elsewhere)."""
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != device:
+                    state[key] = value.to(device)

@@ -21,18 +21,25 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from lightning_dist._compat import set_module_device_mesh
 from lightning_dist.checkpoint.async_saves import AsyncSaves
 from lightning_dist.layout import Layout
-from lightning_dist.models.materialize import materialize
+from lightning_dist.models.materialize import materialize, materialize_with_reset
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
 from lightning_dist.parallel.fsdp import check_reshard
-from lightning_dist.parallel.parallelize import dp_mesh, model_parts, parallelize, shard_children
+from lightning_dist.parallel.parallelize import (
+    dp_mesh,
+    init_shards,
+    model_parts,
+    optimizers_to_device,
+    parallelize,
+    shard_children,
+)
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context
@@ -173,28 +180,39 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         return result if self.options.sharding.cpu_offload else result.to(self.root_device)
 
     def _init_shards(self, model: nn.Module, seed: int) -> None:
-        # One seed per distinct shard: the data-parallel replicas (dp_replicate) must draw the
-        # same values, every other rank different ones (or TP shards would repeat each other).
-        c = self.layout.coordinate(self.global_rank)
-        layout = self.layout
-        shard_id = (c["pp"] * layout.dp_shard + c["dp_shard"]) * layout.tp + c["tp"]
-        for part in model_parts(model):
-            part.to_empty(device=self.root_device)
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(seed + 1_000_003 * shard_id)
-                part.init_weights()
+        init_shards(
+            model_parts(model), self.layout, self.global_rank, device=self.root_device, seed=seed
+        )
 
     def setup(self, trainer) -> None:
+        """Lightning's public pieces, in ModelParallelStrategy's order: accelerator, the model
+        (materialised, precision-converted, on its device; a module that built its layers in
+        `__init__` and never called `parallelize_model` is sharded child by child here),
+        optimizers, precision plugin; then clipping by the global norm."""
+        from lightning.pytorch.trainer.states import TrainerFn
         from torch.distributed.fsdp import FSDPModule
 
-        if self._parallelize_called or any(isinstance(m, FSDPModule) for m in self.model.modules()):
-            super().setup(trainer)  # ModelParallelStrategy: materialise, devices, optimizers
-        else:
-            # A module that builds its layers in __init__ and never called parallelize_model:
-            # Lightning's generic setup, whose `_setup_model` hook shards it (below);
-            # ModelParallelStrategy.setup would insist on configure_model().
+        self.accelerator.setup(trainer)
+        prepared = self._parallelize_called or any(
+            isinstance(m, FSDPModule) for m in self.model.modules()
+        )
+        if not prepared:
             self._require_data_parallel_only()
-            Strategy.setup(self, trainer)
+        else:  # a configure_model() that applied FSDP2 itself on the meta device
+            materialize_with_reset(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        if not prepared:
+            self.model = shard_children(
+                self.model, dp_mesh(self.device_mesh, self.layout), device=self.root_device,
+                options=self.options, precision=self.precision_plugin.precision,
+            )  # fmt: skip
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            optimizers_to_device(self.optimizers, self.root_device)
         sharding.move_metrics(self.model, self.root_device)
         self._clip_by_global_norm()
 
@@ -211,13 +229,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
                 "self.trainer.strategy.parallelize_model(model, init_seed=...) "
                 "(see docs/BRING_YOUR_OWN_MODEL.md)"
             )
-
-    def _setup_model(self, model: nn.Module) -> nn.Module:
-        """Shard a LightningModule that built its layers in __init__, child by child."""
-        return shard_children(
-            model, dp_mesh(self.device_mesh, self.layout), device=self.root_device,
-            options=self.options, precision=self.precision_plugin.precision,
-        )  # fmt: skip
 
     def _clip_by_global_norm(self) -> None:
         # Lightning clips through the precision plugin with torch's clip_grad_norm_, which would
