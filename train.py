@@ -7,11 +7,13 @@ import sys
 
 import hydra
 
-from lightning_dist.callbacks.nan_guard import NonFiniteError
-from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
 from lightning_dist.config import CONF_DIR
-from lightning_dist.run_errors import ConfigError, guard_command_line, report_config_error
-from lightning_dist.train import train
+from lightning_dist.run_errors import (
+    ConfigError,
+    config_errors,
+    guard_command_line,
+    report_config_error,
+)
 
 NON_FINITE_EXIT_CODE = 3
 
@@ -20,6 +22,17 @@ guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg) -> None:
+    from lightning_dist.checks import check_config_text
+
+    try:  # a typo is reported before torch and Lightning are imported (seconds on a busy box)
+        with config_errors():
+            check_config_text(cfg)
+    except ConfigError as e:
+        report_config_error(e)
+    from lightning_dist.callbacks.nan_guard import NonFiniteError
+    from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
+    from lightning_dist.train import train
+
     try:
         result = train(cfg)
     except ConfigError as e:

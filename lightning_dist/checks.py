@@ -112,6 +112,13 @@ def check_numbers(cfg: DictConfig) -> None:
 
 def check_config(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None:
     """Every check of a composed config that needs nothing built."""
+    check_config_text(cfg, choices)
+    check_targets(cfg)
+
+
+def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None:
+    """The checks that import nothing a config names (no torch, no Lightning): the schema,
+    the keys, the group choices and the numbers; `check_config` adds the `_target_`s."""
     from lightning_dist.config import TrainSchema
 
     if OmegaConf.get_type(cfg) is not TrainSchema:
@@ -120,7 +127,6 @@ def check_config(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
         from hydra.core.hydra_config import HydraConfig
 
         choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    check_targets(cfg)
     check_keys(cfg)
     check_choices(choices)
     check_numbers(cfg)
