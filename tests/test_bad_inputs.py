@@ -427,3 +427,17 @@ def test_resume_is_exact_and_quiet(tmp_path):
     assert "not resumable" not in resumed.stderr + resumed.stdout
     full = json.loads((tmp_path / "a" / "summary.json").read_text())["losses"]
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["losses"] == full[2:]
+
+
+def test_a_config_typo_is_reported_before_torch_or_lightning_is_imported(tmp_path):
+    """train.py's key check runs before anything heavy is imported: one line, exit 2."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO_ROOT / "train.py"), "+no_such_key=1",
+         f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    assert "unknown config key no_such_key" in errors[0]
+    assert not {"torch", "lightning"} & imported, sorted({"torch", "lightning"} & imported)
