@@ -99,7 +99,7 @@ class SyntheticDataSchema:
 
 def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
     """The Hydra schema of a strategy: `name`, `_target_` and every knob of the option classes
-    its preset uses (lightning_dist/options.py), with the preset's defaults. Generated, so a
+    its preset uses (lightning_dist/options/), with the preset's defaults. Generated, so a
     knob is declared once; importable as `lightning_dist.config.<schema>` (see `_with_target`)."""
     spec = options.PRESETS[preset]
     fields: list[tuple[str, Any, Any]] = [

@@ -28,7 +28,7 @@ class StrategyContract(Protocol):
     pipelined: bool
     """True once the model is split into pipeline stages (each runs once per microbatch)."""
     options: StrategyOptions
-    """Every knob as configured (lightning_dist/options.py): the planner's input."""
+    """Every knob as configured (lightning_dist/options/): the planner's input."""
     placement: Any
     """Once the processes exist: the node of every rank and the rank groups of each parallel
     dimension (`lightning_dist.parallel.nodes.Placement`); None before, or when unknown."""

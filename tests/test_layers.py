@@ -105,7 +105,7 @@ def test_strategies_do_not_import_the_lightning_module():
 
 def test_lower_layers_do_not_import_upper_ones():
     """models/ sees only itself; parallel/ and planner/ see neither Lightning glue nor lm/.
-    Both read the option classes (lightning_dist/options.py) and the parsed activation-
+    Both read the option classes (lightning_dist/options/) and the parsed activation-
     checkpointing setting, torch-free like the layout."""
     rules = {
         "lightning_dist.models": ("lightning_dist.models", "lightning_dist._compat"),

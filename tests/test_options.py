@@ -1,4 +1,4 @@
-"""Every knob of every option class (lightning_dist/options.py) is settable from each strategy
+"""Every knob of every option class (lightning_dist/options/) is settable from each strategy
 preset that uses it, arrives in the strategy's `options`, reaches `parallelize()`, and reaches
 the planner, where it changes the prediction unless it is marked planner-irrelevant.
 

@@ -51,7 +51,7 @@ def parallelize(
 
     Without pipeline parallelism the result is `model`, sharded in place. With it, a
     `PipelinedModel` holding this rank's stages; call it as `model(inputs, target, loss_fn)`.
-    `options` holds every knob (lightning_dist/options.py: the TP plan and sequence/loss
+    `options` holds every knob (lightning_dist/options/: the TP plan and sequence/loss
     parallelism, activation checkpointing, compile, FSDP2, the pipeline split); `precision` is
     the Trainer's, which FSDP's mixed-precision policy follows.
     """

@@ -240,7 +240,7 @@ def estimate(
     """Predict memory and step time of ONE layout; `fits` says whether it fits with headroom.
 
     `layout` may hold one -1 degree; it is resolved against the hardware's world size.
-    `options` are the strategy's knobs (lightning_dist/options.py; a strategy's `.options`),
+    `options` are the strategy's knobs (lightning_dist/options/; a strategy's `.options`),
     PLANNER_OPTIONS when None; `knobs` change some of them by name (`activation_checkpointing
     ="op"`, `cpu_offload=True`). `sharding` defaults to the options' FSDP mode on this layout
     (`StrategyOptions.planner_sharding`). `micro_batch_size` defaults to the per-rank batch

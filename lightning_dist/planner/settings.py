@@ -116,7 +116,7 @@ class TrainSettings:
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
     options: StrategyOptions = field(default_factory=lambda: PLANNER_OPTIONS)
-    """The strategy's knobs (lightning_dist/options.py); the properties below read the ones
+    """The strategy's knobs (lightning_dist/options/); the properties below read the ones
     the cost model uses."""
 
     @property

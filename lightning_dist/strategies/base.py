@@ -3,7 +3,7 @@
 Mixed into each of our Lightning strategies before Lightning's own class. A strategy declares
 its layout with `declared_layout(num_nodes)` (one degree may be -1, "the remaining ranks"), and
 overrides `check_run` and `parallelize_model` where it has more to say; its knobs are
-`self.options` (lightning_dist/options.py), built in its constructor by `build_options`.
+`self.options` (lightning_dist/options/), built in its constructor by `build_options`.
 Every strategy saves and loads the one checkpoint format (`FormatCheckpointHooks`).
 """
 
@@ -76,7 +76,7 @@ class LightningDistStrategy(FormatCheckpointHooks):
     single_process = False
     pipelined = False
     options: StrategyOptions = StrategyOptions()
-    """Every knob of this strategy (lightning_dist/options.py), built once in `__init__`; the
+    """Every knob of this strategy (lightning_dist/options/), built once in `__init__`; the
     planner, `parallelize()` and the checks read it."""
     placement: Placement | None = None
     """The node of every rank and the groups of each dimension, once the processes exist."""

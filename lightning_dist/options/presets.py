@@ -1,0 +1,226 @@
+"""`StrategyOptions` (every option class of a strategy, built once) and `PRESETS` (which classes
+each strategy uses, and where its defaults differ); plain Python like the classes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_dist.layout import Layout
+from lightning_dist.options.knobs import (
+    CheckpointFormatOptions,
+    CheckpointingOptions,
+    CompileOptions,
+    DDPOptions,
+    FSDP1Options,
+    FSDP2Options,
+    PipelineOptions,
+    PrecisionOptions,
+    ProcessOptions,
+    ShardingOptions,
+    TensorParallelOptions,
+)
+
+LAYOUT_DOCS = {
+    "pp": "Pipeline-parallel ranks (outermost); -1 means the remaining ranks.",
+    "dp_replicate": "Data-parallel replica groups (HSDP across them); null means one per node.",
+    "dp_shard": "Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks.",
+    "tp": "Tensor-parallel ranks (innermost: keep within a node); -1 means the remaining ranks.",
+    "schedule": "GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble.",
+    "microbatches": "Pipeline microbatches per step; null means 2 x pp.",
+    "virtual_stages": "Stages per pipeline rank (2+ for the interleaved schedules, 2 for "
+    "ZBVZeroBubble).",
+}
+"""The documentation of the `Layout` fields as strategy knobs (`Layout` itself is the class)."""
+
+GROUPS: dict[str, type] = {
+    "layout": Layout,
+    "fsdp": FSDP2Options,
+    "fsdp1": FSDP1Options,
+    "ddp": DDPOptions,
+    "sharding": ShardingOptions,
+    "precision": PrecisionOptions,
+    "tp": TensorParallelOptions,
+    "pipeline": PipelineOptions,
+    "checkpointing": CheckpointingOptions,
+    "compile": CompileOptions,
+    "process": ProcessOptions,
+    "checkpoint_format": CheckpointFormatOptions,
+}
+"""Every option class, by its attribute name in `StrategyOptions`."""
+
+
+def group_knobs(group: str) -> tuple[dataclasses.Field, ...]:
+    """The knob fields of one option class, in declaration order."""
+    return dataclasses.fields(GROUPS[group])
+
+
+def knob_doc(group: str, f: dataclasses.Field) -> str:
+    return LAYOUT_DOCS[f.name] if group == "layout" else f.metadata["doc"]
+
+
+def planner_ignores(group: str, name: str) -> str | None:
+    """Why the planner does not model knob `name` of `group`, or None when it does."""
+    if group == "layout":
+        return None
+    f = next(f for f in group_knobs(group) if f.name == name)
+    return f.metadata["planner_ignores"]
+
+
+KNOB_GROUP: dict[str, str] = {f.name: g for g in GROUPS for f in group_knobs(g)}
+"""The option class of each knob name (the names are unique across classes)."""
+assert len(KNOB_GROUP) == sum(len(group_knobs(g)) for g in GROUPS), "a knob name is declared twice"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyOptions:
+    """Every option class of a strategy, built and validated once.
+
+    `layout` is the declared layout (one degree may be -1); `replica_per_node` says that
+    `dp_replicate` was null (one replica group per node, resolved when the node count is
+    known). Groups a strategy does not use keep their defaults (`fsdp1` and `ddp` are None
+    unless the strategy runs them)."""
+
+    layout: Layout = field(default_factory=Layout)
+    replica_per_node: bool = False
+    fsdp: FSDP2Options = field(default_factory=FSDP2Options)
+    fsdp1: FSDP1Options | None = None
+    ddp: DDPOptions | None = None
+    sharding: ShardingOptions = field(default_factory=ShardingOptions)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    tp: TensorParallelOptions = field(default_factory=TensorParallelOptions)
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
+    checkpointing: CheckpointingOptions = field(default_factory=CheckpointingOptions)
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    process: ProcessOptions = field(default_factory=ProcessOptions)
+    checkpoint_format: CheckpointFormatOptions = field(default_factory=CheckpointFormatOptions)
+
+    @classmethod
+    def from_knobs(
+        cls, groups: tuple[str, ...], knobs: dict[str, Any], owner: str = "strategy"
+    ) -> StrategyOptions:
+        """Route flat knob names (`tp=2`, `activation_checkpointing="op"`) to their option
+        classes; only the classes in `groups` may be set. TypeError for a name no class of
+        `groups` declares (naming the ones that exist), ValueError for a bad value."""
+        routed: dict[str, dict[str, Any]] = {g: {} for g in groups}
+        for name, value in knobs.items():
+            group = KNOB_GROUP.get(name)
+            if group not in routed:
+                known = ", ".join(f.name for g in groups for f in group_knobs(g))
+                raise TypeError(f"{owner} has no knob {name!r}; its knobs are: {known}")
+            routed[group][name] = value
+        built: dict[str, Any] = {}
+        layout = routed.pop("layout", None)
+        if layout is not None:
+            per_node = "dp_replicate" in layout and layout["dp_replicate"] is None
+            if per_node:
+                layout["dp_replicate"] = 1  # resolved to the node count by `declared_layout`
+            built["layout"], built["replica_per_node"] = Layout(**layout), per_node
+        for group, values in routed.items():
+            built[group] = GROUPS[group](**values)
+        return cls(**built)
+
+    def declared_layout(self, num_nodes: int) -> Layout:
+        """The layout as configured on `num_nodes` nodes (one degree may still be -1)."""
+        if self.replica_per_node:
+            return dataclasses.replace(self.layout, dp_replicate=num_nodes)
+        return self.layout
+
+    def knobs(self) -> dict[str, Any]:
+        """Every knob of the groups set, by its flat name (the inverse of `from_knobs`)."""
+        out: dict[str, Any] = {}
+        for group in GROUPS:
+            value = getattr(self, group)
+            if value is None:
+                continue
+            for f in dataclasses.fields(value):
+                out[f.name] = getattr(value, f.name)
+        if self.replica_per_node:
+            out["dp_replicate"] = None
+        return out
+
+    def with_knobs(self, **knobs: Any) -> StrategyOptions:
+        """A copy with some knobs changed (validated as at construction)."""
+        changes: dict[str, Any] = {}
+        for name, value in knobs.items():
+            group = KNOB_GROUP.get(name)
+            if group is None:
+                raise TypeError(f"no knob {name!r}; the knobs are: {', '.join(KNOB_GROUP)}")
+            current = changes.get(group) or getattr(self, group) or GROUPS[group]()
+            changes[group] = dataclasses.replace(current, **{name: value})
+        return dataclasses.replace(self, **changes)
+
+    def planner_sharding(self, layout: Layout) -> str:
+        """The planner's FSDP mode of `layout` under these options: NO_SHARD without dp_shard,
+        SHARD_GRAD_OP when gathered parameters stay until backward (ZeRO-2), else FULL_SHARD,
+        or HYBRID_SHARD when shard groups are replicated."""
+        if layout.dp_shard == 1:
+            return "NO_SHARD"
+        if self.fsdp1 is not None:
+            name = self.fsdp1.resolved_sharding(2 if layout.dp_replicate > 1 else 1)
+            zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+        else:
+            zero2 = self.fsdp.keeps_gathered
+        if zero2:
+            return "SHARD_GRAD_OP"
+        return "HYBRID_SHARD" if layout.dp_replicate > 1 else "FULL_SHARD"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A strategy's knob groups and the defaults in which it differs from the option classes.
+
+    The strategy class and its Hydra schema (config.py) both read this, so a plain-Lightning
+    `Parallel3DStrategy()` and `strategy=3d` start from the same values."""
+
+    groups: tuple[str, ...]
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, knobs: dict[str, Any], owner: str) -> StrategyOptions:
+        return StrategyOptions.from_knobs(self.groups, {**self.defaults, **knobs}, owner)
+
+    def default(self, f: dataclasses.Field) -> Any:
+        if f.name in self.defaults:
+            return self.defaults[f.name]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return f.default_factory()
+
+
+MESH_GROUPS = ("layout", "fsdp", "sharding", "precision", "tp", "pipeline", "checkpointing",
+               "compile", "process", "checkpoint_format")  # fmt: skip
+"""The groups of the mesh strategy (fsdp2, tp, pp, 3d are presets of it)."""
+
+PRESETS: dict[str, Preset] = {
+    "single": Preset(("compile",)),
+    "ddp": Preset(("ddp", "compile", "process")),
+    "fsdp": Preset(
+        (
+            "fsdp1",
+            "sharding",
+            "precision",
+            "checkpointing",
+            "compile",
+            "process",
+            "checkpoint_format",
+        )
+    ),  # fmt: skip
+    "fsdp2": Preset(MESH_GROUPS, {"dp_shard": -1, "dp_replicate": None}),
+    "3d": Preset(MESH_GROUPS, {"dp_shard": -1}),
+    "auto": Preset(("process",)),
+}
+"""Each strategy's knobs, by the name of its schema (`conf/strategy/<file>.yaml` extends
+`/schema_<name>`); `tp` and `pp` are YAML presets of `3d`, `auto` lets the planner set the
+layout and runs the 3d strategy."""
+
+
+def knob_reference(preset: str) -> str:
+    """A docstring section listing a preset's knobs: name, default and documentation, from the
+    option classes themselves (strategies append it to their class docstring)."""
+    spec = PRESETS[preset]
+    lines = ["", "Knobs (lightning_dist/options/; the same names as `strategy.<knob>`):", ""]
+    for group in spec.groups:
+        for f in group_knobs(group):
+            lines.append(f"    {f.name} = {spec.default(f)!r}: {knob_doc(group, f)}")
+    return "\n".join(lines)
