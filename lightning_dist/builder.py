@@ -61,8 +61,9 @@ def _targets(node: Any, path: str):
             yield from _targets(child, f"{path}[{i}]")
 
 
-def check_target(path: str, target: Any, group: str) -> None:
-    """Raise ValueError unless `target` names a class or function under `group`'s prefixes."""
+def check_target(path: str, target: Any, group: str, *, load: bool = True) -> None:
+    """Raise ValueError unless `target` names a class or function under `group`'s prefixes;
+    `load=False` checks the name alone (imports nothing)."""
     allowed = allowed_prefixes(group)
     refusal = (
         f"{path}={target!r} is not allowed: a {group} target must start with one of "
@@ -71,6 +72,8 @@ def check_target(path: str, target: Any, group: str) -> None:
     )
     if not isinstance(target, str) or not target.startswith(tuple(allowed)):
         raise ValueError(refusal)
+    if not load:
+        return
     from hydra.utils import get_object
 
     try:
@@ -84,7 +87,7 @@ def check_target(path: str, target: Any, group: str) -> None:
         raise ValueError(refusal)
 
 
-def check_targets(cfg: DictConfig) -> None:
+def check_targets(cfg: DictConfig, *, load: bool = True) -> None:
     """Every `_target_` in a composed training config is allowed for its place; one ValueError
     naming the first that is not."""
     for key in cfg:
@@ -100,7 +103,7 @@ def check_targets(cfg: DictConfig) -> None:
                         f"it off); remove it with ~callbacks.{name}"
                     )
                 for path, target in _targets(entry, f"callbacks.{name}"):
-                    check_target(path, target, "callbacks")
+                    check_target(path, target, "callbacks", load=load)
             continue
         for path, target in _targets(node, str(key)):
             if key not in ALLOWED_TARGETS:
@@ -108,7 +111,7 @@ def check_targets(cfg: DictConfig) -> None:
                     f"{path} is set, but nothing is built from {key}; remove the override "
                     f"(only {', '.join(ALLOWED_TARGETS)} name a _target_)"
                 )
-            check_target(path, target, str(key))
+            check_target(path, target, str(key), load=load)
 
 
 def build(node: DictConfig, group: str, **kwargs: Any) -> Any:

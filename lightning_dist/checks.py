@@ -118,7 +118,8 @@ def check_config(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
 
 def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None:
     """The checks that import nothing a config names (no torch, no Lightning): the schema,
-    the keys, the group choices and the numbers; `check_config` adds the `_target_`s."""
+    the `_target_` names, the keys, the group choices and the numbers; `check_config` adds
+    importing each `_target_`."""
     from lightning_dist.config import TrainSchema
 
     if OmegaConf.get_type(cfg) is not TrainSchema:
@@ -127,6 +128,7 @@ def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) ->
         from hydra.core.hydra_config import HydraConfig
 
         choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    check_targets(cfg, load=False)
     check_keys(cfg)
     check_choices(choices)
     check_numbers(cfg)
