@@ -96,7 +96,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         self.check_compile()
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
 
-    # --- the contract: layout, checks, planner settings --------------------------------------
+    # --- the contract: layout and checks ------------------------------------------------------
 
     def resolved_sharding(self, num_nodes: int | None = None) -> str:
         """The sharding strategy on `num_nodes` nodes (default: this run's)."""

@@ -91,7 +91,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         self._micro_step = 0
         self._hidden_grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
-    # --- the contract: layout, checks, planner settings --------------------------------------
+    # --- the contract: layout and checks ------------------------------------------------------
 
     def declared_layout(self, num_nodes: int) -> Layout:
         return self.options.declared_layout(num_nodes)
