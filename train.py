@@ -8,7 +8,7 @@ import sys
 import hydra
 
 from lightning_dist.config import CONF_DIR
-from lightning_dist.run_errors import (
+from lightning_dist.run.errors import (
     ConfigError,
     config_errors,
     guard_command_line,
@@ -22,7 +22,7 @@ guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg) -> None:
-    from lightning_dist.checks import check_config_text
+    from lightning_dist.run.checks import check_config_text
 
     try:  # a typo is reported before torch and Lightning are imported (seconds on a busy box)
         with config_errors():

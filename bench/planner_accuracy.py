@@ -6,7 +6,7 @@
 
 Each layout runs `train.py` for 3 steps (tiny model, 8 x 128 tokens per step) and compares the
 largest rank's model states, activations and peak with the planner's prediction for the same
-run (see lightning_dist/calibration.py for what is compared with what). Prints a markdown table
+run (see lightning_dist/run/calibrate.py for what is compared with what). Prints a markdown table
 and exits 1 when a category is outside its tolerance (model states 2%, total peak 10%).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lightning_dist.calibration import LAYOUTS, TOLERANCES, compare, markdown_table  # noqa: E402
+from lightning_dist.run.calibrate import LAYOUTS, TOLERANCES, compare, markdown_table  # noqa: E402
 
 BEGIN, END = "<!-- calibration table: begin -->", "<!-- calibration table: end -->"
 

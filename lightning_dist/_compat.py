@@ -475,7 +475,7 @@ _ENTRIES = (
     # --- Lightning ------------------------------------------------------------------------------
     _entry("lightning.fabric.utilities.load._METADATA_FILENAME",
            "lightning.fabric.utilities.load", "constant",
-           ("lightning_dist.resume", "lightning_dist.checkpoint.weights",
+           ("lightning_dist.checkpoint.store", "lightning_dist.checkpoint.weights",
             "lightning_dist.checkpoint.format"),
            "the file of loops and callback states beside DCP shards; no public constant",
            LIGHTNING, via="LIGHTNING_CHECKPOINT_METADATA"),
@@ -528,22 +528,22 @@ _ENTRIES = (
            "lightning_dist.checkpoint.format", "see plain_optimizer", LIGHTNING,
            via="plain_optimizer"),
     _entry("_wandb_init", "lightning.pytorch.loggers.WandbLogger", "attribute",
-           "lightning_dist.loggers", "the arguments for wandb.init; `anonymous` cannot be left "
+           "lightning_dist.run.loggers", "the arguments for wandb.init; `anonymous` cannot be left "
            "out otherwise (wandb 0.31.0 warns on it)", LIGHTNING, via="drop_wandb_anonymous"),
     _entry("_experiment", "lightning.pytorch.loggers.WandbLogger", "attribute",
-           "lightning_dist.loggers", "whether the run exists; `experiment` would create it",
+           "lightning_dist.run.loggers", "whether the run exists; `experiment` would create it",
            LIGHTNING, via="wandb_run_started"),
     # --- Hydra and OmegaConf --------------------------------------------------------------------
-    _entry("hydra._internal.utils", "hydra._internal", "import", "lightning_dist.run_errors",
+    _entry("hydra._internal.utils", "hydra._internal", "import", "lightning_dist.run.errors",
            "where Hydra reports its own config errors; no hook", HYDRA, via="wrap_hydra_errors"),
-    _entry("run_and_report", "hydra._internal.utils", "patch", "lightning_dist.run_errors",
+    _entry("run_and_report", "hydra._internal.utils", "patch", "lightning_dist.run.errors",
            "replaced (idempotently) to report config errors in one line; `_run_hydra` looks "
            "it up on each call", HYDRA, via="wrap_hydra_errors"),
-    _entry("_get_node", _OMEGA, "attribute", ("lightning_dist.builder", "lightning_dist.checks"),
+    _entry("_get_node", _OMEGA, "attribute", ("lightning_dist.config.targets", "lightning_dist.run.checks"),
            "see config_child", OMEGACONF, via="config_child"),
-    _entry("_is_none", _OMEGA, "attribute", ("lightning_dist.builder", "lightning_dist.checks"),
+    _entry("_is_none", _OMEGA, "attribute", ("lightning_dist.config.targets", "lightning_dist.run.checks"),
            "see config_is_none", OMEGACONF, via="config_is_none"),
-    _entry("_is_missing", _OMEGA, "attribute", "lightning_dist.builder", "see config_is_missing",
+    _entry("_is_missing", _OMEGA, "attribute", "lightning_dist.config.targets", "see config_is_missing",
            OMEGACONF, via="config_is_missing"),
     # --- transformers ---------------------------------------------------------------------------
     _entry("_no_split_modules", "transformers.PreTrainedModel", "attribute",
@@ -553,7 +553,7 @@ _ENTRIES = (
            "lightning_dist.models.hf", "see HF_INITIALIZED_FLAG", TRANSFORMERS,
            via="HF_INITIALIZED_FLAG"),
     # --- the standard library -------------------------------------------------------------------
-    _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.registry",
+    _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.strategies.registry",
            "registers our strategies once lightning.pytorch has loaded, without importing it; "
            "the import system has no post-import hook", PYTHON),
 )  # fmt: skip

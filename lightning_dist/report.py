@@ -5,7 +5,7 @@
 reads the run directory's `metrics/metrics.csv` and `summary.json` and writes `report/*.png` and
 `report/README.md` into it (or into `--out`). Every plot's title names the run, and its x axis
 counts optimizer steps as the console and summary.json do (the CSV's Lightning step + 1, see
-`lightning_dist.record`).
+`lightning_dist.runtime.record`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def load_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
     Steps are 1-based like the console's: Lightning writes the N-th step's row at step N - 1.
     """
-    from lightning_dist.loggers import METRICS_CSV
-    from lightning_dist.record import LOGGER_STEP_OFFSET
+    from lightning_dist.run.loggers import METRICS_CSV
+    from lightning_dist.runtime.record import LOGGER_STEP_OFFSET
 
     series: dict[str, list[tuple[int, float]]] = {}
     path = run_dir / METRICS_CSV

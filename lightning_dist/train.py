@@ -17,16 +17,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dist.builder import build
 from lightning_dist.callbacks.context import RunContext
-from lightning_dist.checks import check_machine
 from lightning_dist.config import hardware_spec, model_spec
+from lightning_dist.config.targets import build
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
 from lightning_dist.parallel.nodes import NodePlacementError
-from lightning_dist.redaction import redact_text
-from lightning_dist.run_checkpoints import (
+from lightning_dist.run.checkpoints import (
     check_checkpoint,
     checkpoint_callbacks,
     continue_logger_run,
@@ -34,8 +32,10 @@ from lightning_dist.run_checkpoints import (
     resilience_callbacks,
     resume_from,
 )
-from lightning_dist.run_errors import ConfigError, config_errors
-from lightning_dist.run_summary import build_summary, finish_logger, finite_or_none, run_config
+from lightning_dist.run.checks import check_machine
+from lightning_dist.run.errors import ConfigError, config_errors
+from lightning_dist.run.finish import build_summary, finish_logger, finite_or_none, run_config
+from lightning_dist.runtime.redaction import redact_text
 
 
 def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
@@ -54,7 +54,7 @@ def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
 
 def build_planned_strategy(cfg: DictConfig, spec: Any, hardware: HardwareSpec):
     """`strategy=auto`: the planner's best layout; sets `data.micro_batch_size` to match."""
-    from lightning_dist.preflight import planned_strategy
+    from lightning_dist.run.preflight import planned_strategy
 
     kwargs, micro, description = planned_strategy(cfg, spec, hardware)
     cfg.data.micro_batch_size = micro
@@ -111,8 +111,8 @@ class RunPlan:
 def plan_run(cfg: DictConfig) -> RunPlan:
     """Compose the model, hardware and strategy and run every check that needs no process;
     raises ValueError (or FileNotFoundError) naming the bad value."""
-    from lightning_dist.checks import check_config, check_cpu_capacity, resolve_precision
     from lightning_dist.layout import batch_plan
+    from lightning_dist.run.checks import check_config, check_cpu_capacity, resolve_precision
 
     check_config(cfg)  # keys, `_target_`s, schemas, numbers: before anything is built
     spec = model_spec(cfg)
@@ -151,7 +151,7 @@ def _run_dir(cfg: DictConfig) -> Path:
 
 def slurm_environment() -> list:
     """Under Slurm, Lightning's SLURMEnvironment without its own requeue handler: SIGUSR1 is
-    the Preemption callback's (checkpoint, requeue, resume; lightning_dist/launch/requeue_signal.py)."""
+    the Preemption callback's (checkpoint, requeue, resume; lightning_dist/runtime/requeue_signal.py)."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
@@ -161,8 +161,8 @@ def build_trainer(cfg: DictConfig, plan: RunPlan, run_dir: Path, callbacks: list
     """The Lightning Trainer of this run."""
     import lightning as L
 
-    from lightning_dist.loggers import metrics_logger
-    from lightning_dist.resume import AtomicCheckpointIO
+    from lightning_dist.checkpoint.store import AtomicCheckpointIO
+    from lightning_dist.run.loggers import metrics_logger
 
     t, accumulate = cfg.trainer, plan.accumulate
     plugins = [AtomicCheckpointIO(), *slurm_environment()]
@@ -205,18 +205,18 @@ def build_module(cfg: DictConfig, spec: Any):
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train the configured model and return the summary (written to summary.json on rank 0)."""
     started = time.perf_counter()
-    from lightning_dist.launch.requeue_signal import hold_requeue_signal
+    from lightning_dist.runtime.requeue_signal import hold_requeue_signal
 
     hold_requeue_signal()  # under Slurm, before anything slow: SIGUSR1 must not end the process
-    from lightning_dist.quiet import quiet_known_warnings
+    from lightning_dist.runtime.quiet import quiet_known_warnings
 
     quiet_known_warnings()
     import lightning as L
 
     from lightning_dist.callbacks.memory import MemoryByCategory
     from lightning_dist.callbacks.run_stats import RunStats
-    from lightning_dist.preflight import check_fits, print_prediction
-    from lightning_dist.strategies import fix_hydra_child_command
+    from lightning_dist.run.preflight import check_fits, print_prediction
+    from lightning_dist.strategies.launch import fix_hydra_child_command
 
     with config_errors():
         plan = plan_run(cfg)
@@ -288,7 +288,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         text = redact_text(json.dumps(summary, indent=2, allow_nan=False))
         (run_dir / "summary.json").write_text(text + "\n")
         finish_logger(logger, summary)
-        from lightning_dist.record import summary_block
+        from lightning_dist.runtime.record import summary_block
 
         print(summary_block(summary, run_dir / "summary.json"), flush=True)
     from lightning_dist.strategies.launch import end_job

@@ -30,9 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lightning_dist.builder import build  # noqa: E402
 from lightning_dist.checkpoint.format import flatten, gather_state, read_full_state  # noqa: E402
 from lightning_dist.config import compose_config  # noqa: E402
+from lightning_dist.config.targets import build  # noqa: E402
 from lightning_dist.train import build_module, build_trainer, plan_run  # noqa: E402
 
 STEPS, SAVE_AT = 10, 5

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from hydra.errors import CompactHydraException
 
-from lightning_dist.builder import check_hydra_overrides
 from lightning_dist.config import compose_config
+from lightning_dist.config.targets import check_hydra_overrides
 from lightning_dist.lm.token_cache import find_files, resolve_files
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.run_errors import ConfigError, report_config_error
+from lightning_dist.run.errors import ConfigError, report_config_error
 
 SECRET = "planted0override0secret0value0000"
 ENV_SECRET = "planted0environment0secret0value0"
@@ -188,7 +188,7 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
 
 
 def test_only_the_environment_or_python_widen_the_allowlist(monkeypatch):
-    from lightning_dist.builder import ALLOW_TARGETS_ENV, check_target
+    from lightning_dist.config.targets import ALLOW_TARGETS_ENV, check_target
 
     monkeypatch.delenv(ALLOW_TARGETS_ENV, raising=False)
     with pytest.raises(ValueError, match="not allowed"):
@@ -200,7 +200,7 @@ def test_only_the_environment_or_python_widen_the_allowlist(monkeypatch):
 
 
 def test_cpu_processes_are_measured_against_cores_and_memory():
-    from lightning_dist.checks import check_cpu_capacity
+    from lightning_dist.run.checks import check_cpu_capacity
 
     gib = 2**30
     check_cpu_capacity(8, 10**6, cores=2, memory=16 * gib)  # the test suite's 8 ranks on 2 cores
@@ -211,7 +211,7 @@ def test_cpu_processes_are_measured_against_cores_and_memory():
 
 
 def test_what_counts_as_a_secret(monkeypatch):
-    from lightning_dist.redaction import REDACTED, is_secret_key, redact, redact_text
+    from lightning_dist.runtime.redaction import REDACTED, is_secret_key, redact, redact_text
 
     secret_names = ["WANDB_API_KEY", "api_token", "hf_token", "apiKey", "db_password", "key"]
     assert all(is_secret_key(n) for n in secret_names)
@@ -313,7 +313,7 @@ def _no_network() -> dict:
 
 
 def test_wandb_falls_back_offline_within_seconds(tmp_path, monkeypatch, capsys):
-    from lightning_dist.loggers import wandb_logger
+    from lightning_dist.run.loggers import wandb_logger
 
     for key, value in _no_network().items():
         monkeypatch.setenv(key, value)

@@ -26,8 +26,8 @@ from lightning_dist.checkpoint.format import (
     tensor_shapes,
 )
 from lightning_dist.checkpoint.manifest import MANIFEST, CheckpointError, open_manifest
+from lightning_dist.checkpoint.store import is_complete
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.resume import is_complete
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}
 RUNS = [sys.executable, str(REPO_ROOT / "tests" / "checkpoint_matrix_runs.py")]

@@ -135,8 +135,8 @@ def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_res
 
     from lightning_dist.checkpoint.format import WEIGHTS, tensor_shapes
     from lightning_dist.checkpoint.manifest import open_manifest
-    from lightning_dist.resume import is_complete, latest_checkpoint
-    from lightning_dist.run_checkpoints import check_checkpoint
+    from lightning_dist.checkpoint.store import is_complete, latest_checkpoint
+    from lightning_dist.run.checkpoints import check_checkpoint
 
     _, ckpt = imported["llama"]
     open_manifest(ckpt)  # version and every file's hash, as a trained checkpoint

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from lightning_dist.config import choice_names, hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.run_summary import run_config
+from lightning_dist.run.finish import run_config
 from lightning_dist.train import build_strategy
 
 STRATEGIES = choice_names("strategy")
@@ -80,7 +80,7 @@ def test_experiment_and_debug_compose(compose):
 
 def test_run_config_redacts_secrets(compose):
     from lightning_dist.layout import Layout
-    from lightning_dist.loggers import REDACTED, redact
+    from lightning_dist.run.loggers import REDACTED, redact
 
     assert redact({"a": {"api_key": "x", "n": 1}, "wandb_token": "y"}) == {
         "a": {"api_key": REDACTED, "n": 1},

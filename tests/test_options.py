@@ -13,7 +13,7 @@ import pytest
 
 from lightning_dist import options
 from lightning_dist.config import choice_names, compose_config, hardware_spec, model_spec
-from lightning_dist.preflight import estimate_run
+from lightning_dist.run.preflight import estimate_run
 from lightning_dist.train import build_strategy
 
 # knob: (override value as typed, the parsed value the strategy keeps, context overrides)

@@ -16,7 +16,7 @@ from lightning_dist.contract import contract_of
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.plan import compile_settings, main, train_command
 from lightning_dist.planner import plan_layouts
-from lightning_dist.preflight import estimate_run
+from lightning_dist.run.preflight import estimate_run
 from lightning_dist.train import build_strategy
 
 PLAN_70B = ["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4"]

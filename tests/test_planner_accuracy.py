@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.calibration import CHEAP, COMMON, LAYOUTS, TOLERANCES, compare, predict
 from lightning_dist.parallel.memory import StepMemoryMeter, measure_step
+from lightning_dist.run.calibrate import CHEAP, COMMON, LAYOUTS, TOLERANCES, compare, predict
 
 
 @pytest.mark.slow

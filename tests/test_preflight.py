@@ -9,7 +9,7 @@ from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import Layout
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.preflight import estimate_run
+from lightning_dist.run.preflight import estimate_run
 
 
 def _train(*overrides: str) -> subprocess.CompletedProcess:

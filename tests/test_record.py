@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from lightning_dist.parity import REPO_ROOT
-from lightning_dist.record import smoothed_final_loss, smoothing_window, summary_block
+from lightning_dist.runtime.record import smoothed_final_loss, smoothing_window, summary_block
 from lightning_dist.sweep import comparison_table, job_rows, write_comparison
 
 FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.val_check_interval=null"]
@@ -125,7 +125,7 @@ def test_multirun_changes_the_number_of_ranks_between_jobs(tmp_path):
 @pytest.mark.slow
 def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path):
     """The console's `step N | loss X` is summary.json's losses[N-1], the metrics CSV's and
-    W&B's row at Lightning's logger step N-1 (lightning_dist.record.LOGGER_STEP_OFFSET)."""
+    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET)."""
     from wandb_records import history
 
     steps = 6

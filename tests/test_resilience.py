@@ -18,8 +18,8 @@ from torch import nn
 
 from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard, _all_finite
 from lightning_dist.checkpoint.format import read_full_state
+from lightning_dist.checkpoint.store import latest_checkpoint
 from lightning_dist.parity import REPO_ROOT, run_train
-from lightning_dist.resume import latest_checkpoint
 
 TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
 FAST = ["debug=fast", "logger=none"]

@@ -19,9 +19,9 @@ from lightning_dist.callbacks.run_stats import RunStats
 from lightning_dist.callbacks.throughput import ThroughputMFU
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
-from lightning_dist.loggers import METRICS_CSV
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.parity import run_train
+from lightning_dist.run.loggers import METRICS_CSV
 
 
 def test_interval_union_and_difference():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hydra.core.config_store import ConfigStore
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_dist.builder import allow_targets
+from lightning_dist.config.targets import allow_targets
 from lightning_dist.options import StrategyOptions
 from lightning_dist.strategies.base import LightningDistStrategy
 

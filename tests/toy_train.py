@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tests.toy_strategy  # noqa: E402,F401  (registers the schema, allows the target)
-from lightning_dist.builder import allow_targets  # noqa: E402
+from lightning_dist.config.targets import allow_targets  # noqa: E402
 
 allow_targets("callbacks", "tests.faults.")
 

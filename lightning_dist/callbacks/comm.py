@@ -40,8 +40,8 @@ from lightning_dist.callbacks.intervals import subtract, union_length, union_of
 from lightning_dist.contract import contract_of
 from lightning_dist.parallel.pipeline import SCHEDULE_MARKER
 from lightning_dist.planner.timing import bubble_fraction
-from lightning_dist.quiet import quiet_profiler
-from lightning_dist.record import log_at_this_step
+from lightning_dist.runtime.quiet import quiet_profiler
+from lightning_dist.runtime.record import log_at_this_step
 
 COMM_EVENT = re.compile(r"^(gloo|nccl):|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
 P2P_EVENT = re.compile(r"(send|recv)", re.IGNORECASE)

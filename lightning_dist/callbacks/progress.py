@@ -14,9 +14,9 @@ def progress_bar(plain_every_n_steps: int = 10) -> ProgressBar:
     """A Rich bar when stdout is a terminal, else `PlainProgress` lines every N steps.
 
     The console is this callback's: it also silences the third-party hints of
-    `lightning_dist.quiet` in this process, before the Trainer that prints them is built.
+    `lightning_dist.runtime.quiet` in this process, before the Trainer that prints them is built.
     """
-    from lightning_dist.quiet import quiet_third_party
+    from lightning_dist.runtime.quiet import quiet_third_party
 
     quiet_third_party()
     if sys.stdout.isatty():
@@ -28,7 +28,7 @@ class PlainProgress(ProgressBar):
     """One line per `every_n_steps` optimizer steps, for logs that are not a terminal.
 
     `step N | loss X` is the N-th optimizer step's global loss: summary.json's `losses[N-1]`,
-    and the loggers' row N-1 (`lightning_dist.record`). Its times come from the trainer's shared
+    and the loggers' row N-1 (`lightning_dist.runtime.record`). Its times come from the trainer's shared
     step clock: `s/step` is the median step time of the last `every_n_steps` steps after the
     first, `tok/s` the global tokens per step over it (as `throughput/*`), then the elapsed time.
     """

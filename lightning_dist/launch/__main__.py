@@ -47,7 +47,7 @@ def _job(args: argparse.Namespace):
     from lightning_dist.config import compose_config
     from lightning_dist.contract import contract_of
     from lightning_dist.launch.slurm import job_for
-    from lightning_dist.run_errors import config_errors, report_config_error
+    from lightning_dist.run.errors import config_errors, report_config_error
     from lightning_dist.train import plan_run
 
     options = {k: getattr(args, k) for k in ("job_name", "time", "requeue_signal_s", "partition",

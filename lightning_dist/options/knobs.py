@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_dist.activation_checkpointing import CheckpointChoice, parse_activation_checkpointing
+from lightning_dist.options.activation_checkpointing import (
+    CheckpointChoice,
+    parse_activation_checkpointing,
+)
 
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")

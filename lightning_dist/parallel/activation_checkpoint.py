@@ -11,7 +11,7 @@ Three choices, one setting (`strategy.activation_checkpointing`):
   activations, RoPE, residual adds, casts) are recomputed. Most of full checkpointing's memory
   saving on pointwise tensors, for a few percent of recompute instead of a third.
 
-The setting itself is parsed in `lightning_dist/activation_checkpointing.py` (no torch there,
+The setting itself is parsed in `lightning_dist/options/activation_checkpointing.py` (no torch there,
 so the planner shares it). No Lightning import here.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from lightning_dist.activation_checkpointing import (  # noqa: F401 (re-exported)
+from lightning_dist.options.activation_checkpointing import (  # noqa: F401 (re-exported)
     CheckpointChoice,
     parse_activation_checkpointing,
 )

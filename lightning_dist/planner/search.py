@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from lightning_dist.activation_checkpointing import (
+from lightning_dist.options import StrategyOptions
+from lightning_dist.options.activation_checkpointing import (
     CheckpointChoice,
     parse_activation_checkpointing,
 )
-from lightning_dist.options import StrategyOptions
 from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,

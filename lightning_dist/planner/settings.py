@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from lightning_dist.activation_checkpointing import CheckpointChoice
 from lightning_dist.options import KNOB_GROUP, FSDP1Options, StrategyOptions
+from lightning_dist.options.activation_checkpointing import CheckpointChoice
 
 GIB = 1024**3
 

@@ -19,7 +19,7 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 def resume_from(cfg: DictConfig) -> tuple[str | None, str | None]:
     """The checkpoint to start from and, for trainer.resume=auto, one line saying what it found."""
-    from lightning_dist.resume import latest_checkpoint
+    from lightning_dist.checkpoint.store import latest_checkpoint
 
     t = cfg.trainer
     if t.resume not in (None, "auto"):
@@ -101,7 +101,7 @@ def checkpoint_callbacks(trainer_cfg: DictConfig, run_dir: Path) -> list:
 def continue_logger_run(cfg: DictConfig, plan: RunPlan, run_dir: Path) -> None:
     """Resuming in the same run directory: a logger that declares an `id` gets the run id it
     saved there (W&B: `wandb_run_id`), so the resumed run continues the same logged run."""
-    from lightning_dist.loggers import WANDB_RUN_ID_FILE
+    from lightning_dist.run.loggers import WANDB_RUN_ID_FILE
 
     saved = run_dir / WANDB_RUN_ID_FILE
     if plan.ckpt_path and cfg.logger and "id" in cfg.logger and not cfg.logger.id:
@@ -114,7 +114,7 @@ def resilience_callbacks(cfg: DictConfig, plan: RunPlan) -> list:
     from lightning_dist.callbacks.nan_guard import NonFiniteGuard
     from lightning_dist.callbacks.preemption import Preemption
     from lightning_dist.callbacks.watchdog import HangWatchdog
-    from lightning_dist.launch.requeue_signal import hand_over
+    from lightning_dist.runtime.requeue_signal import hand_over
 
     t = cfg.trainer
     preemption = Preemption(checkpoint_dir(cfg))

@@ -105,7 +105,7 @@ def predict(overrides: list[str]):
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
     from lightning_dist.config import compose_config, hardware_spec, model_spec
-    from lightning_dist.preflight import estimate_run
+    from lightning_dist.run.preflight import estimate_run
     from lightning_dist.train import build_strategy, resolve_layout
 
     cfg = compose_config(list(overrides))

@@ -14,7 +14,7 @@ from lightning_dist.layout import Layout
 
 def run_config(cfg: DictConfig, layout: Layout, hardware: HardwareSpec) -> dict[str, Any]:
     """The resolved config with secrets redacted, plus the layout, for the experiment logger."""
-    from lightning_dist.loggers import redact
+    from lightning_dist.run.loggers import redact
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["layout"] = layout.degrees()
@@ -29,7 +29,7 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
     `tokens_per_sec` and `mfu` (here only, not repeated elsewhere in the summary) use the shared
     step clock's median step time over the optimizer steps after the first.
     """
-    from lightning_dist.record import loss_record
+    from lightning_dist.runtime.record import loss_record
 
     tokens_per_sec = stats.tokens_per_sec()
     losses = module.step_losses
@@ -68,7 +68,7 @@ def finish_logger(logger: Any, summary: dict[str, Any]) -> None:
     """Send the summary to W&B and say where an offline run was saved."""
     from lightning.pytorch.loggers import WandbLogger
 
-    from lightning_dist.loggers import offline_run_dir
+    from lightning_dist.run.loggers import offline_run_dir
 
     if not isinstance(logger, WandbLogger):
         return

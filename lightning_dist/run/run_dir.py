@@ -7,7 +7,7 @@ runs, with every override verbatim and the umask's modes (0644). conf/train.yaml
 - at the start of a run or multirun, before Hydra creates any folder, sets the umask to 077
   (`paths.private=true`, the default), so run directories, logs, checkpoints and W&B files are
   created 0700/0600, in this process and in the ranks it starts;
-- at the start of each job writes the three files itself, redacted (`lightning_dist.redaction`),
+- at the start of each job writes the three files itself, redacted (`lightning_dist.runtime.redaction`),
   on the first rank only; so a secret never reaches the disk, not even for a moment;
 - redacts what Hydra did write: the files of a user-set `hydra.output_subdir`, and a multirun's
   `multirun.yaml`;
@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dist.redaction import override_secrets, redact, redact_text, remember_secrets
+from lightning_dist.runtime.redaction import override_secrets, redact, redact_text, remember_secrets
 
 try:
     from hydra.experimental.callback import Callback as _HydraCallback
@@ -99,7 +99,7 @@ class ProtectRunDir(_HydraCallback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.types import RunMode
 
-        from lightning_dist.checks import launch_rank_zero
+        from lightning_dist.run.checks import launch_rank_zero
 
         overrides = config.hydra.overrides
         remember_secrets(override_secrets([*overrides.task, *overrides.hydra]))

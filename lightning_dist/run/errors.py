@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from lightning_dist.redaction import redact_text
+from lightning_dist.runtime.redaction import redact_text
 
 
 class ConfigError(ValueError):
@@ -65,7 +65,7 @@ def guard_command_line(args: list[str] | None = None) -> None:
     """For `train.py`, before Hydra starts: refuse overrides that have Hydra itself run code,
     and report Hydra's configuration errors (unknown keys and config names) in one line."""
     from lightning_dist._compat import wrap_hydra_errors
-    from lightning_dist.builder import check_hydra_overrides
+    from lightning_dist.config.targets import check_hydra_overrides
 
     try:
         check_hydra_overrides(sys.argv[1:] if args is None else args)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lightning_dist.redaction import REDACTED, redact, redact_text
+from lightning_dist.runtime.redaction import REDACTED, redact, redact_text
 
 __all__ = ["REDACTED", "metrics_logger", "offline_run_dir", "redact", "wandb_logger"]
 
@@ -71,7 +71,7 @@ def wandb_unreachable(timeout: float = WANDB_PROBE_SECONDS) -> str | None:
 def _default_mode(save_dir: str) -> str:
     """Online when logged in and the server answers (asked by the first process only, the one
     that logs); otherwise offline, with one warning line when a login goes unused."""
-    from lightning_dist.checks import launch_rank_zero
+    from lightning_dist.run.checks import launch_rank_zero
 
     if not _wandb_logged_in():
         return "offline"

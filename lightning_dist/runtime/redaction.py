@@ -8,7 +8,7 @@ Values shorter than `MIN_SECRET_CHARS` are only redacted next to their key, so t
 ("1", "true") is not blanked out of every log line.
 
 Every writer of a record goes through here: the W&B config (`redact`), `.hydra/*.yaml` and the
-program arguments W&B records (`lightning_dist.run_dir`), the log files (`SecretFilter`, set in
+program arguments W&B records (`lightning_dist.run.run_dir`), the log files (`SecretFilter`, set in
 conf/train.yaml), summary.json and the one-line errors.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dist.builder import check_targets
+from lightning_dist.config.targets import check_targets
 
 BYTES_PER_CPU_RANK = 0.5 * 2**30
 """What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""

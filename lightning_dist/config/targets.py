@@ -5,7 +5,7 @@ prefixes allowed for its place: `strategy._target_` a strategy, `callbacks.<name
 callback, and so on. The check runs over the whole composed config before anything is built, so
 `strategy._target_=os.system` or `+callbacks.x._target_=builtins.print` stops with one line, and
 a `_target_` where nothing is built from (`+optim._target_=...`) is refused too. The target's
-module must match as well as its name, so `lightning_dist.loggers.os.system` does not slip
+module must match as well as its name, so `lightning_dist.run.loggers.os.system` does not slip
 through an allowed prefix. Widening the list is for whoever runs the code, never for a config:
 Python code calls `allow_targets`, and the environment variable `LIGHTNING_DIST_ALLOW_TARGETS`
 (comma-separated prefixes, e.g. `mypkg.callbacks.`) widens every group for a `train.py` run.
@@ -24,7 +24,7 @@ ALLOWED_TARGETS: dict[str, list[str]] = {
     "model": ["lightning_dist.models."],
     "data": ["lightning_dist.lm.data."],
     "strategy": ["lightning_dist.strategies.", "lightning.pytorch.strategies."],
-    "logger": ["lightning_dist.loggers.", "lightning.pytorch.loggers."],
+    "logger": ["lightning_dist.run.loggers.", "lightning.pytorch.loggers."],
     "callbacks": ["lightning_dist.callbacks.", "lightning.pytorch.callbacks."],
 }
 """Where each config group's `_target_` (and any `_target_` nested inside it) may point."""
@@ -68,7 +68,7 @@ def check_target(path: str, target: Any, group: str, *, load: bool = True) -> No
     refusal = (
         f"{path}={target!r} is not allowed: a {group} target must start with one of "
         f"{', '.join(allowed)} (allow more with {ALLOW_TARGETS_ENV}=<prefix> or, from Python, "
-        f"lightning_dist.builder.allow_targets({group!r}, ...))"
+        f"lightning_dist.config.targets.allow_targets({group!r}, ...))"
     )
     if not isinstance(target, str) or not target.startswith(tuple(allowed)):
         raise ValueError(refusal)
@@ -81,7 +81,7 @@ def check_target(path: str, target: Any, group: str, *, load: bool = True) -> No
     except Exception as e:  # ImportError, AttributeError: Hydra words them well enough
         raise ValueError(f"{path}={target!r} cannot be imported: {e}".splitlines()[0]) from e
     # The object must be defined under an allowed prefix too: a name that merely passes through
-    # an allowed module (`lightning_dist.loggers.os.system`) is still refused.
+    # an allowed module (`lightning_dist.run.loggers.os.system`) is still refused.
     module = getattr(found, "__module__", None) or ""
     if not callable(found) or not f"{module}.".startswith(tuple(allowed)):
         raise ValueError(refusal)

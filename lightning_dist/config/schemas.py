@@ -17,11 +17,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist import options
+from lightning_dist.config.resolvers import register_submitit_resolvers
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.launch.submitit_resolvers import register_submitit_resolvers
 from lightning_dist.models.args import ModelArgs
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _with_target(cls: type, target: str, name: str) -> type:
@@ -126,7 +126,7 @@ def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
 
 _STRATEGIES = "lightning_dist.strategies."
 SingleSchema = _strategy_schema(
-    "single", _STRATEGIES + "single_device_strategy", "single", "SingleSchema"
+    "single", _STRATEGIES + "single.single_device_strategy", "single", "SingleSchema"
 )
 DDPSchema = _strategy_schema("ddp", _STRATEGIES + "ddp.DataParallelStrategy", "ddp", "DDPSchema")
 FSDPSchema = _strategy_schema("fsdp", _STRATEGIES + "fsdp.TunedFSDPStrategy", "fsdp", "FSDPSchema")
@@ -284,7 +284,7 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
 
 def model_spec(cfg: DictConfig):
     """The model description: `ModelArgs`, or `HFModelSpec` for Hugging Face models."""
-    from lightning_dist.builder import build
+    from lightning_dist.config.targets import build
 
     return build(cfg.model, "model", _convert_="all")
 
