@@ -229,6 +229,21 @@ def tp_split_problem(args, tp: int) -> str | None:
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    """The batch a run trains with: `data.global_batch_size` sequences of `data.seq_len` tokens
+    per optimizer step, cut into micro-batches of `data.micro_batch_size` per data-parallel rank
+    (None: a rank's whole share at once)."""
+
+    global_batch_size: int
+    seq_len: int
+    micro_batch_size: int | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
 def batch_plan(
     global_batch_size: int, dp_size: int, micro_batch_size: int | None = None
 ) -> tuple[int, int]:

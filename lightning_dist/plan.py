@@ -21,6 +21,8 @@ import shlex
 import sys
 from typing import Any
 
+from lightning_dist.layout import Batch
+
 LEGEND = """legend: dp_replicate = data-parallel replicas; dp_shard = data-parallel ranks that shard the model
   states (FSDP); tp = tensor-parallel ranks; pp = pipeline stages, with their schedule (v = virtual
   stages per rank). NO_SHARD, FULL_SHARD, SHARD_GRAD_OP (parameters stay gathered from forward to
@@ -71,10 +73,10 @@ def _compose(overrides: list[str]):
         _fail(" ".join(lines[:3]) or type(err).__name__)
 
 
-def compile_settings(cfg) -> dict[str, Any]:
-    """`compile` and `compile_backend` of the configured strategy, as the planner takes them
-    (strategies without them, such as strategy=auto, do not compile)."""
-    strategy = cfg.get("strategy") or {}
+def compile_settings(strategy: Any) -> dict[str, Any]:
+    """`compile` and `compile_backend` of the configured strategy (its config section), as the
+    planner takes them (strategies without them, such as strategy=auto, do not compile)."""
+    strategy = strategy or {}
     return {
         "compile": bool(strategy.get("compile", False)),
         "compile_backend": str(strategy.get("compile_backend", "inductor")),
@@ -83,17 +85,19 @@ def compile_settings(cfg) -> dict[str, Any]:
 
 def _plan(cfg, model, hardware):
     from lightning_dist.planner import plan_layouts
+    from lightning_dist.run.spec import batch_of
 
-    mbs = cfg.data.get("micro_batch_size")
+    batch = batch_of(cfg.data)
+    mbs = batch.micro_batch_size
     try:
         return plan_layouts(
             model,
             hardware,
-            global_batch_size=int(cfg.data.global_batch_size),
-            seq_len=int(cfg.data.seq_len),
+            global_batch_size=batch.global_batch_size,
+            seq_len=batch.seq_len,
             precision=cfg.trainer.get("precision") or None,
-            micro_batch_sizes=(int(mbs),) if mbs else None,
-            **compile_settings(cfg),
+            micro_batch_sizes=(mbs,) if mbs else None,
+            **compile_settings(cfg.get("strategy")),
         )
     except ValueError as err:
         _fail(str(err))
@@ -192,11 +196,11 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def compile_note(cfg) -> str:
+def compile_note(strategy: Any) -> str:
     """One line: whether the plan times the blocks compiled, with which backend and speedup."""
     from lightning_dist.planner.settings import COMPILE_SPEEDUP
 
-    settings = compile_settings(cfg)
+    settings = compile_settings(strategy)
     if not settings["compile"]:
         return "per-block torch.compile: off (strategy.compile)"
     backend = settings["compile_backend"]
@@ -204,28 +208,29 @@ def compile_note(cfg) -> str:
     return f"per-block torch.compile: {backend}, compute time / {speedup:.2f} (assumed)"
 
 
-def assumptions(cfg, model, hardware, model_name: str) -> list[str]:
-    """The lines every plan starts with: the model, batch, precision, optimizer, compilation and
-    hardware."""
+def assumptions(batch: Batch, precision: str | None, strategy: Any, model, hardware,
+                model_name: str) -> list[str]:  # fmt: skip
+    """The lines every plan starts with: the model, batch, precision (null: the hardware's),
+    optimizer, compilation (`strategy`: its config section) and hardware."""
     args = model.to_model_args() if hasattr(model, "to_model_args") else model
-    gbs, seq = int(cfg.data.global_batch_size), int(cfg.data.seq_len)
-    precision = cfg.trainer.get("precision") or hardware.precision
+    gbs, seq = batch.global_batch_size, batch.seq_len
+    precision = precision or hardware.precision
     per_node = hardware.resolved_devices()
     memory = f"{hardware.memory_gib:g} GiB each" if hardware.memory_gib else "memory unknown"
     return [
         f"model {model_name} ({_size(args.num_params())} parameters), {precision}, "
         f"{OPTIMIZER_NAMES['adamw']}; global batch {gbs} x {seq} tokens = {gbs * seq:,} "
         "tokens per step",
-        compile_note(cfg),
+        compile_note(strategy),
         f"hardware {hardware.name}: {hardware.num_nodes} node(s) x {per_node} devices, {memory}",
     ]
 
 
-def batch_note(cfg, model, overrides: list[str]) -> str | None:
+def batch_note(batch: Batch, model, overrides: list[str]) -> str | None:
     """A note when a large model is planned with a batch far below what it would train with,
     saying whether that batch is the CPU default and how to set a realistic one."""
     args = model.to_model_args() if hasattr(model, "to_model_args") else model
-    gbs, seq = int(cfg.data.global_batch_size), int(cfg.data.seq_len)
+    gbs, seq = batch.global_batch_size, batch.seq_len
     if args.num_params() < LARGE_MODEL_PARAMS or gbs * seq >= REALISTIC_TOKENS_PER_STEP // 4:
         return None
     keys = {o.lstrip("+").partition("=")[0] for o in overrides}
@@ -254,9 +259,14 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     # Piped output gets a fixed width: a folded table is unreadable in a log file.
     console = Console(width=None if sys.stdout.isatty() else (200 if details else 120))
     overrides = list(overrides)
-    for line in assumptions(cfg, model, hardware, config_choice(overrides, "model")):
+    from lightning_dist.run.spec import batch_of
+
+    batch = batch_of(cfg.data)
+    precision, strategy = cfg.trainer.get("precision"), cfg.get("strategy")
+    for line in assumptions(batch, precision, strategy, model, hardware,
+                            config_choice(overrides, "model")):  # fmt: skip
         console.print(line, highlight=False)
-    note = batch_note(cfg, model, overrides)
+    note = batch_note(batch, model, overrides)
     if note:
         console.print(f"[yellow]{note}[/]", highlight=False)
     if hardware.peak_tflops_bf16 is None or hardware.intra_node_gbytes_per_sec is None:

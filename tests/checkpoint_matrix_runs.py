@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 from lightning_dist.checkpoint.format import flatten, gather_state, read_full_state  # noqa: E402
 from lightning_dist.config import compose_config  # noqa: E402
 from lightning_dist.config.targets import build  # noqa: E402
-from lightning_dist.train import build_module, build_trainer, plan_run  # noqa: E402
+from lightning_dist.run.build import build_module, build_trainer  # noqa: E402
+from lightning_dist.run.plan import plan_run  # noqa: E402
 
 STEPS, SAVE_AT = 10, 5
 BASE = [
@@ -118,9 +119,9 @@ def run(out_dir: Path, name: str, *, source: str | None) -> None:
         overrides.append(f"trainer.ckpt_path={check}")
     cfg = compose_config(overrides)
     plan = plan_run(cfg)
-    datamodule = build(cfg.data, "data", vocab_size=plan.spec.vocab_size)
+    datamodule = build(cfg.data, "data", vocab_size=plan.model.vocab_size)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, plan.spec)
+    module = build_module(plan)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     record = Record(
         out_dir / f"{run_name}.rank{rank}.json",
@@ -128,7 +129,7 @@ def run(out_dir: Path, name: str, *, source: str | None) -> None:
         stop=name != "single",  # the single run goes on to step 10: the reference
         check=check,
     )
-    trainer = build_trainer(cfg, plan, run_dir, [record], None)
+    trainer = build_trainer(plan, [record], None)
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
     record.result["fit_seconds"] = time.perf_counter() - started

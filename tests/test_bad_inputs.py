@@ -139,11 +139,12 @@ def run_in_process(
     """What train.py's main does with these overrides: (exit status, stderr lines); status 0
     means every check passed and the Trainer would have been built."""
     from lightning_dist import train as train_module
+    from lightning_dist.run import build as build_stage
 
     def tripwire(*args, **kwargs):
         raise _Tripwire
 
-    monkeypatch.setattr(train_module, "build_trainer", tripwire)
+    monkeypatch.setattr(build_stage, "build_trainer", tripwire)
     capsys.readouterr()
     status = 0
     try:
@@ -234,7 +235,7 @@ def test_what_counts_as_a_secret(monkeypatch):
 
 
 def test_fp16_on_cpu_plans_the_bf16_that_runs(tmp_path):
-    from lightning_dist.train import plan_run
+    from lightning_dist.run.plan import plan_run
 
     cfg = compose_config([*fast("trainer.precision=16-mixed"), f"paths.output_dir={tmp_path}"])
     assert plan_run(cfg).precision == "bf16-mixed"

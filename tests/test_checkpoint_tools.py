@@ -136,7 +136,7 @@ def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_res
     from lightning_dist.checkpoint.format import WEIGHTS, tensor_shapes
     from lightning_dist.checkpoint.manifest import open_manifest
     from lightning_dist.checkpoint.store import is_complete, latest_checkpoint
-    from lightning_dist.run.checkpoints import check_checkpoint
+    from lightning_dist.checkpoint.store import verify_checkpoint
 
     _, ckpt = imported["llama"]
     open_manifest(ckpt)  # version and every file's hash, as a trained checkpoint
@@ -148,7 +148,7 @@ def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_res
     with pytest.raises(
         ValueError, match=r"holds weights only; start from it with trainer.init_from="
     ) as err:
-        check_checkpoint(ckpt, open_checkpoint(ckpt).args)
+        verify_checkpoint(ckpt, open_checkpoint(ckpt).args)
     assert "\n" not in str(err.value)
     # A changed shard is refused by every tool before anything is read.
     tampered = tmp_path / "step0.ckpt"

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from lightning_dist.config import choice_names, hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.run.finish import run_config
-from lightning_dist.train import build_strategy
+from lightning_dist.run.plan import build_strategy
 
 STRATEGIES = choice_names("strategy")
 HARDWARE = choice_names("hardware")
@@ -87,6 +87,6 @@ def test_run_config_redacts_secrets(compose):
         "wandb_token": REDACTED,
     }
     cfg = compose()
-    logged = run_config(cfg, Layout(dp_replicate=2), hardware_spec(cfg))
+    logged = run_config(OmegaConf.to_container(cfg, resolve=True), Layout(dp_replicate=2))
     assert logged["layout"]["dp_replicate"] == 2
     assert OmegaConf.create(logged).model.dim == 256

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.lm.module import WRAPPER_SEGMENTS
+from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.models.materialize import materialize

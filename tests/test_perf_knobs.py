@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_dist.lm.module import WRAPPER_SEGMENTS
+from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.activation_checkpoint import (
@@ -112,7 +112,7 @@ def test_compiled_blocks_match_eager_and_keep_names(setting):
 
 def test_strategies_take_the_knobs_from_config_and_reject_bad_ones(compose):
     from lightning_dist.config import hardware_spec
-    from lightning_dist.train import build_strategy
+    from lightning_dist.run.plan import build_strategy
 
     for name in ("single", "ddp", "fsdp", "fsdp2", "3d"):
         extra = [] if name in ("single", "ddp") else ["strategy.activation_checkpointing=op"]

@@ -166,7 +166,7 @@ def test_registered_by_name_and_exported():
 
 def test_strategy_configs_compose_to_layouts(compose):
     from lightning_dist.config import hardware_spec
-    from lightning_dist.train import build_strategy, resolve_layout
+    from lightning_dist.run.plan import build_strategy, resolve_layout
 
     cases = {
         ("strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=8"):

@@ -10,9 +10,18 @@ that name on every layout and DCP can move it between stage counts and schedules
 
 from __future__ import annotations
 
+import re
+
 from torch import nn
 
 from lightning_dist._compat import module_internals
+
+WRAPPER_SEGMENTS = re.compile(
+    r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.|^parts\.\d+\."
+)
+"""Name segments that FSDP1, activation checkpointing and torch.compile insert into parameter
+names, and the `parts.<i>.` prefix of a pipeline stage (PipelinedModel): removed, the name is
+the single-device model's."""
 
 
 def canonical_module(root: nn.Module, pipeline: nn.Module | None = None) -> nn.Module:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.checkpoint.safe import load
 from lightning_dist.checkpoint.weights import (
     WEIGHTS,
@@ -63,8 +64,6 @@ def check_init_from(path: str, spec: Any) -> CheckpointInfo:
 def canonical_name(name: str) -> str:
     """A parameter name without the wrappers' segments (FSDP1, checkpointing, compile) and a
     pipeline stage's `parts.<i>.` prefix: the single-device model's name."""
-    from lightning_dist.lm.module import WRAPPER_SEGMENTS
-
     return WRAPPER_SEGMENTS.sub("", name)
 
 

@@ -1,4 +1,5 @@
-"""Finding the checkpoint to resume from, and writing single-file checkpoints atomically.
+"""A run's checkpoints, one owner (`RunCheckpoints`): finding the one to resume from, verifying
+it, the callbacks that save and load; and writing single-file checkpoints atomically.
 
 A run's checkpoints are `step<N>.ckpt` folders in its checkpoint folder, one format for every
 strategy (docs/CHECKPOINTS.md). A folder counts only when complete: its `manifest.json` is
@@ -94,3 +95,117 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         temporary = path.with_name(path.name + ".tmp")
         super().save_checkpoint(checkpoint, temporary, storage_options)
         os.replace(temporary, path)
+
+
+MODEL_PREFIX = "model."
+"""CausalLM holds the model as `self.model`: its state-dict names start with this."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCheckpoints:
+    """A run's checkpoints, one owner: where they go, which one the run resumes or starts from
+    (verified before any process starts), the callback that saves them, and the one that loads
+    `trainer.init_from`'s weights. Resuming itself is Lightning's `trainer.fit(ckpt_path=...)`,
+    which reaches the strategy's `load_checkpoint` (strategies/checkpoint_hooks.py, through
+    `checkpoint.format.load_state`)."""
+
+    dirpath: Path
+    every_n_train_steps: int | None = None
+    save_last: bool = False
+    resume: str | None = None
+    ckpt_path: str | None = None
+    init_from: str | None = None
+
+    @classmethod
+    def of(cls, trainer: Any, run_dir: Path) -> RunCheckpoints:
+        """From `trainer` (the `TrainerSchema`) and the run directory: checkpoints go to
+        `trainer.checkpoint.dirpath`, or `<run dir>/checkpoints`."""
+        c = trainer.checkpoint
+        return cls(
+            dirpath=Path(c.dirpath or Path(run_dir) / "checkpoints"),
+            every_n_train_steps=c.every_n_train_steps,
+            save_last=c.save_last,
+            resume=trainer.resume,
+            ckpt_path=trainer.ckpt_path,
+            init_from=trainer.init_from,
+        )
+
+    def start_point(self) -> tuple[str | None, str | None]:
+        """The checkpoint to resume from (None: a fresh start) and, for trainer.resume=auto, one
+        line saying what was found; ValueError for settings that contradict each other."""
+        if self.resume not in (None, "auto"):
+            raise ValueError(f"trainer.resume={self.resume!r} must be auto or null")
+        if self.resume == "auto":
+            if self.ckpt_path:
+                raise ValueError(
+                    "trainer.resume=auto and trainer.ckpt_path are both set; keep one of them"
+                )
+            point = latest_checkpoint(self.dirpath)
+            return (str(point.path) if point.path else None), point.describe()
+        if self.init_from and self.ckpt_path:
+            raise ValueError(
+                "trainer.init_from and trainer.ckpt_path are both set; init_from starts from "
+                "weights, ckpt_path resumes a run: keep one of them"
+            )
+        if self.ckpt_path and not Path(self.ckpt_path).exists():
+            raise FileNotFoundError(f"trainer.ckpt_path={self.ckpt_path} does not exist")
+        return self.ckpt_path, None
+
+    def verify_resume(self, path: Path, model: Any) -> None:
+        """`verify_checkpoint` of the checkpoint to resume from."""
+        verify_checkpoint(Path(path), model)
+
+    def verify_init_from(self, model: Any) -> None:
+        """trainer.init_from holds every weight of the configured model with its shape."""
+        from lightning_dist.checkpoint.init_from import check_init_from
+
+        check_init_from(self.init_from, model)
+
+    def save_callbacks(self) -> list:
+        """A ModelCheckpoint saving every `trainer.checkpoint.every_n_train_steps` steps (each
+        kept as `step<N>.ckpt`, so the run can be resumed from any of them) and/or `last.ckpt`
+        at the end; none when neither is set."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        every = self.every_n_train_steps
+        if not (every or self.save_last):
+            return []
+        return [
+            ModelCheckpoint(
+                dirpath=self.dirpath,
+                filename="step{step}",
+                auto_insert_metric_name=False,
+                every_n_train_steps=every or None,
+                save_top_k=-1 if every else 0,
+                save_last=self.save_last,
+                # A resumed or restarted run rewrites step<N>.ckpt and last.ckpt, never `-v1`.
+                enable_version_counter=False,
+            )
+        ]
+
+    def init_from_callbacks(self, resuming: bool) -> list:
+        """The callback that loads trainer.init_from's weights once the model is placed;
+        nothing when resuming, since a resumed run has its own weights."""
+        if not self.init_from or resuming:
+            return []
+        from lightning_dist.checkpoint.init_from import InitFromCheckpoint
+
+        return [InitFromCheckpoint(self.init_from)]
+
+
+def verify_checkpoint(path: Path, model: Any) -> None:
+    """A checkpoint to resume from is complete, unchanged since it was written, of a format
+    version this code reads, and of the model's shapes (`model` a spec with `build()`);
+    CheckpointError (a ValueError) naming the problem otherwise. Runs on every rank before any
+    process group exists."""
+    import torch
+
+    from lightning_dist.checkpoint.format import check_model_shapes, require_resumable
+    from lightning_dist.checkpoint.manifest import open_manifest
+
+    open_manifest(path)
+    require_resumable(path)  # an imported weights-only folder: trainer.init_from, not a resume
+    with torch.device("meta"):
+        built = model.build()
+    shapes = {f"{MODEL_PREFIX}{name}": tuple(t.shape) for name, t in built.state_dict().items()}
+    check_model_shapes(path, shapes)

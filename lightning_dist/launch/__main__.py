@@ -48,7 +48,7 @@ def _job(args: argparse.Namespace):
     from lightning_dist.contract import contract_of
     from lightning_dist.launch.slurm import job_for
     from lightning_dist.run.errors import config_errors, report_config_error
-    from lightning_dist.train import plan_run
+    from lightning_dist.run.plan import plan_run
 
     options = {k: getattr(args, k) for k in ("job_name", "time", "requeue_signal_s", "partition",
                                               "account", "log_dir", "extra_sbatch")}  # fmt: skip

@@ -9,7 +9,6 @@ That is the only place a strategy touches the module, so new strategies need no 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import lightning as L
@@ -19,14 +18,9 @@ from torch.distributed.tensor import DTensor
 from torchmetrics.text import Perplexity
 
 from lightning_dist._compat import attached_trainer
+from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.materialize import materialize
-
-# Name segments that FSDP1, activation checkpointing and torch.compile insert into parameter names,
-# and the `parts.<i>.` prefix of a pipeline stage (PipelinedModel).
-WRAPPER_SEGMENTS = re.compile(
-    r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.|^parts\.\d+\."
-)
 
 
 class CausalLM(L.LightningModule):
@@ -211,7 +205,7 @@ def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
     parallelism) gives its full value first, which every rank of its mesh computes alike."""
     import torch.distributed as dist
 
-    from lightning_dist.strategies.user_path import plain_tensor
+    from lightning_dist.parallel.tp import plain_tensor
 
     value = plain_tensor(value)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

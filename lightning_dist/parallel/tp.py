@@ -239,3 +239,22 @@ def loss_parallel_context(tp: int, loss_parallel: bool):
 
         return vocab_split_loss()
     return contextlib.nullcontext()
+
+
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A detached plain-tensor copy of `value` that can be reduced in place and logged.
+
+    Under loss parallelism (tp > 1) the cross-entropy of vocabulary-split logits is a DTensor.
+    Lightning's `reduce` all-reduces a tensor in place (and on gloo divides it in place for a
+    mean), which fails on a DTensor (c10d has no sharding rule) and on the view that
+    `DTensor.full_tensor()` returns (autograd forbids in-place changes to a custom Function's
+    output): reduce this copy instead.
+
+    A DTensor gives its full (replicated) value; this is a collective over its mesh when the
+    DTensor is sharded or partial, so every rank of that mesh must call it. The caller's tensor,
+    and the graph it belongs to, are left untouched.
+    """
+    with torch.no_grad():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        return value.detach().clone()

@@ -188,16 +188,18 @@ def _cluster_launch() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_NTASKS" in os.environ
 
 
-def check_machine(cfg: DictConfig, plan: Any) -> None:
-    """Checks against this machine and launch (skipped by `plan.only`, which runs anywhere)."""
+def check_machine(plan: Any) -> None:
+    """Checks of the planned run (a `run.plan.RunPlan`) against this machine and launch
+    (skipped by `plan.only`, which runs anywhere)."""
     plan.hardware.check_machine()
     if plan.hardware.num_nodes > 1 and not _cluster_launch():
         raise ValueError(
             f"hardware.num_nodes={plan.hardware.num_nodes} needs every node started by torchrun "
             "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
         )
-    if cfg.data.seq_len > plan.spec.max_seq_len:
+    seq_len, max_seq_len = plan.batch.seq_len, plan.model.max_seq_len
+    if seq_len > max_seq_len:
         raise ValueError(
-            f"data.seq_len={cfg.data.seq_len} is above the model's maximum "
-            f"{plan.spec.max_seq_len}; lower data.seq_len or raise model.max_seq_len."
+            f"data.seq_len={seq_len} is above the model's maximum {max_seq_len}; lower "
+            "data.seq_len or raise model.max_seq_len."
         )

@@ -1,28 +1,72 @@
-"""summary.json and what goes to the experiment logger at the start and the end of a run."""
+"""Stage 3, finish: `trainer.fit` ran; summary.json, the experiment logger's record and its
+summary, the console's summary block, and every rank leaving its process group."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from lightning_dist.callbacks.context import RunContext
-from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.run.build import BuiltRun
+from lightning_dist.run.plan import RunPlan
 
 
-def run_config(cfg: DictConfig, layout: Layout, hardware: HardwareSpec) -> dict[str, Any]:
-    """The resolved config with secrets redacted, plus the layout, for the experiment logger."""
+def start_record(plan: RunPlan, run: BuiltRun) -> None:
+    """Before fit, on rank 0: the logger's hyperparameters and the resume note."""
+    if not run.trainer.is_global_zero:
+        return
+    if run.logger:
+        run.logger.log_hyperparams(run_config(plan.spec.resolved, plan.layout))
+    if plan.resume_note:
+        print(plan.resume_note, flush=True)
+
+
+def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str, Any]:
+    """The summary (written to <run dir>/summary.json and sent to the logger by rank 0);
+    then every rank leaves its process group, so a multirun's next job starts anew."""
+    from lightning_dist.contract import contract_of
+    from lightning_dist.runtime.redaction import redact_text
+    from lightning_dist.strategies.launch import end_job
+
+    trainer, module = run.trainer, run.module
+    summary = build_summary(plan, run, world_size=trainer.world_size, wall_seconds=wall_seconds)
+    # After a resume `losses` holds this run's steps only; `steps` counts every optimizer step.
+    summary["first_step"] = trainer.global_step - len(module.step_losses)
+    summary["steps"] = trainer.global_step
+    summary["status"] = "completed"
+    summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
+    summary["data"] = getattr(run.datamodule, "inputs", None)  # files, bytes, first paths
+    placement = contract_of(trainer.strategy).placement
+    summary["nodes"] = placement.summary() if placement is not None else None
+    for callback in run.callbacks:
+        if hasattr(callback, "summary"):
+            summary.update(callback.summary(trainer.world_size))
+    summary = finite_or_none(summary)  # valid JSON: a NaN or Inf becomes null
+    if trainer.is_global_zero:
+        path = plan.spec.run_dir / "summary.json"
+        path.write_text(redact_text(json.dumps(summary, indent=2, allow_nan=False)) + "\n")
+        finish_logger(run.logger, summary)
+        from lightning_dist.runtime.record import summary_block
+
+        print(summary_block(summary, path), flush=True)
+    end_job(trainer)
+    return summary
+
+
+def run_config(resolved: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """The resolved config (`RunSpec.resolved`) with secrets redacted, plus the layout, for the
+    experiment logger."""
     from lightning_dist.run.loggers import redact
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved["layout"] = layout.degrees()
-    resolved["hardware"]["world_size"] = layout.world_size
-    return redact(resolved)
+    record = copy.deepcopy(resolved)
+    record["layout"] = layout.degrees()
+    record["hardware"]["world_size"] = layout.world_size
+    return redact(record)
 
 
-def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
+def build_summary(plan: RunPlan, run: BuiltRun, *, world_size: int,
                   wall_seconds: float) -> dict[str, Any]:  # fmt: skip
     """The summary.json contract of DESIGN.md (keys are only ever added, never renamed).
 
@@ -31,6 +75,7 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
     """
     from lightning_dist.runtime.record import loss_record
 
+    module, stats, context, spec = run.module, run.stats, run.context, plan.spec
     tokens_per_sec = stats.tokens_per_sec()
     losses = module.step_losses
     return {
@@ -43,25 +88,18 @@ def build_summary(cfg, module, stats, context: RunContext, *, world_size: int,
         "step_seconds": stats.step_seconds(),
         "world_size": world_size,
         "layout": context.layout.degrees(),
-        "strategy": cfg.strategy.name,
+        "strategy": spec.strategy_name,
         "hardware": context.hardware.name,
-        "model": _config_choice("model") or module.model_spec.__class__.__name__,
+        "model": spec.choices.get("model") or module.model_spec.__class__.__name__,
         "parameters": module.model_spec.num_params(),
-        "run_name": cfg.get("run_name"),
+        "run_name": spec.run_name,
         "precision": context.precision,
-        "global_batch_size": cfg.data.global_batch_size,
-        "seq_len": cfg.data.seq_len,
+        "global_batch_size": spec.batch.global_batch_size,
+        "seq_len": spec.batch.seq_len,
         "peak_memory_bytes": stats.peak_memory_per_rank,
         "mfu": context.mfu(tokens_per_sec, world_size),
         "wall_seconds": wall_seconds,
     }
-
-
-def _config_choice(group: str) -> str | None:
-    """The config name chosen for a group (`model=tiny` -> 'tiny') when Hydra is running."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
 
 
 def finish_logger(logger: Any, summary: dict[str, Any]) -> None:

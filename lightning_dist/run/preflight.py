@@ -12,10 +12,10 @@ from typing import Any
 
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.layout import Layout
+from lightning_dist.layout import Batch, Layout
 
 
-def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout,
+def estimate_run(batch: Batch, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout,
                  precision: str):  # fmt: skip
     """The planner's prediction for exactly this run (one layout, its sharding and batch)."""
     from lightning_dist.planner import estimate
@@ -24,15 +24,16 @@ def estimate_run(cfg: Any, spec: Any, hardware: HardwareSpec, strategy: Any, lay
         spec,
         hardware,
         layout,
-        global_batch_size=int(cfg.data.global_batch_size),
-        seq_len=int(cfg.data.seq_len),
+        global_batch_size=batch.global_batch_size,
+        seq_len=batch.seq_len,
         precision=precision,
-        micro_batch_size=cfg.data.micro_batch_size,
+        micro_batch_size=batch.micro_batch_size,
         options=contract_of(strategy).options,
     )
 
 
-def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str) -> str:
+def best_layout_hint(batch: Batch, strategy_cfg: Any, spec: Any, hardware: HardwareSpec,
+                     precision: str) -> str:  # fmt: skip
     """One line: the planner's best layout for this model and hardware and the train.py
     command that runs it, or why none fits."""
     from lightning_dist.plan import compile_settings, hydra_task_overrides, train_command
@@ -41,10 +42,10 @@ def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
     result = plan_layouts(
         spec,
         hardware,
-        global_batch_size=int(cfg.data.global_batch_size),
-        seq_len=int(cfg.data.seq_len),
+        global_batch_size=batch.global_batch_size,
+        seq_len=batch.seq_len,
         precision=precision,
-        **compile_settings(cfg),
+        **compile_settings(strategy_cfg),
     )
     if result.chosen is None:
         return result.message
@@ -53,32 +54,37 @@ def best_layout_hint(cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
     return f"the planner suggests: {best.describe()}; run it: {command}"
 
 
-def check_fits(cfg, spec, hardware, strategy, layout, precision) -> None:
-    """Raise ValueError with the numbers if the planner predicts this run does not fit."""
-    if hardware.memory_gib is None:
+def check_fits(plan: Any) -> None:
+    """Raise ValueError with the numbers if the planner predicts the planned run (a
+    `run.plan.RunPlan`) does not fit."""
+    if plan.hardware.memory_gib is None:
         return  # CPU ranks share host memory: nothing to check against
-    candidate = estimate_run(cfg, spec, hardware, strategy, layout, precision)
+    args = plan.batch, plan.model, plan.hardware
+    candidate = estimate_run(*args, plan.strategy, plan.layout, plan.precision)
     if not candidate.fits:
-        raise ValueError(
-            f"{candidate.reason}; {best_layout_hint(cfg, spec, hardware, precision)} "
-            "(run anyway with plan.check=false)"
-        )
+        hint = best_layout_hint(plan.batch, plan.spec.strategy, *args[1:], plan.precision)
+        raise ValueError(f"{candidate.reason}; {hint} (run anyway with plan.check=false)")
 
 
-def print_prediction(cfg, spec, hardware, strategy, layout, precision) -> bool:
-    """Print the prediction for this run and the planner's best; return whether it fits."""
+def print_prediction(plan: Any) -> bool:
+    """Print the prediction for the planned run (a `run.plan.RunPlan`) and the planner's best;
+    return whether it fits."""
     from lightning_dist.plan import assumptions, batch_note, config_choice, hydra_task_overrides
 
-    candidate = estimate_run(cfg, spec, hardware, strategy, layout, precision)
+    batch, spec, hardware, precision = plan.batch, plan.model, plan.hardware, plan.precision
+    strategy_cfg = plan.spec.strategy
+    candidate = estimate_run(batch, spec, hardware, plan.strategy, plan.layout, precision)
     memory = candidate.as_dict()
     gib = {k: v / 1024**3 for k, v in memory["memory_bytes"].items()}
     overrides = hydra_task_overrides()
-    for line in assumptions(cfg, spec, hardware, config_choice(overrides, "model")):
+    model_name = config_choice(overrides, "model")
+    for line in assumptions(batch, plan.spec.trainer.precision, strategy_cfg, spec, hardware,
+                            model_name):  # fmt: skip
         print(line)
-    note = batch_note(cfg, spec, overrides)
+    note = batch_note(batch, spec, overrides)
     if note:
         print(note)
-    print(f"plan for strategy={cfg.strategy.name} on {hardware.name} "
+    print(f"plan for strategy={plan.spec.strategy_name} on {hardware.name} "
           f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):")  # fmt: skip
     print(f"  layout: {candidate.describe()}")
     print("  memory per device (GiB): "
@@ -90,27 +96,29 @@ def print_prediction(cfg, spec, hardware, strategy, layout, precision) -> bool:
               f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
               f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
-    print(f"  {best_layout_hint(cfg, spec, hardware, precision)}")
+    print(f"  {best_layout_hint(batch, strategy_cfg, spec, hardware, precision)}")
     return candidate.fits
 
 
-def planned_strategy(cfg: Any, spec: Any, hardware: HardwareSpec) -> tuple[dict, int | None, str]:
+def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision: str | None
+                     ) -> tuple[dict, int | None, str]:  # fmt: skip
     """`strategy=auto`: the planner's fastest layout that fits, as Parallel3DStrategy keyword
     arguments, the per-rank micro-batch size to use (None under PP, where the strategy cuts a
-    rank's batch into the pipeline microbatches), and a one-line description.
+    rank's batch into the pipeline microbatches), and a one-line description. `precision`
+    null takes the hardware's.
 
     Raises ValueError (the planner's NoLayoutFitsError) when nothing fits.
     """
     from lightning_dist.planner import plan_layouts
 
-    micro = cfg.data.micro_batch_size
+    micro = batch.micro_batch_size
     result = plan_layouts(
         spec,
         hardware,
-        global_batch_size=int(cfg.data.global_batch_size),
-        seq_len=int(cfg.data.seq_len),
-        precision=cfg.trainer.precision or hardware.precision,
-        micro_batch_sizes=(int(micro),) if micro else None,
+        global_batch_size=batch.global_batch_size,
+        seq_len=batch.seq_len,
+        precision=precision or hardware.precision,
+        micro_batch_sizes=(micro,) if micro else None,
         allow_offload=False,  # strategy=auto runs without CPU offload (its kwargs below)
     )
     best = result.best()

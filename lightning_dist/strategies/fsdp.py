@@ -28,6 +28,7 @@ from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
+from lightning_dist.strategies.registry import register_strategies
 
 HYBRID = FSDP1_HYBRID
 LIGHTNING_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
@@ -245,3 +246,6 @@ def _sharding_enum(name: str):
     from torch.distributed.fsdp import ShardingStrategy
 
     return ShardingStrategy[name]
+
+
+register_strategies()  # this module's names too, when it was the first to import Lightning

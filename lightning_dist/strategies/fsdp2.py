@@ -18,6 +18,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+from lightning_dist.strategies.registry import register_strategies
 
 
 class FSDP2Strategy(Parallel3DStrategy):
@@ -54,3 +55,6 @@ class FSDP2Strategy(Parallel3DStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register("fsdp2", cls, description="FSDP2 / HSDP (lightning_dist)")
+
+
+register_strategies()  # this module's names too, when it was the first to import Lightning

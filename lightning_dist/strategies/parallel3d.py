@@ -42,11 +42,12 @@ from lightning_dist.parallel.parallelize import (
 )
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
-from lightning_dist.parallel.tp import check_tp, loss_parallel_context
+from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
 from lightning_dist.planner.estimate import compile_problem
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
-from lightning_dist.strategies.user_path import explain_stage_errors, plain_tensor
+from lightning_dist.strategies.registry import register_strategies
+from lightning_dist.strategies.user_path import explain_stage_errors
 
 
 class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
@@ -320,3 +321,6 @@ def _model_args(model: nn.Module):
         return spec.to_model_args() if spec is not None else None
     except ValueError:  # an HF architecture ModelArgs cannot describe; the plan checks remain
         return None
+
+
+register_strategies()  # this module's names too, when it was the first to import Lightning

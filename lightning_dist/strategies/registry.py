@@ -24,13 +24,18 @@ _TRIGGER = "lightning.pytorch"
 
 
 def register_strategies() -> None:
-    """Add our names to Lightning's StrategyRegistry (idempotent)."""
+    """Add our names to Lightning's StrategyRegistry (idempotent). While one of our strategy
+    modules is still being imported (its own first `import lightning` brought us here), it
+    waits: each of them calls this again on its last line, once its class exists."""
     from lightning.pytorch.strategies import StrategyRegistry
 
-    for name, target in STRATEGIES.items():
-        if name not in StrategyRegistry:
-            module, cls = target.split(":")
-            getattr(importlib.import_module(module), cls).register_strategies(StrategyRegistry)
+    targets = {name: target.split(":") for name, target in STRATEGIES.items()}
+    if any(m in sys.modules and not hasattr(sys.modules[m], c) for m, c in targets.values()):
+        return
+    for name, (module, cls) in targets.items():
+        strategy = getattr(importlib.import_module(module), cls)
+        if name not in StrategyRegistry:  # importing it may have registered it already
+            strategy.register_strategies(StrategyRegistry)
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):

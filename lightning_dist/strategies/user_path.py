@@ -2,11 +2,8 @@
 
 Pure functions over tensors and exceptions, used by the strategy's hooks:
 
-- `plain_tensor`: under loss parallelism (tp > 1) the cross-entropy of vocabulary-split logits is
-  a DTensor. Lightning's `reduce` all-reduces a tensor in place (and on gloo divides it in place
-  for a mean), which fails on a DTensor (c10d has no sharding rule) and on the view that
-  `DTensor.full_tensor()` returns (autograd forbids in-place changes to a custom Function's
-  output). The strategy reduces a detached plain copy instead.
+- (`parallel/tp.py:plain_tensor`, the detached plain copy of a loss-parallel DTensor that the
+  strategy reduces and logs, is the tensor side of this.)
 - `explain_stage_errors`: a pipeline stage holds None in place of the modules of other stages;
   a forward that calls them anyway fails deep inside the schedule. This turns that failure into
   one line naming the fix.
@@ -17,29 +14,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
-
 STAGE_HINT = (
     "under pipeline parallelism every stage but the first holds None in place of {first}, and "
     "every stage but the last None in place of {last}: forward must skip the ones that are None "
     "(`if self.embed is not None: x = self.embed(x)`), take the previous stage's hidden states "
     "as input and return hidden states; see docs/BRING_YOUR_OWN_MODEL.md"
 )
-
-
-def plain_tensor(value: torch.Tensor) -> torch.Tensor:
-    """A detached plain-tensor copy of `value` that can be reduced in place and logged.
-
-    A DTensor gives its full (replicated) value; this is a collective over its mesh when the
-    DTensor is sharded or partial, so every rank of that mesh must call it. The caller's tensor,
-    and the graph it belongs to, are left untouched.
-    """
-    from torch.distributed.tensor import DTensor
-
-    with torch.no_grad():
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        return value.detach().clone()
 
 
 @contextlib.contextmanager

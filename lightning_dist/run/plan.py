@@ -1,0 +1,163 @@
+"""Stage 1, plan: `RunSpec` -> `RunPlan`, every check that needs no process.
+
+It runs in every rank (Lightning's launcher re-runs `train.py` for ranks 1..N-1), so a bad config
+stops all ranks with the same one-line message before any of them waits in a collective.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_dist.checkpoint.store import RunCheckpoints
+from lightning_dist.config.targets import build
+from lightning_dist.contract import contract_of
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.layout import Batch, Layout, batch_plan
+from lightning_dist.run.spec import RunSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """Everything decided before any process starts, all checked."""
+
+    spec: RunSpec
+    strategy: Any
+    devices: int
+    num_nodes: int
+    layout: Layout
+    precision: str
+    batch: Batch
+    """The spec's batch, with the micro-batch size strategy=auto chose."""
+    accumulate: int
+    checkpoints: RunCheckpoints
+    ckpt_path: str | None = None
+    """The checkpoint to resume from: trainer.ckpt_path, or the one trainer.resume=auto found."""
+    resume_note: str | None = None
+    """What trainer.resume=auto found, in one line."""
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def hardware(self) -> HardwareSpec:
+        return self.spec.hardware
+
+    @property
+    def model(self) -> Any:
+        return self.spec.model
+
+
+def plan_run(cfg: DictConfig) -> RunPlan:
+    """The edge: check the composed config (keys, `_target_`s, schemas, numbers), convert it
+    once into a `RunSpec`, and plan; raises ValueError (or FileNotFoundError) naming the bad
+    value."""
+    from lightning_dist.run.checks import check_config
+
+    check_config(cfg)
+    return make_plan(RunSpec.of(cfg))
+
+
+def make_plan(spec: RunSpec) -> RunPlan:
+    """Build the strategy, check it against the model, batch and machine, find the resume
+    point and verify its checkpoint."""
+    from lightning_dist.run.checks import check_cpu_capacity, resolve_precision
+
+    hardware, trainer = spec.hardware, spec.trainer
+    precision = resolve_precision(trainer.precision or hardware.precision, hardware.accelerator)
+    batch = spec.batch
+    if spec.strategy_name == "auto":
+        strategy, batch = build_planned_strategy(spec)
+    else:
+        strategy = build_strategy(
+            spec.strategy, hardware, collective_timeout_s=trainer.collective_timeout_s
+        )
+    contract = contract_of(strategy)
+    if trainer.checkpoint.async_save:
+        contract.enable_async_save()
+    devices = 1 if contract.single_process else hardware.resolved_devices()
+    num_nodes = 1 if contract.single_process else hardware.num_nodes
+    if hardware.accelerator == "cpu" and not spec.plan.only:
+        check_cpu_capacity(devices, spec.model.num_params())
+    check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
+                   precision=precision)  # fmt: skip
+    checkpoints = RunCheckpoints.of(trainer, spec.run_dir)
+    ckpt_path, resume_note = checkpoints.start_point()
+    if ckpt_path:
+        checkpoints.verify_resume(ckpt_path, spec.model)
+    elif checkpoints.init_from:
+        checkpoints.verify_init_from(spec.model)
+    layout = contract.layout_for(devices, num_nodes)
+    _, accumulate = batch_plan(batch.global_batch_size, layout.dp, batch.micro_batch_size)
+    return RunPlan(
+        spec=spec, strategy=strategy, devices=devices, num_nodes=num_nodes, layout=layout,
+        precision=precision, batch=batch, accumulate=accumulate, checkpoints=checkpoints,
+        ckpt_path=ckpt_path, resume_note=resume_note,
+    )  # fmt: skip
+
+
+def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
+                   collective_timeout_s: float | None = None, **overrides: Any):  # fmt: skip
+    """Instantiate `conf/strategy/*.yaml` with Hydra. A distributed strategy (its schema
+    declares `process_group_backend`) gets the hardware's backend when that is null, and
+    `collective_timeout_s` as the timeout of its process groups."""
+    if "process_group_backend" in strategy_cfg:
+        if strategy_cfg.process_group_backend is None:
+            overrides.setdefault("process_group_backend", hardware.backend)
+        if collective_timeout_s is not None:
+            overrides.setdefault("timeout", timedelta(seconds=collective_timeout_s))
+    config = OmegaConf.masked_copy(strategy_cfg, [k for k in strategy_cfg if k != "name"])
+    return build(config, "strategy", **overrides, _convert_="all")
+
+
+def build_planned_strategy(spec: RunSpec) -> tuple[Any, Batch]:
+    """`strategy=auto`: the planner's best layout, and the batch with its micro-batch size."""
+    from lightning_dist.run.preflight import planned_strategy
+
+    kwargs, micro, description = planned_strategy(
+        spec.batch, spec.model, spec.hardware, spec.trainer.precision
+    )
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
+        print(f"strategy=auto: the planner chose {description}", flush=True)
+    strategy = build_strategy(
+        spec.strategy, spec.hardware, collective_timeout_s=spec.trainer.collective_timeout_s,
+        **kwargs,
+    )  # fmt: skip
+    return strategy, replace(spec.batch, micro_batch_size=micro)
+
+
+def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout:
+    """The layout a strategy runs on `world_size` ranks over `num_nodes` nodes."""
+    return contract_of(strategy).layout_for(world_size // num_nodes, num_nodes)
+
+
+def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec, *,
+                   devices: int, num_nodes: int, precision: str) -> None:  # fmt: skip
+    """The strategy's own checks of the whole run: world size, precision, accelerator, batch
+    split, and the model's classes (built on the meta device)."""
+    import torch
+
+    with torch.device("meta"):
+        built = model.build()
+    contract_of(strategy).check_run(
+        devices=devices, num_nodes=num_nodes, model=built, precision=precision,
+        accelerator=hardware.accelerator, global_batch_size=batch.global_batch_size,
+        micro_batch_size=batch.micro_batch_size,
+    )  # fmt: skip
+
+
+def check_launch(plan: RunPlan) -> None:
+    """The checks a run that trains adds to the plan (`plan.only` skips them, so it runs on any
+    machine): the planner's prediction against the hardware's memory (`plan.check`), then this
+    machine and its launcher."""
+    from lightning_dist.run.checks import check_machine
+    from lightning_dist.run.preflight import check_fits
+
+    if plan.spec.plan.check:
+        check_fits(plan)
+    check_machine(plan)

@@ -1,0 +1,92 @@
+"""The run spec: the composed config converted once, at the edge, into typed parts.
+
+`RunSpec.of(cfg)` is the only place a training run reads the raw `DictConfig`. The plain
+sections become the schema objects of `lightning_dist/config/schemas.py` (`TrainerSchema`,
+`OptimSchema`, `PlanSchema`), the model and hardware their specs, the batch a `Batch`; the
+sections that name a class to build (`strategy`, `data`, `logger`, `callbacks`) stay `_target_`
+nodes, which the build stage hands to `config.targets.build` (the allow-list) and nothing else.
+Torch- and Lightning-free: `train.py` converts before it imports either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_dist.config import hardware_spec, model_spec
+from lightning_dist.config.schemas import OptimSchema, PlanSchema, TrainerSchema
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.layout import Batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What one training run was asked to do, typed; see the module doc."""
+
+    model: Any
+    """`ModelArgs`, or `HFModelSpec` for a Hugging Face model (models/protocol.py)."""
+    hardware: HardwareSpec
+    batch: Batch
+    strategy: DictConfig
+    """conf/strategy/*: the strategy's `_target_` node; `name` is the preset's name."""
+    data: DictConfig
+    """conf/data/*: the datamodule's `_target_` node."""
+    trainer: TrainerSchema
+    optim: OptimSchema
+    plan: PlanSchema
+    run_dir: Path
+    """`paths.output_dir`: summary.json, logs and (by default) checkpoints go here."""
+    seed: int
+    run_name: str | None = None
+    logger: DictConfig | None = None
+    callbacks: tuple[DictConfig, ...] = ()
+    """The configured callbacks that are not null, in the config's order."""
+    choices: dict[str, str] = field(default_factory=dict)
+    """Hydra's group choices (`model=tiny` -> {"model": "tiny"}), empty outside `@hydra.main`."""
+    resolved: dict[str, Any] = field(default_factory=dict)
+    """The whole config resolved to plain values: what the experiment logger records."""
+
+    @property
+    def strategy_name(self) -> str:
+        return str(self.strategy.name)
+
+    @classmethod
+    def of(cls, cfg: DictConfig, choices: dict[str, str] | None = None) -> RunSpec:
+        """Convert a composed, checked `conf/train.yaml` (`run.checks.check_config`)."""
+        data = cfg.data
+        return cls(
+            model=model_spec(cfg),
+            hardware=hardware_spec(cfg),
+            batch=batch_of(data),
+            strategy=cfg.strategy,
+            data=data,
+            trainer=OmegaConf.to_object(cfg.trainer),
+            optim=OmegaConf.to_object(cfg.optim),
+            plan=OmegaConf.to_object(cfg.plan),
+            run_dir=Path(cfg.paths.output_dir),
+            seed=int(cfg.seed),
+            run_name=cfg.get("run_name"),
+            logger=cfg.logger or None,
+            callbacks=tuple(c for c in (cfg.callbacks or {}).values() if c is not None),
+            choices=dict(_hydra_choices() if choices is None else choices),
+            resolved=OmegaConf.to_container(cfg, resolve=True),
+        )
+
+
+def batch_of(data: DictConfig) -> Batch:
+    """The `Batch` of a `data` section (conf/data/*)."""
+    micro = data.get("micro_batch_size")
+    return Batch(
+        global_batch_size=int(data.global_batch_size),
+        seq_len=int(data.seq_len),
+        micro_batch_size=None if micro is None else int(micro),
+    )
+
+
+def _hydra_choices() -> dict[str, str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
