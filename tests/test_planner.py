@@ -470,19 +470,12 @@ def test_planner_does_not_import_torch():
 
 # --- CLI ------------------------------------------------------------------------------------------
 
-needs_config = pytest.mark.skipif(
-    not (ROOT / "lightning_dist" / "config.py").exists(),
-    reason="lightning_dist/config/schemas.py (Hydra composition for the CLI) is not there yet",
-)
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "lightning_dist.plan", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
 
 
-@needs_config
 def test_cli_json_for_405b_on_2048_nodes():
     start = time.perf_counter()
     out = _cli(
@@ -506,7 +499,6 @@ def test_cli_json_for_405b_on_2048_nodes():
     assert elapsed < 15  # the acceptance bound is 5 s; leave room for a loaded test machine
 
 
-@needs_config
 def test_cli_table_and_unknown_names(capsys):
     from lightning_dist.plan import main
 

@@ -17,14 +17,13 @@ The model is meant to be built on the meta device and materialised with
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:  # only an annotation: args.py builds this module's Transformer
-    from lightning_dist.models.args import ModelArgs
+# The shape, not `ModelArgs` (args.py), which builds this module's Transformer: no import circle.
+from lightning_dist.models.shape import LlamaShape
 
 
 def precompute_rope(
@@ -104,7 +103,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Causal grouped-query self-attention with rotary positions."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: LlamaShape):
         super().__init__()
         self.head_dim = args.head_dim
         kv_dim = args.kv_heads * args.head_dim
@@ -148,7 +147,7 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: attention then SwiGLU MLP."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: LlamaShape):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args)
@@ -206,7 +205,7 @@ class Transformer(nn.Module):
     output_head = "output"
     """The output projection, which a chunked loss may apply itself (`lm.chunked_loss`)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: LlamaShape):
         super().__init__()
         self.args = args
         device = torch.empty(0).device  # honours `with torch.device(...)` and the default device

@@ -7,14 +7,12 @@ as a memory estimate (`no_layout_exists`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import Candidate, evaluate
+from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.settings import GIB, TrainSettings, state_bytes
-
-if TYPE_CHECKING:
-    from lightning_dist.planner.search import SearchInputs
 
 
 class Miss(NamedTuple):

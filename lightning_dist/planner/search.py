@@ -27,6 +27,7 @@ from lightning_dist.planner.estimate import (
     pp_problem,
     tp_problem,
 )
+from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.memory import memory_per_device
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
@@ -160,27 +161,6 @@ def _checkpointing_options(setting) -> tuple[CheckpointChoice, ...]:
     if isinstance(setting, bool):
         setting = "full" if setting else 0
     return (parse_activation_checkpointing(setting),)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchInputs:
-    """The fixed inputs of one `plan_layouts` call, shared by its steps."""
-
-    model: object
-    hardware: object
-    base: TrainSettings
-    """The settings every variant starts from (no micro-batch, FSDP mode, AC or offload yet)."""
-    per_node: int
-    world: int
-    ac_options: tuple[CheckpointChoice, ...]
-    allow_offload: bool
-    sharding_modes: tuple[str, ...]
-    schedules: tuple[str, ...]
-    micro_batch_sizes: tuple[int, ...] | None
-    efficiency: float | None
-    overlap: float
-    headroom: float
-    compile_speedup: float | None
 
 
 @dataclass(frozen=True)
