@@ -1,7 +1,7 @@
 """lightning_dist: train large transformer language models across many accelerators from the
 PyTorch Lightning Trainer — tuned FSDP, 3D parallelism, a pre-flight planner and telemetry."""
 
-from lightning_dist.strategies.registry import register_when_lightning_loads
+from lightning_dist.runtime.strategy_names import register_when_lightning_loads
 
 __version__ = "0.1.0"
 

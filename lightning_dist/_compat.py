@@ -553,7 +553,7 @@ _ENTRIES = (
            "lightning_dist.models.hf", "see HF_INITIALIZED_FLAG", TRANSFORMERS,
            via="HF_INITIALIZED_FLAG"),
     # --- the standard library -------------------------------------------------------------------
-    _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.strategies.registry",
+    _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.runtime.strategy_names",
            "registers our strategies once lightning.pytorch has loaded, without importing it; "
            "the import system has no post-import hook", PYTHON),
 )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 # Mesh dimensions from outermost (slowest links, across nodes) to innermost (NVLink).
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -242,6 +243,16 @@ class Batch:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
+
+    @classmethod
+    def of_config(cls, data: Any) -> Batch:
+        """The batch of a `data` config section (conf/data/*; anything with those keys)."""
+        micro = data.get("micro_batch_size")
+        return cls(
+            global_batch_size=int(data.global_batch_size),
+            seq_len=int(data.seq_len),
+            micro_batch_size=None if micro is None else int(micro),
+        )
 
 
 def batch_plan(

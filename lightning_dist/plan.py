@@ -85,9 +85,8 @@ def compile_settings(strategy: Any) -> dict[str, Any]:
 
 def _plan(cfg, model, hardware):
     from lightning_dist.planner import plan_layouts
-    from lightning_dist.run.spec import batch_of
 
-    batch = batch_of(cfg.data)
+    batch = Batch.of_config(cfg.data)
     mbs = batch.micro_batch_size
     try:
         return plan_layouts(
@@ -259,9 +258,8 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     # Piped output gets a fixed width: a folded table is unreadable in a log file.
     console = Console(width=None if sys.stdout.isatty() else (200 if details else 120))
     overrides = list(overrides)
-    from lightning_dist.run.spec import batch_of
 
-    batch = batch_of(cfg.data)
+    batch = Batch.of_config(cfg.data)
     precision, strategy = cfg.trainer.get("precision"), cfg.get("strategy")
     for line in assumptions(batch, precision, strategy, model, hardware,
                             config_choice(overrides, "model")):  # fmt: skip

@@ -13,9 +13,9 @@ import pytest
 
 from lightning_dist import options
 from lightning_dist.config import choice_names, compose_config, hardware_spec, model_spec
+from lightning_dist.layout import Batch
 from lightning_dist.run.plan import build_strategy
 from lightning_dist.run.preflight import estimate_run
-from lightning_dist.run.spec import batch_of
 
 # knob: (override value as typed, the parsed value the strategy keeps, context overrides)
 VALUES = {
@@ -148,7 +148,9 @@ def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(tm
             for extra in (context, [*context, f"strategy.{f.name}={typed}"]):
                 cfg, hw, strategy = _strategy(tmp_path, name, extra)
                 layout = strategy.layout_for(hw.resolved_devices(), hw.num_nodes)
-                cand = estimate_run(batch_of(cfg.data), model_spec(cfg), hw, strategy, layout, "bf16-mixed")
+                cand = estimate_run(
+                    Batch.of_config(cfg.data), model_spec(cfg), hw, strategy, layout, "bf16-mixed"
+                )
                 assert cand.settings.options is strategy.options
                 predictions.append((cand.describe(), cand.memory.total, cand.time.step_seconds))
             assert predictions[0] != predictions[1], (name, f.name)

@@ -13,12 +13,12 @@ import pytest
 
 from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.contract import contract_of
+from lightning_dist.layout import Batch
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.plan import compile_settings, main, train_command
 from lightning_dist.planner import plan_layouts
 from lightning_dist.run.plan import build_strategy
 from lightning_dist.run.preflight import estimate_run
-from lightning_dist.run.spec import batch_of
 
 PLAN_70B = ["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4"]
 
@@ -120,7 +120,7 @@ def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, o
                                   f"paths.output_dir={tmp_path}"])  # fmt: skip
         strategy = build_strategy(run_cfg.strategy, hw)
         layout = contract_of(strategy).layout_for(hw.resolved_devices(), hw.num_nodes)
-        predicted = estimate_run(batch_of(run_cfg.data), spec, hw, strategy, layout,
+        predicted = estimate_run(Batch.of_config(run_cfg.data), spec, hw, strategy, layout,
                                  run_cfg.trainer.precision or hw.precision)  # fmt: skip
         assert predicted.describe() == cand.describe()
         assert predicted.memory.total == pytest.approx(cand.memory.total)

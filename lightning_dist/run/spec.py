@@ -60,7 +60,7 @@ class RunSpec:
         return cls(
             model=model_spec(cfg),
             hardware=hardware_spec(cfg),
-            batch=batch_of(data),
+            batch=Batch.of_config(data),
             strategy=cfg.strategy,
             data=data,
             trainer=OmegaConf.to_object(cfg.trainer),
@@ -74,16 +74,6 @@ class RunSpec:
             choices=dict(_hydra_choices() if choices is None else choices),
             resolved=OmegaConf.to_container(cfg, resolve=True),
         )
-
-
-def batch_of(data: DictConfig) -> Batch:
-    """The `Batch` of a `data` section (conf/data/*)."""
-    micro = data.get("micro_batch_size")
-    return Batch(
-        global_batch_size=int(data.global_batch_size),
-        seq_len=int(data.seq_len),
-        micro_batch_size=None if micro is None else int(micro),
-    )
 
 
 def _hydra_choices() -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Lightning glue: strategies usable by name in plain Lightning code and from `conf/strategy/`.
 
-Importing this package imports nothing else (`lightning_dist/__init__.py` reaches
-`strategies/registry.py` through it, and the planner must not pay for Lightning); the two names
-configs wrote before the strategies had modules of their own resolve on first use."""
+Importing this package imports nothing else (the planner must not pay for Lightning); the two
+names configs wrote before the strategies had modules of their own resolve on first use. The
+names `Trainer(strategy=...)` knows them by are registered by `runtime/strategy_names.py`."""
 
 from __future__ import annotations
 

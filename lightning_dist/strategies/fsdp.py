@@ -26,9 +26,9 @@ from lightning_dist.options import FSDP1_HYBRID, PRESETS, StrategyOptions, group
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.precision import check_param_dtype, mixed_dtypes
+from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
-from lightning_dist.strategies.registry import register_strategies
 
 HYBRID = FSDP1_HYBRID
 LIGHTNING_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",

@@ -17,8 +17,8 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
+from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies.parallel3d import Parallel3DStrategy
-from lightning_dist.strategies.registry import register_strategies
 
 
 class FSDP2Strategy(Parallel3DStrategy):

@@ -44,9 +44,9 @@ from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
 from lightning_dist.planner.estimate import compile_problem
+from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
-from lightning_dist.strategies.registry import register_strategies
 from lightning_dist.strategies.user_path import explain_stage_errors
 
 
