@@ -135,8 +135,7 @@ def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_res
 
     from lightning_dist.checkpoint.format import WEIGHTS, tensor_shapes
     from lightning_dist.checkpoint.manifest import open_manifest
-    from lightning_dist.checkpoint.store import is_complete, latest_checkpoint
-    from lightning_dist.checkpoint.store import verify_checkpoint
+    from lightning_dist.checkpoint.store import is_complete, latest_checkpoint, verify_checkpoint
 
     _, ckpt = imported["llama"]
     open_manifest(ckpt)  # version and every file's hash, as a trained checkpoint
