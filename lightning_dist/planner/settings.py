@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from lightning_dist.options import KNOB_GROUP, FSDP1Options, StrategyOptions
 from lightning_dist.options.activation_checkpointing import CheckpointChoice
+from lightning_dist.planner.calibration import correction
 
 GIB = 1024**3
 
@@ -40,9 +41,10 @@ DEFAULT_OVERLAP_SLOWDOWN = 0.2
 """Slowdown of compute while hidden communication runs beside it (SM and HBM contention)."""
 DEFAULT_HEADROOM = 0.9
 """A layout fits when its predicted peak is at most this fraction of device memory."""
-RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": 0.5 * GIB}
-"""CUDA context, NCCL buffers and cuBLAS workspaces (GPU), or the runtime itself (CPU: torch,
-Lightning, gloo and Python hold about 0.5 GiB resident per rank; docs/PLANNER.md)."""
+RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": correction("reserve_bytes", "cpu")}
+"""CUDA context, NCCL buffers and cuBLAS workspaces (GPU: assumed, never measured), or the
+runtime itself (CPU: torch, Lightning, gloo and Python, about 0.5 GiB resident per rank, measured:
+the `reserve_bytes` correction of planner/calibration.json; docs/PLANNER.md)."""
 FRAGMENTATION = {"gpu": 0.05, "cpu": 0.0}
 """Caching-allocator slack, as a fraction of everything else on the device. A CPU tensor is a
 plain malloc (large ones are mmapped and returned on free), so there is none to budget."""

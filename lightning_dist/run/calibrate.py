@@ -1,4 +1,4 @@
-"""Calibration: the planner's memory per rank against what `train.py` measures on this machine.
+"""Calibration runs: the planner's memory per rank against what `train.py` measures here.
 
 For each layout it runs `train.py` (a few steps; `MemoryByCategory` measures step 2 on every
 rank with torch's MemTracker) and asks the planner for the same run through
@@ -14,14 +14,22 @@ rank with torch's MemTracker) and asks the planner for the same run through
   reserve: no tolerance, it shows how far the reserve is from what the runtime costs here.
 
 Every measured number is the largest over the ranks, as the planner predicts the worst rank.
-`bench/planner_accuracy.py` prints the table; docs/PLANNER.md holds the last one.
+This module only measures: a `Comparison` becomes rows of the calibration owner
+(`lightning_dist.planner.calibration`, one row per category, quantity QUANTITY[category]) and
+is rebuilt from them; `bench/planner_accuracy.py` prints the table from rows and stores them in
+`lightning_dist/planner/calibration.json`; docs/PLANNER.md holds the last table.
 """
 
 from __future__ import annotations
 
+import datetime
+import shlex
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from lightning_dist.planner.calibration import CalibrationRow
 
 COMMON = (
     "model=tiny",
@@ -77,6 +85,17 @@ TOLERANCES = {"model states": 0.02, "total": 0.10}
 """Largest relative error allowed, by category (the planner issue's acceptance line)."""
 
 
+QUANTITY = {
+    "model states": "memory.model_states_bytes",
+    "activations": "memory.activations_bytes",
+    "total": "memory.total_bytes",
+    "process": "memory.process_bytes",
+}
+"""Category -> the calibration quantity its rows carry (see calibration.QUANTITIES)."""
+
+SOURCE, HARDWARE = "measured-cpu", "cpu"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One layout: predicted and measured bytes by category (see CATEGORIES)."""
@@ -86,6 +105,11 @@ class Comparison:
     """The planner's description of the layout."""
     predicted: dict[str, float]
     measured: dict[str, float]
+    overrides: tuple[str, ...] = ()
+    """The train.py overrides of the run (COMMON + the layout's)."""
+    precision: str = ""
+    seq_len: int | None = None
+    global_batch_size: int | None = None
 
     def error(self, category: str) -> float:
         """(predicted - measured) / measured."""
@@ -99,14 +123,71 @@ class Comparison:
             if abs(self.error(cat)) > tol
         ]
 
+    def rows(self, date: str | None = None, origin: str | None = None) -> list[CalibrationRow]:
+        """The comparison as calibration rows, one per category measured (dated today by
+        default)."""
+        date = date or datetime.date.today().isoformat()
+        origin = origin or (
+            f"OMP_NUM_THREADS=1 python bench/planner_accuracy.py --only {shlex.quote(self.name)}"
+        )
+        return [
+            CalibrationRow(
+                source=SOURCE,
+                quantity=QUANTITY[cat],
+                measured=self.measured[cat],
+                predicted=self.predicted[cat],
+                model=model_name(self.overrides),
+                hardware=HARDWARE,
+                layout=self.name,
+                overrides=self.overrides,
+                planner_layout=self.label,
+                precision=self.precision,
+                seq_len=self.seq_len,
+                global_batch_size=self.global_batch_size,
+                origin=origin,
+                date=date,
+            )
+            for cat in CATEGORIES
+            if self.measured[cat] > 0  # a run that recorded no peak RSS has no process row
+        ]
+
+
+def comparisons(rows: Iterable[CalibrationRow]) -> list[Comparison]:
+    """The measured-cpu memory rows grouped back into one Comparison per layout (in the rows'
+    order); a layout that lacks a category, or has a row without a prediction, is left out."""
+    category = {q: c for c, q in QUANTITY.items()}
+    by_layout: dict[str, list[CalibrationRow]] = {}
+    for r in rows:
+        if r.source == SOURCE and r.quantity in category and r.predicted is not None:
+            by_layout.setdefault(r.layout, []).append(r)
+    out = []
+    for name, group in by_layout.items():
+        got = {category[r.quantity]: r for r in group}
+        if set(got) != set(CATEGORIES):
+            continue
+        first = group[0]
+        out.append(Comparison(
+            name, first.planner_layout,
+            {c: got[c].predicted for c in CATEGORIES}, {c: got[c].measured for c in CATEGORIES},
+            first.overrides, first.precision, first.seq_len, first.global_batch_size,
+        ))  # fmt: skip
+    return out
+
+
+def model_name(overrides: Iterable[str]) -> str:
+    """The conf/model choice among `overrides` (train.yaml's default, tiny, without one)."""
+    names = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "model"]
+    return names[-1] if names else "tiny"
+
 
 def predict(overrides: list[str]):
     """The planner's `Candidate` for the run `train.py OVERRIDES` would start."""
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
     from lightning_dist.config import compose_config, hardware_spec, model_spec
+    from lightning_dist.layout import Batch
+    from lightning_dist.run.plan import build_strategy, resolve_layout
     from lightning_dist.run.preflight import estimate_run
-    from lightning_dist.train import build_strategy, resolve_layout
 
     cfg = compose_config(list(overrides))
     spec, hardware = model_spec(cfg), hardware_spec(cfg)
@@ -115,7 +196,39 @@ def predict(overrides: list[str]):
     world = 1 if single else hardware.resolved_devices() * hardware.num_nodes
     layout = resolve_layout(strategy, world)
     precision = cfg.trainer.precision or hardware.precision
-    return estimate_run(cfg, spec, hardware, strategy, layout, precision)
+    return estimate_run(Batch.of_config(cfg.data), spec, hardware, strategy, layout, precision)
+
+
+def predicted_bytes(candidate) -> dict[str, float]:
+    """The planner's side of each category (see CATEGORIES) for `candidate`."""
+    mem = candidate.memory
+    return {
+        "model states": mem.params + mem.grads + mem.optimizer,
+        "activations": mem.activations,
+        "total": mem.tensors,
+        "process": mem.total,
+    }
+
+
+def repredict(rows: Iterable[CalibrationRow]) -> list[CalibrationRow]:
+    """The measured-cpu memory rows with the planner's prediction (and layout label) asked
+    again for their stored overrides; the measured values are kept. Other rows are returned
+    as they are. Planner-only: nothing runs train.py."""
+    category = {q: c for c, q in QUANTITY.items()}
+    cache: dict[tuple[str, ...], object] = {}
+    out = []
+    for r in rows:
+        if r.source != SOURCE or r.quantity not in category:
+            out.append(r)
+            continue
+        if r.overrides not in cache:
+            cache[r.overrides] = predict(list(r.overrides))
+        candidate = cache[r.overrides]
+        out.append(replace(
+            r, predicted=predicted_bytes(candidate)[category[r.quantity]],
+            planner_layout=candidate.describe(),
+        ))  # fmt: skip
+    return out
 
 
 def measure(overrides: list[str], run_dir: str | Path) -> dict[str, float]:
@@ -139,34 +252,10 @@ def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None =
     """Predict and measure layout `name` of LAYOUTS (with `extra` overrides appended)."""
     overrides = [*COMMON, *LAYOUTS[name], *extra]
     candidate = predict(overrides)
-    mem = candidate.memory
-    predicted = {
-        "model states": mem.params + mem.grads + mem.optimizer,
-        "activations": mem.activations,
-        "total": mem.tensors,
-        "process": mem.total,
-    }
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
         measured = measure(overrides, Path(tmp) / "run")
-    return Comparison(name, candidate.describe(), predicted, measured)
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.2f}"
-
-
-def markdown_table(results: list[Comparison]) -> str:
-    """One row per layout and category: predicted and measured MiB, and the error."""
-    lines = [
-        "| layout | planner's layout | category | predicted MiB | measured MiB | error |",
-        "|---|---|---|---:|---:|---:|",
-    ]
-    for r in results:
-        for cat in CATEGORIES:
-            bound = TOLERANCES.get(cat)
-            mark = "" if bound is None or abs(r.error(cat)) <= bound else " ✗"
-            lines.append(
-                f"| {r.name} | {r.label} | {cat} | {_mib(r.predicted[cat])} | "
-                f"{_mib(r.measured[cat])} | {r.error(cat):+.1%}{mark} |"
-            )
-    return "\n".join(lines)
+    st = candidate.settings
+    return Comparison(
+        name, candidate.describe(), predicted_bytes(candidate), measured, tuple(overrides),
+        st.precision, st.seq_len, st.global_batch_size,
+    )  # fmt: skip
