@@ -3,7 +3,7 @@ needs, in one place: `PRIVATE_NAMES` lists each (attribute, hook override, impor
 whose it is, where we use it, why no public API serves and the version it was checked on; the
 helpers below wrap the accesses that are easy to route here.
 
-`tests/test_compat.py` parses every module of the package and fails on a private name that is
+`tests/unit/test_compat.py` parses every module of the package and fails on a private name that is
 not listed, and checks that each listed name still exists where its entry says, so an upgrade
 that moves one fails there with its name, not deep inside a training run. Nothing here is
 imported eagerly: the planner reads the package on machines without Lightning.
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 LIGHTNING_CHECKPOINT_METADATA = "meta.pt"
 """Lightning's `lightning.fabric.utilities.load._METADATA_FILENAME`: the file beside the DCP shards
 of a sharded checkpoint that holds loops, schedulers and callback states. Lightning writes it
-and has no public constant; `tests/test_compat.py` checks the two agree."""
+and has no public constant; `tests/unit/test_compat.py` checks the two agree."""
 
 HF_INITIALIZED_FLAG = "_is_hf_initialized"
 """transformers marks modules and tensors it has initialised with this attribute and then skips
@@ -229,7 +229,7 @@ DCP_METADATA_RECORDS = {
 2.13 writes for model, DTensor and flattened optimizer states). checkpoint/safe.py builds only
 these (plus torch dtypes, layouts and memory formats); `_StorageInfo`, `_MEM_FORMAT_ENCODING`
 and `_get_layout` are private, so if torch renames one, loading refuses every checkpoint with
-that name in its message, and tests/test_compat.py fails first."""
+that name in its message, and tests/unit/test_compat.py fails first."""
 
 
 def dcp_metadata_path(reader: Any, rank: Any) -> Any:

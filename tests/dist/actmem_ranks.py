@@ -1,0 +1,102 @@
+"""Rank worker of tests/dist/test_activation_memory_dist.py; run it with `torchrun --nproc-per-node 2`.
+
+Under tp=2 with sequence and loss parallelism (and the chunked loss, so the logits are not in
+the way), it measures with MemTracker (`measure_step`) the activations of one training step of
+llama_debug-shaped models with 2 and 4 blocks, without checkpointing and with op-level
+checkpointing: their difference over 2 blocks and the tokens is the activation bytes per token
+and block. It also checks that the step computes what one process computes. Rank 0 writes a
+JSON to argv[1].
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor.parallel import loss_parallel
+
+from lightning_dist.layout import Layout
+from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.models.args import ModelArgs
+from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.fsdp import find_block_types
+from lightning_dist.parallel.memory import measure_step
+from lightning_dist.parallel.tp import apply_tp
+
+BATCH, SEQ, CHUNK = 8, 128, 256
+
+
+def args(n_layers: int) -> ModelArgs:
+    return ModelArgs(
+        dim=64, n_layers=n_layers, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
+        max_seq_len=256,
+    )  # fmt: skip
+
+
+def build(n_layers: int):
+    torch.manual_seed(0)
+    model = args(n_layers).build()
+    return model, defer_output_head(model)
+
+
+def activations_per_block(mesh, batch, checkpointing=0) -> float:
+    """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with SP and
+    loss parallelism) over `mesh`, or one process without a mesh; checkpointing applied after
+    TP, as `parallel/parallelize.py` does."""
+    measured = {}
+    for n_layers in (2, 4):
+        model, head = build(n_layers)
+        blocks = find_block_types(model)
+        if mesh is not None:
+            apply_tp(model, mesh, sequence_parallel=True, loss_parallel=True)
+        apply_activation_checkpointing(model, blocks, every_n=checkpointing)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = step_fn(model, head, opt, batch, tp=mesh is not None)
+        step()
+        measured[n_layers] = measure_step(step, model, [opt])["activations"]
+    return (measured[4] - measured[2]) / 2 / (BATCH * SEQ)
+
+
+def step_fn(model, head, opt, batch, tp: bool):
+    def step():
+        opt.zero_grad()
+        with loss_parallel() if tp else torch.enable_grad():
+            loss = chunked_cross_entropy(model(batch[:, :-1]), head.weight, batch[:, 1:], CHUNK)
+            loss.backward()
+        opt.step()
+        step.losses.append(float(loss.full_tensor() if tp else loss.detach()))
+
+    step.losses = []
+    return step
+
+
+def main(out: str) -> None:
+    dist.init_process_group("gloo")
+    mesh = Layout(tp=2).build_mesh("cpu")["tp"]
+    batch = torch.randint(0, 512, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    result = {"tokens": BATCH * SEQ}
+    for n_layers in (2, 4):
+        model, head = build(n_layers)
+        apply_tp(model, mesh, sequence_parallel=True, loss_parallel=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = step_fn(model, head, opt, batch, tp=True)
+        step()
+        result[f"activations {n_layers}"] = measure_step(step, model, [opt])["activations"]
+        result[f"tp2 losses {n_layers}"] = step.losses
+    result["op per block"] = activations_per_block(mesh, batch, "op")
+    model, head = build(4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = step_fn(model, head, opt, batch, tp=False)
+    step()
+    step()
+    result["single losses 4"] = step.losses
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

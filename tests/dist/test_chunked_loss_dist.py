@@ -1,0 +1,37 @@
+"""The chunked loss (lightning_dist.lm.chunked_loss): the same loss and gradients as the plain
+cross-entropy, a step peak lower by at least the logits, and the same 10-step losses on one
+process, under tp=2 (sequence and loss parallelism) and on the last stage of pp=2. The tp=2 run
+also checks the vocabulary-parallel embedding: each rank holds half of the single-process
+embedding gradient."""
+
+from __future__ import annotations
+
+import pytest
+from tests.dist.rank_scripts import run_two_ranks
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict:
+    return run_two_ranks("loss_ranks.py", tmp_path_factory.mktemp("ranks") / "result.json")
+
+
+def _relative(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["single", "tp2", "pp2"])
+def test_ten_steps_match_the_plain_loss(ranks, layout):
+    plain, chunked = ranks[f"{layout} plain"], ranks[f"{layout} chunked"]
+    print(f"{layout}: chunked vs plain loss, largest relative difference over 10 steps "
+          f"{_relative(plain, chunked):.2e}")  # fmt: skip
+    assert len(plain) == 10
+    assert _relative(plain, chunked) <= 1e-6
+
+
+@pytest.mark.slow
+def test_tp2_embedding_gradient_is_half_of_single(ranks):
+    single, tp2 = ranks["single plain emb grad"], ranks["tp2 plain emb grad"]
+    print(f"embedding gradient bytes: single {single}, per tp2 rank {tp2}")
+    assert tp2 * 2 == single
+    assert ranks["tp2 chunked emb grad"] == tp2

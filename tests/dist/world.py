@@ -1,0 +1,144 @@
+"""Ranks started once, cases looped inside: a world of gloo processes that outlives one test.
+
+`World(size)` starts `size` processes (spawned, so each imports torch once) that wait for cases.
+`world.run("module:function", *args)` runs the function in every rank at once and returns the
+rank-ordered list of what it returned. Each case sees the environment torchrun would give it
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT, TORCHELASTIC_RUN_ID), so a case
+can call `train(cfg)` (Lightning then finds the processes it would otherwise start) or
+`init_group()` for library-level code; whatever process group a case leaves is destroyed before
+the next one, on every rank.
+
+A case that raises on any rank fails with every rank's traceback. A case that does not finish
+within `timeout` seconds (a rank stuck in a collective its peers never reach) fails naming the
+ranks that did not answer; the world is then stopped and the next case starts a new one, so one
+hang costs one case, never the session.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+CASE_TIMEOUT_S = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_group(timeout_s: float = 120.0) -> None:
+    """Inside a case: the default gloo group over the case's ranks (its own MASTER_PORT)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def _leave_groups() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_WORLD_SIZE=str(size), GROUP_RANK="0", ROLE_RANK=str(rank),
+                      NODE_RANK="0", MASTER_ADDR="127.0.0.1")  # fmt: skip
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        target, args, kwargs, port, run_id = message
+        os.environ["MASTER_PORT"] = str(port)
+        os.environ["TORCHELASTIC_RUN_ID"] = run_id
+        try:
+            module, _, name = target.partition(":")
+            result = getattr(importlib.import_module(module), name)(*args, **kwargs)
+            reply = (True, result)
+        except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
+            reply = (False, traceback.format_exc())
+        try:
+            _leave_groups()
+        except Exception:  # noqa: BLE001
+            pass
+        conn.send(reply)
+
+
+class World:
+    """`size` waiting gloo ranks; see the module doc."""
+
+    def __init__(self, size: int, *, timeout: float = CASE_TIMEOUT_S, env: dict | None = None):
+        self.size, self.timeout = size, timeout
+        self.env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._procs: list = []
+        self._conns: list = []
+        self._cases = 0
+
+    def _start(self) -> None:
+        context = mp.get_context("spawn")
+        for rank in range(self.size):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_serve, args=(rank, self.size, child, self.env),
+                                   daemon=True, name=f"world{self.size}-rank{rank}")  # fmt: skip
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+
+    def run(self, target: str, *args: Any, **kwargs: Any) -> list:
+        """Run `target` ("module:function", importable in the ranks) on every rank; the list of
+        its return values by rank. AssertionError with each failing rank's traceback."""
+        if not self._procs:
+            self._start()
+        self._cases += 1
+        message = (target, args, kwargs, free_port(), f"world-{os.getpid()}-{self._cases}")
+        for conn in self._conns:
+            conn.send(message)
+        replies: dict[int, tuple[bool, Any]] = {}
+        deadline = time.monotonic() + self.timeout
+        for rank, conn in enumerate(self._conns):
+            if conn.poll(max(0.0, deadline - time.monotonic())):
+                try:
+                    replies[rank] = conn.recv()
+                except EOFError:
+                    replies[rank] = (False, f"rank {rank} exited (status {self._procs[rank].exitcode})")
+        missing = [r for r in range(self.size) if r not in replies]
+        failed = {r: v for r, (ok, v) in replies.items() if not ok}
+        if missing:
+            self.close()
+        if missing or failed:
+            lines = [f"{target} on {self.size} ranks:"]
+            if missing:
+                lines.append(f"ranks {missing} did not finish within {self.timeout:.0f} s")
+            lines += [f"--- rank {r} ---\n{text}" for r, text in sorted(failed.items())]
+            raise AssertionError("\n".join(lines))
+        return [replies[r][1] for r in range(self.size)]
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+
+
+if __name__ == "__main__":
+    sys.exit("tests/dist/world.py is a library for the tests of tests/dist")

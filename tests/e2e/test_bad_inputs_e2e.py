@@ -1,0 +1,256 @@
+"""Bad input and security: one table of mistakes, each one line `error: ...` with exit 2 before
+step 1 (or one `warning:` line where noted); no code run from a config; no secret on disk.
+
+The table runs in this process, through the same `train()` and `report_config_error` as
+`train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
+trips it instead of training. A few rows run again as real `train.py` processes, and the
+secret, W&B, precision and resume tests are end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lightning_dist.parity import REPO_ROOT
+
+SECRET = "planted0override0secret0value0000"
+ENV_SECRET = "planted0environment0secret0value0"
+
+
+def fast(*extra: str, strategy: str = "single", data: str = "synthetic",
+         logger: str = "none") -> tuple[str, ...]:  # fmt: skip
+    """A tiny run of the debug model; `extra` comes last."""
+    return ("model=llama_debug", f"data={data}", f"strategy={strategy}", f"logger={logger}",
+            "trainer.val_check_interval=null", *extra)  # fmt: skip
+
+
+def write(path: Path, text: str | bytes = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def big_tokenizer(tmp: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {f"w{i}": i for i in range(599)} | {"[UNK]": 599}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp / "big_tokenizer.json"))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mistake. `{tmp}` and `{marker}` in the overrides name a scratch folder and a file
+    that an attack would create."""
+
+    name: str
+    overrides: tuple[str, ...]
+    expect: str
+    """Part of the one line."""
+    warning: bool = False
+    """A single warning and the run goes on, instead of an error."""
+    prepare: Callable[[Path], None] | None = None
+
+
+ATTACK = "'touch {marker}'"
+CASES = [
+    # Code execution through `_target_`, in every group that builds something.
+    Case("strategy target", fast(f"+strategy.command={ATTACK}", "strategy._target_=os.system"),
+         "strategy._target_='os.system' is not allowed"),
+    Case("callback target", fast("+callbacks.x._target_=os.system", f"+callbacks.x.command={ATTACK}"),
+         "callbacks.x._target_='os.system' is not allowed"),
+    Case("callback print", fast("+callbacks.x._target_=builtins.print"),
+         "'builtins.print' is not allowed"),
+    Case("callback through an allowed module", fast("+callbacks.x._target_=lightning_dist.callbacks.comm.torch.load"),
+         "'lightning_dist.callbacks.comm.torch.load' is not allowed"),
+    Case("logger target", fast("logger._target_=os.system", f"+logger.command={ATTACK}", logger="csv"),
+         "logger._target_='os.system' is not allowed"),
+    Case("model target", fast("model._target_=os.system"), "model._target_='os.system' is not allowed"),
+    Case("data target", fast("data._target_=os.system"), "data._target_='os.system' is not allowed"),
+    Case("optimizer target", fast("+optim._target_=os.system", f"+optim.command={ATTACK}"),
+         "optim._target_ is set, but nothing is built from optim"),
+    Case("hydra callback", fast("+hydra.callbacks.x._target_=os.system", f"+hydra.callbacks.x.command={ATTACK}"),
+         "hydra.callbacks.x._target_ is refused"),
+    Case("slurm launcher shell line", fast("hydra/launcher=submitit_slurm", f"hydra.launcher.setup=[{ATTACK}]"),
+         "hydra.launcher.setup is refused"),
+    # Secrets in overrides are never echoed.
+    Case("unknown secret key", fast(f"+api_token={SECRET}"), "unknown config key api_token"),
+    Case("secret key without +", fast(f"api_token={SECRET}"), "Key 'api_token' not in 'TrainSchema'"),
+    # Tracebacks before.
+    Case("negative max_steps", fast("trainer.max_steps=-5"), "trainer.max_steps=-5 must be at least 1"),
+    Case("negative lr", fast("optim.lr=-1"), "optim.lr=-1.0 must be 0 or more"),
+    Case("negative gc interval", fast("trainer.gc_every_n_steps=-1"),
+         "trainer.gc_every_n_steps=-1 must be 0 (Python's own collection) or more"),
+    Case("empty data file", fast("data.paths=[{tmp}/empty.txt]", "data.seq_len=32", data="text"),
+         "holds no text", prepare=lambda tmp: write(tmp / "empty.txt")),
+    Case("unreadable data file", fast("data.paths=[{tmp}/locked.txt]", "data.seq_len=32", data="text"),
+         "cannot read", prepare=lambda tmp: write(tmp / "locked.txt", "x" * 500).chmod(0)),
+    Case("data too short", fast("data.paths=[{tmp}/short.txt]", "data.seq_len=32", data="text"),
+         "the train split has 10 tokens", prepare=lambda tmp: write(tmp / "short.txt", "x" * 10)),
+    # Silently wrong before.
+    Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
+    Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
+    Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
+    Case("more CPU processes than cores", fast("hardware.devices=100", strategy="ddp"),
+         "hardware.devices=100 starts 100 CPU processes, but this machine has"),
+    Case("internal schema", fast(strategy="schema_ddp"), "Could not find 'strategy/schema_ddp'"),
+    # One line already, kept so.
+    Case("misspelt key", fast("model.dimm=3"), "Key 'dimm' not in"),
+    Case("hardware mismatch", fast("hardware=dgx_h100", strategy="ddp"),
+         "needs 8 CUDA devices per node; this machine has 0"),
+    Case("global batch", fast("hardware.devices=2", "data.global_batch_size=6", "data.per_rank_batch_size=2", strategy="ddp"),
+         "global_batch_size=6"),
+    Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
+    Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
+         prepare=big_tokenizer),
+    Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
+    Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
+]  # fmt: skip
+
+
+def _overrides(case: Case, tmp: Path) -> list[str]:
+    marker = tmp / "marker"
+    return [o.format(tmp=tmp, marker=marker) for o in case.overrides]
+
+
+# --- data paths -------------------------------------------------------------------------------
+
+
+# --- W&B without a network --------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _no_network() -> dict:
+    """Logged in, but the server is a closed local port; no WANDB_MODE (remove it too)."""
+    return {"WANDB_API_KEY": "fake" * 10, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def train_py(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), timeout=600):
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    for name in unset:
+        full_env.pop(name, None)
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO_ROOT, env=full_env)  # fmt: skip
+
+
+E2E_CASES = ["strategy target", "hydra callback", "internal schema", "empty data file"]
+
+
+@pytest.mark.slow
+def test_errors_are_one_line_from_train_py(tmp_path):
+    for case in [c for c in CASES if c.name in E2E_CASES]:
+        tmp = tmp_path / case.name.replace(" ", "_")
+        tmp.mkdir()
+        if case.prepare:
+            case.prepare(tmp)
+        result = train_py(*_overrides(case, tmp), f"hydra.run.dir={tmp / 'run'}", timeout=120)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, f"{case.name}: {result.stderr[-2000:]}"
+        assert len(lines) == 1 and case.expect in lines[0], f"{case.name}: {lines}"
+        assert SECRET not in result.stdout + result.stderr
+        assert not (tmp / "marker").exists(), f"{case.name} ran the command"
+        assert not (tmp / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_secrets_stay_secret_and_the_run_dir_private(tmp_path):
+    """A multirun (one and two ranks) with W&B offline and checkpoints: a secret from the
+    environment and one from an override appear in no file, no log and no output."""
+    result = train_py(
+        "-m", "strategy=single,ddp", "model=llama_debug", "data=synthetic", "logger=wandb",
+        "trainer.val_check_interval=null", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
+        "trainer.checkpoint.every_n_train_steps=2", f"+hydra.job.env_set.WANDB_API_KEY={SECRET}",
+        f"hydra.sweep.dir={tmp_path}", env={"HF_TOKEN": ENV_SECRET, "WANDB_MODE": "offline"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        assert (tmp_path / job / "summary.json").exists()
+        assert list((tmp_path / job / "wandb").glob("offline-run-*"))
+        assert list((tmp_path / job / "checkpoints").glob("step*.ckpt"))
+        overrides = (tmp_path / job / ".hydra" / "hydra.yaml").read_text()
+        assert "WANDB_API_KEY=<redacted>" in overrides  # the override is kept, its value not
+    leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
+             and (SECRET.encode() in p.read_bytes() or ENV_SECRET.encode() in p.read_bytes())]  # fmt: skip
+    assert not leaks
+    for text in (result.stdout, result.stderr):
+        assert SECRET not in text and ENV_SECRET not in text
+    loose = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in [tmp_path, *tmp_path.rglob("*")]
+             if not p.is_symlink()
+             and stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)]  # fmt: skip
+    assert not loose
+
+
+@pytest.mark.slow
+def test_wandb_without_network_runs_offline(tmp_path):
+    result = train_py(*fast("trainer.max_steps=2", logger="wandb"), f"hydra.run.dir={tmp_path}",
+                      env=_no_network(), unset=("WANDB_MODE",))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "W&B server unreachable" in warnings[0], result.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_recorded_precision_and_data_are_what_ran(tmp_path):
+    corpus = tmp_path / "corpus"
+    for i in range(4):
+        write(corpus / f"f{i}.txt", f"text number {i} " * 200)
+    result = train_py(*fast("trainer.precision=16-mixed", "trainer.max_steps=2", f"data.paths=[{corpus}]",
+                            "data.seq_len=32", "data.global_batch_size=2", data="text"),
+                      f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["precision"] == "bf16-mixed"
+    assert summary["data"]["files"] == 4 and summary["data"]["bytes"] > 0
+    assert summary["data"]["first_paths"][0].endswith("f0.txt")
+    warnings = [line for line in result.stderr.splitlines() if "16-mixed" in line or "fp16" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:"), warnings
+
+
+@pytest.mark.slow
+def test_resume_is_exact_and_quiet(tmp_path):
+    """Lightning's 'dataloader is not resumable' warning is gone, and rightly: the resumed steps
+    repeat the uninterrupted run's losses exactly."""
+    common = [*fast("trainer.max_steps=4"), "trainer.checkpoint.every_n_train_steps=2"]
+    first = train_py(*common, f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = tmp_path / "a" / "checkpoints" / "step2.ckpt"
+    resumed = train_py(
+        *common, f"trainer.ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path / 'b'}"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not resumable" not in resumed.stderr + resumed.stdout
+    full = json.loads((tmp_path / "a" / "summary.json").read_text())["losses"]
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["losses"] == full[2:]
+
+
+def test_a_config_typo_is_reported_before_torch_or_lightning_is_imported(tmp_path):
+    """train.py's key check runs before anything heavy is imported: one line, exit 2."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO_ROOT / "train.py"), "+no_such_key=1",
+         f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    assert "unknown config key no_such_key" in errors[0]
+    assert not {"torch", "lightning"} & imported, sorted({"torch", "lightning"} & imported)

@@ -1,0 +1,32 @@
+"""FSDP building blocks in one process: block detection, strategy knobs and their errors,
+mixed-precision choice, memory accounting, the resumable sampler and the registry names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from lightning_dist.parity import REPO_ROOT
+
+# --- blocks -------------------------------------------------------------------------------------
+
+
+# --- strategy knobs -----------------------------------------------------------------------------
+
+
+# --- memory, resume, names ----------------------------------------------------------------------
+
+
+def test_registry_names_after_import_without_loading_lightning():
+    code = (
+        "import sys, lightning_dist\n"
+        "assert 'lightning.pytorch' not in sys.modules, 'import lightning_dist loaded Lightning'\n"
+        "import lightning as L\n"
+        "from lightning.pytorch.strategies import StrategyRegistry\n"
+        "assert {'fsdp_tuned', 'fsdp2'} <= set(StrategyRegistry), StrategyRegistry.available_strategies()\n"
+        "t = L.Trainer(strategy='fsdp_tuned', accelerator='cpu', devices=2, logger=False)\n"
+        "assert type(t.strategy) is lightning_dist.TunedFSDPStrategy\n"
+    )  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]

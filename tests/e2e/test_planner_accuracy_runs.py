@@ -1,0 +1,27 @@
+"""The planner's memory against what train.py measures, on the cheapest layouts of the
+calibration table (docs/PLANNER.md; the whole table is bench/planner_accuracy.py), and the
+stored calibration file (lightning_dist/planner/calibration.json) that holds its rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_dist.run.calibrate import (
+    CHEAP,
+    TOLERANCES,
+    compare,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHEAP)
+def test_prediction_matches_measurement(name, tmp_path):
+    result = compare(name, workdir=tmp_path)
+    # Sanity of the measurement itself: the peak holds the model states and the activations.
+    assert result.measured["total"] >= result.measured["model states"] > 0
+    assert result.measured["activations"] > 0.4 * result.measured["total"]
+    for category, tolerance in TOLERANCES.items():
+        assert abs(result.error(category)) <= tolerance, result.failures()
+
+
+# --- the stored calibration file -------------------------------------------------------------

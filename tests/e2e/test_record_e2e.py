@@ -1,0 +1,123 @@
+"""What a user sees: multiruns over strategies, one record of the losses (console, summary.json,
+metrics CSV, W&B), the console's closing summary, and a quiet console."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from lightning_dist.parity import REPO_ROOT
+from lightning_dist.runtime.record import smoothed_final_loss
+
+FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.val_check_interval=null"]
+STEP_LINE = re.compile(r"^step (\d+)/\d+ \| loss (\d+\.\d+)", re.MULTILINE)
+TIPS = ("litlogger", "srun", "anonymous setting", "broadcast_buffers")
+
+
+def train_py(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+
+
+def assert_quiet(output: str) -> None:
+    """No kineto USDT line; each third-party hint at most once in the whole output."""
+    assert "USDT" not in output
+    for tip in TIPS:
+        assert output.count(tip) <= 1, f"{tip!r} printed {output.count(tip)} times"
+
+
+# --- unit: the record's pieces ------------------------------------------------------------------
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_multirun_over_every_distributed_strategy(tmp_path):
+    """Each job starts its own ranks: before, the second distributed job reused the first's
+    finished process group and failed in gloo. Then one table compares them."""
+    strategies = ["ddp", "fsdp", "fsdp2", "3d"]
+    result = train_py("-m", f"strategy={','.join(strategies)}", *FAST, "trainer.max_steps=3",
+                      "hardware.devices=2", f"hydra.sweep.dir={tmp_path}", timeout=900)  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(4)]
+    assert [s["strategy"] for s in summaries] == strategies
+    for s in summaries:
+        assert s["steps"] == 3 and len(s["losses"]) == 3 and s["world_size"] == 2
+        assert s["final_loss_smoothed"] is not None and len(s["peak_memory_bytes"]) == 2
+        # The layout is an implementation detail: the same losses whatever the strategy.
+        assert s["losses"] == pytest.approx(summaries[0]["losses"], rel=1e-4)
+    table = (tmp_path / "comparison.md").read_text()
+    for i, strategy in enumerate(strategies):
+        assert f"| {i} | strategy={strategy} | 2 | 3 |" in table
+    rows = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["final_loss"] for r in rows] == [s["final_loss"] for s in summaries]
+    assert "compared in" in result.stdout
+    assert_quiet(result.stdout + result.stderr)
+
+
+@pytest.mark.slow
+def test_multirun_changes_the_number_of_ranks_between_jobs(tmp_path):
+    """4 ranks, then 1, then 2: each job has the world size it asked for."""
+    result = train_py("-m", "strategy=ddp", "hardware.devices=4,1,2", *FAST,
+                      "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    sizes = [json.loads((tmp_path / str(i) / "summary.json").read_text())["world_size"]
+             for i in range(3)]  # fmt: skip
+    assert sizes == [4, 1, 2]
+
+
+@pytest.mark.slow
+def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path):
+    """The console's `step N | loss X` is summary.json's losses[N-1], the metrics CSV's and
+    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET)."""
+    from wandb_records import history
+
+    steps = 6
+    result = train_py(*FAST, "logger=wandb", f"trainer.max_steps={steps}",
+                      "trainer.log_every_n_steps=1", "callbacks.progress.plain_every_n_steps=1",
+                      f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    losses = summary["losses"]
+    assert len(losses) == steps and summary["final_loss"] == losses[-1]
+
+    console = {int(n): float(x) for n, x in STEP_LINE.findall(result.stdout)}
+    assert sorted(console) == list(range(1, steps + 1))
+    for n, shown in console.items():
+        assert shown == pytest.approx(losses[n - 1], abs=5e-5), f"console step {n}"
+
+    with (tmp_path / "metrics" / "metrics.csv").open() as f:
+        csv_loss = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f)
+                    if r.get("train/loss")}  # fmt: skip
+    assert csv_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
+
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    wandb_loss = {r["trainer/global_step"]: r["train/loss"] for r in history(log)
+                  if "train/loss" in r}  # fmt: skip
+    assert wandb_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
+
+    assert f"loss {losses[-1]:.4f} at step {steps}" in result.stdout  # the closing summary
+    assert summary["final_loss_smoothed"] == pytest.approx(smoothed_final_loss(losses))
+    assert_quiet(result.stdout + result.stderr)
+
+
+@pytest.mark.slow
+def test_default_run_prints_no_usdt_line_and_each_tip_at_most_once(tmp_path):
+    """`python train.py` as in the README (shortened): real text, two DDP ranks, W&B offline,
+    telemetry on (so the profiler runs), a validation."""
+    result = train_py("trainer.max_steps=4", "trainer.val_check_interval=4",
+                      "data.global_batch_size=4", "data.seq_len=64",
+                      f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    output = result.stdout + result.stderr
+    assert_quiet(output)
+    assert "communication takes" not in output  # a tiny step: no comm/compute warning
+    assert "validation loss" in result.stdout and "run finished: 4 steps" in result.stdout

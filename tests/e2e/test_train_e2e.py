@@ -1,0 +1,108 @@
+"""End to end: `python train.py` through Hydra in real processes (gloo), summary.json, W&B
+offline, multirun and Hugging Face models (bad input: tests/unit/test_bad_inputs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_dist.parity import REPO_ROOT, compare, run_train
+
+pytestmark = pytest.mark.slow
+
+FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.val_check_interval=null"]
+SUMMARY_KEYS = {
+    "losses", "final_loss", "steps", "tokens_per_sec", "world_size", "layout", "strategy",
+    "hardware", "peak_memory_bytes", "mfu", "wall_seconds",
+}  # fmt: skip
+
+
+def train_py(*overrides: str, env: dict | None = None, cwd: Path = REPO_ROOT, timeout=600):
+    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=cwd)  # fmt: skip
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_ddp_matches_single_process(tmp_path, devices):
+    """Same seed and global batch: DDP on 2 and 4 ranks reproduces the single-process losses."""
+    overrides = [*FAST, "strategy=ddp", f"hardware.devices={devices}", "trainer.max_steps=10"]
+    diff, table = compare(overrides, tolerance=1e-5, workdir=tmp_path)
+    print(table)
+    assert diff <= 1e-5, table
+
+
+def test_text_run_writes_summary_and_learns(tmp_path):
+    """Real text (stdlib sources), 2 DDP ranks, CSV logger: summary contract and learning."""
+    summary = run_train(
+        ["logger=csv", "trainer.max_steps=25", "trainer.val_check_interval=25",
+         "data.seq_len=128", "data.global_batch_size=8"],
+        tmp_path,
+    )  # fmt: skip
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["steps"] == 25 and len(summary["losses"]) == 25
+    assert summary["world_size"] == 2 and summary["layout"]["dp_replicate"] == 2
+    assert len(summary["peak_memory_bytes"]) == 2 and min(summary["peak_memory_bytes"]) > 0
+    assert summary["mfu"] is None  # no peak FLOP/s is known for a CPU
+    assert summary["final_loss"] < 0.75 * summary["losses"][0]
+    assert summary["val_losses"] and summary["val_losses"][-1] < summary["losses"][0]
+    assert list((tmp_path / "csv").rglob("metrics.csv")), "the CSV logger wrote no metrics"
+    # One run directory: no per-rank Hydra output folders, no stray config copies.
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_wandb_offline_run_has_config_and_metrics_but_no_key(tmp_path):
+    secret = "planted0secret0key0value0000000000000000"
+    result = train_py(
+        *FAST, "logger=wandb", "strategy=single", "trainer.max_steps=4",
+        "trainer.log_every_n_steps=1",
+        f"hydra.run.dir={tmp_path}",
+        env={"WANDB_API_KEY": secret, "WANDB_MODE": "offline"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wandb sync" in result.stdout
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    # An offline run keeps config, history and summary in its transaction log (run-*.wandb).
+    (log,) = runs[0].glob("run-*.wandb")
+    records = log.read_bytes()
+    for expected in (b"dp_replicate", b'"dim"', b"train/loss", b"summary/final_loss"):
+        assert expected in records, f"{expected!r} missing from {log.name}"
+    for path in runs[0].rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"API key leaked into {path}"
+
+
+def test_multirun_one_directory_per_job(tmp_path):
+    result = train_py(
+        "-m", "strategy=single,ddp", *FAST, "trainer.max_steps=3",
+        f"hydra.sweep.dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    summaries = [json.loads((job / "summary.json").read_text()) for job in jobs]
+    assert [s["strategy"] for s in summaries] == ["single", "ddp"]
+    assert summaries[0]["losses"] == pytest.approx(summaries[1]["losses"], rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_hugging_face_llama_trains(tmp_path, strategy):
+    pytest.importorskip("transformers")
+    summary = run_train(
+        ["model=hf_llama", "data=synthetic", "logger=none", f"strategy={strategy}",
+         "trainer.max_steps=6", "trainer.val_check_interval=null", "optim.lr=1e-2"],
+        tmp_path,
+    )  # fmt: skip
+    assert summary["steps"] == 6
+    assert summary["model"] == "hf_llama"
+    assert summary["final_loss"] < summary["losses"][0]
+
+
+# The one-line errors for bad input are the table in tests/unit/test_bad_inputs.py.

@@ -1,0 +1,326 @@
+"""Bad input and security: one table of mistakes, each one line `error: ...` with exit 2 before
+step 1 (or one `warning:` line where noted); no code run from a config; no secret on disk.
+
+The table runs in this process, through the same `train()` and `report_config_error` as
+`train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
+trips it instead of training. A few rows run again as real `train.py` processes, and the
+secret, W&B, precision and resume tests are end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hydra.errors import CompactHydraException
+
+from lightning_dist.config import compose_config
+from lightning_dist.config.targets import check_hydra_overrides
+from lightning_dist.lm.token_cache import find_files, resolve_files
+from lightning_dist.run.errors import ConfigError, report_config_error
+
+SECRET = "planted0override0secret0value0000"
+ENV_SECRET = "planted0environment0secret0value0"
+
+
+def fast(*extra: str, strategy: str = "single", data: str = "synthetic",
+         logger: str = "none") -> tuple[str, ...]:  # fmt: skip
+    """A tiny run of the debug model; `extra` comes last."""
+    return ("model=llama_debug", f"data={data}", f"strategy={strategy}", f"logger={logger}",
+            "trainer.val_check_interval=null", *extra)  # fmt: skip
+
+
+def write(path: Path, text: str | bytes = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def big_tokenizer(tmp: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {f"w{i}": i for i in range(599)} | {"[UNK]": 599}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp / "big_tokenizer.json"))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mistake. `{tmp}` and `{marker}` in the overrides name a scratch folder and a file
+    that an attack would create."""
+
+    name: str
+    overrides: tuple[str, ...]
+    expect: str
+    """Part of the one line."""
+    warning: bool = False
+    """A single warning and the run goes on, instead of an error."""
+    prepare: Callable[[Path], None] | None = None
+
+
+ATTACK = "'touch {marker}'"
+CASES = [
+    # Code execution through `_target_`, in every group that builds something.
+    Case("strategy target", fast(f"+strategy.command={ATTACK}", "strategy._target_=os.system"),
+         "strategy._target_='os.system' is not allowed"),
+    Case("callback target", fast("+callbacks.x._target_=os.system", f"+callbacks.x.command={ATTACK}"),
+         "callbacks.x._target_='os.system' is not allowed"),
+    Case("callback print", fast("+callbacks.x._target_=builtins.print"),
+         "'builtins.print' is not allowed"),
+    Case("callback through an allowed module", fast("+callbacks.x._target_=lightning_dist.callbacks.comm.torch.load"),
+         "'lightning_dist.callbacks.comm.torch.load' is not allowed"),
+    Case("logger target", fast("logger._target_=os.system", f"+logger.command={ATTACK}", logger="csv"),
+         "logger._target_='os.system' is not allowed"),
+    Case("model target", fast("model._target_=os.system"), "model._target_='os.system' is not allowed"),
+    Case("data target", fast("data._target_=os.system"), "data._target_='os.system' is not allowed"),
+    Case("optimizer target", fast("+optim._target_=os.system", f"+optim.command={ATTACK}"),
+         "optim._target_ is set, but nothing is built from optim"),
+    Case("hydra callback", fast("+hydra.callbacks.x._target_=os.system", f"+hydra.callbacks.x.command={ATTACK}"),
+         "hydra.callbacks.x._target_ is refused"),
+    Case("slurm launcher shell line", fast("hydra/launcher=submitit_slurm", f"hydra.launcher.setup=[{ATTACK}]"),
+         "hydra.launcher.setup is refused"),
+    # Secrets in overrides are never echoed.
+    Case("unknown secret key", fast(f"+api_token={SECRET}"), "unknown config key api_token"),
+    Case("secret key without +", fast(f"api_token={SECRET}"), "Key 'api_token' not in 'TrainSchema'"),
+    # Tracebacks before.
+    Case("negative max_steps", fast("trainer.max_steps=-5"), "trainer.max_steps=-5 must be at least 1"),
+    Case("negative lr", fast("optim.lr=-1"), "optim.lr=-1.0 must be 0 or more"),
+    Case("negative gc interval", fast("trainer.gc_every_n_steps=-1"),
+         "trainer.gc_every_n_steps=-1 must be 0 (Python's own collection) or more"),
+    Case("empty data file", fast("data.paths=[{tmp}/empty.txt]", "data.seq_len=32", data="text"),
+         "holds no text", prepare=lambda tmp: write(tmp / "empty.txt")),
+    Case("unreadable data file", fast("data.paths=[{tmp}/locked.txt]", "data.seq_len=32", data="text"),
+         "cannot read", prepare=lambda tmp: write(tmp / "locked.txt", "x" * 500).chmod(0)),
+    Case("data too short", fast("data.paths=[{tmp}/short.txt]", "data.seq_len=32", data="text"),
+         "the train split has 10 tokens", prepare=lambda tmp: write(tmp / "short.txt", "x" * 10)),
+    # Silently wrong before.
+    Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
+    Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
+    Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
+    Case("more CPU processes than cores", fast("hardware.devices=100", strategy="ddp"),
+         "hardware.devices=100 starts 100 CPU processes, but this machine has"),
+    Case("internal schema", fast(strategy="schema_ddp"), "Could not find 'strategy/schema_ddp'"),
+    # One line already, kept so.
+    Case("misspelt key", fast("model.dimm=3"), "Key 'dimm' not in"),
+    Case("hardware mismatch", fast("hardware=dgx_h100", strategy="ddp"),
+         "needs 8 CUDA devices per node; this machine has 0"),
+    Case("global batch", fast("hardware.devices=2", "data.global_batch_size=6", "data.per_rank_batch_size=2", strategy="ddp"),
+         "global_batch_size=6"),
+    Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
+    Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
+         prepare=big_tokenizer),
+    Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
+    Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
+]  # fmt: skip
+
+
+class _Tripwire(Exception):
+    """Raised where the Trainer would be built: every check has passed."""
+
+
+def _overrides(case: Case, tmp: Path) -> list[str]:
+    marker = tmp / "marker"
+    return [o.format(tmp=tmp, marker=marker) for o in case.overrides]
+
+
+def run_in_process(
+    overrides: list[str], run_dir: Path, monkeypatch, capsys
+) -> tuple[int, list[str]]:
+    """What train.py's main does with these overrides: (exit status, stderr lines); status 0
+    means every check passed and the Trainer would have been built."""
+    from lightning_dist import train as train_module
+    from lightning_dist.run import build as build_stage
+
+    def tripwire(*args, **kwargs):
+        raise _Tripwire
+
+    monkeypatch.setattr(build_stage, "build_trainer", tripwire)
+    capsys.readouterr()
+    status = 0
+    try:
+        check_hydra_overrides(overrides)
+        train_module.train(compose_config([*overrides, f"paths.output_dir={run_dir}"]))
+    except _Tripwire:
+        pass
+    except (ConfigError, ValueError, CompactHydraException) as e:
+        with pytest.raises(SystemExit) as exit_:
+            report_config_error(e)
+        status = exit_.value.code
+    return status, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case, tmp_path, monkeypatch, capsys):
+    if case.prepare:
+        case.prepare(tmp_path)
+    if case.name == "unreadable data file" and os.geteuid() == 0:
+        # root reads a mode-000 file; make the open fail the way it does for everyone else
+        locked, real_open = str(tmp_path / "locked.txt"), os.open
+
+        def refuse(path, *args, **kwargs):
+            if str(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refuse)
+    status, lines = run_in_process(
+        _overrides(case, tmp_path), tmp_path / "run", monkeypatch, capsys
+    )
+    if case.warning:
+        assert status == 0, lines
+        assert len(lines) == 1 and lines[0].startswith("warning:"), lines
+    else:
+        assert status == 2, lines
+        assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert case.expect in lines[0], lines
+    assert SECRET not in lines[0]
+    assert not (tmp_path / "marker").exists()
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_only_the_environment_or_python_widen_the_allowlist(monkeypatch):
+    from lightning_dist.config.targets import ALLOW_TARGETS_ENV, check_target
+
+    monkeypatch.delenv(ALLOW_TARGETS_ENV, raising=False)
+    with pytest.raises(ValueError, match="not allowed"):
+        check_target("callbacks.slow._target_", "tests.slow_rank.SlowRank", "callbacks")
+    monkeypatch.setenv(ALLOW_TARGETS_ENV, "tests.")
+    check_target("callbacks.slow._target_", "tests.slow_rank.SlowRank", "callbacks")
+    with pytest.raises(ValueError, match="not allowed"):  # the module must match, not the name
+        check_target("callbacks.x._target_", "tests.slow_rank.time.sleep", "callbacks")
+
+
+def test_cpu_processes_are_measured_against_cores_and_memory():
+    from lightning_dist.run.checks import check_cpu_capacity
+
+    gib = 2**30
+    check_cpu_capacity(8, 10**6, cores=2, memory=16 * gib)  # the test suite's 8 ranks on 2 cores
+    with pytest.raises(ValueError, match="17 CPU processes, but this machine has 2 cores"):
+        check_cpu_capacity(17, 10**6, cores=2, memory=16 * gib)
+    with pytest.raises(ValueError, match=r"need about 120\.7 GiB .* has 64\.0 GiB"):
+        check_cpu_capacity(3, 8 * 10**9, cores=64, memory=64 * gib)
+
+
+def test_what_counts_as_a_secret(monkeypatch):
+    from lightning_dist.runtime.redaction import REDACTED, is_secret_key, redact, redact_text
+
+    secret_names = ["WANDB_API_KEY", "api_token", "hf_token", "apiKey", "db_password", "key"]
+    assert all(is_secret_key(n) for n in secret_names)
+    plain = [
+        "tokenizer",
+        "data.tokenizer",
+        "tokens_per_sec",
+        "exclude_keys",
+        "TOKENIZERS_PARALLELISM",
+    ]
+    assert not any(is_secret_key(n) for n in plain)
+    monkeypatch.setenv("HF_TOKEN", ENV_SECRET)
+    assert (
+        redact_text(f"+api_token=abc x=1 y={ENV_SECRET}")
+        == f"+api_token={REDACTED} x=1 y={REDACTED}"
+    )
+    assert redact({"run": {"token": "abc", "tokenizer": "t.json", "note": ENV_SECRET}}) == {
+        "run": {"token": REDACTED, "tokenizer": "t.json", "note": REDACTED}
+    }
+
+
+def test_fp16_on_cpu_plans_the_bf16_that_runs(tmp_path):
+    from lightning_dist.run.plan import plan_run
+
+    cfg = compose_config([*fast("trainer.precision=16-mixed"), f"paths.output_dir={tmp_path}"])
+    assert plan_run(cfg).precision == "bf16-mixed"
+
+
+def test_schemas_are_not_choices():
+    """What `--help` lists and what `group=name` can pick: the YAML configs, no schema."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lightning_dist.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = [g for g in loader.list_groups("") if g != "hydra"]
+        options = {g: loader.get_group_options(g) for g in groups}
+    assert "ddp" in options["strategy"] and "tiny" in options["model"]
+    assert not [f"{g}={o}" for g, names in options.items() for o in names if "schema" in o]
+
+
+# --- data paths -------------------------------------------------------------------------------
+
+
+def _tree(tmp: Path) -> Path:
+    """corpus/ with a file, a link to a file outside, a link to a folder outside, a link to a
+    folder inside, and a loop; outside/ with 3 files."""
+    corpus = tmp / "corpus"
+    write(corpus / "a.txt", "inside")
+    write(corpus / "sub" / "b.txt", "inside too")
+    for name in ("x.txt", "y.txt", "z.txt"):
+        write(tmp / "outside" / name, "outside")
+    (corpus / "out_file.txt").symlink_to(tmp / "outside" / "x.txt")
+    (corpus / "out_dir").symlink_to(tmp / "outside")
+    (corpus / "in_dir").symlink_to(corpus / "sub")
+    (corpus / "sub" / "loop").symlink_to(corpus)
+    return corpus
+
+
+@pytest.mark.parametrize("entry", ["{c}", "{c}/**", "{c}/**/*.txt"])
+def test_symlinks_stay_inside_the_data_root(tmp_path, entry):
+    corpus = _tree(tmp_path)
+    files, skipped = find_files([entry.format(c=corpus)])
+    assert [f.relative_to(corpus.resolve()).as_posix() for f in files] == ["a.txt", "sub/b.txt"]
+    assert skipped >= 2  # out_file.txt and out_dir
+    followed = resolve_files([entry.format(c=corpus)], follow_symlinks=True)
+    assert {f.name for f in followed} == {"a.txt", "b.txt", "x.txt", "y.txt", "z.txt"}
+
+
+def test_what_was_read_is_listed(tmp_path, caplog):
+    from lightning_dist.lm.data import TextDataModule
+
+    corpus = _tree(tmp_path)
+    with caplog.at_level("INFO", logger="lightning_dist.lm.data"):
+        dm = TextDataModule(paths=[str(corpus)], seq_len=4, global_batch_size=2)
+    assert dm.inputs["files"] == 2 and dm.inputs["bytes"] == len("inside") + len("inside too")
+    assert dm.inputs["first_paths"] == [
+        str(corpus.resolve() / "a.txt"),
+        str(corpus.resolve() / "sub/b.txt"),
+    ]
+    assert dm.inputs["skipped_symlinks"] >= 2
+    assert "Reading 2 files, 16 bytes" in caplog.text
+
+
+# --- W&B without a network --------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _no_network() -> dict:
+    """Logged in, but the server is a closed local port; no WANDB_MODE (remove it too)."""
+    return {"WANDB_API_KEY": "fake" * 10, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
+
+
+def test_wandb_falls_back_offline_within_seconds(tmp_path, monkeypatch, capsys):
+    from lightning_dist.run.loggers import wandb_logger
+
+    for key, value in _no_network().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    started = time.monotonic()
+    logger = wandb_logger(project="p", save_dir=str(tmp_path))
+    assert time.monotonic() - started < 10
+    assert logger._wandb_init["mode"] == "offline"
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: W&B server unreachable"), lines
+    assert "wandb sync" in lines[0]
+
+
+# --- end to end -------------------------------------------------------------------------------

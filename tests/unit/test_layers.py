@@ -1,0 +1,236 @@
+"""The layers of DESIGN.md hold by construction: no import cycle, imports only point down.
+
+The walk reads every `import` in the package, including those inside functions (lazy ones).
+`GRAPH` leaves out the `if TYPE_CHECKING:` blocks, which never run; `TYPING_GRAPH` keeps them,
+and it has no cycle either: no import circle of any kind."""
+
+import ast
+from pathlib import Path
+
+import lightning_dist
+
+PACKAGE = Path(lightning_dist.__file__).parent
+MAX_ROOT_MODULES = 10
+"""`.py` modules directly in lightning_dist/ (besides `__init__` and `__main__`); the rest live
+in subpackages."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _nodes(tree: ast.AST, *, typing: bool):
+    """Every node, except those under `if TYPE_CHECKING:` unless `typing`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if not typing and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _targets(node: ast.AST, name: str) -> set[str]:
+    """The package modules (other than `name`) that one import statement names."""
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+    else:
+        return set()
+    return {t for t in targets if t in MODULES and t != name}
+
+
+def _most_specific(found: set[str]) -> set[str]:
+    # `from pkg import mod` names both; it imports the module (pkg/__init__ runs, but that is
+    # Python's doing, not an edge of this module's).
+    return {t for t in found if not any(o.startswith(t + ".") for o in found)}
+
+
+def imports_of(name: str, *, typing: bool = False) -> set[str]:
+    """The package modules that module `name` imports at run time (also for type checkers
+    only, with `typing`)."""
+    found = set()
+    for node in _nodes(TREES[name], typing=typing):
+        found |= _targets(node, name)
+    return _most_specific(found)
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+TYPING_GRAPH = {name: imports_of(name, typing=True) for name in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _imports_in(nodes) -> dict[str, set[str]]:
+    """{module: the package modules its import statements among `nodes(module)` name}."""
+    return {name: set().union(*(_targets(n, name) for n in nodes(name))) for name in MODULES}
+
+
+def _lazy_only_imports() -> set[tuple[str, str]]:
+    """(module, target) where the module imports the target inside a function, never at the
+    top of the module."""
+    top = _imports_in(lambda name: TREES[name].body)
+    lazy = _imports_in(
+        lambda name: (
+            inner
+            for fn in ast.walk(TREES[name])
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+            for inner in _nodes(fn, typing=False)
+        )
+    )
+    return {(name, t) for name, targets in lazy.items() for t in targets - top[name]}
+
+
+def _typing_only_imports() -> set[tuple[str, str]]:
+    """(module, target) where the module imports the target under `if TYPE_CHECKING:` only."""
+    typing = _imports_in(
+        lambda name: (
+            inner
+            for block in ast.walk(TREES[name])
+            if _is_type_checking(block)
+            for stmt in block.body
+            for inner in ast.walk(stmt)
+        )
+    )
+    return {(name, t) for name, targets in typing.items() for t in targets - GRAPH[name]}
+
+
+def _sees(graph: dict[str, set[str]], name: str, target: str) -> bool:
+    """The edge name -> target, or one to a module inside `target` (see `_most_specific`)."""
+    return any(t == target or t.startswith(target + ".") for t in graph[name])
+
+
+def test_the_walk_sees_lazy_imports():
+    # Some module imports a package module inside a function only; the walk must see it.
+    lazy = _lazy_only_imports()
+    assert lazy, "no function-level import found: the check below would prove nothing"
+    unseen = sorted((name, t) for name, t in lazy if not _sees(GRAPH, name, t))
+    assert not unseen, unseen
+
+
+def test_the_typing_walk_sees_typing_only_imports():
+    # `GRAPH` leaves `if TYPE_CHECKING:` imports out, `TYPING_GRAPH` must keep them.
+    typing = _typing_only_imports()
+    assert typing, "no `if TYPE_CHECKING:` import found: the check below would prove nothing"
+    unseen = sorted((name, t) for name, t in typing if not _sees(TYPING_GRAPH, name, t))
+    assert not unseen, unseen
+
+
+def test_no_import_cycle():
+    cycles = _cycles(GRAPH)
+    assert not cycles, f"import circles (lazy imports included): {cycles}"
+
+
+def test_no_import_cycle_counting_typing_only_imports():
+    cycles = _cycles(TYPING_GRAPH)
+    assert not cycles, f"import circles (`if TYPE_CHECKING:` imports included): {cycles}"
+
+
+def test_few_modules_at_the_package_root():
+    root = sorted(
+        p.stem for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
+    assert len(root) <= MAX_ROOT_MODULES, (
+        f"{len(root)} modules directly in lightning_dist/ (at most {MAX_ROOT_MODULES}; move "
+        f"some into a subpackage): {', '.join(root)}"
+    )
+
+
+def test_strategies_do_not_import_the_lightning_module():
+    bad = {
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("lightning_dist.strategies")
+        for target in targets
+        if target.startswith("lightning_dist.lm")
+    }
+    assert not bad, bad
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_lower_layers_do_not_import_upper_ones():
+    """runtime/ sees only itself; models/ sees only itself; config/ sees the option classes,
+    models, hardware and layout; parallel/ and planner/ see neither Lightning glue nor lm/. Both
+    read the option classes (lightning_dist/options/, the parsed activation-checkpointing
+    setting among them), torch-free like the layout. Typing-only imports count too."""
+    rules = {
+        "lightning_dist.runtime": ("lightning_dist.runtime",),
+        "lightning_dist.models": ("lightning_dist.models", "lightning_dist._compat"),
+        "lightning_dist.config": (
+            "lightning_dist.config",
+            "lightning_dist.options",
+            "lightning_dist.models",
+            "lightning_dist.hardware",
+            "lightning_dist.layout",
+            "lightning_dist._compat",
+        ),
+        "lightning_dist.parallel": (
+            "lightning_dist.parallel",
+            "lightning_dist.layout",
+            "lightning_dist.options",
+            "lightning_dist.models",
+            "lightning_dist._compat",
+        ),
+        "lightning_dist.planner": (
+            "lightning_dist.planner",
+            "lightning_dist.layout",
+            "lightning_dist.options",
+            "lightning_dist.hardware",
+            "lightning_dist.models",
+        ),
+    }
+    bad = [
+        (name, target)
+        for name, targets in sorted(TYPING_GRAPH.items())
+        for layer, allowed in rules.items()
+        if _within(name, (layer,))
+        for target in sorted(targets)
+        if not _within(target, allowed)
+    ]
+    assert not bad, bad
+
+
+# --- a strategy added through the contract alone ------------------------------------------------

@@ -1,0 +1,63 @@
+"""Two nodes on one machine: two torchrun agents (c10d rendezvous over loopback), each starting
+two gloo ranks of one `python train.py ... hardware.num_nodes=2 hardware.devices=2` job.
+
+The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a one-process reference,
+a single-node 4-rank run of the 3d layout and a job whose node count is wrong; the tests share
+them. Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_dist.parallel.nodes import (
+    INTER_NODE,
+    INTRA_NODE,
+    NodeMap,
+    NodePlacementError,
+    Placement,
+    check_node_counts,
+)
+
+# The groups each job's DeviceMesh (or, for DDP, its layout) must hold, and their link.
+
+
+# --- the node map and its checks, in one process --------------------------------------------
+
+
+def _nodes(node_of_rank: list[int]) -> NodeMap:
+    n = len(node_of_rank)
+    return NodeMap(node_of_rank=node_of_rank, local_rank_of_rank=[0] * n,
+                   hostname_of_rank=["host"] * n, source="SLURM_NODEID")  # fmt: skip
+
+
+def test_tp_across_nodes_is_an_error_naming_the_group():
+    """SLURM's cyclic distribution puts consecutive ranks on different nodes."""
+    cyclic = Placement(nodes=_nodes([0, 1, 0, 1]), groups={"tp": [[0, 1], [2, 3]]})
+    with pytest.raises(NodePlacementError, match=r"group \[0, 1\] spans nodes \[0, 1\]"):
+        cyclic.check(hsdp=False)
+    block = Placement(nodes=_nodes([0, 0, 1, 1]), groups={"tp": [[0, 1], [2, 3]]})
+    assert block.check(hsdp=False) == [] and block.links() == {"tp": INTRA_NODE}
+
+
+def test_hsdp_shards_across_nodes_only_warn():
+    groups = {
+        "dp_replicate": [[0, 4], [1, 5], [2, 6], [3, 7]],
+        "dp_shard": [[0, 1, 2, 3], [4, 5, 6, 7]],
+    }
+    placement = Placement(nodes=_nodes([0, 0, 1, 1, 2, 2, 3, 3]), groups=groups)
+    (warning,) = placement.check(hsdp=True)
+    assert "strategy.dp_replicate=4" in warning
+    assert placement.links() == {"dp_replicate": INTER_NODE, "dp_shard": INTER_NODE}
+    assert placement.check(hsdp=False) == []  # plain FSDP over every node is a choice
+
+
+def test_node_counts_must_match_the_config():
+    with pytest.raises(NodePlacementError, match="set hardware.num_nodes=2 hardware.devices=2"):
+        check_node_counts(_nodes([0, 0, 1, 1]), num_nodes=1, devices=4)
+    with pytest.raises(NodePlacementError, match=r"node 0: 3, node 1: 1"):
+        check_node_counts(_nodes([0, 0, 0, 1]), num_nodes=2, devices=2)
+    check_node_counts(_nodes([0, 0, 1, 1]), num_nodes=2, devices=2)
+
+
+# --- the same on GPUs (NCCL): written for a 4-GPU machine, never run on one yet ---------------

@@ -1,0 +1,189 @@
+"""Every knob of every option class (lightning_dist/options/) is settable from each strategy
+preset that uses it, arrives in the strategy's `options`, reaches `parallelize()`, and reaches
+the planner, where it changes the prediction unless it is marked planner-irrelevant.
+
+Each knob needs a row in VALUES (a non-default value, and the other knobs it needs to matter),
+so a new knob fails here until it has one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_dist import options
+from lightning_dist.config import choice_names, compose_config, hardware_spec, model_spec
+from lightning_dist.layout import Batch
+from lightning_dist.run.plan import build_strategy
+from lightning_dist.run.preflight import estimate_run
+
+# knob: (override value as typed, the parsed value the strategy keeps, context overrides)
+VALUES = {
+    "pp": ("2", 2, []),
+    "dp_replicate": ("2", 2, []),
+    "dp_shard": ("2", 2, ["strategy.tp=-1", "strategy.dp_shard=8"]),
+    "tp": ("2", 2, []),
+    "schedule": ("GPipe", "GPipe", ["strategy.pp=2"]),
+    "microbatches": ("8", 8, ["strategy.pp=2"]),
+    "virtual_stages": (
+        "2",
+        2,
+        ["strategy.pp=2", "strategy.schedule=Interleaved1F1B", "strategy.virtual_stages=4"],
+    ),
+    "reshard_after_forward": ("false", False, []),
+    "prefetch_forward": ("2", 2, []),
+    "prefetch_backward": ("2", 2, []),
+    "init_sharded": ("true", True, []),
+    "auto_wrap": ("[TransformerBlock]", ["TransformerBlock"], []),
+    "cpu_offload": ("true", True, []),
+    "param_dtype": ("bf16", "bf16", []),
+    "reduce_dtype": ("bf16", "bf16", []),
+    "tp_plan": ("{output: colwise}", {"output": "colwise"}, ["strategy.tp=2"]),
+    "sequence_parallel": ("true", True, ["strategy.tp=2"]),
+    "loss_parallel": ("false", False, ["strategy.tp=2"]),
+    "split_points": ("[16]", [16], ["strategy.pp=2"]),
+    "activation_checkpointing": ("op", "op", []),
+    "compile": ("true", True, ["strategy.compile_backend=aot_eager"]),
+    "compile_backend": ("aot_eager", "aot_eager", ["strategy.compile=true"]),
+    "process_group_backend": ("gloo", "gloo", []),
+    "state_dict_type": ("full", "full", []),
+    "sharding_strategy": ("FULL_SHARD", "FULL_SHARD", []),
+    "hybrid_shard_size": ("4", 4, []),
+    "forward_prefetch": ("false", False, []),
+    "backward_prefetch": ("BACKWARD_POST", "BACKWARD_POST", []),
+    "limit_all_gathers": ("false", False, ["strategy.sharding_strategy=FULL_SHARD"]),
+    "buffer_dtype": ("bf16", "bf16", []),
+    "use_orig_params": ("false", False, []),
+    "sync_module_states": ("true", True, []),
+    "find_unused_parameters": ("true", True, []),
+    "gradient_as_bucket_view": ("false", False, []),
+    "static_graph": ("true", True, []),
+    "broadcast_buffers": ("true", True, []),
+}
+
+BASE = ["model=llama3_8b", "hardware=dgx_h100", "data.global_batch_size=32", "data.seq_len=2048"]
+
+
+def _strategy(tmp_path, name: str, extra: list[str]):
+    cfg = compose_config([*BASE, f"strategy={name}", *extra, f"paths.output_dir={tmp_path}"])
+    hw = hardware_spec(cfg)
+    return cfg, hw, build_strategy(cfg.strategy, hw)
+
+
+def _kept(strategy, knob: str):
+    group = getattr(strategy.options, options.KNOB_GROUP[knob])
+    value = getattr(group, knob)
+    if knob == "dp_replicate" and strategy.options.replica_per_node:
+        return None
+    return value.setting if knob == "activation_checkpointing" else value
+
+
+def _presets() -> list[tuple[str, str]]:
+    """(config name, preset) of every conf/strategy file but auto (whose layout the planner
+    picks; its one knob is checked below)."""
+    out = []
+    for name in choice_names("strategy"):
+        if name == "auto":
+            continue
+        target = compose_config([f"strategy={name}", "paths.output_dir=."]).strategy._target_
+        preset = {"single_device_strategy": "single", "DataParallelStrategy": "ddp",
+                  "TunedFSDPStrategy": "fsdp", "FSDP2Strategy": "fsdp2"}.get(
+            target.rsplit(".", 1)[-1], "3d")  # fmt: skip
+        out.append((name, preset))
+    return out
+
+
+def test_every_knob_has_a_test_value_and_one_declaration():
+    declared = [f.name for g in options.GROUPS for f in options.group_knobs(g)]
+    assert len(declared) == len(set(declared))
+    assert sorted(declared) == sorted(VALUES), "give each new knob a row in VALUES"
+    for group in options.GROUPS:
+        for f in options.group_knobs(group):
+            assert options.knob_doc(group, f), f"{group}.{f.name} has no documentation"
+
+
+def test_each_preset_schema_is_exactly_its_option_classes(tmp_path):
+    for name, preset in _presets():
+        cfg = compose_config([f"strategy={name}", f"paths.output_dir={tmp_path}"])
+        keys = set(cfg.strategy) - {"name", "_target_"}
+        groups = options.PRESETS[preset].groups
+        assert keys == {f.name for g in groups for f in options.group_knobs(g)}, name
+
+
+def test_every_knob_is_settable_from_each_preset_and_reaches_the_strategy(tmp_path):
+    checked = 0
+    for name, preset in _presets():
+        for group in options.PRESETS[preset].groups:
+            for f in options.group_knobs(group):
+                typed, parsed, context = VALUES[f.name]
+                if name in ("tp", "pp") and group == "layout":  # free its -1 degree first
+                    context = [f"strategy.{name}=1", "strategy.dp_shard=-1", *context]
+                _, _, strategy = _strategy(tmp_path, name, [*context, f"strategy.{f.name}={typed}"])
+                assert _kept(strategy, f.name) == parsed, (name, f.name)
+                checked += 1
+    assert checked > 100
+
+
+def test_the_auto_preset_takes_its_knob(tmp_path):
+    cfg = compose_config(
+        ["strategy=auto", "strategy.process_group_backend=gloo", "paths.output_dir=."]
+    )
+    assert cfg.strategy.process_group_backend == "gloo"
+
+
+@pytest.mark.parametrize("name", ["3d", "fsdp2", "fsdp", "ddp"])
+def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(tmp_path, name):
+    """The pre-flight estimate reads the strategy's options; for each knob the planner models,
+    the configured value changes the prediction (memory, time or layout) against the same run
+    without it."""
+    preset = options.PRESETS[name]
+    for group in preset.groups:
+        for f in options.group_knobs(group):
+            reason = options.planner_ignores(group, f.name)
+            if reason is not None:
+                assert len(reason) > 10, f.name
+                continue
+            typed, _, context = VALUES[f.name]
+            predictions = []
+            for extra in (context, [*context, f"strategy.{f.name}={typed}"]):
+                cfg, hw, strategy = _strategy(tmp_path, name, extra)
+                layout = strategy.layout_for(hw.resolved_devices(), hw.num_nodes)
+                cand = estimate_run(
+                    Batch.of_config(cfg.data), model_spec(cfg), hw, strategy, layout, "bf16-mixed"
+                )
+                assert cand.settings.options is strategy.options
+                predictions.append((cand.describe(), cand.memory.total, cand.time.step_seconds))
+            assert predictions[0] != predictions[1], (name, f.name)
+
+
+def test_plain_lightning_keywords_and_options_objects_build_the_same(tmp_path):
+    from lightning_dist.strategies.fsdp import TunedFSDPStrategy
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+    by_keyword = Parallel3DStrategy(tp=2, activation_checkpointing="op", prefetch_forward=2)
+    by_options = Parallel3DStrategy(options=by_keyword.options)
+    assert by_keyword.options == by_options.options
+    assert by_keyword.options.checkpointing.activation_checkpointing.mode == "op"
+    with pytest.raises(TypeError, match="has no knob 'sharding_strategy'"):
+        Parallel3DStrategy(sharding_strategy="FULL_SHARD")
+    with pytest.raises(TypeError, match="has no knob 'tp'"):
+        TunedFSDPStrategy(tp=2)
+    assert dataclasses.is_dataclass(by_keyword.options)
+
+
+def test_each_strategy_shows_its_knobs_in_its_signature_and_docstring():
+    import inspect
+
+    from lightning_dist.strategies.ddp import DataParallelStrategy
+    from lightning_dist.strategies.fsdp import TunedFSDPStrategy
+    from lightning_dist.strategies.fsdp2 import FSDP2Strategy
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+    for cls in (Parallel3DStrategy, FSDP2Strategy, TunedFSDPStrategy, DataParallelStrategy):
+        params = inspect.signature(cls).parameters
+        spec = options.PRESETS[cls.preset]
+        for group in spec.groups:
+            for f in options.group_knobs(group):
+                assert params[f.name].default == spec.default(f), (cls.__name__, f.name)
+                assert f"    {f.name} = " in cls.__doc__, (cls.__name__, f.name)
+    assert inspect.signature(FSDP2Strategy).parameters["dp_replicate"].default is None

@@ -1,0 +1,63 @@
+"""What a user sees: multiruns over strategies, one record of the losses (console, summary.json,
+metrics CSV, W&B), the console's closing summary, and a quiet console."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_dist.runtime.record import smoothed_final_loss, smoothing_window, summary_block
+from lightning_dist.sweep import comparison_table, job_rows, write_comparison
+
+# --- unit: the record's pieces ------------------------------------------------------------------
+
+
+def test_smoothed_final_loss_averages_the_last_steps():
+    assert smoothed_final_loss([]) is None
+    assert smoothed_final_loss([5.0, 4.0, 3.0]) == 3.0  # a short run: its last step
+    losses = [float(i) for i in range(100, 0, -1)]  # 100 .. 1
+    assert smoothing_window(len(losses)) == 10
+    assert smoothed_final_loss(losses) == pytest.approx(5.5)  # mean of 10 .. 1
+    assert smoothing_window(20) == 5
+
+
+def test_summary_block_says_loss_validation_speed_and_where():
+    summary = {
+        "steps": 200, "wall_seconds": 151.6, "model": "tiny", "strategy": "ddp",
+        "world_size": 2, "hardware": "cpu", "final_loss": 2.2647, "final_loss_smoothed": 2.31,
+        "smoothing_steps": 10, "final_val_loss": 2.4012, "val_steps": [100, 200],
+        "tokens_per_sec": 8123.4, "mfu": None, "peak_memory_bytes": [2**30, 2**29],
+    }  # fmt: skip
+    text = summary_block(summary, "out/summary.json")
+    assert "200 steps in 152 s" in text and "strategy=ddp on 2 rank(s) of cpu" in text
+    assert "loss 2.2647 at step 200 (mean of the last 10 steps 2.3100)" in text
+    assert "validation loss 2.4012 at step 200" in text
+    assert "tokens/s 8,123 | MFU n/a | peak memory 1.00 GiB" in text
+    assert text.endswith("summary: out/summary.json")
+
+
+def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
+    for job, (strategy, loss) in enumerate([("ddp", 2.5), ("fsdp", 2.25)]):
+        (tmp_path / str(job) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(job) / ".hydra" / "overrides.yaml").write_text(
+            f"- strategy={strategy}\n- debug=fast\n"
+        )
+        (tmp_path / str(job) / "summary.json").write_text(json.dumps({
+            "strategy": strategy, "world_size": 2, "steps": 3, "final_loss": loss,
+            "final_loss_smoothed": loss, "final_val_loss": None, "tokens_per_sec": 100.0 * (job + 1),
+            "peak_memory_bytes": [2**30], "mfu": None, "wall_seconds": 9.0,
+        }))  # fmt: skip
+    (tmp_path / "2" / ".hydra").mkdir(parents=True)  # a job that failed before its summary
+    (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- strategy=3d\n- debug=fast\n")
+    rows = job_rows(tmp_path)
+    assert [r["overrides"] for r in rows] == [["strategy=ddp"], ["strategy=fsdp"], ["strategy=3d"]]
+    table = comparison_table(rows)
+    assert "| 1 | strategy=fsdp | 2 | 3 | 2.2500 | 2.2500 | - | 200 | 1.00 | - | 9 |" in table
+    assert "strategy=3d (no summary.json)" in table
+    write_comparison(tmp_path)
+    assert (tmp_path / "comparison.md").read_text().count("\n| ") == 5  # header, rule, 3 jobs
+    assert len(json.loads((tmp_path / "comparison.json").read_text())) == 3
+
+
+# --- end to end ---------------------------------------------------------------------------------

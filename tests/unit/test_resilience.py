@@ -1,0 +1,115 @@
+"""Surviving the cluster: NaN guard, preemption and auto-resume, the hang watchdog, and the
+checkpoint scan. Multi-process cases are real gloo runs of train.py on the debug model."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from lightning_dist.callbacks.nan_guard import NonFiniteError, NonFiniteGuard, _all_finite
+from lightning_dist.checkpoint.store import latest_checkpoint
+
+# --- the NaN guard --------------------------------------------------------------------------
+
+
+class NaNAt(L.LightningModule):
+    """A linear model whose loss is NaN at the optimizer steps in `bad_steps` (1-based)."""
+
+    def __init__(self, bad_steps: set[int]) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.bad_steps = bad_steps
+        self.weights_after: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        return loss * float("nan") if self.global_step + 1 in self.bad_steps else loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.weights_after.append(self.layer.weight.detach().clone())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
+
+
+def _fit(module: L.LightningModule, guard: NonFiniteGuard, steps: int = 6) -> None:
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)),
+                                       batch_size=4)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=[guard], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, data)
+
+
+def test_the_finiteness_check_is_exact_at_the_edges_of_the_range():
+    """Huge finite gradients are finite (no overflow to a false alarm); one inf, one NaN, or an
+    inf and a -inf that would cancel are not; bf16 and empty tensors are handled."""
+    big = torch.full((1 << 16,), torch.finfo(torch.float32).max)
+    assert _all_finite([big, -big, torch.zeros(3)])
+    assert _all_finite([torch.full((1000,), 3e38, dtype=torch.bfloat16), torch.empty(0)])
+    assert _all_finite([])
+    for bad in (float("inf"), float("nan")):
+        grad = torch.ones(10_000)
+        grad[1234] = bad
+        assert not _all_finite([torch.ones(5), grad])
+    assert not _all_finite([torch.tensor([float("inf"), -float("inf")])])
+    assert not _all_finite([torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)])
+
+
+def test_nan_policy_skip_leaves_the_weights_untouched_and_goes_on():
+    module, guard = NaNAt({3}), NonFiniteGuard("skip", max_skips=2)
+    _fit(module, guard)
+    assert guard.skipped_steps == [3]
+    after = module.weights_after
+    assert torch.equal(after[2], after[1])  # step 3 changed nothing, weight decay included
+    assert not torch.equal(after[3], after[2]) and len(after) == 6
+    assert all(torch.isfinite(w).all() for w in after)
+
+
+def test_nan_policy_skip_stops_after_too_many_in_a_row():
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(last: step 4\)"):
+        _fit(NaNAt({2, 3, 4}), NonFiniteGuard("skip", max_skips=2))
+
+
+def test_nan_policy_stop_names_the_step():
+    module = NaNAt({2})
+    with pytest.raises(NonFiniteError, match="the loss is not finite at step 2"):
+        _fit(module, NonFiniteGuard("stop"))
+    assert len(module.weights_after) == 1 and torch.isfinite(module.weights_after[0]).all()
+
+
+# --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------
+
+
+def test_auto_resume_skips_a_partial_checkpoint_and_says_so(tmp_path):
+    complete = tmp_path / "step5.ckpt"
+    complete.mkdir()
+    for name in (".metadata", "meta.pt", "manifest.json"):
+        (complete / name).write_bytes(b"")
+    sharded = tmp_path / "step10.ckpt"
+    sharded.mkdir()
+    (sharded / "__0_0.distcp").write_bytes(b"a shard, no metadata yet")
+    (sharded / ".metadata").write_bytes(b"")
+    (sharded / "meta.pt").write_bytes(b"")  # the manifest, written last, is still missing
+    (tmp_path / "step15.ckpt").write_bytes(b"a single file: not this format")
+    point = latest_checkpoint(tmp_path)
+    assert point.path == complete and point.step == 5
+    assert point.skipped == [tmp_path / "step15.ckpt", sharded]
+    assert point.describe().endswith("(step 5); skipped incomplete step15.ckpt, step10.ckpt")
+    (sharded / "manifest.json").write_bytes(b"")
+    assert latest_checkpoint(tmp_path).path == sharded
+
+
+# --- preemption and auto-resume -------------------------------------------------------------
+
+
+# --- the hang watchdog ----------------------------------------------------------------------
+
+
+# --- elastic restart under torchrun ---------------------------------------------------------
+
+
+# --- asynchronous checkpoints ---------------------------------------------------------------
