@@ -1,5 +1,7 @@
-"""FSDP1 and FSDP2 in real gloo processes: parity with one process through the harness, resume
-from sharded and full checkpoints, memory against DDP, one-line errors, and user code.
+"""FSDP1 and FSDP2 in real gloo processes: parity with one process (its stored reference,
+tests/dist/baselines.py), resume from sharded and full checkpoints, memory against DDP, and user
+code. Every run trains through `train(cfg)` on the ranks of a world started once per module
+(tests/dist/world.py); the strategies' one-line errors are rows of tests/unit/test_bad_inputs.py.
 
 The candidate runs are shared: the FULL_SHARD run also saves the checkpoint that the resume test
 restarts from and gives the memory test its numbers, so each configuration trains once. Every run
@@ -14,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import baselines
 import pytest
 
-from lightning_dist.parity import REPO_ROOT, max_relative_difference, reference_overrides, run_train
+from lightning_dist.parity import REPO_ROOT, max_relative_difference, reference_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -54,25 +57,30 @@ CASES = {
 _RUNS: dict[str, tuple[dict, Path]] = {}
 
 
-def _run(name: str, overrides: list[str], tmp_path_factory) -> tuple[dict, Path]:
-    """Train once per name in this session; returns (summary, run directory)."""
-    if name not in _RUNS:
-        run_dir = tmp_path_factory.mktemp(name)
-        _RUNS[name] = (run_train(overrides, run_dir), run_dir)
-    return _RUNS[name]
+@pytest.fixture(scope="module")
+def run(train_in, tmp_path_factory):
+    """`run(name, overrides)`: train once per name in this module, on a started world of ranks;
+    (summary, run directory)."""
+
+    def train_once(name: str, overrides: list[str]) -> tuple[dict, Path]:
+        if name not in _RUNS:
+            run_dir = tmp_path_factory.mktemp(name)
+            _RUNS[name] = (train_in(overrides, run_dir), run_dir)
+        return _RUNS[name]
+
+    return train_once
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> list[float]:
-    """The single-process losses, computed once for every case (the harness's reference)."""
-    summary, _ = _run("reference", reference_overrides(BASE), tmp_path_factory)
-    return summary["losses"]
+def reference() -> list[float]:
+    """The single-process losses of every case: stored (tests/dist/baselines.py)."""
+    return baselines.reference(reference_overrides(BASE))["losses"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_parity_with_one_process(name, reference, tmp_path_factory):
+def test_parity_with_one_process(name, reference, run):
     overrides, (replicate, shard) = CASES[name]
-    summary, _ = _run(name, [*BASE, *overrides], tmp_path_factory)
+    summary, _ = run(name, [*BASE, *overrides])
     diff = max_relative_difference(reference, summary["losses"])
     print(f"{name}: max relative difference {diff:.3e} over {len(reference)} steps")
     assert diff <= 1e-4, list(zip(reference, summary["losses"], strict=False))
@@ -81,22 +89,22 @@ def test_parity_with_one_process(name, reference, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["fsdp_full_shard", "fsdp2_reshard_full_ckpt"])
-def test_resume_continues_with_the_same_losses(name, tmp_path_factory):
-    """Save at step 5 (fsdp, and fsdp2 with state_dict_type=full), resume in a new process:
+def test_resume_continues_with_the_same_losses(name, run, train_in, tmp_path_factory):
+    """Save at step 5 (fsdp, and fsdp2 with state_dict_type=full), resume in a new run:
     steps 6-10 are bitwise the uninterrupted run's."""
     overrides = [*BASE, *CASES[name][0]]
-    full, run_dir = _run(name, overrides, tmp_path_factory)
+    full, run_dir = run(name, overrides)
     checkpoint = run_dir / "checkpoints" / "step5.ckpt"
     assert (checkpoint / "manifest.json").is_file(), "every strategy saves the one folder format"
-    resumed = run_train([*overrides, f"trainer.ckpt_path={checkpoint}"],
-                        tmp_path_factory.mktemp(f"{name}_resumed"))  # fmt: skip
+    resumed = train_in([*overrides, f"trainer.ckpt_path={checkpoint}"],
+                       tmp_path_factory.mktemp(f"{name}_resumed"))  # fmt: skip
     assert resumed["losses"] == full["losses"][5:10]
 
 
-def test_full_shard_model_state_is_half_of_ddp(tmp_path_factory):
+def test_full_shard_model_state_is_half_of_ddp(run):
     """Per rank, params + grads + optimizer state under FULL_SHARD <= DDP's / 2 + 2% padding."""
-    ddp, _ = _run("ddp", [*BASE, "strategy=ddp", "hardware.devices=2"], tmp_path_factory)
-    fsdp, _ = _run("fsdp_full_shard", [*BASE, *CASES["fsdp_full_shard"][0]], tmp_path_factory)
+    ddp, _ = run("ddp", [*BASE, "strategy=ddp", "hardware.devices=2"])
+    fsdp, _ = run("fsdp_full_shard", [*BASE, *CASES["fsdp_full_shard"][0]])
 
     def model_state(summary):
         return [m["params"] + m["grads"] + m["optimizer"] for m in summary["memory_by_category"]]
@@ -105,63 +113,6 @@ def test_full_shard_model_state_is_half_of_ddp(tmp_path_factory):
     for ddp_bytes, fsdp_bytes in zip(model_state(ddp), model_state(fsdp), strict=True):
         assert fsdp_bytes <= ddp_bytes / 2 * 1.02
     assert all(m["activations"] > 0 and m["total"] > 0 for m in fsdp["memory_by_category"])
-
-
-BAD_INPUTS = {
-    "unknown sharding strategy": (
-        ["strategy=fsdp", "strategy.sharding_strategy=ZERO3"],
-        "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2, NO_SHARD",
-    ),
-    "hybrid shard size": (
-        [
-            "strategy=fsdp",
-            "strategy.sharding_strategy=HYBRID_SHARD",
-            "strategy.hybrid_shard_size=3",
-            "hardware.devices=4",
-        ],
-        "hybrid_shard_size=3 does not divide the world size 4",
-    ),  # fmt: skip
-    "auto-wrap class absent": (
-        ["strategy=fsdp", "strategy.auto_wrap=[LlamaDecoderLayer]"],
-        "block classes are: TransformerBlock",
-    ),
-    "cpu offload on cpu": (["strategy=fsdp", "strategy.cpu_offload=true"], "cpu_offload=true"),
-    "fsdp2 replicas": (
-        ["strategy=fsdp2", "strategy.dp_replicate=3", "hardware.devices=4"],
-        "dp_replicate=3 does not divide the world size 4",
-    ),
-}
-
-
-def test_bad_inputs_fail_with_one_line_before_training(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO_ROOT / "train.py"),
-                *overrides,
-                "model=llama_debug",
-                "data=synthetic",
-                "logger=none",
-                f"hydra.run.dir={tmp_path / name.replace(' ', '_')}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO_ROOT,
-            env=env,
-        )  # fmt: skip
-        for name, (overrides, _) in BAD_INPUTS.items()
-    }
-    for name, proc in runs.items():
-        _, stderr = proc.communicate(timeout=300)
-        expected = BAD_INPUTS[name][1]
-        assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{stderr[-2000:]}"
-        assert "Traceback" not in stderr, f"{name}: {stderr[-2000:]}"
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and expected in errors[0], f"{name}: {stderr[-2000:]}"
-        assert not (tmp_path / name.replace(" ", "_") / "summary.json").exists()
 
 
 USER_SCRIPT = Path(__file__).with_name("fsdp_user_module.py")

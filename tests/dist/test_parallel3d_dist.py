@@ -1,10 +1,11 @@
-"""Parallel3DStrategy in real gloo processes, through `python train.py` and the parity harness.
+"""Parallel3DStrategy in real gloo processes: every run trains through `train(cfg)` on the ranks
+of a world started once per module (tests/dist/world.py).
 
-Every case is compared with one process on the same overrides (fp32, llama_debug or a tiny HF
-Llama, synthetic data, 10 steps): the train loss of every step and, for our model, the
-validation loss after steps 5 and 10 must agree within 1e-4 relative. References are run once
-per distinct set of overrides and shared. The dp2 x pp2 run also saves the checkpoint that the
-resume test restarts from; the 8-rank run clips hard, so it is also the clipping check.
+Every case is compared with one process on the same overrides, its stored reference
+(tests/dist/baselines.py; fp32, llama_debug or a tiny HF Llama, synthetic data, 10 steps): the
+train loss of every step and, for our model, the validation loss after steps 5 and 10 must agree
+within 1e-4 relative. The dp2 x pp2 run also saves the checkpoint that the resume test restarts
+from; the 8-rank run clips hard, so it is also the clipping check.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import subprocess
 import sys
 import time
 
+import baselines
 import pytest
 
-from lightning_dist.parity import REPO_ROOT, max_relative_difference, run_train
+from lightning_dist.parity import REPO_ROOT, max_relative_difference
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +81,21 @@ _runs: dict[tuple[str, ...], dict] = {}
 _dirs: dict[tuple[str, ...], object] = {}
 
 
-def _run(overrides: list[str], tmp_path_factory) -> dict:
-    key = tuple(overrides)
-    if key not in _runs:
-        _dirs[key] = tmp_path_factory.mktemp("run")
-        _runs[key] = run_train(overrides, _dirs[key])
-    return _runs[key]
+@pytest.fixture(scope="module")
+def run(train_in, tmp_path_factory):
+    """`run(overrides)`: the summary of `overrides`, trained once in this module on a started
+    world of ranks; a single-process run is its stored reference (tests/dist/baselines.py)."""
+
+    def train_once(overrides: list[str]) -> dict:
+        if "strategy=single" in overrides:
+            return baselines.reference(overrides)
+        key = tuple(overrides)
+        if key not in _runs:
+            _dirs[key] = tmp_path_factory.mktemp("run")
+            _runs[key] = train_in(overrides, _dirs[key])
+        return _runs[key]
+
+    return train_once
 
 
 def _val_difference(reference: dict, candidate: dict) -> float:
@@ -94,10 +105,10 @@ def _val_difference(reference: dict, candidate: dict) -> float:
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n != "dp2xtp2xpp2_clip"])
-def test_parity_with_one_process(name, tmp_path_factory):
+def test_parity_with_one_process(name, run):
     base, layout = CASES[name]
-    reference = _run([*base, "strategy=single", "hardware.devices=1"], tmp_path_factory)
-    candidate = _run([*base, *layout], tmp_path_factory)
+    reference = run([*base, "strategy=single", "hardware.devices=1"])
+    candidate = run([*base, *layout])
     diff = max_relative_difference(reference["losses"], candidate["losses"])
     val_diff = _val_difference(reference, candidate)
     print(f"PARITY {name}: train {diff:.3e}, val {val_diff:.3e} ({candidate['world_size']} ranks)")
@@ -111,15 +122,14 @@ def test_parity_with_one_process(name, tmp_path_factory):
     )
 
 
-def test_eight_ranks_with_clipping_match_one_process(tmp_path_factory):
+def test_eight_ranks_with_clipping_match_one_process(run):
     """dp2 x tp2 x pp2 with hard gradient clipping: the global norm spans every mesh dim."""
     base, layout = CASES["dp2xtp2xpp2_clip"]
-    reference = _run([*base, "strategy=single", "hardware.devices=1"], tmp_path_factory)
-    unclipped = _run([*BASE, "optim.eps=1e-3", "optim.warmup_steps=1", "optim.lr=3e-2",
-                      "trainer.gradient_clip_val=null", "strategy=single", "hardware.devices=1"],
-                     tmp_path_factory)  # fmt: skip
+    reference = run([*base, "strategy=single", "hardware.devices=1"])
+    unclipped = run([*BASE, "optim.eps=1e-3", "optim.warmup_steps=1", "optim.lr=3e-2",
+                     "trainer.gradient_clip_val=null", "strategy=single", "hardware.devices=1"])  # fmt: skip
     started = time.perf_counter()
-    candidate = _run([*base, *layout], tmp_path_factory)
+    candidate = run([*base, *layout])
     seconds = time.perf_counter() - started
     diff = max_relative_difference(reference["losses"], candidate["losses"])
     val_diff = _val_difference(reference, candidate)
@@ -132,22 +142,22 @@ def test_eight_ranks_with_clipping_match_one_process(tmp_path_factory):
     assert max_relative_difference(unclipped["losses"], reference["losses"]) > 1e-3
 
 
-def test_resume_under_dp2_pp2_repeats_the_losses(tmp_path_factory):
+def test_resume_under_dp2_pp2_repeats_the_losses(run, train_in, tmp_path_factory):
     base, layout = CASES["dp2xpp2"]
-    full = _run([*base, *layout], tmp_path_factory)
+    full = run([*base, *layout])
     checkpoint = _dirs[tuple([*base, *layout])] / "checkpoints" / "step5.ckpt"
     assert checkpoint.is_dir(), "a sharded checkpoint is a folder"
-    resumed = run_train(
+    resumed = train_in(
         [*base, *layout[:-1], f"trainer.ckpt_path={checkpoint}"], tmp_path_factory.mktemp("resume")
     )
     assert resumed["losses"] == full["losses"][5:10]
 
 
-def test_sharded_init_trains(tmp_path_factory):
+def test_sharded_init_trains(run):
     """init_sharded: each rank initialises only its shards; not the single-process weights, but a
     sane start (about ln(vocab)) and finite losses."""
-    summary = _run([*BASE, "trainer.max_steps=4", "strategy=3d", "strategy.tp=2",
-                    "strategy.init_sharded=true", "hardware.devices=2"], tmp_path_factory)  # fmt: skip
+    summary = run([*BASE, "trainer.max_steps=4", "strategy=3d", "strategy.tp=2",
+                   "strategy.init_sharded=true", "hardware.devices=2"])  # fmt: skip
     assert abs(summary["losses"][0] - 6.238) < 0.1
     assert all(loss == loss for loss in summary["losses"])
 
@@ -161,48 +171,3 @@ def test_user_module_example_runs_with_tp_and_pp():
     assert result.returncode == 0, result.stderr[-3000:]
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first - 0.5, result.stdout[-1000:]
-
-
-BAD_INPUTS = {
-    "degrees": (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
-                 "hardware.devices=2"], "multiply to 4, but the world size is 2"),
-    "heads": (["strategy=tp", "hardware.devices=8"], "n_heads=4 is not divisible by tp=8"),
-    "kv heads": (["strategy=tp", "hardware.devices=2", "model.n_kv_heads=1"],
-                 "n_kv_heads=1 is not divisible by tp=2"),
-    "ffn": (["strategy=tp", "hardware.devices=2", "model.ffn_hidden_size=129"],
-            "ffn_hidden_size=129 is not divisible by tp=2"),
-    "vocab": (["strategy=tp", "hardware.devices=2", "model.vocab_size=513"],
-              "vocab_size=513 is not divisible by tp=2"),
-    "layers": (["strategy=pp", "hardware.devices=2", "model.n_layers=3",
-                "strategy.schedule=Interleaved1F1B", "strategy.virtual_stages=2"],
-               "n_layers=3 is fewer than pp=2 x virtual_stages=2 = 4"),
-    "microbatches": (["strategy=pp", "hardware.devices=4", "strategy.microbatches=2"],
-                     "1F1B needs at least pp=4 microbatches, got 2"),
-    "batch": (["strategy=3d", "strategy.pp=2", "hardware.devices=4", "data.global_batch_size=12"],
-              "global_batch_size=12 is not divisible by dp=2 x microbatches=4"),
-    "no protocol": (["strategy=pp", "hardware.devices=2", "model._target_=tests.dist.plain_model.PlainArgs"],
-                    "does not expose its layers for pipeline parallelism"),
-    "plan": (["strategy=tp", "hardware.devices=2", "strategy.tp_plan={layers.0.attn.wq:colwise}"],
-             "TP plan pattern 'layers.0.attn.wq' matches no module"),
-}  # fmt: skip
-
-
-def test_bad_inputs_fail_before_training_with_one_line(tmp_path):
-    """Each is a ValueError raised on every rank before any process group exists: train.py
-    exits 2 with one `error:` line, no traceback and no summary."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = {}
-    for name, (overrides, _) in BAD_INPUTS.items():
-        run_dir = tmp_path / name.replace(" ", "_")
-        cmd = [sys.executable, str(REPO_ROOT / "train.py"), "model=llama_debug", "data=synthetic",
-               "logger=none", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=env, cwd=REPO_ROOT), run_dir)  # fmt: skip
-    for name, (proc, run_dir) in procs.items():
-        _, stderr = proc.communicate(timeout=300)
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        expected = BAD_INPUTS[name][1]
-        assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{stderr[-2000:]}"
-        assert "Traceback" not in stderr, f"{name}: {stderr[-2000:]}"
-        assert len(errors) == 1 and expected in errors[0], f"{name}: {errors or stderr[-2000:]}"
-        assert not (run_dir / "summary.json").exists()

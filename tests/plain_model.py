@@ -1,6 +1,6 @@
 """A model without the pipeline-layers contract, for the error-path tests of train.py.
 
-Select it with `model=llama_debug model._target_=tests.dist.plain_model.PlainArgs`.
+Select it with `model=llama_debug model._target_=tests.plain_model.PlainArgs`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""Stored single-process references of the parity cases: per-step train and validation losses.
+
+    python tests/dist/baselines.py          # check every stored reference against a fresh run
+    python tests/dist/baselines.py --write  # run them all again and rewrite baselines.json
+
+Each reference is keyed by its name and records the exact `train.py` overrides it ran (a model,
+seed, batch and precision are all among them), so a parity case finds its reference by its own
+overrides and a changed default shows up as a missing reference, never as a silent mismatch.
+`tests/dist/test_baselines.py` recomputes one of them on every run of the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+PATH = Path(__file__).with_name("baselines.json")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+LLAMA = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=10"]
+SINGLE = ["strategy=single", "hardware.devices=1"]
+REFERENCES: dict[str, list[str]] = {
+    # tests/dist/test_fsdp_dist.py: hard clipping in every run.
+    "llama_debug_clip005": [*LLAMA, "trainer.val_check_interval=null",
+                            "trainer.gradient_clip_val=0.05", *SINGLE],
+    # tests/dist/test_parallel3d_dist.py: validation after steps 5 and 10.
+    "llama_debug_val5": [*LLAMA, "trainer.val_check_interval=5", *SINGLE],
+    "hf_llama": ["model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",
+                 "trainer.val_check_interval=null", *SINGLE],
+    "llama_debug_val5_clip_eps": [*LLAMA, "trainer.val_check_interval=5",
+                                  "trainer.gradient_clip_val=0.05", "optim.eps=1e-3",
+                                  "optim.warmup_steps=1", "optim.lr=3e-2", *SINGLE],
+    "llama_debug_val5_eps_unclipped": [*LLAMA, "trainer.val_check_interval=5", "optim.eps=1e-3",
+                                       "optim.warmup_steps=1", "optim.lr=3e-2",
+                                       "trainer.gradient_clip_val=null", *SINGLE],
+}  # fmt: skip
+
+
+def stored() -> dict[str, dict]:
+    return json.loads(PATH.read_text())
+
+
+def reference(overrides: list[str]) -> dict:
+    """The stored reference whose overrides are exactly `overrides` (in any order)."""
+    for entry in stored().values():
+        if sorted(entry["overrides"]) == sorted(overrides):
+            return entry
+    raise LookupError(
+        f"no stored single-process reference for {overrides}; add it to REFERENCES in "
+        "tests/dist/baselines.py and run `python tests/dist/baselines.py --write`"
+    )
+
+
+def run(name: str) -> dict:
+    """Train reference `name` through train.py, as the parity harness does."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from lightning_dist.parity import run_train
+
+    with tempfile.TemporaryDirectory(prefix=f"baseline-{name}-") as tmp:
+        summary = run_train(REFERENCES[name], tmp)
+    return {"overrides": REFERENCES[name], "losses": summary["losses"],
+            "val_losses": summary["val_losses"]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tests/dist/baselines.py", description=__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite tests/dist/baselines.json")
+    args = parser.parse_args(argv)
+    fresh = {}
+    for i, name in enumerate(REFERENCES, 1):
+        print(f"[{i}/{len(REFERENCES)}] {name}", flush=True)
+        fresh[name] = run(name)
+    if args.write:
+        PATH.write_text(json.dumps(fresh, indent=1) + "\n")
+        print(f"wrote {PATH}")
+        return 0
+    differs = [n for n in fresh if stored().get(n) != fresh[n]]
+    print("every stored reference is what a fresh run gives" if not differs
+          else f"differ from a fresh run: {', '.join(differs)}")  # fmt: skip
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
