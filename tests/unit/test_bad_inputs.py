@@ -145,7 +145,7 @@ CASES = [
          'global_batch_size=12 is not divisible by dp=2 x microbatches=4'),
     Case('3d: no protocol', fast('hardware.devices=2', 'model._target_=tests.plain_model.PlainArgs', strategy='pp'),
          'does not expose its layers for pipeline parallelism'),
-    Case('3d: plan', fast('hardware.devices=2', 'strategy.tp_plan={layers.0.attn.wq:colwise}', strategy='tp'),
+    Case('3d: plan', fast('hardware.devices=2', 'strategy.tp_plan={{layers.0.attn.wq:colwise}}', strategy='tp'),
          "TP plan pattern 'layers.0.attn.wq' matches no module"),
 ]  # fmt: skip
 
