@@ -494,3 +494,26 @@ def test_bubble_formula_matches_a_replay_of_torch_schedule_tables():
             assert replayed[name] == pytest.approx(bubble_fraction(name, pp, m, v)), (name, pp, m)
         for zero_bubble in ("InterleavedZeroBubble", "ZBVZeroBubble"):
             assert replayed[zero_bubble] < replayed["Interleaved1F1B"] < replayed["1F1B"]
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def test_cli_json_for_405b_on_2048_nodes(capsys):
+    from lightning_dist.plan import main
+
+    start = time.perf_counter()
+    status = main(["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=2048",
+                   "data.global_batch_size=2048", "data.seq_len=8192", "--json"])  # fmt: skip
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr()
+    print(f"CLI for llama3_405b on 2048 nodes answered in {elapsed:.2f} s")
+    assert status == 0, out.err
+    result = json.loads(out.out)
+    assert set(result) == {"candidates", "chosen", "rejected"}
+    chosen = result["candidates"][result["chosen"]]
+    assert chosen["fits"] and chosen["layout"]["tp"] == 8
+    assert chosen["activation_checkpointing"] in ("none", "every_2", "op", "full")
+    piped = next(c for c in result["candidates"] if c["layout"]["pp"] > 1)
+    assert piped["step_seconds"] <= 1.03 * chosen["step_seconds"]
+    assert elapsed < 15  # the acceptance bound is 5 s; leave room for a loaded test machine
