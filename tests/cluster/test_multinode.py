@@ -213,9 +213,6 @@ def test_a_wrong_node_count_stops_every_rank_with_one_line(runs):
     assert "lightning_dist/" not in output and "NodePlacementError" not in output, output[-3000:]
 
 
-# --- the node map and its checks, in one process --------------------------------------------
-
-
 # --- the same on GPUs (NCCL): written for a 4-GPU machine, never run on one yet ---------------
 
 

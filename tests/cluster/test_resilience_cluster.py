@@ -93,9 +93,6 @@ def test_nan_stop_through_train_py_writes_no_nan_checkpoint(tmp_path):
         assert all(torch.isfinite(t).all() for t in _state(path).values()), path
 
 
-# --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------
-
-
 # --- preemption and auto-resume -------------------------------------------------------------
 
 DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",

@@ -23,9 +23,6 @@ from lightning_dist.parity import REPO_ROOT, max_relative_difference
 TOLERANCE = 1e-4
 
 
-# --- pipeline stages of a ModuleList ---------------------------------------------------------
-
-
 # --- the loss under loss parallelism: reduce and log -------------------------------------------
 
 
@@ -83,9 +80,6 @@ def test_reduce_takes_the_loss_parallel_dtensor_and_its_full_tensor(one_rank_tp_
     assert full.item() == value, "reduce must not change the caller's tensor"
     with torch.distributed.tensor.parallel.loss_parallel():
         loss.backward()  # the graph is intact
-
-
-# --- protocol mistakes: one line that names the fix ---------------------------------------------
 
 
 # --- gloo processes: the doc's module matches one process ---------------------------------------

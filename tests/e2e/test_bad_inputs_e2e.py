@@ -123,9 +123,6 @@ def _overrides(case: Case, tmp: Path) -> list[str]:
     return [o.format(tmp=tmp, marker=marker) for o in case.overrides]
 
 
-# --- data paths -------------------------------------------------------------------------------
-
-
 # --- W&B without a network --------------------------------------------------------------------
 
 

@@ -27,8 +27,6 @@ object's `_x` that shares its name with an attribute of ours (`strategy._layout`
 
 import sys
 
-# --- the scan ------------------------------------------------------------------------------------
-
 
 # --- the registry --------------------------------------------------------------------------------
 
@@ -41,6 +39,3 @@ def test_compat_imports_neither_torch_nor_lightning():
         "assert not {'torch', 'lightning', 'hydra', 'omegaconf'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-# --- the scan itself, on a package of its own ----------------------------------------------------

@@ -22,6 +22,3 @@ def test_prediction_matches_measurement(name, tmp_path):
     assert result.measured["activations"] > 0.4 * result.measured["total"]
     for category, tolerance in TOLERANCES.items():
         assert abs(result.error(category)) <= tolerance, result.failures()
-
-
-# --- the stored calibration file -------------------------------------------------------------

@@ -33,9 +33,6 @@ def assert_quiet(output: str) -> None:
         assert output.count(tip) <= 1, f"{tip!r} printed {output.count(tip)} times"
 
 
-# --- unit: the record's pieces ------------------------------------------------------------------
-
-
 # --- end to end ---------------------------------------------------------------------------------
 
 

@@ -352,6 +352,3 @@ def test_wandb_falls_back_offline_within_seconds(tmp_path, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: W&B server unreachable"), lines
     assert "wandb sync" in lines[0]
-
-
-# --- end to end -------------------------------------------------------------------------------

@@ -117,9 +117,3 @@ def test_pipeline_stages_merge_to_the_single_process_names():
         assert "layers.0.attention.wq.weight" in held if pp_rank == 0 else "norm.weight" in held
         names |= held
     assert names == whole
-
-
-# --- the layout-change matrix: 10 layouts, 39 pairs, three launches (one per world size) --------------------------
-
-
-# --- bad checkpoints through train.py: one line, exit 2, every rank ---------------------------

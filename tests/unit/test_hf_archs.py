@@ -46,6 +46,3 @@ def test_qwen2_parameter_count_includes_the_biases():
     n_params = sum(p.numel() for p in model.parameters())
     biases = 4 * (64 + 2 * 2 * 16)  # q (4 heads) and k, v (2 kv heads) of head_dim 16, 4 layers
     assert qwen2.num_params() == n_params == spec("mistral").num_params() + biases
-
-
-# --- gloo processes: Qwen2 through train.py and Parallel3DStrategy ---------------------------

@@ -231,6 +231,3 @@ def test_lower_layers_do_not_import_upper_ones():
         if not _within(target, allowed)
     ]
     assert not bad, bad
-
-
-# --- a strategy added through the contract alone ------------------------------------------------

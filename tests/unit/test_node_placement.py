@@ -58,6 +58,3 @@ def test_node_counts_must_match_the_config():
     with pytest.raises(NodePlacementError, match=r"node 0: 3, node 1: 1"):
         check_node_counts(_nodes([0, 0, 0, 1]), num_nodes=2, devices=2)
     check_node_counts(_nodes([0, 0, 1, 1]), num_nodes=2, devices=2)
-
-
-# --- the same on GPUs (NCCL): written for a 4-GPU machine, never run on one yet ---------------

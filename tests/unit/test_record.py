@@ -58,6 +58,3 @@ def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
     write_comparison(tmp_path)
     assert (tmp_path / "comparison.md").read_text().count("\n| ") == 5  # header, rule, 3 jobs
     assert len(json.loads((tmp_path / "comparison.json").read_text())) == 3
-
-
-# --- end to end ---------------------------------------------------------------------------------

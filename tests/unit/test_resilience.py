@@ -101,15 +101,3 @@ def test_auto_resume_skips_a_partial_checkpoint_and_says_so(tmp_path):
     assert point.describe().endswith("(step 5); skipped incomplete step15.ckpt, step10.ckpt")
     (sharded / "manifest.json").write_bytes(b"")
     assert latest_checkpoint(tmp_path).path == sharded
-
-
-# --- preemption and auto-resume -------------------------------------------------------------
-
-
-# --- the hang watchdog ----------------------------------------------------------------------
-
-
-# --- elastic restart under torchrun ---------------------------------------------------------
-
-
-# --- asynchronous checkpoints ---------------------------------------------------------------

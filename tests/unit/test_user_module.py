@@ -97,9 +97,6 @@ def test_a_module_dict_stays_a_module_dict():
     assert type(stage.layers) is nn.ModuleDict and list(stage.layers) == ["1"]
 
 
-# --- the loss under loss parallelism: reduce and log -------------------------------------------
-
-
 # --- protocol mistakes: one line that names the fix ---------------------------------------------
 
 
@@ -169,6 +166,3 @@ def test_a_meta_model_without_init_weights():
     require_init_weights(NoInit())  # already materialised: nothing to initialise
     with torch.device("meta"):
         require_init_weights(byo.TinyLM(vocab=64, width=32, heads=4, depth=2, seq_len=16))
-
-
-# --- gloo processes: the doc's module matches one process ---------------------------------------
