@@ -27,7 +27,6 @@ object's `_x` that shares its name with an attribute of ours (`strategy._layout`
 
 import sys
 
-
 # --- the registry --------------------------------------------------------------------------------
 
 

@@ -8,7 +8,6 @@ import sys
 
 from lightning_dist.parity import REPO_ROOT
 
-
 # --- memory, resume, names ----------------------------------------------------------------------
 
 
