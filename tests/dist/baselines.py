@@ -36,6 +36,10 @@ REFERENCES: dict[str, list[str]] = {
     "llama_debug_val5_eps_unclipped": [*LLAMA, "trainer.val_check_interval=5", "optim.eps=1e-3",
                                        "optim.warmup_steps=1", "optim.lr=3e-2",
                                        "trainer.gradient_clip_val=null", *SINGLE],
+    # tests/dist/test_hf_archs_dist.py: a tiny Qwen2 (q/k/v biases).
+    "hf_qwen2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
+                 "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
+                 *SINGLE],
     # tests/dist/test_preflight_dist.py: strategy=auto against one process.
     "debug_fast_4": ["debug=fast", "trainer.max_steps=4", "strategy=single"],
 }  # fmt: skip

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-from tests.dist.rank_scripts import run_two_ranks
 
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.planner.activations import (
@@ -21,6 +20,7 @@ from lightning_dist.planner.activations import (
     selective_layer_bytes,
 )
 from lightning_dist.planner.settings import TrainSettings
+from tests.dist.rank_scripts import run_two_ranks
 
 
 @pytest.fixture(scope="module")

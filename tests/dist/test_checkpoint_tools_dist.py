@@ -19,7 +19,6 @@ from lightning_dist.checkpoint.weights import (
     open_checkpoint,
     read_weights,
 )
-from lightning_dist.parity import run_train
 
 transformers = pytest.importorskip("transformers", reason="HF conversions need the [hf] extra")
 
@@ -86,7 +85,7 @@ CASES = {"llama": ["single", "tp2", "pp2"], "mistral": ["single", "tp2", "pp2", 
 
 
 @pytest.fixture(scope="module")
-def first_losses(imported, tmp_path_factory):
+def first_losses(imported, train_in, tmp_path_factory):
     """(model_type, layout) -> summary.json of one step from the imported weights. The Llama
     run under tp2 trains 2 steps and saves a sharded checkpoint for the export test."""
     out = {}
@@ -101,7 +100,7 @@ def first_losses(imported, tmp_path_factory):
             if (model_type, layout) == ("llama", "tp2"):
                 extra = ["trainer.max_steps=2", "trainer.checkpoint.every_n_train_steps=2"]
             run_dir = tmp_path_factory.mktemp(f"{model_type}_{layout}")
-            out[model_type, layout] = run_train([*RUN, *model, *overrides, *extra], run_dir)
+            out[model_type, layout] = train_in([*RUN, *model, *overrides, *extra], run_dir)
             out[model_type, layout]["run_dir"] = run_dir
     return out
 

@@ -7,6 +7,7 @@ embedding gradient."""
 from __future__ import annotations
 
 import pytest
+
 from tests.dist.rank_scripts import run_two_ranks
 
 

@@ -96,7 +96,12 @@ def test_the_doc_module_matches_one_process_under_every_layout(tmp_path):
     procs = {}
     for name, layouts in LAUNCHES.items():
         out = tmp_path / f"{name}.json"
-        cmd = [sys.executable, str(REPO_ROOT / "tests" / "dist" / "byo_runs.py"), str(out), *layouts]
+        cmd = [
+            sys.executable,
+            str(REPO_ROOT / "tests" / "dist" / "byo_runs.py"),
+            str(out),
+            *layouts,
+        ]
         procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env=env, cwd=tmp_path), out)  # fmt: skip
     losses: dict[str, list[float]] = {}

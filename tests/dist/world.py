@@ -111,7 +111,10 @@ class World:
                 try:
                     replies[rank] = conn.recv()
                 except EOFError:
-                    replies[rank] = (False, f"rank {rank} exited (status {self._procs[rank].exitcode})")
+                    replies[rank] = (
+                        False,
+                        f"rank {rank} exited (status {self._procs[rank].exitcode})",
+                    )
         missing = [r for r in range(self.size) if r not in replies]
         failed = {r: v for r, (ok, v) in replies.items() if not ok}
         if missing:

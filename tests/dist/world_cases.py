@@ -6,7 +6,6 @@ import os
 def all_reduce_rank() -> float:
     import torch
     import torch.distributed as dist
-
     from world import init_group
 
     init_group()
@@ -26,7 +25,6 @@ def rank_zero_waits_alone() -> None:
     import time
 
     import torch.distributed as dist
-
     from world import init_group
 
     init_group(timeout_s=600)
