@@ -38,13 +38,17 @@ def main(cfg) -> None:
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
     except NonFiniteError as e:  # every rank stops at the same step; one of them says so
+        from lightning_dist.strategies.launch import rank_exit_code
+
         if e.rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(NON_FINITE_EXIT_CODE)
+        sys.exit(rank_exit_code(NON_FINITE_EXIT_CODE))
     if result.get("plan_only") and not result["fits"]:
         sys.exit(1)
     if result.get("status") == "preempted":
-        sys.exit(PREEMPTED_EXIT_CODE)
+        from lightning_dist.strategies.launch import rank_exit_code
+
+        sys.exit(rank_exit_code(PREEMPTED_EXIT_CODE))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,20 @@ def end_job(trainer: Any, timeout: float = 300.0) -> None:
             os.environ[name] = value
 
 
+def started_by_rank_zero() -> bool:
+    """True in a rank that Lightning's own launcher started (a child of rank 0's process), not
+    torchrun, Slurm or the user: rank 0 carries the job's exit status for it."""
+    external = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")
+    return os.environ.get("LOCAL_RANK", "0") != "0" and not any(v in os.environ for v in external)
+
+
+def rank_exit_code(code: int) -> int:
+    """The exit status of this rank for a job whose status is `code`. A child of Lightning's
+    launcher exits 0: the launcher kills every rank, rank 0 included, as soon as it sees a child
+    exit non-zero, and rank 0 must be left to finish its summary and exit with `code` itself."""
+    return 0 if code and started_by_rank_zero() else code
+
+
 _exit_hook: list[bool] = []
 
 
