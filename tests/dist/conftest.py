@@ -20,18 +20,21 @@ def worlds():
         world.close()
 
 
+def ranks_of(overrides: list[str]) -> int:
+    """How many ranks `train.py OVERRIDES` starts on this machine (the composed config's)."""
+    from lightning_dist.config import compose_config, hardware_spec
+
+    cfg = compose_config([*overrides, "paths.output_dir=unused"])
+    return 1 if cfg.strategy.name == "single" else hardware_spec(cfg).resolved_devices()
+
+
 @pytest.fixture(scope="module")
 def train_in(worlds):
     """`train_in(overrides, run_dir)`: train.py's run of `overrides` on the ranks of a started
-    world of `hardware.devices` ranks (1 when the strategy is single); rank 0's summary."""
+    world of as many ranks as the run starts; rank 0's summary."""
 
     def run(overrides: list[str], run_dir) -> dict:
-        size = 1
-        for override in overrides:
-            if override.startswith("hardware.devices="):
-                size = int(override.split("=", 1)[1])
-        if "strategy=single" in overrides:
-            size = 1
-        return worlds(size).run("train_cases:train_case", list(overrides), str(run_dir))[0]
+        return worlds(ranks_of(overrides)).run("train_cases:train_case", list(overrides),
+                                               str(run_dir))[0]  # fmt: skip
 
     return run

@@ -1,8 +1,8 @@
-"""Telemetry: interval arithmetic, MFU and bubble formulas, the one step clock that every
-callback shares, and real runs: one in-process run whose progress lines, throughput logs and
-summary.json read the same clock, and a 2-rank run in which a slowed rank is named as the
-straggler, the comm/compute numbers reach summary.json and W&B, and the report turns the run
-into PNGs."""
+"""Telemetry of real multi-rank runs, trained through `train(cfg)` on worlds of ranks started
+once (tests/dist/world.py): a 2-rank run in which a slowed rank is named as the straggler, its
+comm/compute numbers reach summary.json and W&B and the report turns it into PNGs; the measured
+pipeline bubble against the schedule's; the comm numbers of fsdp and 3d per mesh dimension. (The
+formulas and the one in-process run are tests/unit/test_telemetry.py.)"""
 
 import csv
 import statistics
@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from lightning_dist.parity import run_train
 from lightning_dist.run.loggers import METRICS_CSV
 
 
@@ -33,8 +32,8 @@ def read_metrics(run_dir) -> list[dict[str, float]]:
 
 
 @pytest.mark.slow
-def test_straggler_comm_and_report_from_a_real_run(tmp_path):
-    summary = run_train(
+def test_straggler_comm_and_report_from_a_real_run(train_in, tmp_path):
+    summary = train_in(
         ["model=llama_debug", "data=synthetic", "strategy=ddp", "logger=wandb",
          "trainer.max_steps=10", "trainer.log_every_n_steps=1", "trainer.val_check_interval=null",
          "callbacks.comm.every_n_steps=5",
@@ -79,12 +78,12 @@ def test_straggler_comm_and_report_from_a_real_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
-def test_measured_bubble_matches_the_schedule(tmp_path, schedule):
+def test_measured_bubble_matches_the_schedule(train_in, tmp_path, schedule):
     """pp=2, m=4: the measured idle fraction is within 8 points of (p-1)/(m+p-1) = 0.2.
 
     Quiet, it lands within 5 points; on a loaded 2-core machine the unequal stages (the output
     head sits on the last) and send/recv latency have added up to 6 points (CI, 2026-11-30)."""
-    summary = run_train(
+    summary = train_in(
         # Enough work per microbatch (4 x 512 tokens) that per-action overhead stays small.
         ["model=tiny", "data=synthetic", "data.seq_len=512", "data.global_batch_size=16",
          "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=7",
@@ -108,8 +107,8 @@ def test_measured_bubble_matches_the_schedule(tmp_path, schedule):
     ],
     ids=["fsdp", "3d"],
 )
-def test_comm_numbers_reach_summary_and_wandb(tmp_path, overrides, dims):
-    summary = run_train(
+def test_comm_numbers_reach_summary_and_wandb(train_in, tmp_path, overrides, dims):
+    summary = train_in(
         ["model=llama_debug", "data=synthetic", "logger=wandb", "trainer.max_steps=4",
          "trainer.log_every_n_steps=1", "trainer.val_check_interval=null", *overrides],
         tmp_path,
