@@ -115,3 +115,25 @@ def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, o
         assert predicted.memory.total == pytest.approx(cand.memory.total)
         checked += 1
     assert checked
+
+
+def test_the_70b_command_is_what_train_py_plans(tmp_path, capsys):
+    """`--command` for 70B on four DGX H100 nodes, run by train.py with plan.only=true: the
+    pre-flight predicts the same layout, and it fits."""
+    import re
+    import shlex
+
+    from lightning_dist.config import compose_config
+    from lightning_dist.plan import main
+    from lightning_dist.train import train
+
+    plan_70b = ["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4"]
+    assert main([*plan_70b, "--command"]) == 0
+    words = shlex.split(capsys.readouterr().out.strip())
+    assert words[:2] == ["python", "train.py"], words
+    main([*plan_70b, "--top", "1"])
+    label = re.search(r"^chosen: (.+)$", capsys.readouterr().out, re.MULTILINE).group(1)
+    result = train(compose_config([*words[2:], "plan.only=true", f"paths.output_dir={tmp_path}"]))
+    out = capsys.readouterr().out
+    assert result == {"plan_only": True, "fits": True}, out  # train.py exits 0
+    assert f"layout: {label}" in out and "fits: yes" in out
