@@ -4,6 +4,8 @@ two gloo ranks of one `python train.py ... hardware.num_nodes=2 hardware.devices
 The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a one-process reference,
 a single-node 4-rank run of the 3d layout and a job whose node count is wrong; the tests share
 them. Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
+The same jobs on four GPUs with NCCL are written but skipped without them. (The node map's
+checks in one process are tests/unit/test_node_placement.py.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
-"""Surviving the cluster: NaN guard, preemption and auto-resume, the hang watchdog, and the
-checkpoint scan. Multi-process cases are real gloo runs of train.py on the debug model."""
+"""Surviving the cluster, end to end: real runs of train.py on the debug model (gloo ranks). A
+NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP rank checkpoints,
+and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); a stopped rank
+stops every rank under ddp, fsdp2 and 3d, and is named; torchrun restarts a killed rank, which
+resumes and finishes bitwise; an asynchronous save resumes like a synchronous one. (The NaN
+guard and the checkpoint scan in one process are tests/unit/test_resilience.py.)"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Activation memory under tp=2 with sequence parallelism, measured with MemTracker in real gloo
 processes (tests/dist/actmem_ranks.py): per token and block, within 1.25x of the analytic minimum
 (Korthikanti-style count, docs/PLANNER.md) and within 5% of the planner, while the step still
-computes what one process computes. RMSNorm keeps only its input for backward. Each activation
-checkpointing choice keeps, per block, what the planner counts (one process, and op-level under
-tp=2 with SP)."""
+computes what one process computes. Each activation checkpointing choice keeps, per block, what
+the planner counts (one process, and op-level under tp=2 with SP). (What RMSNorm keeps for
+backward is tests/unit/test_activation_memory.py.)"""
 
 from __future__ import annotations
 

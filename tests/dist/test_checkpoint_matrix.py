@@ -1,6 +1,10 @@
-"""The one checkpoint format: the manifest's checks, single-process names for pipeline stages,
-the layout-change matrix of docs/CHECKPOINTS.md (real gloo runs, each world size launched once),
-the data stream across data-parallel sizes, and the one-line errors of bad checkpoints."""
+"""The one checkpoint format across layouts: the layout-change matrix of docs/CHECKPOINTS.md in real
+gloo runs (tests/dist/checkpoint_matrix_runs.py, each world size launched once). Every layout
+writes the same names and shapes, every pair restores bitwise and continues with the same losses,
+and a resume under another data-parallel size reads the same global batches. Bad checkpoints stop
+train.py with one line and exit 2 before step 1: a truncated shard and a crafted `.metadata` (whose
+command never runs) on both ranks of a 2-rank launch, a model of another size in one process.
+(The format's one-process checks are tests/unit/test_checkpoint_format.py.)"""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""`python -m lightning_dist.checkpoint`: export to and import from Hugging Face, consolidate,
-inspect, and `trainer.init_from` under several layouts.
-
-Every model is built here with random weights (no download). In one process: exported weights
-give LlamaForCausalLM the logits of our Transformer, imported Llama and Mistral weights give our
-Transformer the logits of the HF model (both within 1e-5), the consolidated file equals the
-state dict, and mistakes stop with one line. In gloo processes (slow): `train.py` started from the
-imported weights under single, tp2 and pp2 (and FSDP1 for Mistral) has the HF model's own loss on
-the first batch, and a checkpoint trained under tp2 exports to HF with the same logits.
+"""`python -m lightning_dist.checkpoint` and `trainer.init_from` in gloo processes (slow), on Llama
+and Mistral models built here with random weights (no download). Every run trains through
+`train(cfg)` on the ranks of a world started once per module (tests/dist/world.py): started from
+the imported weights under single, tp2 and pp2 (and FSDP1 for Mistral), it has the HF model's own
+loss on the first batch, and a checkpoint trained under tp2 inspects as such and exports to HF
+with the same logits. (The one-process conversions are tests/unit/test_checkpoint_tools.py.)
 """
 
 from __future__ import annotations

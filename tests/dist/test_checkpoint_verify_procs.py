@@ -1,8 +1,11 @@
 """A checkpoint is hashed once per node when it is read: real files, real SHA-256, real separate
-processes. They are forked from the test process (which has imported lightning_dist already, so
-that several start at the same moment without each paying for `import torch`); each verifies in
-its own process, with its own file descriptors and locks, and uses the test's own temporary
-directory for the node's records (`tempfile.tempdir`), never the machine's."""
+processes, forked from the test process (which has imported lightning_dist already, so that
+several start at the same moment without each paying for `import torch`), each with its own file
+descriptors and locks and the test's own temporary directory for the node's records
+(`tempfile.tempdir`), never the machine's. One hashes and the others trust it; all refuse a byte
+changed (even under the old size and modification time) and a record made for another manifest;
+a record folder others can write is not used; the others wait for the hashing process and go on
+when it is killed. (The one-process check is tests/unit/test_checkpoint_verify.py.)"""
 
 from __future__ import annotations
 

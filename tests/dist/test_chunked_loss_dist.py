@@ -1,8 +1,8 @@
-"""The chunked loss (lightning_dist.lm.chunked_loss): the same loss and gradients as the plain
-cross-entropy, a step peak lower by at least the logits, and the same 10-step losses on one
-process, under tp=2 (sequence and loss parallelism) and on the last stage of pp=2. The tp=2 run
-also checks the vocabulary-parallel embedding: each rank holds half of the single-process
-embedding gradient."""
+"""The chunked loss (lightning_dist.lm.chunked_loss) on two gloo ranks (tests/dist/loss_ranks.py):
+the same 10-step losses as the plain cross-entropy on one process, under tp=2 (sequence and loss
+parallelism) and on the last stage of pp=2. The tp=2 run also checks the vocabulary-parallel
+embedding: each rank holds half of the single-process embedding gradient, chunked or not. (The
+one-process loss, gradients and step peak are tests/unit/test_chunked_loss.py.)"""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Every knob of every option class (lightning_dist/options/) is settable from each strategy
-preset that uses it, arrives in the strategy's `options`, reaches `parallelize()`, and reaches
-the planner, where it changes the prediction unless it is marked planner-irrelevant.
-
-Each knob needs a row in VALUES (a non-default value, and the other knobs it needs to matter),
-so a new knob fails here until it has one."""
+"""A strategy's options reach `parallelize()` whole: the 3d preset built from config with op-level
+checkpointing and compile, applied to the debug model on a gloo process group of one, wraps every
+block in a CheckpointWrapper and compiles. (That every knob is settable from each preset and
+reaches the strategy and the planner is tests/unit/test_options.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Pipeline cutting, balancing, the layer protocol, global-norm clipping and the 3D strategy's
-checks, in one process (the multi-process runs are in test_parallel3d_dist.py)."""
+"""Global-norm clipping counts the copies of each gradient piece: on a (dp_shard=2, tp=2) mesh of
+torch's fake backend (one process, nothing communicated), FSDP2's _StridedShard over TP counts as
+a split like Shard, and a piece replicated over tp counts twice. (Cutting, balancing, the layer
+protocol and the 3D strategy's checks are tests/unit/test_pipeline.py; the multi-process runs are
+tests/dist/test_parallel3d_dist.py.)"""
 
 import pytest
 import torch

@@ -1,6 +1,8 @@
-"""Tensor-parallel plans: every pattern matches, errors name the problem, and one block's forward
-issues exactly the collectives of the Megatron scheme (counted with CommDebugMode on a fake
-two-rank process group, so this needs one process and no real communication)."""
+"""Tensor parallelism applied on a fake two-rank process group (torch's fake backend: one process,
+no real communication; collectives counted with CommDebugMode): one block's forward issues
+exactly the collectives of the Megatron scheme, with and without sequence parallelism, each rank
+holds its shard, and under SP the backward gathers the saved shard again while outer saved-tensor
+hooks still see every saved tensor. (The plans and their errors are tests/unit/test_tp.py.)"""
 
 import pytest
 import torch

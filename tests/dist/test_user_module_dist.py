@@ -1,11 +1,11 @@
-"""A new user's own LightningModule, written from docs/BRING_YOUR_OWN_MODEL.md alone.
+"""A new user's own LightningModule, written from docs/BRING_YOUR_OWN_MODEL.md alone
+(`examples/byo_model.py`).
 
-The model and module are `examples/byo_model.py`, which the doc shows in full (checked here).
-In one process: a pipeline stage cut from a ModuleList iterates like one and keeps the parameter
-names; the 3D strategy's `reduce` takes a loss-parallel DTensor and the view `full_tensor()`
-returns (the two crashes users hit); protocol mistakes stop with one line naming the fix. In
-gloo processes (slow): the module trains under fsdp_tuned, fsdp2, tp2, pp2, dp2 x tp2 and
-tp2 x pp2 with the single-process losses of every step.
+On a gloo process group of one rank: the 3D strategy's `reduce` takes a loss-parallel DTensor and
+the view `full_tensor()` returns (the two crashes users hit with Lightning's own) and leaves the
+graph intact. In gloo processes (slow, tests/dist/byo_runs.py): the module trains under
+fsdp_tuned, fsdp2, tp2, pp2, dp2 x tp2 and tp2 x pp2 with the single-process losses of every
+step. (The one-process checks are tests/unit/test_user_module.py.)
 """
 
 from __future__ import annotations

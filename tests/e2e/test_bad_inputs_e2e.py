@@ -1,10 +1,9 @@
-"""Bad input and security: one table of mistakes, each one line `error: ...` with exit 2 before
-step 1 (or one `warning:` line where noted); no code run from a config; no secret on disk.
-
-The table runs in this process, through the same `train()` and `report_config_error` as
-`train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
-trips it instead of training. A few rows run again as real `train.py` processes, and the
-secret, W&B, precision and resume tests are end to end.
+"""Bad input and security through real `train.py` processes: a few rows of the table of mistakes
+(the whole table runs in-process in tests/unit/test_bad_inputs.py) stop with one line `error: ...`
+and exit 2 before step 1, running no code from the config; a multirun keeps every secret off disk
+and out of the output, its run dir private; W&B without a network runs offline; the recorded
+precision and data are what ran; a resume is exact and quiet; a config typo is reported before
+torch or Lightning is imported.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""FSDP building blocks in one process: block detection, strategy knobs and their errors,
-mixed-precision choice, memory accounting, the resumable sampler and the registry names."""
+"""The FSDP strategies' registry names, in a fresh interpreter: `import lightning_dist` loads no
+Lightning, yet afterwards `fsdp_tuned` and `fsdp2` are in Lightning's StrategyRegistry and
+`L.Trainer(strategy="fsdp_tuned")` builds a TunedFSDPStrategy. (The FSDP building blocks in one
+process are tests/unit/test_fsdp.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The planner's memory against what train.py measures, on the cheapest layouts of the
-calibration table (docs/PLANNER.md; the whole table is bench/planner_accuracy.py), and the
-stored calibration file (lightning_dist/planner/calibration.json) that holds its rows."""
+calibration table (docs/PLANNER.md; the whole table is bench/planner_accuracy.py): every category
+within its tolerance, and a measured peak that holds the model states and the activations. (The
+stored calibration file and the meter are tests/unit/test_planner_accuracy.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What a user sees: multiruns over strategies, one record of the losses (console, summary.json,
-metrics CSV, W&B), the console's closing summary, and a quiet console."""
+"""What a user sees, through train.py: multiruns over every distributed strategy and over changing
+numbers of ranks, one record of the losses (console, summary.json, metrics CSV, W&B), the
+console's closing summary, and a quiet console. (The record's pieces in one process are
+tests/unit/test_record.py.)"""
 
 from __future__ import annotations
 

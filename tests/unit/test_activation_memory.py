@@ -1,9 +1,6 @@
-"""Activation memory under tp=2 with sequence parallelism, measured with MemTracker in real gloo
-processes (tests/dist/actmem_ranks.py): per token and block, within 1.25x of the analytic minimum
-(Korthikanti-style count, docs/PLANNER.md) and within 5% of the planner, while the step still
-computes what one process computes. RMSNorm keeps only its input for backward. Each activation
-checkpointing choice keeps, per block, what the planner counts (one process, and op-level under
-tp=2 with SP)."""
+"""RMSNorm keeps only its input for backward (besides its weight and 1/rms), and its output and
+gradients are those of the plain formula under autograd. (Activation memory under tp=2 with
+sequence parallelism and per checkpointing choice is tests/dist/test_activation_memory_dist.py.)"""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Bad input and security: one table of mistakes, each one line `error: ...` with exit 2 before
-step 1 (or one `warning:` line where noted); no code run from a config; no secret on disk.
+step 1 (or one `warning:` line where noted); no code run from a config; no secret echoed.
 
 The table runs in this process, through the same `train()` and `report_config_error` as
 `train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
-trips it instead of training. A few rows run again as real `train.py` processes, and the
-secret, W&B, precision and resume tests are end to end.
+trips it instead of training. Its "fsdp: " and "3d: " rows are the strategies' own checks. Also:
+the target allowlist, CPU capacity, what counts as a secret, the bf16 plan of fp16 on CPU,
+schemas that are not choices, data symlinks and W&B's offline fallback. (The real `train.py`
+processes are tests/e2e/test_bad_inputs_e2e.py.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The one checkpoint format: the manifest's checks, single-process names for pipeline stages,
-the layout-change matrix of docs/CHECKPOINTS.md (real gloo runs, each world size launched once),
-the data stream across data-parallel sizes, and the one-line errors of bad checkpoints."""
+"""The one checkpoint format in one process: a saved folder reloads bitwise into a fresh model
+(optimizer state included), each kind of damage to a folder is one line before anything is read,
+a model of another size names the first parameter and both shapes, and pipeline stages merge to
+the single-process names. (The layout-change matrix and bad checkpoints through train.py are
+tests/dist/test_checkpoint_matrix.py.)"""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""`python -m lightning_dist.checkpoint`: export to and import from Hugging Face, consolidate,
-inspect, and `trainer.init_from` under several layouts.
+"""`python -m lightning_dist.checkpoint` in one process: export to and import from Hugging Face,
+consolidate, inspect, and the checks of `trainer.init_from`.
 
-Every model is built here with random weights (no download). In one process: exported weights
-give LlamaForCausalLM the logits of our Transformer, imported Llama and Mistral weights give our
-Transformer the logits of the HF model (both within 1e-5), the consolidated file equals the
-state dict, and mistakes stop with one line. In gloo processes (slow): `train.py` started from the
-imported weights under single, tp2 and pp2 (and FSDP1 for Mistral) has the HF model's own loss on
-the first batch, and a checkpoint trained under tp2 exports to HF with the same logits.
+Every model is built here with random weights (no download). Imported Llama and Mistral weights
+give our Transformer the logits of the HF model, and exported weights give LlamaForCausalLM ours
+(both within 1e-5); the consolidated file equals the state dict; an imported checkpoint is
+verified like a trained one but is not resumable, and every tool refuses a changed shard; mistakes
+stop with one line. (The gloo runs are tests/dist/test_checkpoint_tools_dist.py.)
 """
 
 from __future__ import annotations

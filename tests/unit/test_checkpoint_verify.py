@@ -1,8 +1,8 @@
-"""A checkpoint is hashed once per node when it is read: real files, real SHA-256, real separate
-processes. They are forked from the test process (which has imported lightning_dist already, so
-that several start at the same moment without each paying for `import torch`); each verifies in
-its own process, with its own file descriptors and locks, and uses the test's own temporary
-directory for the node's records (`tempfile.tempdir`), never the machine's."""
+"""A checkpoint is hashed once per node when it is read, in one process (real files, real
+SHA-256): the second read of the same manifest trusts the node's record, and a changed manifest
+is checked again and refused. The node's records go to the test's own temporary directory
+(`tempfile.tempdir`), never the machine's. (Separate processes of one node are
+tests/dist/test_checkpoint_verify_procs.py.)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The chunked loss (lightning_dist.lm.chunked_loss): the same loss and gradients as the plain
-cross-entropy, a step peak lower by at least the logits, and the same 10-step losses on one
-process, under tp=2 (sequence and loss parallelism) and on the last stage of pp=2. The tp=2 run
-also checks the vocabulary-parallel embedding: each rank holds half of the single-process
-embedding gradient."""
+"""The chunked loss (lightning_dist.lm.chunked_loss) in one process: the same loss and gradients
+as the plain cross-entropy (the deferred head keeps its name), a step peak lower by at least the
+logits, and a model without an output head keeps the plain loss. (The 10-step losses under tp=2
+and pp=2 are tests/dist/test_chunked_loss_dist.py.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Every private name the package uses must be registered in `_compat.PRIVATE_NAMES`: a scan of
 the package's sources (below) finds each use and fails, naming file:line, on one that is not.
 Each registered name must still exist where its entry says, so an upgrade that moves one fails
-here, by name. The helpers of `_compat` are exercised too.
+here, by name. The helpers of `_compat` are exercised too. (That `_compat` itself imports none of
+torch, Lightning, Hydra and OmegaConf is tests/e2e/test_compat_imports.py.)
 
 What the scan counts as a use of a private name (`_x`, `__x`; not `__x__`, nor the sunder
 `_x_` that enum and Hydra make public):

@@ -1,5 +1,7 @@
-"""FSDP building blocks in one process: block detection, strategy knobs and their errors,
-mixed-precision choice, memory accounting, the resumable sampler and the registry names."""
+"""FSDP building blocks in one process: block detection, prefetch and activation checkpointing of
+blocks, strategy knobs and their errors, mixed-precision choice, memory accounting, the resumable
+sampler and weight-decay names. (The registry names are tests/e2e/test_fsdp_registry.py; the gloo
+runs are tests/dist/test_fsdp_dist.py.)"""
 
 from __future__ import annotations
 

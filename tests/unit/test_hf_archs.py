@@ -1,10 +1,9 @@
 """Hugging Face architectures other than Llama that share its module names: Qwen2 (q/k/v biases)
 and Mistral, built from a config in the test (random init, no download).
 
-In one process: the Llama-family TP plan matches every module, pipeline stages keep the
-parameter names and compose to the whole model, and the parameter count is exact. In gloo
-processes (slow): a tiny Qwen2 under tp2 and pp2 through `train.py` and Parallel3DStrategy
-matches one process within 1e-4 relative on every step's loss.
+In one process: the Llama-family TP plan matches every module (Qwen2's biases included), and the
+parameter count is exact. (Their pipeline stages are checked in tests/unit/test_pipeline.py; the
+gloo runs of Qwen2 under tp2 and pp2 are tests/dist/test_hf_archs_dist.py.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The layers of DESIGN.md hold by construction: no import cycle, imports only point down.
+"""The layers of DESIGN.md hold by construction: no import cycle, imports only point down (no
+strategy imports lm/), and few modules sit at the package root.
 
 The walk reads every `import` in the package, including those inside functions (lazy ones).
 `GRAPH` leaves out the `if TYPE_CHECKING:` blocks, which never run; `TYPING_GRAPH` keeps them,
-and it has no cycle either: no import circle of any kind."""
+and it has no cycle either: no import circle of any kind. (A strategy added through the contract
+alone is tests/e2e/test_toy_strategy.py.)"""
 
 import ast
 from pathlib import Path

@@ -1,9 +1,6 @@
-"""Two nodes on one machine: two torchrun agents (c10d rendezvous over loopback), each starting
-two gloo ranks of one `python train.py ... hardware.num_nodes=2 hardware.devices=2` job.
-
-The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a one-process reference,
-a single-node 4-rank run of the 3d layout and a job whose node count is wrong; the tests share
-them. Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
+"""The node map's checks in one process (lightning_dist/parallel/nodes.py): a TP group that spans
+nodes is an error naming the group, HSDP shards across nodes only warn, and the node counts must
+match the config. (The two-node torchrun runs are tests/cluster/test_multinode.py.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Every knob of every option class (lightning_dist/options/) is settable from each strategy
-preset that uses it, arrives in the strategy's `options`, reaches `parallelize()`, and reaches
-the planner, where it changes the prediction unless it is marked planner-irrelevant.
+"""Every knob of every option class (lightning_dist/options/) is declared once and documented, is
+settable from each strategy preset that uses it, arrives in the strategy's `options`, and reaches
+the planner, where it changes the prediction unless it is marked planner-irrelevant. Keywords and
+options objects build the same strategy, whose signature and docstring show each knob. (That the
+options reach `parallelize()` is tests/dist/test_options_dist.py.)
 
 Each knob needs a row in VALUES (a non-default value, and the other knobs it needs to matter),
 so a new knob fails here until it has one."""

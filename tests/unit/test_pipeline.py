@@ -1,5 +1,8 @@
 """Pipeline cutting, balancing, the layer protocol, global-norm clipping and the 3D strategy's
-checks, in one process (the multi-process runs are in test_parallel3d_dist.py)."""
+checks, in one process: stages of our model and of HF Llama, Qwen2 and Mistral keep their names
+and compose to the whole model, and a meta stage materialises on its own. (Clipping over DTensor
+pieces is tests/dist/test_pipeline_dist.py; the multi-process runs are
+tests/dist/test_parallel3d_dist.py.)"""
 
 import pytest
 import torch

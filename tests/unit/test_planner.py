@@ -1,4 +1,5 @@
-"""Planner formulas, its choices on the real model/hardware configs, bad inputs and the CLI."""
+"""Planner formulas, its choices on the real model/hardware configs, bad inputs and the CLI, in
+one process (that the planner imports no torch is tests/e2e/test_planner_cli.py)."""
 
 from __future__ import annotations
 
@@ -463,7 +464,7 @@ def test_too_small_a_batch_says_how_large_it_must_be():
 def test_cli_table_and_unknown_names(capsys):
     from lightning_dist.plan import main
 
-    # In-process: the subprocess test above already covers `python -m`.
+    # In-process; tests/e2e/test_planner_cli.py runs `python -m lightning_dist.plan` itself.
     assert (
         main(["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4", "--top", "3"]) == 0
     )

@@ -1,6 +1,10 @@
-"""The planner's memory against what train.py measures, on the cheapest layouts of the
-calibration table (docs/PLANNER.md; the whole table is bench/planner_accuracy.py), and the
-stored calibration file (lightning_dist/planner/calibration.json) that holds its rows."""
+"""The planner's memory calibration without a train.py run: the configured checkpointing and
+compile reach the planner's settings, the memory meter measures a pipeline stage's microbatches,
+compiled blocks run eager under it (so the table has no compiled row), and the stored calibration
+file (lightning_dist/planner/calibration.json) holds every layout and category of the table
+(docs/PLANNER.md) with the planner's current predictions, within the tolerances, and the CPU
+reserve; malformed rows and files are refused by name. (The runs that measure train.py are
+tests/e2e/test_planner_accuracy_runs.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What a user sees: multiruns over strategies, one record of the losses (console, summary.json,
-metrics CSV, W&B), the console's closing summary, and a quiet console."""
+"""What a user sees, the record's pieces in one process: the smoothed final loss, the console's
+closing summary, and the multirun comparison table, which names jobs by the overrides that differ
+(a job without a summary included). (The train.py runs are tests/e2e/test_record_e2e.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
-"""Surviving the cluster: NaN guard, preemption and auto-resume, the hang watchdog, and the
-checkpoint scan. Multi-process cases are real gloo runs of train.py on the debug model."""
+"""Surviving the cluster, in one process: the NaN guard and the checkpoint scan. The finiteness
+check is exact at the edges of the range (bf16 and empty tensors too); the skip policy leaves the
+weights untouched and stops after too many bad steps in a row; the stop policy names the step;
+the scan behind trainer.resume=auto skips a partial checkpoint and says so. (The real gloo runs of
+train.py: NaN stop, preemption, the hang watchdog, torchrun restarts and asynchronous saves, are
+tests/cluster/test_resilience_cluster.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Tensor-parallel plans: every pattern matches, errors name the problem, and one block's forward
-issues exactly the collectives of the Megatron scheme (counted with CommDebugMode on a fake
-two-rank process group, so this needs one process and no real communication)."""
+"""Tensor-parallel plans, on meta models and without a process group: ours and HF Llama's match
+every pattern (and every linear layer of ours), and errors name the problem: a pattern that
+matches nothing, an unknown style, a dimension not divisible by tp, sequence parallelism without
+norm entries, a model without a plan. (The collectives of a block under tp=2 are
+tests/dist/test_tp_dist.py.)"""
 
 import pytest
 import torch

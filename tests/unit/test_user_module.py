@@ -2,10 +2,10 @@
 
 The model and module are `examples/byo_model.py`, which the doc shows in full (checked here).
 In one process: a pipeline stage cut from a ModuleList iterates like one and keeps the parameter
-names; the 3D strategy's `reduce` takes a loss-parallel DTensor and the view `full_tensor()`
-returns (the two crashes users hit); protocol mistakes stop with one line naming the fix. In
-gloo processes (slow): the module trains under fsdp_tuned, fsdp2, tp2, pp2, dp2 x tp2 and
-tp2 x pp2 with the single-process losses of every step.
+names (a ModuleDict stays one), the example's TP plan matches every layer, and protocol mistakes
+(a forward calling a removed module, bad pipeline attributes, a meta model without init_weights)
+stop with one line naming the fix. (The loss-parallel `reduce` and the gloo runs are
+tests/dist/test_user_module_dist.py.)
 """
 
 from __future__ import annotations
