@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,13 +180,15 @@ def _first_mismatch(folder: Path, recorded: dict[str, str]) -> str | None:
 
 
 def _file_stamps(folder: Path, names) -> tuple:
-    """(name, size, st_mtime_ns, st_ctime_ns) of each file. The change time moves on every
-    write, rename or `touch`, and no call can set it back, so a file rewritten with its old size
-    and modification time (`cp -p`, `touch -r`) differs here too."""
+    """(name, size, st_mtime_ns, st_ctime_ns, st_ino, st_dev) of each file. On a local
+    filesystem the change time moves on every write, rename or `touch` and no call sets it back,
+    so a file rewritten with its old size and modification time (`cp -p`, `touch -r`) differs
+    here too, as does a file replaced by another (inode). A network or FUSE filesystem may report
+    cached or synthetic times: there the record is only as good as the times it serves."""
     stamps = []
     for name in sorted(names):
         st = (folder / name).stat()
-        stamps.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        stamps.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev))
     return tuple(stamps)
 
 
@@ -193,6 +197,11 @@ def _manifest_digest(manifest: dict[str, Any]) -> str:
     read again, which a rewrite could have changed in between)."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+LOCK_WAIT_S = 1800.0
+"""How long a process waits for the node's verification lock before it hashes by itself: far
+longer than hashing a large checkpoint takes, far shorter than forever."""
 
 
 def _record_folder() -> Path:
@@ -226,10 +235,26 @@ class _NodeRecord:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         self._lock = os.open(records / f"{key.hexdigest()}.lock", flags, 0o600)
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX)  # waits while another process hashes
+            self._wait_for_lock()  # while another process of this node hashes
         except BaseException:
             os.close(self._lock)
             raise
+
+    def _wait_for_lock(self) -> None:
+        """Take the lock within `LOCK_WAIT_S` (a holder that is stopped or stuck on a hung
+        filesystem must not stop this process too); OSError past it, so this process hashes."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    print(f"warning: checkpoint {self.folder}: another process of this node has "
+                          f"held its verification lock for {LOCK_WAIT_S:.0f} s; hashing here "
+                          "instead", file=sys.stderr, flush=True)  # fmt: skip
+                    raise OSError("verification lock not taken") from None
+                time.sleep(0.05)
 
     def close(self) -> None:
         os.close(self._lock)
@@ -268,7 +293,7 @@ class _NodeRecord:
                 temporary.unlink()
 
 
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2
 
 
 @contextlib.contextmanager

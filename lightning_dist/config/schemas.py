@@ -26,7 +26,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 def _with_target(cls: type, target: str, name: str) -> type:
     """A schema dataclass: `_target_` followed by the fields of dataclass `cls`, importable as
-    `lightning_dist.config.<name>`, so a config pickled to a Slurm job (the submitit launcher)
+    `lightning_dist.config.schemas.<name>`, so a config pickled to a Slurm job (the submitit launcher)
     finds its schema there instead of a copy without fields."""
     fields = [("_target_", str, field(default=target))]
     for f in dataclasses.fields(cls):
@@ -100,7 +100,7 @@ class SyntheticDataSchema:
 def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
     """The Hydra schema of a strategy: `name`, `_target_` and every knob of the option classes
     its preset uses (lightning_dist/options/), with the preset's defaults. Generated, so a
-    knob is declared once; importable as `lightning_dist.config.<schema>` (see `_with_target`)."""
+    knob is declared once; importable as `lightning_dist.config.schemas.<schema>` (see `_with_target`)."""
     spec = options.PRESETS[preset]
     fields: list[tuple[str, Any, Any]] = [
         ("name", str, field(default=name)),

@@ -40,9 +40,10 @@ def build_run(plan: RunPlan) -> BuiltRun:
     from lightning_dist.strategies.launch import fix_hydra_child_command
 
     spec = plan.spec
+    # strategy=auto chose the micro-batch size; any other run's data config already holds it.
+    chosen = {} if plan.batch == spec.batch else {"micro_batch_size": plan.batch.micro_batch_size}
     with config_errors():
-        datamodule = build(spec.data, "data", vocab_size=spec.model.vocab_size,
-                           micro_batch_size=plan.batch.micro_batch_size)  # fmt: skip
+        datamodule = build(spec.data, "data", vocab_size=spec.model.vocab_size, **chosen)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     fix_hydra_child_command()
     L.seed_everything(spec.seed, workers=True, verbose=False)

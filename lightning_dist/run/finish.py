@@ -18,7 +18,13 @@ def start_record(plan: RunPlan, run: BuiltRun) -> None:
     if not run.trainer.is_global_zero:
         return
     if run.logger:
-        run.logger.log_hyperparams(run_config(plan.spec.resolved, plan.layout))
+        record = plan.spec.record()
+        # What ran: strategy=auto's micro-batch size, the W&B run id a resume continues.
+        if "micro_batch_size" in (record.get("data") or {}):
+            record["data"]["micro_batch_size"] = plan.batch.micro_batch_size
+        if "id" in (record.get("logger") or {}):
+            record["logger"]["id"] = getattr(run.logger, "version", None) or record["logger"]["id"]
+        run.logger.log_hyperparams(run_config(record, plan.layout))
     if plan.resume_note:
         print(plan.resume_note, flush=True)
 
@@ -56,7 +62,7 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
 
 
 def run_config(resolved: dict[str, Any], layout: Layout) -> dict[str, Any]:
-    """The resolved config (`RunSpec.resolved`) with secrets redacted, plus the layout, for the
+    """The resolved config (`RunSpec.record()`) with secrets redacted, plus the layout, for the
     experiment logger."""
     from lightning_dist.run.loggers import redact
 

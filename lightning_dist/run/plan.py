@@ -90,8 +90,6 @@ def make_plan(spec: RunSpec) -> RunPlan:
     ckpt_path, resume_note = checkpoints.start_point()
     if ckpt_path:
         checkpoints.verify_resume(ckpt_path, spec.model)
-    elif checkpoints.init_from:
-        checkpoints.verify_init_from(spec.model)
     layout = contract.layout_for(devices, num_nodes)
     _, accumulate = batch_plan(batch.global_batch_size, layout.dp, batch.micro_batch_size)
     return RunPlan(
@@ -152,12 +150,15 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
 
 
 def check_launch(plan: RunPlan) -> None:
-    """The checks a run that trains adds to the plan (`plan.only` skips them, so it runs on any
-    machine): the planner's prediction against the hardware's memory (`plan.check`), then this
-    machine and its launcher."""
+    """The checks a run that trains adds to the plan (`plan.only` and the Slurm launcher skip
+    them, so they run on any machine): the planner's prediction against the hardware's memory
+    (`plan.check`), this machine and its launcher, then trainer.init_from's weights (last: it
+    reads the checkpoint, which only the machines that train may see)."""
     from lightning_dist.run.checks import check_machine
     from lightning_dist.run.preflight import check_fits
 
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
+    if plan.checkpoints.init_from and not plan.ckpt_path:
+        plan.checkpoints.verify_init_from(plan.model)

@@ -5,7 +5,7 @@ sections become the schema objects of `lightning_dist/config/schemas.py` (`Train
 `OptimSchema`, `PlanSchema`), the model and hardware their specs, the batch a `Batch`; the
 sections that name a class to build (`strategy`, `data`, `logger`, `callbacks`) stay `_target_`
 nodes, which the build stage hands to `config.targets.build` (the allow-list) and nothing else.
-Torch- and Lightning-free: `train.py` converts before it imports either.
+This module imports neither torch nor Lightning (the strategy built from the spec does).
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ class RunSpec:
     """The configured callbacks that are not null, in the config's order."""
     choices: dict[str, str] = field(default_factory=dict)
     """Hydra's group choices (`model=tiny` -> {"model": "tiny"}), empty outside `@hydra.main`."""
-    resolved: dict[str, Any] = field(default_factory=dict)
-    """The whole config resolved to plain values: what the experiment logger records."""
+    source: DictConfig | None = field(default=None, repr=False, compare=False)
+    """The composed config itself, read only by `record()`: what the experiment logger keeps."""
 
     @property
     def strategy_name(self) -> str:
         return str(self.strategy.name)
+
+    def record(self) -> dict[str, Any]:
+        """The whole config resolved to plain values, for the experiment logger (resolved only
+        when a logger asks: `plan.only` and the launcher never do)."""
+        return {} if self.source is None else OmegaConf.to_container(self.source, resolve=True)
 
     @classmethod
     def of(cls, cfg: DictConfig, choices: dict[str, str] | None = None) -> RunSpec:
@@ -72,7 +77,7 @@ class RunSpec:
             logger=cfg.logger or None,
             callbacks=tuple(c for c in (cfg.callbacks or {}).values() if c is not None),
             choices=dict(_hydra_choices() if choices is None else choices),
-            resolved=OmegaConf.to_container(cfg, resolve=True),
+            source=cfg,
         )
 
 

@@ -53,6 +53,7 @@ def fix_hydra_child_command() -> None:
 
     _before_launch.clear()
     _before_launch.update({name: os.environ.get(name) for name in LAUNCHER_VARIABLES})
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     replace_hydra_child_command(_child_command)
 
 
@@ -93,17 +94,22 @@ def end_job(trainer: Any, timeout: float = 300.0) -> None:
             os.environ[name] = value
 
 
+LAUNCHER_PID = "LIGHTNING_DIST_LAUNCHER_PID"
+"""Set by `fix_hydra_child_command` in the process that may launch ranks; inherited by them."""
+
+
 def started_by_rank_zero() -> bool:
-    """True in a rank that Lightning's own launcher started (a child of rank 0's process), not
-    torchrun, Slurm or the user: rank 0 carries the job's exit status for it."""
-    external = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")
-    return os.environ.get("LOCAL_RANK", "0") != "0" and not any(v in os.environ for v in external)
+    """True in a rank that Lightning's own launcher started: a child of the process that set
+    `LAUNCHER_PID` (rank 0), not of torchrun, srun or a shell. Rank 0 carries its job's status."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    return launcher is not None and launcher.isdigit() and os.getppid() == int(launcher)
 
 
 def rank_exit_code(code: int) -> int:
-    """The exit status of this rank for a job whose status is `code`. A child of Lightning's
-    launcher exits 0: the launcher kills every rank, rank 0 included, as soon as it sees a child
-    exit non-zero, and rank 0 must be left to finish its summary and exit with `code` itself."""
+    """The exit status of this rank for a job that preempted (75) or stopped on a NaN (3). A
+    child of Lightning's launcher exits 0: the launcher kills every rank, rank 0 included, as
+    soon as it sees a child exit non-zero, and rank 0 must be left to finish its summary and
+    exit with `code` itself."""
     return 0 if code and started_by_rank_zero() else code
 
 

@@ -1,9 +1,8 @@
 """What `Parallel3DStrategy` does so that a user's own LightningModule needs no DTensor knowledge.
 
-Pure functions over tensors and exceptions, used by the strategy's hooks:
+Used by the strategy's hooks (the detached plain copy of a loss-parallel DTensor that the strategy
+reduces and logs is `parallel/tp.py:plain_tensor`):
 
-- (`parallel/tp.py:plain_tensor`, the detached plain copy of a loss-parallel DTensor that the
-  strategy reduces and logs, is the tensor side of this.)
 - `explain_stage_errors`: a pipeline stage holds None in place of the modules of other stages;
   a forward that calls them anyway fails deep inside the schedule. This turns that failure into
   one line naming the fix.

@@ -105,3 +105,20 @@ def test_auto_resume_skips_a_partial_checkpoint_and_says_so(tmp_path):
     assert point.describe().endswith("(step 5); skipped incomplete step15.ckpt, step10.ckpt")
     (sharded / "manifest.json").write_bytes(b"")
     assert latest_checkpoint(tmp_path).path == sharded
+
+
+def test_only_a_child_of_the_launching_process_gives_its_exit_status_to_rank_zero(monkeypatch):
+    """Under Lightning's own launcher a preempted or NaN-stopped child exits 0 (the launcher
+    would kill rank 0 on its 75 or 3); rank 0 itself, torchrun's and srun's ranks keep the code."""
+    import os
+
+    from lightning_dist.strategies.launch import LAUNCHER_PID, rank_exit_code
+
+    monkeypatch.setenv(LAUNCHER_PID, str(os.getppid()))  # this process is the launcher's child
+    assert rank_exit_code(75) == 0 and rank_exit_code(3) == 0
+    monkeypatch.setenv(LAUNCHER_PID, str(os.getpid()))  # this process launched the ranks
+    assert rank_exit_code(75) == 75 and rank_exit_code(3) == 3
+    monkeypatch.delenv(LAUNCHER_PID)  # torchrun, srun or a shell started this process
+    assert rank_exit_code(75) == 75
+    monkeypatch.setenv(LAUNCHER_PID, "not-a-pid")
+    assert rank_exit_code(3) == 3
