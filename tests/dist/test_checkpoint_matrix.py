@@ -27,24 +27,12 @@ from lightning_dist.checkpoint.format import (
 )
 from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest
 from lightning_dist.parity import REPO_ROOT
+from tests.unit.test_checkpoint_format import _saved
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}
 RUNS = [sys.executable, str(REPO_ROOT / "tests" / "dist" / "checkpoint_matrix_runs.py")]
 
 # --- one process: the manifest and the names ------------------------------------------------
-
-
-def _saved(tmp_path: Path, width: int = 4) -> tuple[Path, nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(3, width)).sum().backward()
-    optimizer.step()
-    path = tmp_path / "step1.ckpt"
-    path.mkdir()
-    save_state(gather_state(model, [optimizer]), path)
-    finish_folder(path, {"global_step": 1}, {"step": 1})
-    return path, model, optimizer
 
 
 # --- the layout-change matrix: 10 layouts, 39 pairs, three launches (one per world size) --------------------------

@@ -16,53 +16,20 @@ from lightning_dist.checkpoint.weights import (
     open_checkpoint,
     read_weights,
 )
+from tests.unit.test_checkpoint_tools import (
+    HF_MODELS,
+    TINY_HF,
+    TOLERANCE,
+    hf_logits,
+    imported,
+    our_logits,
+    save_hf_model,
+    tokens,
+)
 
 transformers = pytest.importorskip("transformers", reason="HF conversions need the [hf] extra")
 
-TOLERANCE = 1e-5
-TINY_HF = dict(
-    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=128, vocab_size=512, max_position_embeddings=256, rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)  # fmt: skip
 # rope_theta other than the default, so a lost value shows in the logits.
-HF_MODELS = {"llama": {"rope_theta": 500000.0}, "mistral": {}}
-
-
-def tokens(vocab: int = 512) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(0))
-
-
-def our_logits(ckpt) -> torch.Tensor:
-    info = open_checkpoint(ckpt)
-    model = info.args.build()
-    model.load_state_dict(read_weights(info))
-    with torch.no_grad():
-        return model.eval()(tokens(info.args.vocab_size))
-
-
-def hf_logits(hf_dir) -> tuple[str, torch.Tensor]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    with torch.no_grad():
-        return type(model).__name__, model.eval()(input_ids=tokens()).logits
-
-
-def save_hf_model(model_type: str, path) -> None:
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(model_type, **TINY_HF, **HF_MODELS[model_type])
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-
-
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    """model_type -> (HF directory, our imported checkpoint folder)."""
-    out = {}
-    for model_type in HF_MODELS:
-        root = tmp_path_factory.mktemp(model_type)
-        save_hf_model(model_type, root / "hf")
-        assert main(["import", str(root / "hf"), str(root / "step0.ckpt")]) == 0
-        out[model_type] = (root / "hf", root / "step0.ckpt")
-    return out
 
 
 # --- gloo processes: train.py from the imported weights, and export of a trained checkpoint ---

@@ -27,26 +27,14 @@ from lightning_dist.checkpoint.manifest import (
     verify_files,
     write_manifest,
 )
+from tests.unit.test_checkpoint_verify import SHARD, _checkpoint, _tmp
 
 N = 4  # processes of one node
-SHARD = "__1_0.distcp"
 
 
 @pytest.fixture(scope="module")
 def context():
     return multiprocessing.get_context("fork")
-
-
-def _checkpoint(tmp_path: Path) -> Path:
-    """A folder shaped like a checkpoint, 16 MiB of random shards (tens of milliseconds of
-    SHA-256, long enough for processes started together to overlap), with its manifest."""
-    folder = tmp_path / "step1.ckpt"
-    folder.mkdir()
-    for name, size in (("__0_0.distcp", 8 << 20), (SHARD, 8 << 20), (".metadata", 4096),
-                       ("meta.pt", 1024)):  # fmt: skip
-        (folder / name).write_bytes(os.urandom(size))
-    write_manifest(folder, {"step": 1})
-    return folder
 
 
 def _verify(folder: str, tmp: str, barrier, results) -> None:
@@ -74,12 +62,6 @@ def _run(context, folder: Path, tmp: Path, n: int = N) -> list[tuple[str, str]]:
         process.join(timeout=60)
         assert process.exitcode == 0
     return sorted(outcomes)
-
-
-def _tmp(tmp_path: Path) -> Path:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(mode=0o700)
-    return tmp
 
 
 def _flip_a_byte(path: Path, *, mtime_ns: int) -> None:

@@ -11,24 +11,7 @@ from typing import Any
 import pytest
 
 from lightning_dist.run.loggers import METRICS_CSV
-
-
-def key_count(tree: Any, key: str) -> int:
-    """How often `key` is a dict key anywhere in a nested JSON structure."""
-    if isinstance(tree, dict):
-        return sum((k == key) + key_count(v, key) for k, v in tree.items())
-    if isinstance(tree, list):
-        return sum(key_count(v, key) for v in tree)
-    return 0
-
-
-def read_metrics(run_dir) -> list[dict[str, float]]:
-    """The rows of the run's metrics CSV, each with the metrics logged in it."""
-    with (run_dir / METRICS_CSV).open(newline="") as f:
-        return [
-            {k: int(v) if k == "step" else float(v) for k, v in row.items() if v != ""}
-            for row in csv.DictReader(f)
-        ]
+from tests.unit.test_telemetry import key_count, read_metrics
 
 
 @pytest.mark.slow

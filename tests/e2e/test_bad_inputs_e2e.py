@@ -10,130 +10,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from lightning_dist.parity import REPO_ROOT
-
-SECRET = "planted0override0secret0value0000"
-ENV_SECRET = "planted0environment0secret0value0"
-
-
-def fast(*extra: str, strategy: str = "single", data: str = "synthetic",
-         logger: str = "none") -> tuple[str, ...]:  # fmt: skip
-    """A tiny run of the debug model; `extra` comes last."""
-    return ("model=llama_debug", f"data={data}", f"strategy={strategy}", f"logger={logger}",
-            "trainer.val_check_interval=null", *extra)  # fmt: skip
-
-
-def write(path: Path, text: str | bytes = "") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(text.encode() if isinstance(text, str) else text)
-    return path
-
-
-def big_tokenizer(tmp: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    words = {f"w{i}": i for i in range(599)} | {"[UNK]": 599}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(tmp / "big_tokenizer.json"))
-
-
-@dataclass(frozen=True)
-class Case:
-    """One mistake. `{tmp}` and `{marker}` in the overrides name a scratch folder and a file
-    that an attack would create."""
-
-    name: str
-    overrides: tuple[str, ...]
-    expect: str
-    """Part of the one line."""
-    warning: bool = False
-    """A single warning and the run goes on, instead of an error."""
-    prepare: Callable[[Path], None] | None = None
-
-
-ATTACK = "'touch {marker}'"
-CASES = [
-    # Code execution through `_target_`, in every group that builds something.
-    Case("strategy target", fast(f"+strategy.command={ATTACK}", "strategy._target_=os.system"),
-         "strategy._target_='os.system' is not allowed"),
-    Case("callback target", fast("+callbacks.x._target_=os.system", f"+callbacks.x.command={ATTACK}"),
-         "callbacks.x._target_='os.system' is not allowed"),
-    Case("callback print", fast("+callbacks.x._target_=builtins.print"),
-         "'builtins.print' is not allowed"),
-    Case("callback through an allowed module", fast("+callbacks.x._target_=lightning_dist.callbacks.comm.torch.load"),
-         "'lightning_dist.callbacks.comm.torch.load' is not allowed"),
-    Case("logger target", fast("logger._target_=os.system", f"+logger.command={ATTACK}", logger="csv"),
-         "logger._target_='os.system' is not allowed"),
-    Case("model target", fast("model._target_=os.system"), "model._target_='os.system' is not allowed"),
-    Case("data target", fast("data._target_=os.system"), "data._target_='os.system' is not allowed"),
-    Case("optimizer target", fast("+optim._target_=os.system", f"+optim.command={ATTACK}"),
-         "optim._target_ is set, but nothing is built from optim"),
-    Case("hydra callback", fast("+hydra.callbacks.x._target_=os.system", f"+hydra.callbacks.x.command={ATTACK}"),
-         "hydra.callbacks.x._target_ is refused"),
-    Case("slurm launcher shell line", fast("hydra/launcher=submitit_slurm", f"hydra.launcher.setup=[{ATTACK}]"),
-         "hydra.launcher.setup is refused"),
-    # Secrets in overrides are never echoed.
-    Case("unknown secret key", fast(f"+api_token={SECRET}"), "unknown config key api_token"),
-    Case("secret key without +", fast(f"api_token={SECRET}"), "Key 'api_token' not in 'TrainSchema'"),
-    # Tracebacks before.
-    Case("negative max_steps", fast("trainer.max_steps=-5"), "trainer.max_steps=-5 must be at least 1"),
-    Case("negative lr", fast("optim.lr=-1"), "optim.lr=-1.0 must be 0 or more"),
-    Case("negative gc interval", fast("trainer.gc_every_n_steps=-1"),
-         "trainer.gc_every_n_steps=-1 must be 0 (Python's own collection) or more"),
-    Case("empty data file", fast("data.paths=[{tmp}/empty.txt]", "data.seq_len=32", data="text"),
-         "holds no text", prepare=lambda tmp: write(tmp / "empty.txt")),
-    Case("unreadable data file", fast("data.paths=[{tmp}/locked.txt]", "data.seq_len=32", data="text"),
-         "cannot read", prepare=lambda tmp: write(tmp / "locked.txt", "x" * 500).chmod(0)),
-    Case("data too short", fast("data.paths=[{tmp}/short.txt]", "data.seq_len=32", data="text"),
-         "the train split has 10 tokens", prepare=lambda tmp: write(tmp / "short.txt", "x" * 10)),
-    # Silently wrong before.
-    Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
-    Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
-    Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
-    Case("more CPU processes than cores", fast("hardware.devices=100", strategy="ddp"),
-         "hardware.devices=100 starts 100 CPU processes, but this machine has"),
-    Case("internal schema", fast(strategy="schema_ddp"), "Could not find 'strategy/schema_ddp'"),
-    # One line already, kept so.
-    Case("misspelt key", fast("model.dimm=3"), "Key 'dimm' not in"),
-    Case("hardware mismatch", fast("hardware=dgx_h100", strategy="ddp"),
-         "needs 8 CUDA devices per node; this machine has 0"),
-    Case("global batch", fast("hardware.devices=2", "data.global_batch_size=6", "data.per_rank_batch_size=2", strategy="ddp"),
-         "global_batch_size=6"),
-    Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
-    Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
-         prepare=big_tokenizer),
-    Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
-    Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
-]  # fmt: skip
-
-
-def _overrides(case: Case, tmp: Path) -> list[str]:
-    marker = tmp / "marker"
-    return [o.format(tmp=tmp, marker=marker) for o in case.overrides]
-
+from tests.unit.test_bad_inputs import (
+    CASES,
+    ENV_SECRET,
+    SECRET,
+    _no_network,
+    _overrides,
+    fast,
+    write,
+)
 
 # --- W&B without a network --------------------------------------------------------------------
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _no_network() -> dict:
-    """Logged in, but the server is a closed local port; no WANDB_MODE (remove it too)."""
-    return {"WANDB_API_KEY": "fake" * 10, "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
 
 
 # --- end to end -------------------------------------------------------------------------------
