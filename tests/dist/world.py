@@ -117,8 +117,8 @@ class World:
                     )
         missing = [r for r in range(self.size) if r not in replies]
         failed = {r: v for r, (ok, v) in replies.items() if not ok}
-        if missing:
-            self.close()
+        if missing:  # a hung rank never reads the stop message: end the world at once
+            self.close(kill=True)
         if missing or failed:
             lines = [f"{target} on {self.size} ranks:"]
             if missing:
@@ -127,14 +127,16 @@ class World:
             raise AssertionError("\n".join(lines))
         return [replies[r][1] for r in range(self.size)]
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the ranks: each is asked to return and given 10 s; `kill` ends them at once."""
         for conn in self._conns:
             try:
                 conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
         for proc in self._procs:
-            proc.join(timeout=10)
+            if not kill:
+                proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=10)
