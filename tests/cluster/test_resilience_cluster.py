@@ -2,8 +2,9 @@
 NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP rank checkpoints,
 and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); a stopped rank
 stops every rank under ddp, fsdp2 and 3d, and is named; torchrun restarts a killed rank, which
-resumes and finishes bitwise; an asynchronous save resumes like a synchronous one. (The NaN
-guard and the checkpoint scan in one process are tests/unit/test_resilience.py.)"""
+resumes and finishes bitwise. (The NaN guard and the checkpoint scan in one process are
+tests/unit/test_resilience.py; an asynchronous save against a synchronous one is
+tests/dist/test_fsdp_dist.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import pytest
 import torch
 
 from lightning_dist.checkpoint.format import read_full_state
-from lightning_dist.checkpoint.store import latest_checkpoint
 from lightning_dist.parity import REPO_ROOT, run_train
 
 TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
@@ -206,21 +206,3 @@ def test_torchrun_restarts_a_killed_rank_and_finishes_bitwise(uninterrupted, tmp
     assert all(torch.equal(final[k], reference[k]) for k in reference)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["losses"] == full["losses"][5:]
-
-
-# --- asynchronous checkpoints ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_async_save_resumes_bitwise_like_a_synchronous_save(tmp_path):
-    fsdp2 = ["strategy=fsdp2", "hardware.devices=2", "trainer.max_steps=10",
-             "trainer.checkpoint.every_n_train_steps=5"]  # fmt: skip
-    sync = run_train([*FAST, *fsdp2], tmp_path / "sync")
-    asynchronous = run_train([*FAST, *fsdp2, "trainer.checkpoint.async_save=true"],
-                             tmp_path / "async")  # fmt: skip
-    assert asynchronous["losses"] == sync["losses"]
-    saved = tmp_path / "async" / "checkpoints"
-    assert latest_checkpoint(saved).step == 10  # the last save was finished at the end
-    resumed = run_train([*FAST, *fsdp2, f"trainer.ckpt_path={saved / 'step5.ckpt'}"],
-                        tmp_path / "resumed")  # fmt: skip
-    assert resumed["losses"] == sync["losses"][5:10]

@@ -1,6 +1,6 @@
 """FSDP1 and FSDP2 in real gloo processes: parity with one process (its stored reference,
-tests/dist/baselines.py), resume from sharded and full checkpoints, memory against DDP, and user
-code. Every run trains through `train(cfg)` on the ranks of a world started once per module
+tests/dist/baselines.py), resume from sharded and full checkpoints, an asynchronous save against a synchronous one,
+memory against DDP, and user code. Every run trains through `train(cfg)` on the ranks of a world started once per module
 (tests/dist/world.py); the strategies' one-line errors are rows of tests/unit/test_bad_inputs.py.
 
 The candidate runs are shared: the FULL_SHARD run also saves the checkpoint that the resume test
@@ -113,6 +113,22 @@ def test_full_shard_model_state_is_half_of_ddp(run):
     for ddp_bytes, fsdp_bytes in zip(model_state(ddp), model_state(fsdp), strict=True):
         assert fsdp_bytes <= ddp_bytes / 2 * 1.02
     assert all(m["activations"] > 0 and m["total"] > 0 for m in fsdp["memory_by_category"])
+
+
+def test_async_save_resumes_bitwise_like_a_synchronous_save(train_in, tmp_path):
+    """trainer.checkpoint.async_save=true under fsdp2 (sharded): the same losses as a synchronous
+    save, the last save finished when the run ends, and a resume from its step-5 checkpoint
+    repeats steps 6-10 bitwise."""
+    from lightning_dist.checkpoint.store import latest_checkpoint
+
+    fsdp2 = ["debug=fast", "logger=none", *FSDP2, "trainer.max_steps=10", *SAVE_AT_5]
+    sync = train_in(fsdp2, tmp_path / "sync")
+    asynchronous = train_in([*fsdp2, "trainer.checkpoint.async_save=true"], tmp_path / "async")
+    assert asynchronous["losses"] == sync["losses"]
+    saved = tmp_path / "async" / "checkpoints"
+    assert latest_checkpoint(saved).step == 10  # the last save was finished at the end
+    resumed = train_in([*fsdp2, f"trainer.ckpt_path={saved / 'step5.ckpt'}"], tmp_path / "resumed")
+    assert resumed["losses"] == sync["losses"][5:10]
 
 
 USER_SCRIPT = Path(__file__).with_name("fsdp_user_module.py")
