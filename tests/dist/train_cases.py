@@ -9,3 +9,21 @@ def train_case(overrides: list[str], run_dir: str) -> dict:
     from lightning_dist.train import train
 
     return train(compose_config([*overrides, f"paths.output_dir={run_dir}"]))
+
+
+def script_case(path: str, argv: list[str]) -> str:
+    """`python PATH ARGV...` in this rank (its `main()`, as under torchrun); what it printed."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    script = runpy.run_path(path, run_name="world_case")
+    printed, before = io.StringIO(), sys.argv
+    sys.argv = [path, *argv]
+    try:
+        with contextlib.redirect_stdout(printed):
+            script["main"]()
+    finally:
+        sys.argv = before
+    return printed.getvalue()
