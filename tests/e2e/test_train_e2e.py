@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT, compare, run_train
+from lightning_dist import parity
+from lightning_dist.parity import (
+    REPO_ROOT,
+    max_relative_difference,
+    reference_overrides,
+    run_train,
+)
+from tests.dist import baselines
 
 pytestmark = pytest.mark.slow
 
@@ -29,13 +37,27 @@ def train_py(*overrides: str, env: dict | None = None, cwd: Path = REPO_ROOT, ti
                           cwd=cwd)  # fmt: skip
 
 
-@pytest.mark.parametrize("devices", [2, 4])
-def test_ddp_matches_single_process(tmp_path, devices):
-    """Same seed and global batch: DDP on 2 and 4 ranks reproduces the single-process losses."""
-    overrides = [*FAST, "strategy=ddp", f"hardware.devices={devices}", "trainer.max_steps=10"]
-    diff, table = compare(overrides, tolerance=1e-5, workdir=tmp_path)
+def test_parity_command_finds_ddp_on_two_ranks_matches_one_process(tmp_path, capsys):
+    """`python -m lightning_dist.parity` (its main): DDP on 2 ranks against a fresh
+    single-process run of the same seed and global batch, per step, exit status 0."""
+    overrides = [*FAST, "strategy=ddp", "hardware.devices=2", "trainer.max_steps=10"]
+    status = parity.main([*overrides, "--tolerance", "1e-5", "--workdir", str(tmp_path)])
+    table = capsys.readouterr().out
     print(table)
-    assert diff <= 1e-5, table
+    assert status == 0 and "candidate world size 2): PASS" in table, table
+    assert len(re.findall(r"^ +\d+ +\d+\.\d+ +\d+\.\d+", table, re.MULTILINE)) == 10
+
+
+def test_ddp_on_four_ranks_matches_single_process(tmp_path):
+    """DDP on 4 ranks through train.py reproduces the single-process losses (the stored
+    reference of tests/dist/baselines.py)."""
+    overrides = [*FAST, "strategy=ddp", "hardware.devices=4", "trainer.max_steps=10"]
+    reference = baselines.reference(reference_overrides(overrides))["losses"]
+    candidate = run_train(overrides, tmp_path)
+    diff = max_relative_difference(reference, candidate["losses"])
+    print(f"ddp on 4 ranks: max relative difference {diff:.3e} over {len(reference)} steps")
+    assert candidate["world_size"] == 4
+    assert diff <= 1e-5, list(zip(reference, candidate["losses"], strict=False))
 
 
 def test_text_run_writes_summary_and_learns(tmp_path):
