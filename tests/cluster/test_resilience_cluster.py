@@ -120,8 +120,9 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
 ):
     full, full_dir = uninterrupted
     logged = ["logger=wandb"] if signum == signal.SIGTERM else []  # W&B offline (ENV)
-    # Rank 1 sleeps 1 s per step (math unchanged) so the signal lands well before step 12.
-    slow = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0"]
+    # After step 5, rank 1 sleeps 1 s per step (math unchanged): the signal lands well before 12.
+    slow = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0",
+            "+callbacks.slow.from_step=5"]  # fmt: skip
     proc = _launch(*DDP12, *logged, *slow, run_dir=tmp_path)
     _wait_for(tmp_path / "checkpoints" / "step5.ckpt", proc)
     os.kill(proc.pid if rank == 0 else _child_pid(proc), signum)

@@ -48,8 +48,10 @@ pytestmark = [
 
 RUN = ["debug=fast", "strategy=ddp", "hardware.devices=2", "trainer.max_steps=8",
        "trainer.checkpoint.every_n_train_steps=3", "trainer.checkpoint.save_last=true"]  # fmt: skip
-SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=3.0"]
-"""Rank 1 sleeps 3 s a step (the math is unchanged), so the signal lands before the last step."""
+SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=3.0",
+        "+callbacks.slow.from_step=3"]  # fmt: skip
+"""After step 3, rank 1 sleeps 3 s a step (the math is unchanged), so the signal lands before the
+last step."""
 
 
 @pytest.fixture(scope="module")
