@@ -1,6 +1,7 @@
 """What a user sees, through train.py: multiruns over every distributed strategy and over changing
-numbers of ranks, one record of the losses (console, summary.json, metrics CSV, W&B), the
-console's closing summary, and a quiet console. (The record's pieces in one process are
+numbers of ranks (one directory per job), one record of the losses (console, summary.json,
+metrics CSV, W&B offline without a network), the console's closing summary, and a quiet
+console. (The record's pieces in one process are
 tests/unit/test_record.py.)"""
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ STEP_LINE = re.compile(r"^step (\d+)/\d+ \| loss (\d+\.\d+)", re.MULTILINE)
 TIPS = ("litlogger", "srun", "anonymous setting", "broadcast_buffers")
 
 
-def train_py(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+def train_py(*args: str, timeout: float = 600, env: dict | None = None,
+             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **(env or {})}
+    for name in unset:
+        env.pop(name, None)
     return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
 
@@ -76,14 +80,25 @@ def test_multirun_changes_the_number_of_ranks_between_jobs(tmp_path):
 @pytest.mark.slow
 def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path):
     """The console's `step N | loss X` is summary.json's losses[N-1], the metrics CSV's and
-    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET)."""
+    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET).
+
+    W&B is logged in (a planted API key) but its server is a closed port and WANDB_MODE is
+    unset: the run says so in one warning line and logs offline, with the config, the metrics
+    and the summary in its transaction log and the key in no file of the run."""
     from wandb_records import history
 
+    from tests.unit.test_bad_inputs import _no_network
+
     steps = 6
+    network = _no_network()
+    secret = network["WANDB_API_KEY"] = "planted0secret0key0value0000000000000000"
     result = train_py(*FAST, "logger=wandb", f"trainer.max_steps={steps}",
                       "trainer.log_every_n_steps=1", "callbacks.progress.plain_every_n_steps=1",
-                      f"hydra.run.dir={tmp_path}")  # fmt: skip
+                      f"hydra.run.dir={tmp_path}", env=network, unset=("WANDB_MODE",))  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "W&B server unreachable" in warnings[0], result.stderr[-3000:]
+    assert "wandb sync" in result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     losses = summary["losses"]
     assert len(losses) == steps and summary["final_loss"] == losses[-1]
@@ -102,6 +117,12 @@ def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path)
     wandb_loss = {r["trainer/global_step"]: r["train/loss"] for r in history(log)
                   if "train/loss" in r}  # fmt: skip
     assert wandb_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
+    records = log.read_bytes()  # config, history and summary
+    for expected in (b"dp_replicate", b'"dim"', b"train/loss", b"summary/final_loss"):
+        assert expected in records, f"{expected!r} missing from {log.name}"
+    for path in (tmp_path / "wandb").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"API key leaked into {path}"
 
     assert f"loss {losses[-1]:.4f} at step {steps}" in result.stdout  # the closing summary
     assert summary["final_loss_smoothed"] == pytest.approx(smoothed_final_loss(losses))
