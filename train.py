@@ -52,4 +52,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from lightning_dist.runtime.process_end import run_then_end
+
+    run_then_end(main)  # its exit status is the work's, never a C++ destructor's at teardown

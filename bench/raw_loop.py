@@ -31,6 +31,7 @@ from lightning_dist.lm.datasets import SyntheticTokens
 from lightning_dist.lm.module import warmup_cosine
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.models.materialize import materialize
+from lightning_dist.runtime.process_end import end_barrier, run_then_end
 
 
 def build(strategy: str, overrides: list[str], device: torch.device, fsdp: str = "train"):
@@ -111,10 +112,11 @@ def main() -> None:
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"step_seconds": times, "losses": losses}, f)
-    dist.barrier()  # both ranks leave together: gloo's teardown can wait on a departed peer
-    dist.destroy_process_group()
+    # Both ranks leave together, bounded; the process ends without gloo's C++ teardown, which
+    # can hang or abort after the work is done (lightning_dist/runtime/process_end.py).
+    end_barrier(timeout_s=120)
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    run_then_end(main)

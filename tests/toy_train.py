@@ -18,4 +18,6 @@ sys.argv.append(f"hydra.searchpath=[file://{ROOT / 'tests' / 'toy_conf'}]")
 from train import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    from lightning_dist.runtime.process_end import run_then_end
+
+    run_then_end(main)

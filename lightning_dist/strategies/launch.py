@@ -58,17 +58,22 @@ def fix_hydra_child_command() -> None:
 
 
 def end_job(trainer: Any, timeout: float = 300.0) -> None:
-    """Once a job has finished without error: in the process that launched the ranks (or ran a
-    one-rank job), wait for the other ranks, destroy the process group and restore the launcher
-    variables, so that a multirun's next job starts its own ranks. Every other rank (started by
-    Lightning, torchrun or Slurm) destroys its group when the interpreter exits, while Python is
-    still whole: a gloo group left to the interpreter's teardown can abort the process ("terminate
-    called without an active exception"), failing a job whose training had finished; a
-    torchrun- or Slurm-started process that runs several jobs keeps its group until then. Only
-    called after success: a rank that destroys the group while another still waits in a
-    collective would hang it."""
+    """Once a job has finished without error: every rank waits for the others at a bounded
+    barrier (`lightning_dist.runtime.process_end.end_barrier`). Then, in the process that
+    launched the ranks (or ran a one-rank job): wait for the other ranks, destroy the process
+    group and restore the launcher variables, so that a multirun's next job starts its own
+    ranks. Every other rank (started by Lightning, torchrun or Slurm) destroys its group in an
+    `atexit` handler, which `end_process` runs before `os._exit` (and Python at its own exit, for
+    a user's script); a torchrun- or Slurm-started process that runs several jobs keeps its
+    group until then. Only called after success: a rank that destroys the group while another
+    still waits in a collective would hang it."""
     import torch.distributed as dist
 
+    from lightning_dist.runtime.process_end import end_barrier
+
+    # Every rank of the job meets once more (bounded), so none leaves while a peer still works.
+    limit = getattr(trainer.strategy, "_timeout", None)
+    end_barrier(limit.total_seconds() if limit is not None else timeout)
     children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
     # A one-rank job (ddp with hardware.devices=1) starts no children but leaves a process group
     # of one and the launcher's variables just the same; the next job would reuse both.

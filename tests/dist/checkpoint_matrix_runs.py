@@ -147,4 +147,6 @@ def main(out_dir: str, items: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    from lightning_dist.runtime.process_end import run_then_end
+
+    run_then_end(main, sys.argv[1], sys.argv[2:])

@@ -106,4 +106,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from lightning_dist.runtime.process_end import run_then_end
+
+    run_then_end(main, sys.argv[1])

@@ -56,8 +56,10 @@ def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
                       NODE_RANK="0", MASTER_ADDR="127.0.0.1")  # fmt: skip
     while True:
         message = conn.recv()
-        if message is None:
-            return
+        if message is None:  # the end: without gloo's C++ teardown (runtime/process_end.py)
+            from lightning_dist.runtime.process_end import end_process
+
+            end_process(0)
         target, args, kwargs, port, run_id = message
         os.environ["MASTER_PORT"] = str(port)
         os.environ["TORCHELASTIC_RUN_ID"] = run_id
