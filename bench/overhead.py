@@ -13,6 +13,9 @@ It prints the median steps/s of each after `--warmup` steps, the ratios bare/raw
 (train.py as users run it against the raw loop: the issue's bar is 0.99) and full/bare with
 their spread over the repeats, and appends the table to docs/BENCHMARKS.md with --write.
 Bare runs show Lightning's own progress bar (it stands in when no progress callback is given).
+Every run is bounded by its measured step time (bench/bounded.py); one that hangs or fails is
+reported in one line and run once more, and a repeat that fails twice is marked in the table
+("1 of 5 failed") instead of ending the benchmark.
 """
 
 from __future__ import annotations
@@ -23,55 +26,83 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bounded import run_bounded, timeout_for
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["model=tiny", "data=synthetic", "data.seq_len=256", "data.global_batch_size=16"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 
-def raw(strategy: str, steps: int, out: Path) -> list[float]:
+def raw_command(strategy: str, steps: int, out: Path) -> tuple[list[str], Path]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "bench" / "raw_loop.py"), "--strategy", strategy, "--steps", str(steps),
            "--out", str(out), *COMMON]  # fmt: skip
-    _run(cmd)
-    return json.loads(out.read_text())["step_seconds"]
+    return cmd, out
 
 
-def lightning(strategy: str, steps: int, run_dir: Path, callbacks: bool) -> list[float]:
+def lightning_command(strategy: str, steps: int, run_dir: Path, callbacks: bool):
     extra = [] if callbacks else ["callbacks=none"]
     cmd = [sys.executable, str(ROOT / "train.py"), *COMMON, f"strategy={strategy}",
            "hardware.devices=2", "logger=none", f"trainer.max_steps={steps}",
            "trainer.val_check_interval=null", *extra, f"hydra.run.dir={run_dir}"]  # fmt: skip
-    _run(cmd)
-    return json.loads((run_dir / "summary.json").read_text())["step_seconds"]
+    return cmd, run_dir / "summary.json"
 
 
-RUN_TIMEOUT_S = 900
-"""One run takes under a minute here; past this it is hung, and the benchmark stops."""
+class Runner:
+    """Runs each command bounded (bench/bounded.py: startup plus 10x the median step time seen
+    so far for that kind of run); a run that hangs or fails is reported in one line and run once
+    more; a second failure gives None, which the table marks, and the benchmark goes on."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.step_seconds: dict[str, list[float]] = {}
+        self.failed: list[str] = []
+
+    def times(self, kind: str, cmd: list[str], result: Path) -> list[float] | None:
+        for attempt in (1, 2):
+            bound = timeout_for(self.steps, self.step_seconds.get(kind))
+            outcome = run_bounded(cmd, timeout_s=bound, env=ENV, cwd=ROOT)
+            if outcome.status == "ok":
+                times = json.loads(result.read_text())["step_seconds"]
+                self.step_seconds.setdefault(kind, []).extend(times)
+                return times
+            note = "run once more" if attempt == 1 else "this repeat is marked failed"
+            print(f"warning: {outcome.line(kind)} ({note})", file=sys.stderr, flush=True)
+        self.failed.append(kind)
+        return None
 
 
-def _run(cmd: list[str]) -> None:
-    try:
-        proc = subprocess.run(
-            cmd, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        sys.exit(f"error: {' '.join(cmd[:6])}... ran past {RUN_TIMEOUT_S} s and was killed")
-    if proc.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd[:6])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+def _ratios(numerators: list[float | None], denominators: list[float | None]) -> list:
+    """Per-repeat ratios: each repeat's runs ran back to back, under the same load; None where
+    either run of the repeat failed."""
+    return [n / d if n is not None and d is not None else None
+            for n, d in zip(numerators, denominators, strict=True)]  # fmt: skip
 
 
-def _ratios(numerators: list[float], denominators: list[float]) -> list[float]:
-    """Per-repeat ratios: each repeat's runs ran back to back, under the same load."""
-    return [n / d for n, d in zip(numerators, denominators, strict=True)]
-
-
-def steps_per_sec(step_seconds: list[float], warmup: int) -> float:
+def steps_per_sec(step_seconds: list[float] | None, warmup: int) -> float | None:
+    if step_seconds is None:
+        return None
     return 1.0 / statistics.median(step_seconds[warmup:])
+
+
+def _cell(values: list, with_spread: bool) -> str:
+    """Median (min-max) of the repeats that ran, and how many failed."""
+    ran = [v for v in values if v is not None]
+    failed = len(values) - len(ran)
+    if not ran:
+        return "failed"
+    text = f"{statistics.median(ran):.3f}"
+    if with_spread:
+        text += f" ({min(ran):.3f}-{max(ran):.3f})"
+    return text + (f", {failed} of {len(values)} failed" if failed else "")
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:.3f} steps/s" if value is not None else "failed"
 
 
 def main() -> None:
@@ -82,20 +113,25 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", default=["ddp", "fsdp2"])
     parser.add_argument("--write", action="store_true", help="append to docs/BENCHMARKS.md")
     args = parser.parse_args()
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup ({args.warmup}) must be below --steps ({args.steps})")
     rows = []
+    runner = Runner(args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for strategy in args.strategies:
             rates = {"raw": [], "bare": [], "full": []}
             for rep in range(args.repeats):
-                rates["raw"].append(
-                    steps_per_sec(raw(strategy, args.steps, tmp / "raw.json"), args.warmup)
-                )
+                cmd, result = raw_command(strategy, args.steps, tmp / f"raw-{strategy}-{rep}.json")
+                times = runner.times(f"{strategy} raw", cmd, result)
+                rates["raw"].append(steps_per_sec(times, args.warmup))
                 for name, cb in (("bare", False), ("full", True)):
-                    times = lightning(strategy, args.steps, tmp / f"{strategy}-{name}-{rep}", cb)
+                    run_dir = tmp / f"{strategy}-{name}-{rep}"
+                    cmd, result = lightning_command(strategy, args.steps, run_dir, cb)
+                    times = runner.times(f"{strategy} {name}", cmd, result)
                     rates[name].append(steps_per_sec(times, args.warmup))
                 print(f"{strategy} repeat {rep + 1}: " + ", ".join(
-                    f"{k} {v[-1]:.3f} steps/s" for k, v in rates.items()), flush=True)  # fmt: skip
+                    f"{k} {_rate(v[-1])}" for k, v in rates.items()), flush=True)  # fmt: skip
             ratios = {
                 "off / raw": _ratios(rates["bare"], rates["raw"]),
                 "on / raw": _ratios(rates["full"], rates["raw"]),
@@ -108,12 +144,11 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for strategy, rates, ratios in rows:
-        med = {k: statistics.median(v) for k, v in rates.items()}
         lines.append(
-            f"| {strategy} | {med['raw']:.3f} | {med['bare']:.3f} | {med['full']:.3f} | "
-            + " | ".join(
-                f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})" for r in ratios.values()
-            )
+            f"| {strategy} | "
+            + " | ".join(_cell(v, with_spread=False) for v in rates.values())
+            + " | "
+            + " | ".join(_cell(r, with_spread=True) for r in ratios.values())
             + " |"
         )
     table = "\n".join(lines)
