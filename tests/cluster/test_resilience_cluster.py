@@ -156,7 +156,7 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
         (["strategy=fsdp2", "hardware.devices=2"], 20),
         # The timeout also bounds the start-up rendezvous: 4 ranks on 2 busy cores need more.
         (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
-          "hardware.devices=4"], 60),
+          "hardware.devices=4"], 40),
     ],
     ids=["ddp", "fsdp2", "3d_tp2_pp2"],
 )  # fmt: skip
