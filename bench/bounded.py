@@ -1,9 +1,9 @@
 """Run one benchmark command with a bound: what it did (ok, hang, abort, failed) and whether it left
 processes behind, instead of waiting forever or stopping the whole benchmark.
 
-Each command runs in its own session, so the bound and the clean-up reach every process it
-started (torchrun's agent and its ranks, Lightning's children). Used by bench/overhead.py and
-bench/process_ends.py.
+Every process a command starts (torchrun's agent and its ranks, Lightning's children) carries a
+marker in its environment, so the bound and the clean-up reach them all. Used by
+bench/overhead.py and bench/process_ends.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+import uuid
+from pathlib import Path
 from typing import NamedTuple
 
 FIRST_RUN_TIMEOUT_S = 600.0
@@ -50,47 +52,61 @@ def timeout_for(steps: int, step_seconds: list[float] | None) -> float:
     return STARTUP_S + STEP_FACTOR * steps * statistics.median(step_seconds)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+MARKER = "LIGHTNING_DIST_BENCH_RUN"
+"""Set, to a value of its own, in the environment of each bounded run; its processes inherit it.
+torchrun starts each rank in a session of its own, so the run's session alone does not find
+them: the marker does."""
 
 
-def _group_members(pgid: int) -> int:
-    count = 0
+def marked_processes(marker: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds `MARKER=marker`."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    count += 1
-            except (ProcessLookupError, PermissionError):
-                continue
-    return count
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_bounded(cmd: list[str], *, timeout_s: float, env: dict, cwd) -> Outcome:
-    """Run `cmd` (its own session) for at most `timeout_s` seconds; see `Outcome`."""
+    """Run `cmd` for at most `timeout_s` seconds; every process it started (found by `MARKER`)
+    is killed at the bound, and any still alive once it has ended is counted and killed."""
+    marker = uuid.uuid4().hex
     with tempfile.TemporaryFile("w+") as log:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**env, MARKER: marker}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         hung = False
         try:
             code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             hung = True
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill([proc.pid, *marked_processes(marker)])
             proc.wait()
             code = None
         seconds = time.monotonic() - started
-        time.sleep(0.2)  # a rank that is exiting on its own has a moment to go
-        left = _group_members(proc.pid) if _group_alive(proc.pid) else 0
-        if left:
-            os.killpg(proc.pid, signal.SIGKILL)
+        left: list[int] = []
+        for _ in range(10):  # a rank that is exiting on its own has a moment to go
+            left = marked_processes(marker)
+            if not left:
+                break
+            time.sleep(0.2)
+        _kill(left)
         log.seek(0)
         output = log.read()
     if hung:
@@ -101,7 +117,7 @@ def run_bounded(cmd: list[str], *, timeout_s: float, env: dict, cwd) -> Outcome:
         status = "failed"
     else:
         status = "ok"
-    return Outcome(status, code, seconds, output, left)
+    return Outcome(status, code, seconds, output, len(left))
 
 
 if __name__ == "__main__":

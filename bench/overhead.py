@@ -66,11 +66,16 @@ class Runner:
         for attempt in (1, 2):
             bound = timeout_for(self.steps, self.step_seconds.get(kind))
             outcome = run_bounded(cmd, timeout_s=bound, env=ENV, cwd=ROOT)
+            note = "run once more" if attempt == 1 else "this repeat is marked failed"
             if outcome.status == "ok":
-                times = json.loads(result.read_text())["step_seconds"]
+                try:
+                    times = json.loads(result.read_text())["step_seconds"]
+                except (OSError, ValueError, KeyError) as e:
+                    print(f"warning: {kind}: finished but wrote no step times ({e}; {note})",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    continue
                 self.step_seconds.setdefault(kind, []).extend(times)
                 return times
-            note = "run once more" if attempt == 1 else "this repeat is marked failed"
             print(f"warning: {outcome.line(kind)} ({note})", file=sys.stderr, flush=True)
         self.failed.append(kind)
         return None
@@ -105,7 +110,7 @@ def _rate(value: float | None) -> str:
     return f"{value:.3f} steps/s" if value is not None else "failed"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -163,7 +168,12 @@ def main() -> None:
         )
         with open(ROOT / "docs" / "BENCHMARKS.md", "a") as f:
             f.write(header + table + "\n")
+    if runner.failed:
+        print(f"error: {len(runner.failed)} run(s) failed twice: {', '.join(runner.failed)}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,7 +10,7 @@ The kinds, interleaved run by run so that load and drift hit them alike:
 - train: `python train.py debug=fast hardware.devices=2` (Lightning's launcher, 2 gloo ranks).
 
 Each run is bounded by bench/bounded.py (startup plus 10x the median step time of the kind's
-earlier runs); a hang is killed with every process of its session. Prints one line per run that
+earlier runs); a hang is killed with every process it started. Prints one line per run that
 did not end well, then a table; exits 1 if any run hung, aborted, failed or left a process
 behind. tests/cluster/test_process_ends.py runs a short form of it.
 """

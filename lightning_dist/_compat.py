@@ -192,12 +192,18 @@ def process_group_settings(strategy: Any) -> tuple[str, Any]:
     with no public accessor; strategies/base.py joins the group itself under torchrun restarts
     (see parallel/elastic.py) and must use the same settings.
     """
-    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-
     backend = getattr(strategy, "_process_group_backend", None)
     if backend is None:
         backend = "nccl" if strategy.root_device.type == "cuda" else "gloo"
-    return backend, getattr(strategy, "_timeout", None) or default_pg_timeout
+    return backend, process_group_timeout(strategy)
+
+
+def process_group_timeout(strategy: Any) -> Any:
+    """The timeout (a timedelta) of a Lightning strategy's process group (see above); torch's
+    default for any other object."""
+    from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+    return getattr(strategy, "_timeout", None) or default_pg_timeout
 
 
 def wandb_run_started(logger: Any) -> bool:
@@ -553,6 +559,12 @@ _ENTRIES = (
            "lightning_dist.models.hf", "see HF_INITIALIZED_FLAG", TRANSFORMERS,
            via="HF_INITIALIZED_FLAG"),
     # --- the standard library -------------------------------------------------------------------
+    _entry("atexit._run_exitfuncs", "atexit", "attribute", "lightning_dist.runtime.process_end",
+           "runs the atexit handlers now, as interpreter exit would, before os._exit skips the "
+           "C++ teardown; no public call", PYTHON),
+    _entry("threading._threading_atexits", "threading", "attribute", "lightning_dist.runtime.process_end",
+           "the hooks threading's shutdown runs before joining threads (concurrent.futures "
+           "stops its workers there); no public call", PYTHON),
     _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.runtime.strategy_names",
            "registers our strategies once lightning.pytorch has loaded, without importing it; "
            "the import system has no post-import hook", PYTHON),

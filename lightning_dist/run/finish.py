@@ -30,8 +30,8 @@ def start_record(plan: RunPlan, run: BuiltRun) -> None:
 
 
 def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str, Any]:
-    """The summary (written to <run dir>/summary.json and sent to the logger by rank 0);
-    then every rank leaves its process group, so a multirun's next job starts anew."""
+    """The summary (written to <run dir>/summary.json and sent to the logger by rank 0, after
+    every rank has left the job's process group, so that a multirun's next job starts anew)."""
     from lightning_dist.contract import contract_of
     from lightning_dist.runtime.redaction import redact_text
     from lightning_dist.strategies.launch import end_job
@@ -50,6 +50,9 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
         if hasattr(callback, "summary"):
             summary.update(callback.summary(trainer.world_size))
     summary = finite_or_none(summary)  # valid JSON: a NaN or Inf becomes null
+    # The job's last collective is behind it: every rank meets and leaves (the others need not
+    # wait out rank 0's writing below).
+    end_job(trainer)
     if trainer.is_global_zero:
         path = plan.spec.run_dir / "summary.json"
         path.write_text(redact_text(json.dumps(summary, indent=2, allow_nan=False)) + "\n")
@@ -57,7 +60,6 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
         from lightning_dist.runtime.record import summary_block
 
         print(summary_block(summary, path), flush=True)
-    end_job(trainer)
     return summary
 
 

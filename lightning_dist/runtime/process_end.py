@@ -11,22 +11,25 @@ Python tears itself down:
   that is still joinable is destroyed during the interpreter's teardown.
 
 Neither can be fixed from Python while those destructors run, so they never run: `end_process`
-runs what Python itself would run at exit (non-daemon threads joined, `atexit` handlers: W&B,
-logging, multiprocessing's worker cleanup, ...), flushes stdout and stderr and then ends the
-process with `os._exit(code)`. The operating system closes the sockets and frees the memory.
-The exit status is the one the work gave (`code`), never a destructor's.
+runs what Python itself would run at exit (the threading module's exit hooks, which stop idle
+`concurrent.futures` workers, then non-daemon threads joined, then `atexit` handlers: W&B,
+logging, multiprocessing's worker cleanup, ...), flushes stdout and stderr (Python's and C's)
+and then ends the process with `os._exit(code)`. The operating system closes the sockets and
+frees the memory. The exit status is the one the work gave (`code`), never a destructor's. A
+non-daemon thread still running after `THREAD_JOIN_S` is cut off (Python would wait forever).
 
 Before that, `end_barrier` (called once a job has finished, on every rank of it) waits for every
 rank, bounded: a rank whose peer is gone prints one `warning:` line after `timeout_s` and goes
 on to exit instead of waiting in gloo. The process group is destroyed where the process goes on
 (between the jobs of a multirun: `lightning_dist.strategies.launch.end_job`); at the end of the
-process the group is left to `os._exit`.
+process it is left to `os._exit` (`ending()` tells the exit hook that would destroy it).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from datetime import timedelta
@@ -35,19 +38,29 @@ THREAD_JOIN_S = 30.0
 """How long the end of a process waits for each non-daemon thread (Python would wait forever)."""
 
 
+_ending: list[bool] = []
+
+
+def ending() -> bool:
+    """True once `end_process` has begun: exit hooks then leave the process group alone."""
+    return bool(_ending)
+
+
 def end_barrier(timeout_s: float) -> bool:
     """Every rank of the default group meets here, or `timeout_s` passes: True if they all came.
-    With gloo, `monitored_barrier` names the ranks that did not come; other backends wait in a
-    barrier bounded by the group's own timeout."""
+    gloo's `monitored_barrier` names the ranks that did not come. Under another backend (NCCL:
+    its barrier cannot be bounded, a missing peer ends in its watchdog's abort) the ranks meet
+    in a gloo group made for this barrier."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return True
+    timeout = timedelta(seconds=timeout_s)
     try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-        else:
-            dist.barrier()
+        group = None
+        if dist.get_backend() != "gloo":
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        dist.monitored_barrier(group=group, timeout=timeout)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
@@ -60,21 +73,38 @@ def end_barrier(timeout_s: float) -> bool:
     return True
 
 
-def end_process(code: int = 0) -> None:
-    """End this process with status `code` after Python's own exit work, without the C++
-    destructors of its teardown (see the module doc). Never returns."""
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:  # C's stdio buffers too (a library's output written from C)
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def end_process(code: int = 0, signum: int | None = None) -> None:
+    """End this process with status `code` (or, given `signum`, by that signal with its default
+    action, as Python ends on an unhandled KeyboardInterrupt) after Python's own exit work,
+    without the C++ destructors of its teardown (see the module doc). Never returns."""
+    _ending.append(True)
     try:
+        for hook in reversed(list(threading._threading_atexits)):
+            hook()  # what threading's shutdown runs first: concurrent.futures stops its workers
         current = threading.current_thread()
         for thread in threading.enumerate():
             if thread is not current and not thread.daemon and thread.is_alive():
                 thread.join(THREAD_JOIN_S)
         atexit._run_exitfuncs()  # what Py_Finalize would run; it also clears them
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
+        _flush_output()
+        if signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         os._exit(code)
 
 
@@ -90,19 +120,19 @@ def exit_status(error: BaseException | None) -> int:
         print(error.code, file=sys.stderr)  # sys.exit("message") prints it and exits 1
         return 1
     if isinstance(error, KeyboardInterrupt):
-        return 130
+        return 128 + signal.SIGINT
     return 1
 
 
 def run_then_end(main, *args, **kwargs) -> None:
     """Call `main`, then `end_process` with the status it gave: its SystemExit's code, 0 when it
-    returned, 1 (after the traceback, as Python prints it) when it raised."""
+    returned; an exception is reported through `sys.excepthook`, as Python reports it (so the
+    hooks W&B installs see it), and gives 1, or, for KeyboardInterrupt, SIGINT's end."""
     try:
         main(*args, **kwargs)
     except BaseException as error:  # noqa: BLE001 - every way out gets the same ending
-        if not isinstance(error, SystemExit | KeyboardInterrupt):
-            import traceback
-
-            traceback.print_exc()
-        end_process(exit_status(error))
+        if not isinstance(error, SystemExit):
+            sys.excepthook(type(error), error, error.__traceback__)
+        interrupted = isinstance(error, KeyboardInterrupt)
+        end_process(exit_status(error), signum=signal.SIGINT if interrupted else None)
     end_process(0)

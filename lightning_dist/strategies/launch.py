@@ -62,18 +62,18 @@ def end_job(trainer: Any, timeout: float = 300.0) -> None:
     barrier (`lightning_dist.runtime.process_end.end_barrier`). Then, in the process that
     launched the ranks (or ran a one-rank job): wait for the other ranks, destroy the process
     group and restore the launcher variables, so that a multirun's next job starts its own
-    ranks. Every other rank (started by Lightning, torchrun or Slurm) destroys its group in an
-    `atexit` handler, which `end_process` runs before `os._exit` (and Python at its own exit, for
-    a user's script); a torchrun- or Slurm-started process that runs several jobs keeps its
-    group until then. Only called after success: a rank that destroys the group while another
+    ranks. Every other rank (started by Lightning, torchrun or Slurm) keeps its group: a process
+    that ends through `end_process` leaves it to `os._exit`, and in a user's script, which Python
+    ends, an `atexit` handler destroys it while Python is still whole; a torchrun- or
+    Slurm-started process that runs several jobs keeps its group until then. Only called after success: a rank that destroys the group while another
     still waits in a collective would hang it."""
     import torch.distributed as dist
 
+    from lightning_dist._compat import process_group_timeout
     from lightning_dist.runtime.process_end import end_barrier
 
     # Every rank of the job meets once more (bounded), so none leaves while a peer still works.
-    limit = getattr(trainer.strategy, "_timeout", None)
-    end_barrier(limit.total_seconds() if limit is not None else timeout)
+    end_barrier(process_group_timeout(trainer.strategy).total_seconds())
     children = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
     # A one-rank job (ddp with hardware.devices=1) starts no children but leaves a process group
     # of one and the launcher's variables just the same; the next job would reuse both.
@@ -130,7 +130,9 @@ def _destroy_group_at_exit() -> None:
     def destroy() -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        from lightning_dist.runtime.process_end import ending
+
+        if dist.is_initialized() and not ending():  # end_process: no teardown follows
             dist.destroy_process_group()
 
     atexit.register(destroy)

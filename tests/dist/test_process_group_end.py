@@ -6,6 +6,7 @@ sbatch job in CI. The end barrier is bounded and says which rank did not come; `
 runs Python's exit work (atexit, flushed output) and exits with the work's status."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -55,9 +56,10 @@ print("never printed")
 
 @pytest.mark.parametrize(
     "body, status",
-    [("pass", 0), ("sys.exit(3)", 3), ("sys.exit(75)", 75), ("raise ValueError('boom')", 1)],
-    ids=["returns", "exit_3", "exit_75", "raises"],
-)
+    [("pass", 0), ("sys.exit(3)", 3), ("sys.exit(75)", 75), ("raise ValueError('boom')", 1),
+     ("raise KeyboardInterrupt", -signal.SIGINT)],
+    ids=["returns", "exit_3", "exit_75", "raises", "interrupted"],
+)  # fmt: skip
 def test_end_process_keeps_the_status_and_runs_the_exit_work(body, status):
     code = ENDING.format(body=body)
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
@@ -69,3 +71,5 @@ def test_end_process_keeps_the_status_and_runs_the_exit_work(body, status):
     assert out.index("thread finished") < out.index("atexit ran")  # as Python orders them
     if status == 1:
         assert "ValueError: boom" in result.stderr
+    if status == -signal.SIGINT:  # as Python ends: the traceback, then SIGINT's default action
+        assert "KeyboardInterrupt" in result.stderr
