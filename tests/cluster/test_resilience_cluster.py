@@ -4,7 +4,13 @@ and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run
 stops every rank under ddp, fsdp2 and 3d, and is named; torchrun restarts a killed rank, which
 resumes and finishes bitwise. (The NaN guard and the checkpoint scan in one process are
 tests/unit/test_resilience.py; an asynchronous save against a synchronous one is
-tests/dist/test_fsdp_dist.py.)"""
+tests/dist/test_fsdp_dist.py.)
+
+The jobs are independent, and most of their time is spent waiting (a slowed rank, a stall
+watched for), so they run at once in two waves started by module fixtures: the NaN, signal,
+uninterrupted and torchrun jobs (then the two resumes, together), and the three stopped-rank
+jobs. Each test checks its own job's outcome.
+"""
 
 from __future__ import annotations
 
@@ -20,28 +26,77 @@ import pytest
 import torch
 
 from lightning_dist.checkpoint.format import read_full_state
-from lightning_dist.parity import REPO_ROOT, run_train
+from lightning_dist.parity import REPO_ROOT
 
 TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
 FAST = ["debug=fast", "logger=none"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 
-def _launch(*overrides: str, run_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*TRAIN, *FAST, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, env=ENV,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+class Job:
+    """One train.py (or torchrun) process started in the background; its output goes to files
+    in its run directory, so that many jobs can run at once without filling pipes."""
+
+    def __init__(self, cmd: list[str], run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        self._out, self._err = (run_dir.with_suffix(".out"), run_dir.with_suffix(".err"))
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err)
+        self.acted_at: float | None = None  # when the test's signal was sent
+        self.ended_at: float | None = None
+        self.code: int | None = None
+        self.stopped_pid: int | None = None  # the rank a stopped-rank job stopped
+        self.preempted: dict | None = None  # a signalled job's summary, before its resume
+
+    @property
+    def stdout(self) -> str:
+        return self._out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self._err.read_text()
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_all(jobs, deadline_of) -> None:
+    """Wait for every job, each until `deadline_of(job)` (then it is killed, its code None);
+    each job's `ended_at` is when it was seen to end."""
+    running = list(jobs)
+    while running:
+        for job in list(running):
+            if job.proc.poll() is not None:
+                job.code, job.ended_at = job.proc.returncode, time.monotonic()
+                running.remove(job)
+            elif time.monotonic() > deadline_of(job):
+                job.proc.kill()
+                job.proc.wait()
+                job.ended_at = time.monotonic()
+                running.remove(job)
+        time.sleep(0.2)
+
+
+def _train(*overrides: str, run_dir: Path) -> Job:
+    return Job([*TRAIN, *FAST, *overrides, f"hydra.run.dir={run_dir}"], run_dir)
+
+
+def _act_when(jobs: dict[str, Job], actions: dict[str, tuple[Path, object]], timeout: float):
+    """For each named job, once its file appears, run its action (a signal to one rank) once;
+    fails if a job exits, or the time runs out, before its file appears."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"train.py exited early:\n{proc.stderr.read()[-3000:]}")
+    pending = dict(actions)
+    while pending:
+        for name, (path, act) in list(pending.items()):
+            job = jobs[name]
+            if path.exists():
+                act(job)
+                job.acted_at = time.monotonic()
+                del pending[name]
+            elif job.proc.poll() is not None:
+                raise AssertionError(f"{name}: train.py exited early:\n{job.stderr[-3000:]}")
         if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{path} did not appear in {timeout} s")
+            for job in jobs.values():
+                job.proc.kill()
+            raise AssertionError(f"{sorted(pending)}: no checkpoint to act on in {timeout} s")
         time.sleep(0.2)
 
 
@@ -78,20 +133,77 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
     return read_full_state(path, "state_dict.")
 
 
+# --- the first wave: NaN, signals, the uninterrupted run, torchrun --------------------------
+
+DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
+         "trainer.checkpoint.every_n_train_steps=5", "trainer.checkpoint.save_last=true"]  # fmt: skip
+SIGNALS = {"sigterm_rank1": (signal.SIGTERM, 1), "sigusr1_rank0": (signal.SIGUSR1, 0)}
+# After step 5, rank 1 sleeps 1 s per step (math unchanged): the signal lands well before 12.
+SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0",
+        "+callbacks.slow.from_step=5"]  # fmt: skip
+
+
+def _logged(name: str) -> list[str]:
+    return ["logger=wandb"] if name == "sigterm_rank1" else []  # W&B offline (ENV)
+
+
+def _send(signum: int, rank: int):
+    def act(job: Job) -> None:
+        os.kill(job.proc.pid if rank == 0 else _child_pid(job.proc), signum)
+
+    return act
+
+
+@pytest.fixture(scope="module")
+def first_wave(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resilience")
+    jobs = {
+        "nan": _train("strategy=single", "optim.lr=1e6", "trainer.max_steps=10",
+                      "trainer.checkpoint.every_n_train_steps=1", run_dir=root / "nan"),
+        "full": _train(*DDP12, run_dir=root / "full"),
+        # Rank 1 SIGKILLs itself after step 7 (first attempt only); torchrun --max-restarts=1
+        # restarts both ranks, which resume from step5.ckpt and finish step 12.
+        "torchrun": Job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc-per-node=2", "--max-restarts=1",
+                         str(REPO_ROOT / "tests" / "toy_train.py"), *FAST, *DDP12,
+                         "trainer.resume=auto", "+callbacks.kill._target_=tests.faults.KillAtStep",
+                         "+callbacks.kill.step=7", f"hydra.run.dir={root / 'torchrun'}"],
+                        root / "torchrun"),
+        **{name: _train(*DDP12, *_logged(name), *SLOW, run_dir=root / name) for name in SIGNALS},
+    }  # fmt: skip
+    _act_when(jobs, {name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
+                     for name in SIGNALS}, timeout=300)  # fmt: skip
+    deadline = time.monotonic() + 600
+    _wait_all(jobs.values(), lambda job: deadline)
+    resumed = {}
+    for name in SIGNALS:  # both resumes at once
+        job = jobs[name]
+        if job.code == 75 and (job.run_dir / "summary.json").exists():
+            job.preempted = json.loads((job.run_dir / "summary.json").read_text())
+            resumed[name] = _train(*DDP12, *_logged(name), "trainer.resume=auto",
+                                   run_dir=job.run_dir)  # fmt: skip
+    deadline = time.monotonic() + 600
+    _wait_all(resumed.values(), lambda job: deadline)
+    return jobs, resumed
+
+
+def _summary(job: Job) -> dict:
+    path = job.run_dir / "summary.json"
+    assert job.code == 0 and path.exists(), f"exited {job.code}:\n{job.stderr[-3000:]}"
+    return json.loads(path.read_text())
+
+
 # --- the NaN guard --------------------------------------------------------------------------
 
 
-def test_nan_stop_through_train_py_writes_no_nan_checkpoint(tmp_path):
-    result = subprocess.run(
-        [*TRAIN, *FAST, "strategy=single", "optim.lr=1e6", "trainer.max_steps=10",
-         "trainer.checkpoint.every_n_train_steps=1", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
-    assert "not finite at step" in errors[0] and "Traceback" not in result.stderr
+def test_nan_stop_through_train_py_writes_no_nan_checkpoint(first_wave):
+    job = first_wave[0]["nan"]
+    stderr = job.stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert job.code == 3 and len(errors) == 1, stderr[-2000:]
+    assert "not finite at step" in errors[0] and "Traceback" not in stderr
     step = int(errors[0].split("at step ")[1].split(";")[0])
-    saved = sorted((tmp_path / "checkpoints").glob("step*.ckpt"))
+    saved = sorted((job.run_dir / "checkpoints").glob("step*.ckpt"))
     assert len(saved) == step - 1  # every step before the bad one, none after
     for path in saved:
         assert all(torch.isfinite(t).all() for t in _state(path).values()), path
@@ -99,111 +211,92 @@ def test_nan_stop_through_train_py_writes_no_nan_checkpoint(tmp_path):
 
 # --- preemption and auto-resume -------------------------------------------------------------
 
-DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
-         "trainer.checkpoint.every_n_train_steps=5", "trainer.checkpoint.save_last=true"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("full")
-    return run_train([*FAST, *DDP12], run_dir), run_dir
-
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "signum, rank",
-    [(signal.SIGTERM, 1), (signal.SIGUSR1, 0)],
-    ids=["sigterm_rank1", "sigusr1_rank0"],
-)
-def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(
-    signum, rank, uninterrupted, tmp_path
-):
-    full, full_dir = uninterrupted
-    logged = ["logger=wandb"] if signum == signal.SIGTERM else []  # W&B offline (ENV)
-    # After step 5, rank 1 sleeps 1 s per step (math unchanged): the signal lands well before 12.
-    slow = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0",
-            "+callbacks.slow.from_step=5"]  # fmt: skip
-    proc = _launch(*DDP12, *logged, *slow, run_dir=tmp_path)
-    _wait_for(tmp_path / "checkpoints" / "step5.ckpt", proc)
-    os.kill(proc.pid if rank == 0 else _child_pid(proc), signum)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 75, err[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(name, first_wave):
+    jobs, resumed = first_wave
+    full, job = _summary(jobs["full"]), jobs[name]
+    assert job.code == 75 and job.preempted, job.stderr[-3000:]
+    run_dir, summary = job.run_dir, job.preempted
     stopped = summary["preempted_at_step"]
     assert summary["status"] == "preempted" and 5 < stopped < 12
-    assert (tmp_path / "checkpoints" / f"step{stopped}.ckpt" / "manifest.json").is_file()
-    resumed = run_train([*FAST, *DDP12, *logged, "trainer.resume=auto"], tmp_path)
-    assert resumed["status"] == "completed" and resumed["first_step"] == stopped
-    if logged:  # the resumed run continues the same (offline) W&B run
-        runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert (run_dir / "checkpoints" / f"step{stopped}.ckpt" / "manifest.json").is_file()
+    resumed_summary = _summary(resumed[name])
+    assert resumed_summary["status"] == "completed" and resumed_summary["first_step"] == stopped
+    if _logged(name):  # the resumed run continues the same (offline) W&B run
+        runs = sorted((run_dir / "wandb").glob("offline-run-*"))
         assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1, runs
-    assert resumed["steps"] == 12 and resumed["losses"] == full["losses"][stopped:]
+    assert resumed_summary["steps"] == 12 and resumed_summary["losses"] == full["losses"][stopped:]
     final, reference = (
-        _state(tmp_path / "checkpoints" / "last.ckpt"),
-        _state(full_dir / "checkpoints" / "last.ckpt"),
+        _state(run_dir / "checkpoints" / "last.ckpt"),
+        _state(jobs["full"].run_dir / "checkpoints" / "last.ckpt"),
     )
     assert all(torch.equal(final[k], reference[k]) for k in reference)
-
-
-# --- the hang watchdog ----------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "layout, timeout",
-    [
-        (["strategy=ddp", "hardware.devices=2"], 20),
-        (["strategy=fsdp2", "hardware.devices=2"], 20),
-        # The timeout also bounds the start-up rendezvous: 4 ranks on 2 busy cores need more.
-        (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
-          "hardware.devices=4"], 40),
-    ],
-    ids=["ddp", "fsdp2", "3d_tp2_pp2"],
-)  # fmt: skip
-def test_a_stopped_rank_stops_every_rank_and_is_named(layout, timeout, tmp_path):
-    proc = _launch(*layout, "trainer.max_steps=400", "trainer.checkpoint.every_n_train_steps=3",
-                   f"trainer.collective_timeout_s={timeout}", run_dir=tmp_path)  # fmt: skip
-    _wait_for(tmp_path / "checkpoints" / "step3.ckpt", proc)
-    stopped = _child_pid(proc)  # one rank that rank 0 started: rank 1
-    os.kill(stopped, signal.SIGSTOP)
-    started = time.monotonic()
-    try:
-        _, err = proc.communicate(timeout=timeout + 30)
-    finally:
-        proc.kill()
-    took = time.monotonic() - started
-    assert proc.returncode not in (0, None), err[-3000:]
-    assert "stopped making progress" in err and "rank 1 " in err, err[-3000:]
-    assert took < timeout + 30
-    for _ in range(50):  # the stopped rank was killed, not left behind
-        if not _alive(stopped):
-            break
-        time.sleep(0.2)
-    assert not _alive(stopped), "the stopped rank is still there"
 
 
 # --- elastic restart under torchrun ---------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_torchrun_restarts_a_killed_rank_and_finishes_bitwise(uninterrupted, tmp_path):
+def test_torchrun_restarts_a_killed_rank_and_finishes_bitwise(first_wave):
     """Rank 1 SIGKILLs itself after step 7 (first attempt only); torchrun --max-restarts=1
     restarts both ranks, which resume from step5.ckpt and finish step 12."""
-    full, full_dir = uninterrupted
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--max-restarts=1", str(REPO_ROOT / "tests" / "toy_train.py"), *FAST, *DDP12,
-         "trainer.resume=auto", "+callbacks.kill._target_=tests.faults.KillAtStep",
-         "+callbacks.kill.step=7", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    jobs, _ = first_wave
+    full, job = _summary(jobs["full"]), jobs["torchrun"]
+    output = job.stdout + job.stderr
+    assert job.code == 0, output[-4000:]
     assert output.count("failed (exitcode: -9)") == 1  # one rank killed, one restart
     assert "resuming from" in output and "step5.ckpt (step 5)" in output
-    final = _state(tmp_path / "checkpoints" / "last.ckpt")
-    reference = _state(full_dir / "checkpoints" / "last.ckpt")
+    final = _state(job.run_dir / "checkpoints" / "last.ckpt")
+    reference = _state(jobs["full"].run_dir / "checkpoints" / "last.ckpt")
     assert final.keys() == reference.keys()
     assert all(torch.equal(final[k], reference[k]) for k in reference)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["losses"] == full["losses"][5:]
+
+
+# --- the hang watchdog: the second wave -----------------------------------------------------
+
+STOPPED = {
+    # The timeout also bounds the start-up rendezvous, here with the other jobs starting too.
+    "ddp": (["strategy=ddp", "hardware.devices=2"], 30),
+    "fsdp2": (["strategy=fsdp2", "hardware.devices=2"], 30),
+    "3d_tp2_pp2": (["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
+                    "hardware.devices=4"], 40),
+}  # fmt: skip
+
+
+def _stop_rank_one(job: Job) -> None:
+    job.stopped_pid = _child_pid(job.proc)  # one rank that rank 0 started: rank 1
+    os.kill(job.stopped_pid, signal.SIGSTOP)
+
+
+@pytest.fixture(scope="module")
+def stopped_jobs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stopped")
+    jobs = {name: _train(*layout, "trainer.max_steps=400",
+                         "trainer.checkpoint.every_n_train_steps=3",
+                         f"trainer.collective_timeout_s={timeout}", run_dir=root / name)
+            for name, (layout, timeout) in STOPPED.items()}  # fmt: skip
+    _act_when(jobs, {name: (root / name / "checkpoints" / "step3.ckpt", _stop_rank_one)
+                     for name in jobs}, timeout=300)  # fmt: skip
+    _wait_all(jobs.values(), lambda job: job.acted_at + STOPPED[job.run_dir.name][1] + 30)
+    yield jobs
+    for job in jobs.values():
+        job.proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(STOPPED))
+def test_a_stopped_rank_stops_every_rank_and_is_named(name, stopped_jobs):
+    job, timeout = stopped_jobs[name], STOPPED[name][1]
+    err = job.stderr
+    assert job.code not in (0, None), err[-3000:]
+    assert "stopped making progress" in err and "rank 1 " in err, err[-3000:]
+    assert job.ended_at - job.acted_at < timeout + 30
+    for _ in range(50):  # the stopped rank was killed, not left behind
+        if not _alive(job.stopped_pid):
+            break
+        time.sleep(0.2)
+    assert not _alive(job.stopped_pid), "the stopped rank is still there"
