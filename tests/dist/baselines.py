@@ -23,8 +23,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=10"]
 SINGLE = ["strategy=single", "hardware.devices=1"]
 REFERENCES: dict[str, list[str]] = {
-    # tests/e2e/test_train_e2e.py: DDP through train.py on 4 ranks.
-    "llama_debug": [*LLAMA, "trainer.val_check_interval=null", *SINGLE],
     # tests/dist/test_fsdp_dist.py: hard clipping in every run.
     "llama_debug_clip005": [*LLAMA, "trainer.val_check_interval=null",
                             "trainer.gradient_clip_val=0.05", *SINGLE],
