@@ -1,8 +1,8 @@
 """What a user sees, through train.py: multiruns over every distributed strategy and over changing
 numbers of ranks (one directory per job), one record of the losses (console, summary.json,
-metrics CSV, W&B offline without a network), the console's closing summary, and a quiet
-console. (The record's pieces in one process are
-tests/unit/test_record.py.)"""
+metrics CSV, W&B offline without a network), the console's closing summary, and the default run
+on real text: the summary contract, learning and a quiet console. (The record's pieces in one
+process are tests/unit/test_record.py.)"""
 
 from __future__ import annotations
 
@@ -129,15 +129,32 @@ def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path)
     assert_quiet(result.stdout + result.stderr)
 
 
+SUMMARY_KEYS = {
+    "losses", "final_loss", "steps", "tokens_per_sec", "world_size", "layout", "strategy",
+    "hardware", "peak_memory_bytes", "mfu", "wall_seconds",
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_default_run_prints_no_usdt_line_and_each_tip_at_most_once(tmp_path):
-    """`python train.py` as in the README (shortened): real text, two DDP ranks, W&B offline,
-    telemetry on (so the profiler runs), a validation."""
-    result = train_py("trainer.max_steps=4", "trainer.val_check_interval=4",
-                      "data.global_batch_size=4", "data.seq_len=64",
+def test_default_run_learns_on_real_text_and_prints_no_usdt_line_and_each_tip_once(tmp_path):
+    """`python train.py` as in the README (shortened to 25 steps): real text (stdlib sources),
+    two DDP ranks, W&B offline, telemetry on (so the profiler runs), a validation. It keeps the
+    summary contract, learns, writes one run directory and keeps the console quiet."""
+    result = train_py("trainer.max_steps=25", "trainer.val_check_interval=25",
+                      "data.global_batch_size=8", "data.seq_len=128",
                       f"hydra.run.dir={tmp_path}")  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     output = result.stdout + result.stderr
     assert_quiet(output)
     assert "communication takes" not in output  # a tiny step: no comm/compute warning
-    assert "validation loss" in result.stdout and "run finished: 4 steps" in result.stdout
+    assert "validation loss" in result.stdout and "run finished: 25 steps" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["steps"] == 25 and len(summary["losses"]) == 25
+    assert summary["world_size"] == 2 and summary["layout"]["dp_replicate"] == 2
+    assert len(summary["peak_memory_bytes"]) == 2 and min(summary["peak_memory_bytes"]) > 0
+    assert summary["mfu"] is None  # no peak FLOP/s is known for a CPU
+    assert summary["final_loss"] < 0.75 * summary["losses"][0]
+    assert summary["val_losses"] and summary["val_losses"][-1] < summary["losses"][0]
+    # One run directory: no per-rank Hydra output folders, no stray config copies.
+    assert not (tmp_path / "outputs").exists()
