@@ -231,12 +231,14 @@ def repredict(rows: Iterable[CalibrationRow]) -> list[CalibrationRow]:
     return out
 
 
-def measure(overrides: list[str], run_dir: str | Path) -> dict[str, float]:
-    """Run train.py; the largest over ranks of model states, activations, the step's peak of
-    tensors (total) and the process's peak resident memory (process, for the reserve)."""
+def measure(overrides: list[str], run_dir: str | Path, train=None) -> dict[str, float]:
+    """Run train.py (or `train(overrides, run_dir)`, which returns the run's summary); the
+    largest over ranks of model states, activations, the step's peak of tensors (total) and the
+    process's peak resident memory (process, for the reserve: only a fresh process, as train.py
+    starts, measures it; ranks that trained before keep their high-water mark)."""
     from lightning_dist.parity import run_train
 
-    summary = run_train(list(overrides), run_dir)
+    summary = (train or run_train)(list(overrides), run_dir)
     ranks = [r for r in summary.get("memory_by_category") or [] if r]
     if not ranks:
         raise RuntimeError(f"train.py {' '.join(overrides)} measured no memory by category")
@@ -248,12 +250,14 @@ def measure(overrides: list[str], run_dir: str | Path) -> dict[str, float]:
     }
 
 
-def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None = None):
-    """Predict and measure layout `name` of LAYOUTS (with `extra` overrides appended)."""
+def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None = None,
+            train=None):  # fmt: skip
+    """Predict and measure layout `name` of LAYOUTS (with `extra` overrides appended); `train`
+    as in `measure`."""
     overrides = [*COMMON, *LAYOUTS[name], *extra]
     candidate = predict(overrides)
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
-        measured = measure(overrides, Path(tmp) / "run")
+        measured = measure(overrides, Path(tmp) / "run", train)
     st = candidate.settings
     return Comparison(
         name, candidate.describe(), predicted_bytes(candidate), measured, tuple(overrides),
