@@ -5,12 +5,15 @@ Every case is compared with one process on the same overrides, its stored refere
 (tests/dist/baselines.py; fp32, llama_debug or a tiny HF Llama, synthetic data, 10 steps): the
 train loss of every step and, for our model, the validation loss after steps 5 and 10 must agree
 within 1e-4 relative. The dp2 x pp2 run also saves the checkpoint that the resume test restarts
-from; the 8-rank run clips hard, so it is also the clipping check.
+from; the 8-rank run clips hard, so it is also the clipping check. The planner's `--command` for
+a 1B model on a 4-GPU workstation (a 3d layout) trains on the world of 4, with the debug model
+and `hardware=cpu` substituted.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import time
 
 import baselines
@@ -166,3 +169,25 @@ def test_user_module_example_runs_with_tp_and_pp(worlds):
     printed = worlds(4).run("train_cases:script_case", example, ["--tp", "2", "--pp", "2"])
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", printed[0]).groups())
     assert last < first - 0.5, printed[0][-1000:]
+
+
+def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(train_in, tmp_path, capsys):
+    """The planner's command for a 1B model on a 4-GPU workstation, with `hardware=cpu` (4 gloo
+    ranks) and the debug model substituted, trains. (The table, the legend and the 70B command
+    that train.py's pre-flight plans the same are tests/unit/test_plan_command.py.)"""
+    from lightning_dist.plan import main
+
+    assert main(["model=llama3_1b", "hardware=rtx4090_x4", "data.global_batch_size=16",
+                 "data.seq_len=256", "--command"]) == 0  # fmt: skip
+    words = shlex.split(capsys.readouterr().out.strip())
+    assert words[:2] == ["python", "train.py"], words
+    swap = {"model=llama3_1b": "model=llama_debug", "hardware=rtx4090_x4": "hardware=cpu"}
+    args = [swap.get(a, a) for a in words[2:]]
+    assert "model=llama_debug" in args and "hardware=cpu" in args
+    # dp_shard=2 x tp=2 with sequence parallelism and SHARD_GRAD_OP, when this test was written
+    assert "strategy=3d" in args and "strategy.tp=2" in args, args
+    # (a shorter sequence for speed: the layout's overrides do not depend on it)
+    summary = train_in([*args, "hardware.devices=4", "data=synthetic", "data.seq_len=32",
+                        "logger=none", "trainer.max_steps=2", "trainer.val_check_interval=null"],
+                       tmp_path)  # fmt: skip
+    assert summary["steps"] == 2 and summary["world_size"] == 4

@@ -4,7 +4,7 @@ compiled blocks run eager under it (so the table has no compiled row), and the s
 file (lightning_dist/planner/calibration.json) holds every layout and category of the table
 (docs/PLANNER.md) with the planner's current predictions, within the tolerances, and the CPU
 reserve; malformed rows and files are refused by name. (The runs that measure train.py are
-tests/e2e/test_planner_accuracy_runs.py.)"""
+tests/dist/test_planner_accuracy_dist.py.)"""
 
 from __future__ import annotations
 
