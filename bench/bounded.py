@@ -40,8 +40,14 @@ class Outcome(NamedTuple):
                 "abort": f"aborted (status {self.code})",
                 "failed": f"exited with status {self.code}"}.get(self.status, "finished")  # fmt: skip
         extra = f"; {self.left_behind} process(es) left behind, killed" if self.left_behind else ""
-        tail = self.output.strip().splitlines()[-1:] if self.status != "ok" else []
-        return f"{name}: {what}{extra}" + (f": {tail[0][:200]}" if tail else "")
+        return f"{name}: {what}{extra}" + (f": {self.cause()}" if self.status != "ok" else "")
+
+    def cause(self) -> str:
+        """The output's last line naming an error (a rank's exception, not torchrun's frame of
+        '=' signs), else its last line."""
+        lines = [line.strip() for line in self.output.splitlines() if line.strip()]
+        named = [line for line in lines if "Error" in line or line.startswith("error:")]
+        return ((named or lines or [""])[-1])[:300]
 
 
 def timeout_for(steps: int, step_seconds: list[float] | None) -> float:
