@@ -1,13 +1,15 @@
-"""The gloo tier: worlds of ranks started once per module (tests/dist/world.py) and the stored
+"""The gloo tier: worlds of ranks started once per session (tests/dist/world.py) and the stored
 single-process references (tests/dist/baselines.py)."""
 
 import pytest
 from world import World
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worlds():
-    """`worlds(n)`: this module's world of n ranks, started on first use and stopped at the end."""
+    """`worlds(n)`: the world of n ranks, started on first use and stopped at the end of the
+    session: every module of the tier shares it (a case leaves no process group behind, and each
+    run seeds its own randomness), so each world size costs one start."""
     started: dict[int, World] = {}
 
     def get(size: int) -> World:

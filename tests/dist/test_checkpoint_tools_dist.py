@@ -1,6 +1,6 @@
 """`python -m lightning_dist.checkpoint` and `trainer.init_from` in gloo processes (slow), on Llama
 and Mistral models built here with random weights (no download). Every run trains through
-`train(cfg)` on the ranks of a world started once per module (tests/dist/world.py): started from
+`train(cfg)` on the ranks of a world started once per session (tests/dist/world.py): started from
 the imported weights under single, tp2 and pp2 (and FSDP1 for Mistral), it has the HF model's own
 loss on the first batch, and a checkpoint trained under tp2 inspects as such and exports to HF
 with the same logits. (The one-process conversions are tests/unit/test_checkpoint_tools.py.)

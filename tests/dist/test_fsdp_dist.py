@@ -1,6 +1,6 @@
 """FSDP1 and FSDP2 in real gloo processes: parity with one process (its stored reference,
 tests/dist/baselines.py), resume from sharded and full checkpoints, an asynchronous save against a synchronous one,
-memory against DDP, and user code. Every run trains through `train(cfg)` on the ranks of a world started once per module
+memory against DDP, and user code. Every run trains through `train(cfg)` on the ranks of a world started once per session
 (tests/dist/world.py); the strategies' one-line errors are rows of tests/unit/test_bad_inputs.py.
 
 The candidate runs are shared: the FULL_SHARD run also saves the checkpoint that the resume test

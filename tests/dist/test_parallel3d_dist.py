@@ -1,5 +1,5 @@
 """Parallel3DStrategy in real gloo processes: every run trains through `train(cfg)` on the ranks
-of a world started once per module (tests/dist/world.py).
+of a world started once per session (tests/dist/world.py).
 
 Every case is compared with one process on the same overrides, its stored reference
 (tests/dist/baselines.py; fp32, llama_debug or a tiny HF Llama, synthetic data, 10 steps): the

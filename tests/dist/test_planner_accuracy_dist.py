@@ -2,7 +2,7 @@
 table (docs/PLANNER.md; the whole table is bench/planner_accuracy.py, which trains each layout
 through train.py): every category within its tolerance, and a measured peak that holds the model
 states and the activations. Each layout trains through `train(cfg)` on a world of ranks started
-once per module (tests/dist/world.py). (The stored calibration file and the meter are
+once per session (tests/dist/world.py). (The stored calibration file and the meter are
 tests/unit/test_planner_accuracy.py.)"""
 
 from __future__ import annotations
