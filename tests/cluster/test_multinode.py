@@ -1,9 +1,9 @@
 """Two nodes on one machine: two torchrun agents (c10d rendezvous over loopback), each starting
 two gloo ranks of one `python train.py ... hardware.num_nodes=2 hardware.devices=2` job.
 
-The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a one-process reference,
-a single-node 4-rank run of the 3d layout and a job whose node count is wrong; the tests share
-them. Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
+The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a single-node 4-rank run
+of the 3d layout and a job whose node count is wrong; the tests share them and compare with the
+stored one-process reference (tests/dist/baselines.py). Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
 The same jobs on four GPUs with NCCL are written but skipped without them. (The node map's
 checks in one process are tests/unit/test_node_placement.py.)
 """
@@ -28,6 +28,7 @@ from lightning_dist.parallel.nodes import (
     INTRA_NODE,
 )
 from lightning_dist.parity import REPO_ROOT, max_relative_difference
+from tests.dist import baselines
 
 TOLERANCE = 1e-4
 BASE = ["debug=fast", "trainer.max_steps=4"]
@@ -104,8 +105,6 @@ def runs(tmp_path_factory):
     plan["wrong_nodes"] = [torchrun_node(n, port, wrong, root / "wrong_nodes", ranks=1)
                            for n in (0, 1)]  # fmt: skip
     train = [sys.executable, str(REPO_ROOT / "train.py"), *BASE]
-    plan["single"] = [[*train, "strategy=single", "hardware.devices=1",
-                       f"hydra.run.dir={root / 'single'}"]]  # fmt: skip
     plan["3d_one_node"] = [[*train, *THREE_D, "hardware.devices=4",
                             f"hydra.run.dir={root / '3d_one_node'}"]]  # fmt: skip
     started = time.perf_counter()
@@ -135,7 +134,7 @@ def _finished(runs, name: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(JOBS))
 def test_two_nodes_match_one_process(name, runs):
-    reference = _finished(runs, "single")
+    reference = baselines.reference([*BASE, "strategy=single"])  # stored: tests/dist
     summary = _finished(runs, name)
     diff = max_relative_difference(reference["losses"], summary["losses"])
     print(

@@ -28,6 +28,7 @@ import torch
 
 from lightning_dist.checkpoint.format import read_full_state
 from lightning_dist.parity import REPO_ROOT, max_relative_difference, reference_overrides
+from tests.dist import baselines
 
 SCRIPTS = REPO_ROOT / "scripts" / "slurm"
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
@@ -85,8 +86,8 @@ def _submit(env: dict, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
-    """Every job of the module, started at once: sbatch, srun, requeue, the submitit sweep, and
-    the single-process reference (no Slurm)."""
+    """Every job of the module, started at once: sbatch, srun, requeue and the submitit sweep
+    (the single-process reference is stored: tests/dist/baselines.py)."""
     root = tmp_path_factory.mktemp("slurm_jobs")
     env = cluster
     popen = {"cwd": REPO_ROOT, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
@@ -124,16 +125,6 @@ def jobs(cluster, tmp_path_factory):
                 *RUN,
                 "logger=none",
                 f"hydra.run.dir={root}/srun",
-            ],
-            **popen,
-        ),  # fmt: skip
-        "single": subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO_ROOT / "train.py"),
-                *reference_overrides(RUN),
-                "logger=none",
-                f"hydra.run.dir={root}/single",
             ],
             **popen,
         ),  # fmt: skip
@@ -184,6 +175,13 @@ def _wait_job(env: dict, job_id: str, timeout: float = 600) -> dict[str, str]:
     )
 
 
+def _reference() -> dict:
+    """The one-process run of RUN, stored (tests/dist/baselines.py); checkpointing, which the
+    jobs do and the reference need not, leaves the losses alone."""
+    overrides = [o for o in reference_overrides(RUN) if not o.startswith("trainer.checkpoint.")]
+    return baselines.reference([*overrides, "logger=none"])
+
+
 def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -199,8 +197,7 @@ def test_sbatch_job_of_two_tasks_matches_single(jobs, cluster):
     log = (root / f"parity-{started['sbatch']}.out").read_text()
     assert job["JobState"] == "COMPLETED", log[-4000:]
     assert job["NumTasks"] == "2" and "MEMBER: 2/2" in log  # two Slurm tasks, two ranks
-    _finished(started["single"])
-    reference, candidate = _summary(root / "single"), _summary(root / "sbatch")
+    reference, candidate = _reference(), _summary(root / "sbatch")
     diff = max_relative_difference(reference["losses"], candidate["losses"])
     print(
         f"\nsbatch (2 tasks) vs single: {len(reference['losses'])} steps, max rel diff {diff:.2e}"
@@ -211,8 +208,7 @@ def test_sbatch_job_of_two_tasks_matches_single(jobs, cluster):
 def test_srun_job_of_two_tasks_matches_single(jobs):
     root, started = jobs
     _finished(started["srun"])
-    _finished(started["single"])
-    reference, candidate = _summary(root / "single"), _summary(root / "srun")
+    reference, candidate = _reference(), _summary(root / "srun")
     diff = max_relative_difference(reference["losses"], candidate["losses"])
     print(f"\nsrun (2 tasks) vs single: {len(reference['losses'])} steps, max rel diff {diff:.2e}")
     assert candidate["world_size"] == 2 and diff <= TOLERANCE

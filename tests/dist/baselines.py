@@ -40,8 +40,12 @@ REFERENCES: dict[str, list[str]] = {
     "hf_qwen2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
                  "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
                  *SINGLE],
-    # tests/dist/test_preflight_dist.py: strategy=auto against one process.
+    # tests/dist/test_preflight_dist.py: strategy=auto against one process; and
+    # tests/cluster/test_multinode.py: two nodes against one process.
     "debug_fast_4": ["debug=fast", "trainer.max_steps=4", "strategy=single"],
+    # tests/cluster/test_slurm.py: Slurm's two tasks against one process.
+    "debug_fast_8": ["debug=fast", "trainer.max_steps=8", "logger=none", "strategy=single",
+                     "hardware.devices=1"],
 }  # fmt: skip
 
 
