@@ -1,5 +1,6 @@
 """Rank script for tests/dist/test_process_group_end.py: a torchrun-started rank calls `end_job` the
-way train.py does after a finished run, then records, at exit, whether its group was destroyed."""
+way train.py does after a finished run, keeps a working group, and ends as train.py does
+(`end_process`), recording from its exit work whether the group was still there."""
 
 import atexit
 import json
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from lightning_dist.runtime.process_end import end_process
 from lightning_dist.strategies.launch import end_job
 
 out = Path(sys.argv[1])
@@ -18,7 +20,8 @@ rank = dist.get_rank()
 
 
 def record_at_exit() -> None:
-    # Registered before end_job's own hook, so it runs after it (atexit runs last-in first-out).
+    # Registered before end_job's own hook, so it runs after it (atexit runs last-in first-out):
+    # that hook leaves the group alone once end_process has begun.
     Path(f"{out}.rank{rank}").write_text(json.dumps({"group_alive": dist.is_initialized()}))
 
 
@@ -30,3 +33,4 @@ total = torch.ones(1)
 dist.all_reduce(total)  # the group still works: a later job of this process could use it
 if rank == 0:
     out.write_text(json.dumps({"alive_after_end_job": alive_after_end_job, "sum": total.item()}))
+end_process(0)  # Python's exit work, then os._exit: no gloo teardown to abort in
