@@ -124,8 +124,8 @@ def strategy_overrides(candidate) -> list[str]:
                 f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
         if lay.virtual_stages > 1:
             out.append(f"strategy.virtual_stages={lay.virtual_stages}")
-    if lay.tp > 1 and st.sequence_parallel:
-        out.append("strategy.sequence_parallel=true")
+    if lay.tp > 1 and not st.sequence_parallel:  # on by default under TP
+        out.append("strategy.sequence_parallel=false")
     if st.offload:
         out.append("strategy.cpu_offload=true")
     if zero2:

@@ -249,15 +249,21 @@ class TensorParallelOptions:
         "cannot hold `*`: name modules exactly there, or write the plan in a YAML file.",
         planner_ignores="the planner models the Megatron plan of a Llama block",
     )  # fmt: skip
-    sequence_parallel: bool = knob(False, "Split norms and the residual stream along the sequence "
-                                   "between tensor-parallel regions (tp > 1).")  # fmt: skip
+    sequence_parallel: Any = knob(
+        "auto", "Split norms and the residual stream along the sequence between tensor-parallel "
+        "regions: auto (on whenever tp > 1 and the TP plan names the norms, as the Llama plan "
+        "does), true (an error where the plan cannot) or false.", hydra_type=Any,
+    )  # fmt: skip
     loss_parallel: bool = knob(
         True, "Keep the logits split along the vocabulary for the cross-entropy (tp > 1).",
         planner_ignores="the planner counts vocabulary-split logits",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        _flag(self.sequence_parallel, "sequence_parallel")
+        if not (self.sequence_parallel == "auto" or isinstance(self.sequence_parallel, bool)):
+            raise ValueError(
+                f"strategy.sequence_parallel={self.sequence_parallel!r} must be auto, true or false"
+            )
         _flag(self.loss_parallel, "loss_parallel")
         plan = self.tp_plan
         if plan is not None and not isinstance(plan, dict):

@@ -26,7 +26,7 @@ from lightning_dist.parallel.activation_checkpoint import apply_activation_check
 from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types, fsdp_kwargs
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
-from lightning_dist.parallel.tp import apply_tp
+from lightning_dist.parallel.tp import apply_tp, uses_sequence_parallel
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ def parallelize(
         blocks = find_block_types(part, options.sharding.auto_wrap)
         if layout.tp > 1:
             apply_tp(
-                part, mesh["tp"], plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
-                loss_parallel=tp.loss_parallel, strict=not pipelined,
+                part, mesh["tp"], plan=tp.tp_plan, loss_parallel=tp.loss_parallel,
+                sequence_parallel=uses_sequence_parallel(model, tp.sequence_parallel, tp.tp_plan),
+                strict=not pipelined,
             )  # fmt: skip
         apply_activation_checkpointing(
             part, blocks, every_n=options.checkpointing.activation_checkpointing

@@ -81,21 +81,34 @@ def match_plan(model: nn.Module, plan: dict[str, Any], *, strict: bool = True) -
     return matched
 
 
+def uses_sequence_parallel(
+    model: nn.Module, choice: bool | str, plan: dict[str, Any] | None = None
+) -> bool:
+    """Whether TP runs with sequence parallelism: `choice` True or False as given; "auto"
+    when the plan names the norms (the Llama plan does; a plan without them cannot split the
+    residual stream)."""
+    if choice != "auto":
+        return bool(choice)
+    named = [s for s in plan_for(model, plan).values() if isinstance(s, str)]
+    return "norm" in named
+
+
 def check_tp(
     model: nn.Module,
     tp: int,
     *,
     plan: dict[str, Any] | None = None,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool | str = False,
 ) -> dict[str, Any]:
     """Check a plan against a (meta) model without a mesh; return the matched plan.
 
     Raises ValueError when a pattern matches nothing, when a split dimension is not divisible
-    by `tp`, or when sequence parallelism is asked of a plan that has no `"norm"` entries.
+    by `tp`, or when sequence parallelism is asked (True, not "auto") of a plan that has no
+    `"norm"` entries.
     """
     matched = match_plan(model, plan_for(model, plan))
     named = [s for s in matched.values() if isinstance(s, str)]
-    if sequence_parallel and named and "norm" not in named:
+    if sequence_parallel is True and named and "norm" not in named:
         raise ValueError(
             f"the TP plan of {type(model).__name__} has no 'norm' entries, so it cannot run "
             "sequence parallelism; set sequence_parallel=false"

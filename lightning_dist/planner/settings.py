@@ -131,7 +131,8 @@ class TrainSettings:
 
     @property
     def sequence_parallel(self) -> bool:
-        return self.options.tp.sequence_parallel
+        """On unless turned off: "auto" runs it under TP with the Llama plan the planner models."""
+        return self.options.tp.sequence_parallel is not False
 
     @property
     def limit_all_gathers(self) -> bool:

@@ -55,7 +55,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "fsdp2 reshard 2": ("strategy=fsdp2", "hardware.devices=2"),
     "fsdp2 no reshard 2": ("strategy=fsdp2", "strategy.reshard_after_forward=false",
                            "hardware.devices=2"),
-    "tp 2": ("strategy=tp", "hardware.devices=2"),
+    "tp 2": ("strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false"),
     "tp 2 + SP": ("strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=true"),
     "tp 2 + SP, chunked loss": ("strategy=tp", "hardware.devices=2",
                                 "strategy.sequence_parallel=true", "model.loss_chunk_tokens=256"),

@@ -41,7 +41,7 @@ VALUES = {
     "param_dtype": ("bf16", "bf16", []),
     "reduce_dtype": ("bf16", "bf16", []),
     "tp_plan": ("{output: colwise}", {"output": "colwise"}, ["strategy.tp=2"]),
-    "sequence_parallel": ("true", True, ["strategy.tp=2"]),
+    "sequence_parallel": ("false", False, ["strategy.tp=2"]),  # on (auto) by default
     "loss_parallel": ("false", False, ["strategy.tp=2"]),
     "split_points": ("[16]", [16], ["strategy.pp=2"]),
     "activation_checkpointing": ("op", "op", []),

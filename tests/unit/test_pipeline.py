@@ -195,3 +195,24 @@ def test_a_meta_stage_materialises_on_its_own(build):
     assert not any(t.is_meta for t in [*stage.parameters(), *stage.buffers()])
     out = stage(torch.randn(2, 8, 64))
     assert out.shape == (2, 8, 512) and torch.isfinite(out).all()
+
+
+def test_sequence_parallel_is_on_under_tp_unless_turned_off(compose):
+    """`strategy=3d strategy.tp=2` runs SP (auto); `=false` turns it off; a plan without norm
+    entries (Hugging Face Llama) runs without it on auto and refuses an explicit true."""
+    from lightning_dist.config import hardware_spec
+    from lightning_dist.parallel.tp import uses_sequence_parallel
+    from lightning_dist.run.plan import build_strategy
+
+    def resolved(*overrides, model=DEBUG):
+        cfg = compose("strategy=3d", "strategy.tp=2", "hardware.devices=2", *overrides)
+        tp = build_strategy(cfg.strategy, hardware_spec(cfg)).options.tp
+        with torch.device("meta"):
+            return tp.sequence_parallel, uses_sequence_parallel(model.build(), tp.sequence_parallel)
+
+    assert resolved() == ("auto", True)
+    assert resolved("strategy.sequence_parallel=false") == (False, False)
+    assert resolved("strategy.sequence_parallel=true") == (True, True)
+    assert resolved(model=HF) == ("auto", False)
+    with pytest.raises(Exception, match="strategy.sequence_parallel=.yes. must be auto, true or"):
+        resolved("strategy.sequence_parallel=yes")
