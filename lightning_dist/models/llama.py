@@ -55,18 +55,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """y = x / rms(x) * weight in float32, saving x and 1 / rms(x) for backward.
+    """y = x / rms(x) * weight in float32, saving x and 1 / rms(x) for backward; y has the
+    dtype `out_dtype`.
 
     Autograd would also keep the float32 normalised x (and in bf16 a float32 copy of x), d
     floats per token that backward can recompute from x for the cost of one multiply.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * weight.float()).type_as(x)
+        return (xf * rstd * weight.float()).to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -76,15 +79,17 @@ class _RMSNormFunction(torch.autograd.Function):
         gw = g * weight.float()
         grad_x = rstd * (gw - normed * (gw * normed).mean(-1, keepdim=True))
         grad_weight = (g * normed).sum(dim=tuple(range(g.dim() - 1)))
-        return grad_x.type_as(x), grad_weight.type_as(weight), None
+        return grad_x.type_as(x), grad_weight.type_as(weight), None, None
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale, computed in float32.
 
     The output has the input's dtype whatever the weight's, so a float32 weight does not
-    silently promote bfloat16 activations. Only the input (and one float per token) is kept
-    for backward.
+    silently promote bfloat16 activations; under autocast it has the autocast dtype, so the
+    projections that read it share one low-precision copy instead of casting one each (the
+    values are the same: each would round the same float32 numbers). Only the input (and one
+    float per token) is kept for backward.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5):
@@ -93,7 +98,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return _RMSNormFunction.apply(x, self.weight, self.eps, dtype)
 
     def reset_parameters(self) -> None:
         """Set the scale to one."""
@@ -121,18 +128,35 @@ class Attention(nn.Module):
         q = apply_rope(q, rope_cos[:seqlen], rope_sin[:seqlen])
         k = apply_rope(k, rope_cos[:seqlen], rope_sin[:seqlen])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, head_dim]
-        repeats = q.shape[1] // k.shape[1]
-        if repeats > 1:
-            # Query head i reads kv head i // repeats, the same grouping as the Llama reference
-            # and Hugging Face; it also holds per tensor-parallel shard of contiguous heads.
-            k = k.repeat_interleave(repeats, dim=1)
-            v = v.repeat_interleave(repeats, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Grouped-query attention inside the kernel: query head i reads kv head i // repeats
+        # (the grouping of the Llama reference and Hugging Face, which also holds per
+        # tensor-parallel shard of contiguous heads), and backward keeps k and v unrepeated.
+        grouped = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
 
+class _SwiGLUFunction(torch.autograd.Function):
+    """silu(gate) * up, saving only `gate` and `up` for backward.
+
+    Autograd would also keep silu(gate), one more hidden-size tensor per token; backward
+    recomputes it (one pointwise op). The gradients are autograd's, op for op.
+    """
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return grad_gate, grad * F.silu(gate)
+
+
 class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x); the product keeps only w1 x and w3 x for backward."""
 
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
@@ -141,7 +165,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(_SwiGLUFunction.apply(self.w1(x), self.w3(x)))
 
 
 class TransformerBlock(nn.Module):

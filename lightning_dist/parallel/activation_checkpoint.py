@@ -7,9 +7,16 @@ Three choices, one setting (`strategy.activation_checkpointing`):
   recomputes its activations in backward (activation memory of those blocks drops to about one
   tensor each, for roughly a third more compute);
 - `"op"` (alias `"selective"`): every block is checkpointed, but the outputs of its matmuls,
-  attention kernels and collectives are saved; only the cheap ops between them (norms,
+  attention kernels and reducing collectives are saved; only the cheap ops between them (norms,
   activations, RoPE, residual adds, casts) are recomputed. Most of full checkpointing's memory
   saving on pointwise tensors, for a few percent of recompute instead of a third.
+
+  Under tensor parallelism two kinds of output are as large as the unsplit activations and are
+  recomputed instead, so that op-level keeps less than no checkpointing in every layout:
+  the matmuls of row-parallel linears (weights split along their input; their outputs are
+  partial sums over the whole sequence, which the saved reduce-scatter or all-reduce output
+  replaces) and all-gathers (under sequence parallelism, the gathered norm output: the gather
+  runs again in backward, as Megatron-LM's sequence parallelism does).
 
 The setting itself is parsed in `lightning_dist/options/activation_checkpointing.py` (no torch there,
 so the planner shares it). No Lightning import here.
@@ -33,29 +40,79 @@ from lightning_dist.parallel.fsdp import block_modules
 log = logging.getLogger(__name__)
 
 
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def _ops(space, names) -> list:
+    return [getattr(space, op).default for op in names if hasattr(space, op)]
+
+
 def saved_ops() -> list:
-    """The ops whose outputs op-level checkpointing keeps: matmuls, attention kernels and
-    collectives (recomputing a collective would repeat its communication)."""
-    aten = torch.ops.aten
-    names = [
-        (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "baddbmm"),
-        (aten, "_scaled_dot_product_flash_attention"),
-        (aten, "_scaled_dot_product_flash_attention_for_cpu"),
-        (aten, "_scaled_dot_product_efficient_attention"),
-        (aten, "_scaled_dot_product_cudnn_attention"),
-        (torch.ops._c10d_functional, "all_reduce"),
-        (torch.ops._c10d_functional, "reduce_scatter_tensor"),
-        (torch.ops._c10d_functional, "all_gather_into_tensor"),
-        (torch.ops._c10d_functional, "all_to_all_single"),
+    """The ops whose outputs op-level checkpointing keeps: matmuls, attention kernels and the
+    reducing collectives (recomputing them would repeat their work or their communication).
+    Row-parallel matmuls are the exception (`SelectivePolicy`)."""
+    return [
+        *_ops(torch.ops.aten, MATMULS),
+        *_ops(torch.ops.aten, (
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        )),
+        *_ops(torch.ops._c10d_functional, (
+            "all_reduce", "reduce_scatter_tensor", "all_to_all_single",
+        )),
     ]  # fmt: skip
-    return [getattr(space, op).default for space, op in names if hasattr(space, op)]
 
 
-def selective_context():
-    """The `context_fn` of torch.utils.checkpoint for op-level checkpointing."""
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+def row_parallel(module: nn.Module) -> bool:
+    """Is `module` a linear whose weight is a DTensor split along its input dimension (torch's
+    RowwiseParallel)? Its matmul yields a partial sum that a collective then reduces."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    return create_selective_checkpoint_contexts(saved_ops())
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Linear)
+        and isinstance(weight, DTensor)
+        and any(isinstance(p, Shard) and p.dim == 1 for p in weight.placements)
+    )
+
+
+class SelectivePolicy:
+    """The op-level policy of one model: save `saved_ops()`' outputs, except the matmuls that
+    run inside a row-parallel linear (`watch` marks those modules with forward hooks; the
+    policy is asked only during forward, and recomputation replays its answers in order)."""
+
+    def __init__(self) -> None:
+        self.saved = frozenset(saved_ops())
+        self.matmuls = frozenset(_ops(torch.ops.aten, MATMULS))
+        self.inside_row_parallel = 0
+
+    def watch(self, module: nn.Module) -> None:
+        def enter(*_):
+            self.inside_row_parallel += 1
+
+        def leave(*_):
+            self.inside_row_parallel -= 1
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave, always_call=True)
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        keep = op in self.saved and not (self.inside_row_parallel and op in self.matmuls)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn(self):
+        """The `context_fn` of torch.utils.checkpoint: a plain function, as torch.compile
+        requires of it. (Under compile the policy is asked while the graph is partitioned,
+        after the hooks ran; torch.compile with tp > 1 is refused today, and without TP no
+        module is watched.)"""
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        def context():
+            return create_selective_checkpoint_contexts(self)
+
+        return context
 
 
 def apply_activation_checkpointing(
@@ -86,7 +143,11 @@ def apply_activation_checkpointing(
     chosen = {id(b) for i, b in enumerate(blocks) if i % choice.every_n == 0}
     wrapper = checkpoint_wrapper
     if choice.mode == "op":
-        wrapper = functools.partial(checkpoint_wrapper, context_fn=selective_context)
+        policy = SelectivePolicy()
+        for block in blocks:
+            for module in filter(row_parallel, block.modules()):
+                policy.watch(module)
+        wrapper = functools.partial(checkpoint_wrapper, context_fn=policy.context_fn())
     wrap_matching(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in chosen)
     log.info(
         "Applied %s activation checkpointing to %d of %d blocks",

@@ -22,16 +22,18 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
 
     - each RMSNorm saves its input (the residual stream, r = 2 bytes in bf16-true, else 4) and
       recomputes the normalised x in backward: 2 norms x r x d / sp bytes;
-    - the projections' inputs: under bf16-mixed autocast casts the norm output once per linear
-      (3 x 2d for wq/wk/wv, 2 x 2d for w1/w3 = 10d); in 32-true the five share one 4d tensor
-      per norm (8d); in bf16-true 2d per norm (4d). Under TP without SP each rank keeps the
-      whole (replicated) input. Under SP the input is all-gathered before the projections,
-      but only the sequence shard is saved and backward gathers it again
-      (`parallel/sequence_parallel.py`); under autocast the shard is cast before the gather,
-      so the projections share one bf16 copy per sub-block: 4d. All divided by sp;
-    - SDPA saves q, the head-repeated k and v, and its output: 4d x w over the heads, so
-      divided by tp (`wo`'s input is a view of that output: SDPA lays it out as [b, s, h, hd]);
-    - SwiGLU saves w1's output, silu's output, w3's output and their product: 4h x w / tp;
+    - the projections' inputs, the norm outputs: the projections of a sub-block share one
+      tensor per norm, 4d in 32-true, 2d in bf16-true and under bf16-mixed, where the norm
+      returns the autocast dtype so that the linears do not cast one copy each (8d or 4d for
+      the two norms). Under TP without SP each rank keeps the whole (replicated) input. Under
+      SP the input is all-gathered before the projections, but only the sequence shard is
+      saved and backward gathers it again (`parallel/sequence_parallel.py`). All divided by sp;
+    - SDPA saves q, k and v (grouped-query attention runs in the kernel, so k and v are not
+      repeated over the query heads: kv = n_kv_heads x head_dim each) and its output:
+      (2d + 2kv) x w over the heads, so divided by tp (`wo`'s input is a view of that output:
+      SDPA lays it out as [b, s, h, hd]);
+    - SwiGLU saves w1's and w3's outputs (its product recomputes silu in backward) and w2
+      saves its input, the product: 3h x w / tp;
     - RoPE saves nothing but its constant tables; flash / memory-efficient SDPA keeps only a
       per-head log-sum-exp, while the math path adds the softmax and score matrices,
       2 x n_heads x s x w per token, divided by tp.
@@ -44,12 +46,11 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     precision = settings.precision
     sp = tp if settings.sequence_parallel else 1
     w = 4 if precision == "32-true" else 2
-    linear_inputs = {"32-true": 8 * d, "bf16-mixed": 10 * d, "bf16-true": 4 * d}[precision]
-    if sp > 1:
-        linear_inputs = (4 * d if precision == "bf16-mixed" else linear_inputs) / sp
+    linear_inputs = 2 * w * d / sp
     r = 2 if precision == "bf16-true" else 4
+    kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
     norms = 2 * r * d / sp
-    heads = (4 * d * w + 4 * h * w) / tp
+    heads = ((2 * d + 2 * kv) * w + 3 * h * w) / tp
     if settings.attention == "math":
         heads += 2 * model.n_heads * settings.seq_len * w / tp
     return norms + linear_inputs + heads
@@ -65,14 +66,28 @@ def analytic_layer_activation_bytes(model, tp: int, settings: TrainSettings) -> 
       projections, 2 x w x d, both split by the sequence under SP;
     - q, k and v as SDPA reads them (k and v not repeated over the query heads) and its
       output, which is `wo`'s input: w x (2d + 2kv) / tp;
-    - SwiGLU: the two projections' outputs, silu's output and the product: 4 x w x h / tp.
+    - SwiGLU: the two projections' outputs (silu's output is one pointwise op away from the
+      gate, so it is not counted) and the product, which is `w2`'s input: 3 x w x h / tp.
     """
     d, h = model.dim, model.hidden_dim
     kv = model.dim // model.n_heads * (model.n_kv_heads or model.n_heads)
     w = 4 if settings.precision == "32-true" else 2
     r = 2 if settings.precision == "bf16-true" else 4
     sp = tp if settings.sequence_parallel else 1
-    return (2 * r * d + 2 * w * d) / sp + (w * (2 * d + 2 * kv) + 4 * w * h) / tp
+    return (2 * r * d + 2 * w * d) / sp + (w * (2 * d + 2 * kv) + 3 * w * h) / tp
+
+
+def analytic_checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+    """The analytic count under the settings' checkpointing: without it,
+    `analytic_layer_activation_bytes`; under full, the block's input, r x d / sp; under op, the
+    tensors its policy is defined to keep (the block's input, the outputs of the matmuls that
+    are not partial sums, SDPA's output and log-sum-exp, and the reduced outputs of wo and w2:
+    `selective_layer_bytes` derives them), so that a measurement above it shows the code
+    keeping more than it means to."""
+    mode = settings.activation_checkpointing.mode
+    if mode == "none":
+        return analytic_layer_activation_bytes(model, tp, settings)
+    return checkpointed_layer_bytes(model, tp, settings)
 
 
 def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
@@ -95,37 +110,35 @@ def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
 def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     """Bytes one block keeps per token on one TP rank under op-level checkpointing.
 
-    The op policy (`parallel/activation_checkpoint.py`, `saved_ops`) caches the outputs of every
-    mm, bmm, SDPA kernel and functional collective the block runs; the checkpoint keeps the
-    block's input. With r, w, sp and kv = n_kv_heads x head_dim as in `layer_activation_bytes`:
+    The op policy (`parallel/activation_checkpoint.py`, `SelectivePolicy`) caches the outputs
+    of the block's matmuls, SDPA kernels and reducing collectives, except the matmuls of
+    row-parallel linears; the checkpoint keeps the block's input. With r, w, sp and
+    kv = n_kv_heads x head_dim as in `layer_activation_bytes`:
 
     - the block's input, the residual stream: r x d / sp;
     - wq, wk, wv's outputs and SDPA's output: w x (2d + 2kv) / tp, and SDPA's log-sum-exp, one
       float per query head: 4 x n_heads / tp (the math path instead keeps its scores, a bmm
       output, n_heads x s x w / tp, and no log-sum-exp);
     - w1 and w3's outputs: 2h x w / tp;
-    - wo and w2's outputs: 2d x w. Under TP these are partial sums over the whole hidden size
-      (and, under SP, the whole sequence) before their reduction, so they are not divided;
-    - under TP the collectives' outputs: without SP the two all-reduces', 2d x w; with SP the
-      two all-gathers' (the norm outputs over the whole sequence, 2d x w) and the two
-      reduce-scatters' (2d x w / tp).
+    - without TP, wo and w2's outputs: 2d x w. Under TP their matmuls are recomputed (their
+      outputs are partial sums as large as the unsplit activations) and the collectives that
+      reduce them are kept instead: the two all-reduces' outputs without SP, 2d x w, the two
+      reduce-scatters' under SP, 2d x w / tp. Under SP the all-gathers (the norm outputs over
+      the whole sequence) run again in backward.
 
-    Everything else (norm outputs, RoPE, the repeated k and v, SiLU, the product, the residual
-    adds) is recomputed. Under TP with SP this keeps more than no checkpointing at all (the
-    gathered norm outputs and the partial sums are full-size); docs/PLANNER.md has the numbers.
+    Everything else (norm outputs, RoPE, SiLU, the product, the residual adds) is recomputed.
+    It keeps less than no checkpointing in every layout; docs/PLANNER.md has the numbers.
     """
     d, h = model.dim, model.hidden_dim
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
     w = 4 if settings.precision == "32-true" else 2
     r = 2 if settings.precision == "bf16-true" else 4
     sp = tp if settings.sequence_parallel else 1
-    kept = r * d / sp + w * (2 * d + 2 * kv + 2 * h) / tp + 2 * d * w
+    kept = r * d / sp + w * (2 * d + 2 * kv + 2 * h) / tp + 2 * d * w / sp
     if settings.attention == "math":
         kept += model.n_heads * settings.seq_len * w / tp
     else:
         kept += 4 * model.n_heads / tp
-    if tp > 1:
-        kept += 2 * d * w + (2 * d * w / tp if sp > 1 else 0.0)
     return kept
 
 

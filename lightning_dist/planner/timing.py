@@ -120,13 +120,19 @@ def _stage_flops_per_token(
 
     Same accounting as ModelArgs.train_flops_per_token, restricted to this stage's blocks. A
     block checkpointed in full replays its forward, a third of its training FLOPs; under 'op'
-    it replays only pointwise ops, counted as SELECTIVE_RECOMPUTE_SHARE of its training time.
+    it replays pointwise ops, counted as SELECTIVE_RECOMPUTE_SHARE of its training time, and
+    under TP also the forward of the row-parallel wo and w2 (their partial sums are not kept).
     """
-    per_layer = 6.0 * (model.block_params() - 2 * model.dim) + 12.0 * model.dim * settings.seq_len
-    output = 6.0 * model.vocab_size * model.dim if shape.has_output else 0.0
+    d = model.dim
+    per_layer = 6.0 * (model.block_params() - 2 * d) + 12.0 * d * settings.seq_len
+    output = 6.0 * model.vocab_size * d if shape.has_output else 0.0
     checkpointed = checkpointed_blocks(layout, settings, shape)
-    share = 1 / 3 if settings.activation_checkpointing.mode == "full" else SELECTIVE_RECOMPUTE_SHARE
-    return shape.layers * per_layer + output, checkpointed * per_layer * share
+    if settings.activation_checkpointing.mode == "full":
+        return shape.layers * per_layer + output, checkpointed * per_layer / 3
+    replay = per_layer * SELECTIVE_RECOMPUTE_SHARE
+    if layout.tp > 1:
+        replay += 2.0 * (d * d + d * model.hidden_dim)
+    return shape.layers * per_layer + output, checkpointed * replay
 
 
 def exposed_seconds(phases: list[tuple[float, float]], overlap: float, slowdown: float) -> float:
@@ -195,10 +201,13 @@ def step_time(
     tp_comm = 0.0
     if tp > 1:
         bw, lat = link(1, tp)
-        full = settings.activation_checkpointing.mode == "full"
+        # All-reduce equivalents per block: 2 in forward, 2 in backward; full checkpointing
+        # replays the forward's 2; op under SP gathers the norm outputs again (2 all-gathers,
+        # half an all-reduce each).
+        mode = settings.activation_checkpointing.mode
+        replayed = {"full": 2, "op": 1 if settings.sequence_parallel else 0}.get(mode, 0)
         calls = m * max(
-            4 * sh.layers + 2 * (checkpointed_blocks(layout, settings, sh) if full else 0)
-            for sh in shapes
+            4 * sh.layers + replayed * checkpointed_blocks(layout, settings, sh) for sh in shapes
         )
         tp_comm = calls * (allreduce_volume(act_bytes, tp) / bw + 2 * (tp - 1) * lat)
     pp_comm = 0.0

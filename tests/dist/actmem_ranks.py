@@ -41,29 +41,63 @@ def build(n_layers: int):
     return model, defer_output_head(model)
 
 
-def activations_per_block(mesh, batch, checkpointing=0) -> float:
-    """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with SP and
-    loss parallelism) over `mesh`, or one process without a mesh; checkpointing applied after
-    TP, as `parallel/parallelize.py` does."""
+PRECISIONS = ("32-true", "bf16-mixed")
+CHECKPOINTING = (0, "op", "full")
+
+
+def activations_per_block(
+    mesh, batch, checkpointing=0, precision="32-true", sequence_parallel=True
+) -> float:
+    """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with loss
+    parallelism, and SP unless turned off) over `mesh`, or one process without a mesh;
+    checkpointing applied after TP, as `parallel/parallelize.py` does. Under bf16-mixed the
+    bf16 weight copies the linears keep for backward are taken out (they are not activations;
+    the planner counts them as buffers): 2 bytes per linear weight of a block without
+    checkpointing (a checkpointed block recomputes the casts in backward). Autocast runs
+    without its weight cache here, which would otherwise hold the copies through forward
+    whatever the checkpointing (under TP, from run to run, 10 to 100 bytes per token and block
+    in this shape): weight memory, not activations."""
     measured = {}
     for n_layers in (2, 4):
         model, head = build(n_layers)
         blocks = find_block_types(model)
         if mesh is not None:
-            apply_tp(model, mesh, sequence_parallel=True, loss_parallel=True)
+            apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=True)
         apply_activation_checkpointing(model, blocks, every_n=checkpointing)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step = step_fn(model, head, opt, batch, tp=mesh is not None)
+        step = step_fn(model, head, opt, batch, tp=mesh is not None, precision=precision)
         step()
         measured[n_layers] = measure_step(step, model, [opt])["activations"]
-    return (measured[4] - measured[2]) / 2 / (BATCH * SEQ)
+    per_block = (measured[4] - measured[2]) / 2
+    if precision == "bf16-mixed" and not checkpointing:
+        tp = 1 if mesh is None else mesh.size()
+        per_block -= 2 * (args(1).block_params() - 2 * args(1).dim) / tp
+    return per_block / (BATCH * SEQ)
 
 
-def step_fn(model, head, opt, batch, tp: bool):
+def table(mesh, batch) -> list[dict]:
+    """The activation bytes per token and block of every row: one process and tp=2 with SP,
+    fp32 and bf16-mixed, no / op / full checkpointing."""
+    rows = []
+    for tp, row_mesh in ((1, None), (2, mesh)):
+        for precision in PRECISIONS:
+            for ac in CHECKPOINTING:
+                measured = activations_per_block(row_mesh, batch, ac, precision)
+                rows.append({"tp": tp, "precision": precision, "checkpointing": ac,
+                             "measured": measured})  # fmt: skip
+    return rows
+
+
+def step_fn(model, head, opt, batch, tp: bool, precision: str = "32-true"):
     def step():
         opt.zero_grad()
+        autocast = torch.autocast(
+            "cpu", torch.bfloat16, enabled=precision == "bf16-mixed", cache_enabled=False
+        )
         with loss_parallel() if tp else torch.enable_grad():
-            loss = chunked_cross_entropy(model(batch[:, :-1]), head.weight, batch[:, 1:], CHUNK)
+            with autocast:
+                hidden = model(batch[:, :-1])
+                loss = chunked_cross_entropy(hidden, head.weight, batch[:, 1:], CHUNK)
             loss.backward()
         opt.step()
         step.losses.append(float(loss.full_tensor() if tp else loss.detach()))
@@ -86,6 +120,7 @@ def main(out: str) -> None:
         result[f"activations {n_layers}"] = measure_step(step, model, [opt])["activations"]
         result[f"tp2 losses {n_layers}"] = step.losses
     result["op per block"] = activations_per_block(mesh, batch, "op")
+    result["table"] = table(mesh, batch)
     model, head = build(4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = step_fn(model, head, opt, batch, tp=False)

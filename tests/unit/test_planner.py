@@ -184,7 +184,10 @@ def test_activations_order_none_every_2_op_full_for_llama3_8b():
         ac: memory_per_device(llama, layout, _settings(activation_checkpointing=ac)).activations
         for ac in (0, 2, "op", "full")
     }
-    assert acts[0] > acts[2] > acts["op"] > acts["full"], acts
+    # No checkpointing keeps 152 KB per token and block, op 108, every 2nd block 84 on average
+    # (it kept 221 KB before SwiGLU, grouped-query SDPA and the norms' outputs kept less, and
+    # op then sat below every 2nd block).
+    assert acts[0] > acts["op"] > acts[2] > acts["full"], acts
     # op keeps per token and block the input (4d), q, k, v, SDPA's and w1, w3's outputs and wo,
     # w2's outputs in bf16: 4d + 2(2d + 2kv + 2h) + 4d, plus 4 bytes per head (log-sum-exp).
     d, kv, h = llama.dim, llama.kv_heads * llama.head_dim, llama.hidden_dim
@@ -207,13 +210,23 @@ def test_recompute_time_and_tp_traffic_per_checkpointing_choice():
     }
     compute = {ac: x.compute_seconds for ac, x in t.items()}
     assert compute[0] < compute["op"] < compute[2] < compute["full"], compute
-    # The blocks are almost all of the FLOPs: op adds its share, full a third, every 2nd half that.
-    assert compute["op"] / compute[0] == pytest.approx(1 + SELECTIVE_RECOMPUTE_SHARE, rel=0.02)
+    # The blocks are almost all of the FLOPs: op adds its share and, under TP, the forward of
+    # the row-parallel wo and w2 (their partial sums are not kept); full a third, every 2nd
+    # half that.
+    d, h, seq = llama.dim, llama.hidden_dim, _settings().seq_len
+    block = 6 * (llama.block_params() - 2 * d) + 12 * d * seq
+    op = 1 + SELECTIVE_RECOMPUTE_SHARE + 2 * (d * d + d * h) / block
+    assert compute["op"] / compute[0] == pytest.approx(op, rel=0.02)
     assert compute["full"] / compute[0] == pytest.approx(4 / 3, rel=0.02)
     assert compute[2] / compute[0] == pytest.approx(7 / 6, rel=0.02)
-    # A block checkpointed in full replays its two forward all-reduces; op keeps their outputs.
+    # A block checkpointed in full replays its two forward all-reduces; op under SP gathers
+    # the norm outputs again (half an all-reduce each), without SP it keeps every output.
     tp = {ac: x.tp_comm_seconds for ac, x in t.items()}
-    assert tp["op"] == tp[0]
+    assert tp["op"] == pytest.approx(1.25 * tp[0])
+    plain = _settings(activation_checkpointing="op", sequence_parallel=False)
+    assert step_time(llama, h100, layout, plain).tp_comm_seconds == pytest.approx(
+        step_time(llama, h100, layout, _settings(sequence_parallel=False)).tp_comm_seconds
+    )
     assert tp["full"] == pytest.approx(1.5 * tp[0]) and tp[2] == pytest.approx(1.25 * tp[0])
 
 
@@ -353,9 +366,11 @@ def test_llama3_405b_on_2048_nodes_gets_tp8_and_pp_in_under_5s():
     best = result.best()
     assert best.layout.tp == 8, best.describe()
     # Checkpointing every 2nd block lets 2048-way HSDP without PP fit, and the planner ranks it
-    # within its own error of the pipelined layouts: a pp > 1 layout stays within 3%.
+    # within its own error of the pipelined layouts: a pp > 1 layout stays within 5% (it was
+    # 3% until op-level checkpointing under TP began to recompute wo and w2 rather than keep
+    # their full-size partial sums; the calibrated planner is issue 24's).
     piped = next(c for c in result.candidates if c.layout.pp > 1)
-    assert piped.time.step_seconds <= 1.03 * best.time.step_seconds, piped.describe()
+    assert piped.time.step_seconds <= 1.05 * best.time.step_seconds, piped.describe()
     reasons = {r["family"]: r["reason"] for r in result.rejected}
     assert reasons["tp=16"] == "tp=16 crosses the node boundary (8 devices per node)"
     # Checkpointing every block, as Megatron-LM does, it is tp=8 with pipeline stages.
@@ -516,5 +531,5 @@ def test_cli_json_for_405b_on_2048_nodes(capsys):
     assert chosen["fits"] and chosen["layout"]["tp"] == 8
     assert chosen["activation_checkpointing"] in ("none", "every_2", "op", "full")
     piped = next(c for c in result["candidates"] if c["layout"]["pp"] > 1)
-    assert piped["step_seconds"] <= 1.03 * chosen["step_seconds"]
+    assert piped["step_seconds"] <= 1.05 * chosen["step_seconds"]  # as in the test above
     assert elapsed < 15  # the acceptance bound is 5 s; leave room for a loaded test machine
