@@ -100,7 +100,6 @@ class PrecisionOptions:
 
     param_dtype: str | None = knob(
         None, "fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs.",
-        planner_ignores="the planner models trainer.precision",
     )  # fmt: skip
     reduce_dtype: str | None = knob(
         "fp32", "dtype of the gradient reduction (fp32, bf16 or fp16).",

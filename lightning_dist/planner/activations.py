@@ -20,7 +20,8 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     w = bytes of a matmul input (4 in 32-true, else 2); sp = tp under sequence parallelism,
     else 1:
 
-    - each RMSNorm saves its input (the residual stream, r = 2 bytes in bf16-true, else 4) and
+    - each RMSNorm saves its input (the residual stream, r = `settings.residual_bytes`: 2 in
+      bf16-true and under FSDP's bf16 parameters, else 4) and
       recomputes the normalised x in backward: 2 norms x r x d / sp bytes;
     - the projections' inputs, the norm outputs: the projections of a sub-block share one
       tensor per norm, 4d in 32-true, 2d in bf16-true and under bf16-mixed, where the norm
@@ -43,11 +44,9 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     is the minimum the math needs, for comparison.
     """
     d, h = model.dim, model.hidden_dim
-    precision = settings.precision
     sp = tp if settings.sequence_parallel else 1
-    w = 4 if precision == "32-true" else 2
+    w, r = settings.matmul_bytes, settings.residual_bytes
     linear_inputs = 2 * w * d / sp
-    r = 2 if precision == "bf16-true" else 4
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
     norms = 2 * r * d / sp
     heads = ((2 * d + 2 * kv) * w + 3 * h * w) / tp
@@ -71,8 +70,7 @@ def analytic_layer_activation_bytes(model, tp: int, settings: TrainSettings) -> 
     """
     d, h = model.dim, model.hidden_dim
     kv = model.dim // model.n_heads * (model.n_kv_heads or model.n_heads)
-    w = 4 if settings.precision == "32-true" else 2
-    r = 2 if settings.precision == "bf16-true" else 4
+    w, r = settings.matmul_bytes, settings.residual_bytes
     sp = tp if settings.sequence_parallel else 1
     return (2 * r * d + 2 * w * d) / sp + (w * (2 * d + 2 * kv) + 3 * w * h) / tp
 
@@ -101,7 +99,7 @@ def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     mode = settings.activation_checkpointing.mode
     if mode == "full":
         sp = tp if settings.sequence_parallel else 1
-        return (2 if settings.precision == "bf16-true" else 4) * model.dim / sp
+        return settings.residual_bytes * model.dim / sp
     if mode == "op":
         return selective_layer_bytes(model, tp, settings)
     return layer_activation_bytes(model, tp, settings)
@@ -131,8 +129,7 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     """
     d, h = model.dim, model.hidden_dim
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
-    w = 4 if settings.precision == "32-true" else 2
-    r = 2 if settings.precision == "bf16-true" else 4
+    w, r = settings.matmul_bytes, settings.residual_bytes
     sp = tp if settings.sequence_parallel else 1
     kept = r * d / sp + w * (2 * d + 2 * kv + 2 * h) / tp + 2 * d * w / sp
     if settings.attention == "math":
@@ -156,9 +153,9 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     if mode == "none":
         return 0.0
     d, h = model.dim, model.hidden_dim
-    w = 4 if settings.precision == "32-true" else 2
+    w = settings.matmul_bytes
     sp = tp if settings.sequence_parallel else 1
-    block_input = (2 if settings.precision == "bf16-true" else 4) * d / sp
+    block_input = settings.residual_bytes * d / sp
     recomputed = layer_activation_bytes(model, tp, settings) - block_input
     if mode == "op":
         recomputed -= w * (d + 2 * h) / tp + 2 * d * w

@@ -210,7 +210,7 @@ def fit_problem(memory: MemoryBreakdown, hardware, headroom: float) -> str | Non
 def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None,
              compile_speedup=None):  # fmt: skip
     """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`)."""
-    memory = memory_per_device(model, layout, settings, accelerator=hardware.accelerator)
+    memory = memory_per_device(model, layout, settings)
     problem = fit_problem(memory, hardware, headroom)
     kwargs = {} if overlap is None else {"overlap": overlap}
     time = step_time(model, hardware, layout, settings, efficiency=efficiency,
@@ -280,6 +280,7 @@ def estimate(
         micro_batch_size=micro_batch_size,
         sharding=sharding,
         attention=attention,
+        accelerator=hardware.accelerator,
         options=options,
     )
     check_layout(model, hardware, layout, settings)

@@ -165,8 +165,7 @@ def activation_bytes(
     tokens = settings.micro_batch_size * settings.seq_len
     tp, d = layout.tp, model.dim
     sp = tp if settings.sequence_parallel else 1
-    residual = 2 if settings.precision == "bf16-true" else 4
-    w = 4 if settings.precision == "32-true" else 2
+    residual, w = settings.residual_bytes, settings.matmul_bytes
     plain = layer_activation_bytes(model, tp, settings) * tokens
     kept = checkpointed_layer_bytes(model, tp, settings) * tokens
     inflight = inflight_microbatches(layout, stage, microbatches)
@@ -247,14 +246,14 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
         sp = layout.tp if settings.sequence_parallel else 1
         # Each chunk on this rank receives both ways, but the model's first and last chunks.
         recvs = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
-        residual = 2 if settings.precision == "bf16-true" else 4
+        residual = settings.residual_bytes
         tokens = microbatches * settings.micro_batch_size * settings.seq_len
         p2p = recvs * tokens * model.dim / sp * residual
     return gathered + p2p
 
 
 def memory_per_device(
-    model, layout: Layout, settings: TrainSettings, *, accelerator: str = "gpu"
+    model, layout: Layout, settings: TrainSettings
 ) -> MemoryBreakdown:
     """Predicted peak bytes on one device of the worst stage, by category.
 
@@ -270,6 +269,7 @@ def memory_per_device(
         acts = activation_bytes(model, layout, settings, shape, stage, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         subtotal = params + grads + optimizer + acts + buffers
+        accelerator = settings.accelerator
         fragmentation = FRAGMENTATION.get(accelerator, FRAGMENTATION["gpu"])
         reserve = RESERVE_BYTES.get(accelerator, RESERVE_BYTES["gpu"]) + fragmentation * subtotal
         mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage)

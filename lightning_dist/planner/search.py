@@ -122,6 +122,7 @@ def plan_layouts(
         precision=precision or hardware.precision,
         optimizer=optimizer,
         attention=attention,
+        accelerator=hardware.accelerator,
         options=with_knobs(options or PLANNER_OPTIONS, knobs),
     )
     if seq_len > getattr(model, "max_seq_len", seq_len):
@@ -294,7 +295,7 @@ def _sweep_micro_batches(
         if layout is None:
             tally.first_problem = tally.first_problem or problem
             continue
-        mem = memory_per_device(search.model, layout, settings, accelerator=hardware.accelerator)
+        mem = memory_per_device(search.model, layout, settings)
         problem = fit_problem(mem, hardware, search.headroom)
         # Report the smallest device need; a host-memory miss only if all are.
         need = (bool(problem) and problem.startswith("offload"), mem.total)

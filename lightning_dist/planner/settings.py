@@ -117,6 +117,9 @@ class TrainSettings:
     """FSDP mode over `dp_shard`: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
+    accelerator: str = "gpu"
+    """The hardware's ('cpu' or 'gpu'): FSDP's parameters follow a mixed precision on GPUs only
+    (`parallel/precision.py`)."""
     options: StrategyOptions = field(default_factory=lambda: PLANNER_OPTIONS)
     """The strategy's knobs (lightning_dist/options/); the properties below read the ones
     the cost model uses."""
@@ -128,6 +131,29 @@ class TrainSettings:
     @property
     def offload(self) -> bool:
         return self.options.sharding.cpu_offload
+
+    @property
+    def bf16_parameters(self) -> bool:
+        """Does FSDP compute with bf16 parameters under bf16-mixed? It does when it shards
+        (dp_shard > 1) and `param_dtype` is bf16, or unset on a GPU. It then casts each unit's
+        inputs to bf16, so the residual stream is bf16 too."""
+        if self.precision != "bf16-mixed" or self.sharding == "NO_SHARD":
+            return False
+        dtype = self.options.precision.param_dtype
+        if dtype is None:
+            return self.accelerator != "cpu"
+        return dtype in ("bf16", "bfloat16")
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream (the blocks' inputs and the norms' inputs):
+        2 in bf16-true and under FSDP's bf16 parameters, else 4 (autocast keeps it fp32)."""
+        return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
+
+    @property
+    def matmul_bytes(self) -> int:
+        """Bytes per element of a matmul's input: 4 in 32-true, else 2."""
+        return 4 if self.precision == "32-true" else 2
 
     @property
     def sequence_parallel(self) -> bool:

@@ -38,7 +38,7 @@ VALUES = {
     "init_sharded": ("true", True, []),
     "auto_wrap": ("[TransformerBlock]", ["TransformerBlock"], []),
     "cpu_offload": ("true", True, []),
-    "param_dtype": ("bf16", "bf16", []),
+    "param_dtype": ("fp32", "fp32", []),  # the GPU default follows bf16-mixed
     "reduce_dtype": ("bf16", "bf16", []),
     "tp_plan": ("{output: colwise}", {"output": "colwise"}, ["strategy.tp=2"]),
     "sequence_parallel": ("false", False, ["strategy.tp=2"]),  # on (auto) by default
