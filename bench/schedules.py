@@ -38,7 +38,9 @@ SCHEDULES = {  # name: stages per rank
 COST = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 
 
-def action_table(schedule: str, pp: int, microbatches: int) -> list[list[tuple[str, int, int]]]:
+def action_table(
+    schedule: str, pp: int, microbatches: int, stages_per_rank: int | None = None
+) -> list[list[tuple[str, int, int]]]:
     """Per rank, its compute actions in order, as (kind, stage, microbatch).
 
     The multi-stage schedules come from torch's own table. For GPipe and 1F1B torch's table
@@ -63,12 +65,26 @@ def action_table(schedule: str, pp: int, microbatches: int) -> list[list[tuple[s
         return table
     from lightning_dist._compat import schedule_ops_api
 
-    table = schedule_ops_api()(schedule, pp, microbatches, SCHEDULES[schedule])
+    table = schedule_ops_api()(schedule, pp, microbatches, stages_per_rank or SCHEDULES[schedule])
     return [
         [(a.computation_type.value, a.stage_index, a.microbatch_index)
          for a in row if a is not None and a.computation_type.value in COST]
         for row in table
     ]  # fmt: skip
+
+
+def peak_inflight(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> list[int]:
+    """Per rank, the most chunk-microbatches whose activations it holds in `schedule`'s action
+    table: forwards run less backwards finished (B, or W, the weight-gradient half that ends a
+    zero-bubble backward)."""
+    peaks = []
+    for row in action_table(schedule, pp, microbatches, stages_per_rank):
+        held = peak = 0
+        for kind, _, _ in row:
+            held += 1 if kind == "F" else -1 if kind in ("B", "W") else 0
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
 
 
 def simulated_bubble(schedule: str, pp: int, microbatches: int) -> float:

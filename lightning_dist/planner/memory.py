@@ -113,23 +113,38 @@ def stage_shapes(model, layout: Layout) -> list[tuple[str, StageShape]]:
 
 
 def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> float:
-    """Microbatches whose activations one stage holds at its peak.
+    """Microbatches, in whole-stage units, whose activations one rank holds at its peak: the
+    most forwards it has run and not yet finished the backward of (for the zero-bubble
+    schedules, the weight-gradient half), as torch's own schedule tables order them
+    (`tests/unit/test_planner.py` replays those tables, with `bench/schedules.py`, and finds
+    these counts exactly for pp 2 to 8, m from pp to 4pp, v 2 to 4).
 
-    Without PP one (gradient accumulation runs them one after another). GPipe runs every forward
-    before any backward, so all m. 1F1B's first stage holds pp (stage i holds pp - i), its last
-    one. Interleaved schedules add the factor 1 + (pp - 1) / (pp * v) of Narayanan et al. (2021);
-    we apply it to every stage, which slightly overstates the last. ZB-V matches 1F1B.
+    Rank r is 0 for the first stage, pp - 1 for the last. A rank of an interleaved schedule
+    runs v chunks of its stage, so c held chunks are c / v stage-microbatches. With
+    k = m // max(1, m // pp), the microbatches per round of torch's interleaved schedules:
+
+    - no PP: 1 (gradient accumulation runs microbatches one after another); GPipe: m;
+    - 1F1B: min(m, pp - r);
+    - Interleaved1F1B: min(m v, (v - 1) k + 2 (pp - 1 - r) + 1) chunks (the warm-up of
+      Narayanan et al. 2021, capped at every chunk of every microbatch);
+    - InterleavedZeroBubble: min(m v, (v - 1) k + pp) chunks, alike on every rank;
+    - ZBVZeroBubble (v = 2): min(2 pp, m + 1 + r) chunks.
     """
-    pp, m = layout.pp, microbatches
+    pp, m, v = layout.pp, microbatches, layout.virtual_stages
     if pp == 1:
         return 1.0
-    if layout.schedule == "GPipe":
+    rank = 0 if stage in ("first", "only") else pp - 1
+    per_round = m // max(1, m // pp)
+    schedule = layout.schedule
+    if schedule == "GPipe":
         return float(m)
-    first = float(min(m, pp))
-    if layout.schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        v = layout.virtual_stages
-        return first * (1 + (pp - 1) / (pp * v))
-    return first if stage in ("first", "only") else 1.0
+    if schedule == "Interleaved1F1B":
+        return min(m * v, (v - 1) * per_round + 2 * (pp - 1 - rank) + 1) / v
+    if schedule == "InterleavedZeroBubble":
+        return min(m * v, (v - 1) * per_round + pp) / v
+    if schedule == "ZBVZeroBubble":
+        return min(2 * pp, m + 1 + rank) / 2
+    return float(min(m, pp - rank))  # 1F1B
 
 
 def checkpointed_blocks(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:

@@ -367,11 +367,10 @@ def test_llama3_405b_on_2048_nodes_gets_tp8_and_pp_in_under_5s():
     best = result.best()
     assert best.layout.tp == 8, best.describe()
     # Checkpointing every 2nd block lets 2048-way HSDP without PP fit, and the planner ranks it
-    # within its own error of the pipelined layouts: a pp > 1 layout stays within 5% (it was
-    # 3% until op-level checkpointing under TP began to recompute wo and w2 rather than keep
-    # their full-size partial sums; the calibrated planner is issue 24's).
+    # within its own error of the pipelined layouts: a pp > 1 layout stays within 3%. (Since
+    # interleaved schedules are counted by torch's tables, a pipelined layout is the best.)
     piped = next(c for c in result.candidates if c.layout.pp > 1)
-    assert piped.time.step_seconds <= 1.05 * best.time.step_seconds, piped.describe()
+    assert piped.time.step_seconds <= 1.03 * best.time.step_seconds, piped.describe()
     reasons = {r["family"]: r["reason"] for r in result.rejected}
     assert reasons["tp=16"] == "tp=16 crosses the node boundary (8 devices per node)"
     # Checkpointing every block, as Megatron-LM does, it is tp=8 with pipeline stages.
@@ -474,6 +473,36 @@ def test_too_small_a_batch_says_how_large_it_must_be():
     assert "needs at least 64 sequences" in result.message
 
 
+def test_inflight_microbatches_match_a_replay_of_torch_schedule_tables():
+    """Every schedule, pp 2 to 8, m from pp to 3pp, v 2 to 4: the planner's count of the
+    microbatches the first and the last rank hold at their peak is the replayed tables'.
+    (A denser grid, m from pp to 4pp for pp 2, 3, 4, 6, 8, matched too; it takes 10 s.)"""
+    import importlib.util
+    from pathlib import Path
+
+    from lightning_dist.planner.memory import inflight_microbatches
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "schedules.py"
+    spec = importlib.util.spec_from_file_location("bench_schedules", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    checked = 0
+    for name in bench.SCHEDULES:
+        for pp, ms in ((2, (2, 3, 4, 6)), (3, (3, 4, 6, 9)), (4, (4, 5, 6, 8, 12)), (8, (8, 16))):
+            for m in ms:
+                for v in {"GPipe": (1,), "1F1B": (1,), "ZBVZeroBubble": (2,)}.get(name, (2, 3, 4)):
+                    try:
+                        peaks = bench.peak_inflight(name, pp, m, v)
+                    except ValueError:  # a count torch refuses (Interleaved1F1B: m % rounds)
+                        continue
+                    layout = Layout(pp=pp, schedule=name, virtual_stages=v)
+                    for stage, rank in (("first", 0), ("last", pp - 1)):
+                        got = inflight_microbatches(layout, stage, m) * v
+                        assert got == peaks[rank], (name, pp, m, v, stage, peaks)
+                    checked += 1
+    assert checked > 80
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 
 
@@ -532,5 +561,5 @@ def test_cli_json_for_405b_on_2048_nodes(capsys):
     assert chosen["fits"] and chosen["layout"]["tp"] == 8
     assert chosen["activation_checkpointing"] in ("none", "every_2", "op", "full")
     piped = next(c for c in result["candidates"] if c["layout"]["pp"] > 1)
-    assert piped["step_seconds"] <= 1.05 * chosen["step_seconds"]  # as in the test above
+    assert piped["step_seconds"] <= 1.03 * chosen["step_seconds"]
     assert elapsed < 15  # the acceptance bound is 5 s; leave room for a loaded test machine
