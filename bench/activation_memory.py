@@ -40,10 +40,10 @@ NAMES = {0: "none", "op": "op", "full": "full"}
 
 def counted(row: dict, model, batch: int, seq: int) -> dict:
     """`row` with the analytic and planner counts and the ratios added."""
-    settings = TrainSettings.of(
+    settings = TrainSettings.of(  # plain TP or one process on a CPU: no FSDP
         global_batch_size=batch, seq_len=seq, micro_batch_size=batch,
-        precision=row["precision"], sequence_parallel=row["tp"] > 1,
-        activation_checkpointing=row["checkpointing"],
+        precision=row["precision"], sharding="NO_SHARD", accelerator="cpu",
+        sequence_parallel=row["tp"] > 1, activation_checkpointing=row["checkpointing"],
     )  # fmt: skip
     analytic = analytic_checkpointed_layer_bytes(model, row["tp"], settings)
     planner = checkpointed_layer_bytes(model, row["tp"], settings)

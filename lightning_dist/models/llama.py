@@ -99,12 +99,24 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
         return _RMSNormFunction.apply(x, self.weight, self.eps, dtype)
 
     def reset_parameters(self) -> None:
         """Set the scale to one."""
         nn.init.ones_(self.weight)
+
+
+def _kernel_groups_heads(q: torch.Tensor) -> bool:
+    """Can SDPA group the query heads itself (`enable_gqa`) without leaving its fast kernel?
+    On CPUs its flash kernel does, keeping k and v unrepeated for backward. On CUDA only the
+    flash kernel takes `enable_gqa` (fp16/bf16, head_dim up to 256); elsewhere SDPA would fall
+    back to the math path and its s x s scores, so k and v are repeated instead. (The CUDA
+    branch has never run on a GPU.)"""
+    if q.device.type == "cpu":
+        return True
+    return q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
 
 
 class Attention(nn.Module):
@@ -128,10 +140,14 @@ class Attention(nn.Module):
         q = apply_rope(q, rope_cos[:seqlen], rope_sin[:seqlen])
         k = apply_rope(k, rope_cos[:seqlen], rope_sin[:seqlen])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, head_dim]
-        # Grouped-query attention inside the kernel: query head i reads kv head i // repeats
-        # (the grouping of the Llama reference and Hugging Face, which also holds per
-        # tensor-parallel shard of contiguous heads), and backward keeps k and v unrepeated.
+        # Query head i reads kv head i // repeats: the grouping of the Llama reference and
+        # Hugging Face, which also holds per tensor-parallel shard of contiguous heads.
         grouped = q.shape[1] != k.shape[1]
+        if grouped and not _kernel_groups_heads(q):
+            repeats = q.shape[1] // k.shape[1]
+            k = k.repeat_interleave(repeats, dim=1)
+            v = v.repeat_interleave(repeats, dim=1)
+            grouped = False
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 

@@ -99,17 +99,20 @@ class SelectivePolicy:
     def __call__(self, ctx, op, *args, **kwargs):
         from torch.utils.checkpoint import CheckpointPolicy
 
-        keep = op in self.saved and not (self.inside_row_parallel and op in self.matmuls)
+        keep = op in self.saved and not (self.inside_row_parallel > 0 and op in self.matmuls)
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     def context_fn(self):
         """The `context_fn` of torch.utils.checkpoint: a plain function, as torch.compile
-        requires of it. (Under compile the policy is asked while the graph is partitioned,
-        after the hooks ran; torch.compile with tp > 1 is refused today, and without TP no
-        module is watched.)"""
+        requires of it. (Under inductor or aot_eager the policy is asked while the graph is
+        partitioned, after the hooks ran, and the planner refuses those backends with tp > 1;
+        without TP no module is watched. The eager backend with tp > 1 is untested.)"""
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         def context():
+            # A block's forward starts outside every linear: a count left over by a forward
+            # that raised (or by a hook of another style that raised first) starts again here.
+            self.inside_row_parallel = 0
             return create_selective_checkpoint_contexts(self)
 
         return context

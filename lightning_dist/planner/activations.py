@@ -141,24 +141,29 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
 
 def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     """Bytes per token one checkpointed block's recomputation adds while its backward runs,
-    beyond what it keeps (`checkpointed_layer_bytes`), on one TP rank.
+    beyond what it keeps (`checkpointed_layer_bytes`), on one TP rank. Inside a checkpoint
+    the sequence-parallel projections save their gathered, full-sequence input (the shard
+    hooks of `parallel/sequence_parallel.py` stand aside there), 2 x w x d for the two.
 
-    - full: everything `layer_activation_bytes` counts but the block's input, which is kept;
-    - op: the tensors it recomputes, i.e. `layer_activation_bytes` less the block's input, SDPA's
-      output and w1 and w3's outputs (kept; under the math path one of the two score matrices
-      too), less wo and w2's outputs, which the recomputation hands back to the residual adds
-      and frees.
+    - full: everything `layer_activation_bytes` counts but the block's input, which is kept,
+      with the projections' inputs full-sequence;
+    - op: what it recomputes and backward reads: the mid-block residual, r x d / sp, the
+      projections' inputs, 2 x w x d, q and k after RoPE, w x (d + kv) / tp, and SwiGLU's
+      product, w x h / tp (under the math path also one of the two score matrices). The
+      partial sums of wo and w2 under TP live only until their cached reduction replaces them.
     """
     mode = settings.activation_checkpointing.mode
     if mode == "none":
         return 0.0
     d, h = model.dim, model.hidden_dim
-    w = settings.matmul_bytes
+    kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
+    w, r = settings.matmul_bytes, settings.residual_bytes
     sp = tp if settings.sequence_parallel else 1
-    block_input = settings.residual_bytes * d / sp
-    recomputed = layer_activation_bytes(model, tp, settings) - block_input
-    if mode == "op":
-        recomputed -= w * (d + 2 * h) / tp + 2 * d * w
-        if settings.attention == "math":
-            recomputed -= model.n_heads * settings.seq_len * w / tp
+    gathered_inputs = 2 * w * d
+    if mode == "full":
+        plain = layer_activation_bytes(model, tp, settings) - r * d / sp - 2 * w * d / sp
+        return plain + gathered_inputs
+    recomputed = r * d / sp + gathered_inputs + w * (d + kv + h) / tp
+    if settings.attention == "math":
+        recomputed += model.n_heads * settings.seq_len * w / tp
     return recomputed

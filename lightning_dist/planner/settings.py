@@ -200,9 +200,9 @@ class TrainSettings:
         return cls(options=with_knobs(options or PLANNER_OPTIONS, knobs), **kwargs)
 
 
-PLANNER_OPTIONS = StrategyOptions().with_knobs(sequence_parallel=True)
-"""The knobs the planner assumes when no strategy is given: every default, with sequence
-parallelism on under TP (the layouts it proposes run it: `plan.strategy_overrides`)."""
+PLANNER_OPTIONS = StrategyOptions()
+"""The knobs the planner assumes when no strategy is given: every default (sequence parallelism
+is auto, on under TP with the Llama plan the planner models)."""
 
 
 def with_knobs(options: StrategyOptions, knobs: dict) -> StrategyOptions:

@@ -201,13 +201,17 @@ def step_time(
     tp_comm = 0.0
     if tp > 1:
         bw, lat = link(1, tp)
-        # All-reduce equivalents per block: 2 in forward, 2 in backward; full checkpointing
-        # replays the forward's 2; op under SP gathers the norm outputs again (2 all-gathers,
-        # half an all-reduce each).
+        # All-reduce equivalents per block: 2 in forward, 2 in backward. Under SP a plain
+        # block's backward gathers the projections' inputs again (2 all-gathers, half an
+        # all-reduce each: `parallel/sequence_parallel.py`); a checkpointed block does not,
+        # but replays its forward's: all 2 under full, the gathers alone under op.
         mode = settings.activation_checkpointing.mode
-        replayed = {"full": 2, "op": 1 if settings.sequence_parallel else 0}.get(mode, 0)
+        regather = 1 if settings.sequence_parallel else 0
+        replayed = {"full": 2, "op": regather}.get(mode, 0)
         calls = m * max(
-            4 * sh.layers + replayed * checkpointed_blocks(layout, settings, sh) for sh in shapes
+            (4 + regather) * sh.layers
+            + (replayed - regather) * checkpointed_blocks(layout, settings, sh)
+            for sh in shapes
         )
         tp_comm = calls * (allreduce_volume(act_bytes, tp) / bw + 2 * (tp - 1) * lat)
     pp_comm = 0.0

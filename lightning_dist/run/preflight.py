@@ -131,7 +131,8 @@ def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision:
         "schedule": layout.schedule,
         "microbatches": best.grad_accumulation if layout.pp > 1 else None,
         "virtual_stages": layout.virtual_stages,
-        "sequence_parallel": bool(settings.sequence_parallel and layout.tp > 1),
+        # auto stays auto: the strategy turns it on where the model's TP plan allows.
+        "sequence_parallel": settings.options.tp.sequence_parallel if layout.tp > 1 else False,
         "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
     }

@@ -86,8 +86,8 @@ def test_each_checkpointing_choice_keeps_what_the_planner_counts():
     assert measured["full"] == planner["full"] == 4 * model.dim
     for ac in (0, 2):  # the plain count leaves out SDPA's log-sum-exp and RMSNorm's 1/rms
         assert planner[ac] <= measured[ac] <= 1.01 * planner[ac]
-    # With this narrow MLP (h = 2d) in fp32, op-level keeps more than every 2nd block does; for
-    # Llama 3 8B in bf16 it is the other way round (tests/unit/test_planner.py).
+    # With this narrow MLP (h = 2d) in fp32, op-level keeps more than every 2nd block does, as it
+    # does for Llama 3 8B in bf16 (tests/unit/test_planner.py).
     assert measured[0] > measured["op"] > measured[2] > measured["full"]
 
 

@@ -22,6 +22,8 @@ def test_prediction_matches_measurement(name, train_in, tmp_path):
     result = compare(name, workdir=tmp_path, train=train_in)
     # Sanity of the measurement itself: the peak holds the model states and the activations.
     assert result.measured["total"] >= result.measured["model states"] > 0
-    assert result.measured["activations"] > 0.4 * result.measured["total"]
+    # (0.4 until the activation work of docs/PLANNER.md made them a fifth smaller: `ddp 2`
+    # measured 0.39.)
+    assert result.measured["activations"] > 0.35 * result.measured["total"]
     for category, tolerance in TOLERANCES.items():
         assert abs(result.error(category)) <= tolerance, result.failures()

@@ -5,6 +5,8 @@ sequence parallelism and per checkpointing choice is tests/dist/test_activation_
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from lightning_dist.models.llama import RMSNorm
@@ -52,12 +54,15 @@ def test_swiglu_keeps_its_two_projections_and_w2_its_input_with_autograds_gradie
     hidden = {t.untyped_storage().data_ptr() for t in saved if t.numel() == 2 * 3 * 16}
     assert len(hidden) == 3  # w1 x, w3 x and their product (w2's input); not silu(w1 x)
     grad = torch.randn_like(out)
+    plain = copy.deepcopy(ffn)
     out.backward(grad)
     x2 = x.detach().requires_grad_()
-    ref = ffn.w2(torch.nn.functional.silu(ffn.w1(x2)) * ffn.w3(x2))
+    ref = plain.w2(torch.nn.functional.silu(plain.w1(x2)) * plain.w3(x2))
     assert torch.equal(out, ref)
     ref.backward(grad)
     assert torch.equal(x.grad, x2.grad)
+    for (name, a), b in zip(ffn.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
 
 
 def test_grouped_query_attention_keeps_k_and_v_unrepeated_and_matches_the_repeated_form():
@@ -83,4 +88,24 @@ def test_grouped_query_attention_keeps_k_and_v_unrepeated_and_matches_the_repeat
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
     )
-    assert torch.equal(out, attention.wo(ref.transpose(1, 2).reshape(2, 16, -1)))
+    ref = attention.wo(ref.transpose(1, 2).reshape(2, 16, -1))
+    assert torch.equal(out, ref)
+    # The gradients agree up to the summation order of the grouped k and v gradients.
+    grad = torch.randn_like(out)
+    params = [x, *attention.parameters()]
+    got = torch.autograd.grad(out, params, grad)
+    want = torch.autograd.grad(ref, params, grad)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_rmsnorm_returns_the_autocast_dtype_under_autocast_and_the_input_dtype_outside():
+    norm = RMSNorm(16)
+    x = torch.randn(2, 4, 16)
+    assert norm(x).dtype == torch.float32
+    with torch.autocast("cpu", torch.bfloat16):
+        y = norm(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, norm(x).to(torch.bfloat16))  # one rounding of the same fp32 values
+    with torch.device("meta"):  # no autocast on meta: the input's dtype, no error
+        assert norm.to("meta")(torch.empty(2, 4, 16)).dtype == torch.float32

@@ -216,3 +216,8 @@ def test_sequence_parallel_is_on_under_tp_unless_turned_off(compose):
     assert resolved(model=HF) == ("auto", False)
     with pytest.raises(Exception, match="strategy.sequence_parallel=.yes. must be auto, true or"):
         resolved("strategy.sequence_parallel=yes")
+    from lightning_dist.options.knobs import TensorParallelOptions
+
+    for bad in (1, 0, "true", None):  # 1 == True in Python: the check is on the type
+        with pytest.raises(ValueError, match=f"strategy.sequence_parallel={bad!r} must be"):
+            TensorParallelOptions(sequence_parallel=bad)
