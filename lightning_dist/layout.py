@@ -7,6 +7,7 @@ torch.distributed, and it is imported lazily so the planner can use this file on
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -212,6 +213,47 @@ class Layout:
         return init_device_mesh(
             device_type, tuple(self.degrees().values()), mesh_dim_names=MESH_DIMS
         )
+
+
+def balanced_split(costs: list[int], num_stages: int) -> list[int]:
+    """Cut `costs` into `num_stages` contiguous non-empty runs minimising the largest run sum
+    (ties: the smaller sum of squares, i.e. the more even split); return the start index of
+    every run but the first."""
+    n = len(costs)
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = (float("inf"), float("inf"))
+    # best[s][i]: (largest run, sum of squared runs) when the first i items form s runs.
+    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = (0, 0)
+    for s in range(1, num_stages + 1):
+        for i in range(s, n - (num_stages - s) + 1):
+            for j in range(s - 1, i):
+                run = prefix[i] - prefix[j]
+                value = (max(best[s - 1][j][0], run), best[s - 1][j][1] + run * run)
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    points, i = [], n
+    for s in range(num_stages, 1, -1):
+        i = cut[s][i]
+        points.append(i)
+    return points[::-1]
+
+
+@functools.lru_cache(maxsize=256)
+def stage_sizes(n_blocks: int, num_stages: int, block: int, first: int, last: int) -> tuple[int, ...]:
+    """Blocks in each pipeline stage of a model of `n_blocks` equal blocks of `block` parameters
+    whose first stage also holds `first` parameters (the embedding) and its last `last` (the
+    final norm and the output): the cut `parallel/pipeline.py` makes without `split_points`
+    (`balanced_split` of the per-block parameter counts), so the planner counts the stages the
+    code builds."""
+    costs = [block] * n_blocks
+    costs[0] += first
+    costs[-1] += last
+    bounds = [0, *balanced_split(costs, num_stages), n_blocks]
+    return tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
 
 
 def tp_split_problem(args, tp: int) -> str | None:

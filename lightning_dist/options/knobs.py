@@ -277,8 +277,9 @@ class PipelineOptions:
 
     split_points: list[int] | None = knob(
         None, "First layer index of each stage after the first (pp x virtual_stages - 1 of "
-        "them); null balances stages by cost.",
-        planner_ignores="the planner cuts stages evenly",
+        "them, in stage order: with virtual stages, rank r holds stages r, r + pp, ...); null "
+        "balances stages by parameters, so the first and last stages (embedding, output) hold "
+        "fewer blocks.",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

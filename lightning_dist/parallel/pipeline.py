@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lightning_dist.layout import Layout
+from lightning_dist.layout import Layout, balanced_split  # noqa: F401 (re-exported)
 from lightning_dist.models.protocol import PipelineLayers
 
 log = logging.getLogger(__name__)
@@ -100,33 +100,6 @@ def _check_layer_paths(model: nn.Module) -> None:
                 _get(model, path)
             except AttributeError:
                 raise ValueError(f"{name}.{attr} names {path!r}, which the model lacks") from None
-
-
-def balanced_split(costs: list[int], num_stages: int) -> list[int]:
-    """Cut `costs` into `num_stages` contiguous non-empty runs minimising the largest run sum
-    (ties: the smaller sum of squares, i.e. the more even split); return the start index of
-    every run but the first."""
-    n = len(costs)
-    prefix = [0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    inf = (float("inf"), float("inf"))
-    # best[s][i]: (largest run, sum of squared runs) when the first i items form s runs.
-    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
-    best[0][0] = (0, 0)
-    for s in range(1, num_stages + 1):
-        for i in range(s, n - (num_stages - s) + 1):
-            for j in range(s - 1, i):
-                run = prefix[i] - prefix[j]
-                value = (max(best[s - 1][j][0], run), best[s - 1][j][1] + run * run)
-                if value < best[s][i]:
-                    best[s][i], cut[s][i] = value, j
-    points, i = [], n
-    for s in range(num_stages, 1, -1):
-        i = cut[s][i]
-        points.append(i)
-    return points[::-1]
 
 
 def _check_split_points(points: list[int], n_blocks: int, num_stages: int) -> None:

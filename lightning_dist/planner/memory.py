@@ -9,10 +9,9 @@ the model package (and through it torch).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-from lightning_dist.layout import Layout
+from lightning_dist.layout import Layout, stage_sizes
 from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
     layer_activation_bytes,
@@ -72,54 +71,71 @@ class StageShape:
     output): FSDP's root unit."""
     has_embedding: bool
     has_output: bool
+    chunks: tuple[int, ...] = ()
+    """Blocks of each pipeline chunk this rank holds, in its stages' order (one chunk without
+    interleaving); empty means one chunk of `layers`."""
+    rank: int = 0
+    """The pipeline rank (0 without PP)."""
+
+    @property
+    def chunk_blocks(self) -> tuple[int, ...]:
+        return self.chunks or (self.layers,)
 
 
-def stage_layers(n_layers: int, layout: Layout) -> int:
-    """Blocks on the busiest pipeline rank: v chunks of ceil(L / (pp * v)) blocks.
-
-    Uneven splits are allowed (Llama 3 405B has 126 layers, which no pp > 2 power of two
-    divides); the busiest rank sets the pace and the memory.
-    """
-    v = layout.virtual_stages if layout.pp > 1 else 1
-    return v * math.ceil(n_layers / (layout.pp * v))
-
-
-def stage_shapes(model, layout: Layout) -> list[tuple[str, StageShape]]:
-    """The stage positions worth checking: ('only',) without PP, else ('first', 'last').
-
-    Under TP the projections and the vocab-parallel embedding/output divide by tp; the norm
-    scales are replicated. The schedule ZBVZeroBubble folds the pipeline into a V, so its first
-    rank also holds the output.
+def stage_shapes(
+    model, layout: Layout, split_points: list[int] | None = None
+) -> list[tuple[str, StageShape]]:
+    """One entry per pipeline rank ('only' without PP; 'first', 'rank r' ..., 'last'), with
+    the blocks of each of its chunks as the code cuts them: `layout.stage_sizes`, the balanced
+    split of `parallel/pipeline.py` over the parameter counts (the embedding on the first
+    stage, the final norm and output on the last, which therefore hold fewer blocks; Llama 3
+    405B's 126 layers over 16 stages: 7, 8, ..., 8, 7), and the chunks of a rank as
+    `Layout.stage_ids` assigns them (looped, or a V for ZBVZeroBubble, whose first rank holds
+    the output too). `split_points` (`strategy.split_points`: the first block of every stage
+    but the first) replaces the balanced cut. Under TP the projections and the vocab-parallel
+    embedding/output divide by tp; the norm scales are replicated.
     """
     tp, d = layout.tp, model.dim
     block = (model.block_params() - 2 * d) / tp + 2 * d
     vocab = model.vocab_size * d / tp
-    layers = stage_layers(model.n_layers, layout)
 
-    def shape(first: bool, last: bool) -> StageShape:
+    def shape(first: bool, last: bool, chunks: tuple[int, ...], rank: int) -> StageShape:
         roots = []
         if first:
             roots.append(vocab)
         if last:
             # A tied output shares the embedding's weight only when both live on this rank.
             roots.append((0.0 if (model.tie_embeddings and first) else vocab) + d)
-        return StageShape(layers, layers * block + sum(roots), block, tuple(roots), first, last)
+        layers = sum(chunks)
+        params = layers * block + sum(roots)
+        return StageShape(layers, params, block, tuple(roots), first, last, chunks, rank)
 
     if layout.pp == 1:
-        return [("only", shape(True, True))]
-    if layout.schedule == "ZBVZeroBubble":
-        return [("first", shape(True, True)), ("last", shape(False, False))]
-    return [("first", shape(True, False)), ("last", shape(False, True))]
+        return [("only", shape(True, True, (model.n_layers,), 0))]
+    n = layout.num_stages
+    embedding = model.vocab_size * d
+    if split_points:
+        bounds = [0, *split_points, model.n_layers]
+        sizes = tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    else:
+        sizes = stage_sizes(model.n_layers, n, model.block_params(), embedding, embedding + d)
+    out = []
+    for rank in range(layout.pp):
+        ids = layout.stage_ids(rank)
+        name = "first" if rank == 0 else "last" if rank == layout.pp - 1 else f"rank {rank}"
+        chunks = tuple(sizes[i] for i in ids)
+        out.append((name, shape(0 in ids, n - 1 in ids, chunks, rank)))
+    return out
 
 
-def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> float:
+def inflight_microbatches(layout: Layout, stage: str | int, microbatches: int) -> float:
     """Microbatches, in whole-stage units, whose activations one rank holds at its peak: the
     most forwards it has run and not yet finished the backward of (for the zero-bubble
     schedules, the weight-gradient half), as torch's own schedule tables order them
     (`tests/unit/test_planner.py` replays those tables, with `bench/schedules.py`, and finds
     these counts exactly for pp 2 to 8, m from pp to 4pp, v 2 to 4).
 
-    Rank r is 0 for the first stage, pp - 1 for the last. A rank of an interleaved schedule
+    `stage` is the pipeline rank r, or 'first' (0), 'only' (0) or 'last' (pp - 1). A rank of an interleaved schedule
     runs v chunks of its stage, so c held chunks are c / v stage-microbatches. With
     k = m // max(1, m // pp), the microbatches per round of torch's interleaved schedules:
 
@@ -133,7 +149,7 @@ def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> floa
     pp, m, v = layout.pp, microbatches, layout.virtual_stages
     if pp == 1:
         return 1.0
-    rank = 0 if stage in ("first", "only") else pp - 1
+    rank = stage if isinstance(stage, int) else 0 if stage in ("first", "only") else pp - 1
     per_round = m // max(1, m // pp)
     schedule = layout.schedule
     if schedule == "GPipe":
@@ -150,8 +166,8 @@ def inflight_microbatches(layout: Layout, stage: str, microbatches: int) -> floa
 def checkpointed_blocks(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
     """Blocks of one rank of a stage that activation checkpointing wraps: blocks 0, n, 2n, ...
     of each of its chunks (each chunk is checkpointed on its own, `parallel/parallelize.py`)."""
-    v = layout.virtual_stages if layout.pp > 1 else 1
-    return v * settings.activation_checkpointing.checkpointed(shape.layers // v)
+    choice = settings.activation_checkpointing
+    return sum(choice.checkpointed(c) for c in shape.chunk_blocks)
 
 
 def activation_bytes(
@@ -183,23 +199,27 @@ def activation_bytes(
     residual, w = settings.residual_bytes, settings.matmul_bytes
     plain = layer_activation_bytes(model, tp, settings) * tokens
     kept = checkpointed_layer_bytes(model, tp, settings) * tokens
-    inflight = inflight_microbatches(layout, stage, microbatches)
+    inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
     if shape.has_output:
         per_vocab = 8 if settings.precision == "32-true" else w + 8
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
         logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
-    checkpointed = checkpointed_blocks(layout, settings, shape)
-    stage_kept = (shape.layers - checkpointed) * plain + checkpointed * kept
-    peak = stage_kept + logits
     choice = settings.activation_checkpointing
-    v = layout.virtual_stages if layout.pp > 1 else 1
-    last = choice.last_checkpointed(shape.layers // v)
+
+    def chunk_kept(blocks: int) -> float:
+        checkpointed = choice.checkpointed(blocks)
+        return (blocks - checkpointed) * plain + checkpointed * kept
+
+    chunks = shape.chunk_blocks
+    stage_kept = sum(chunk_kept(c) for c in chunks)
+    peak = stage_kept + logits
+    last = choice.last_checkpointed(chunks[-1])
     if last is not None:
         # Blocks 0..last of the last chunk: last // n + 1 of them checkpointed.
         ahead = last // choice.every_n + 1
-        before = stage_kept * (v - 1) / v + ahead * kept + (last + 1 - ahead) * plain
+        before = stage_kept - chunk_kept(chunks[-1]) + ahead * kept + (last + 1 - ahead) * plain
         recompute = recomputed_layer_bytes(model, tp, settings) * tokens
         peak = max(peak, before + recompute)
     return (inflight - 1) * stage_kept + peak
@@ -279,7 +299,7 @@ def memory_per_device(
     """
     microbatches = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
     worst = None
-    for stage, shape in stage_shapes(model, layout):
+    for stage, shape in stage_shapes(model, layout, settings.options.pipeline.split_points):
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)
         acts = activation_bytes(model, layout, settings, shape, stage, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)

@@ -185,7 +185,8 @@ def step_time(
     peak = hardware.peak_flops(settings.precision)
     if compile_speedup is None:
         compile_speedup = COMPILE_SPEEDUP[settings.compile_backend] if settings.compile else 1.0
-    shapes = [shape for _, shape in stage_shapes(model, layout)]
+    split_points = settings.options.pipeline.split_points
+    shapes = [shape for _, shape in stage_shapes(model, layout, split_points)]
     train, recompute = max(
         (_stage_flops_per_token(model, layout, settings, sh) for sh in shapes), key=sum
     )

@@ -43,7 +43,7 @@ VALUES = {
     "tp_plan": ("{output: colwise}", {"output": "colwise"}, ["strategy.tp=2"]),
     "sequence_parallel": ("false", False, ["strategy.tp=2"]),  # on (auto) by default
     "loss_parallel": ("false", False, ["strategy.tp=2"]),
-    "split_points": ("[16]", [16], ["strategy.pp=2"]),
+    "split_points": ("[10]", [10], ["strategy.pp=2"]),
     "activation_checkpointing": ("op", "op", []),
     "compile": ("true", True, ["strategy.compile_backend=aot_eager"]),
     "compile_backend": ("aot_eager", "aot_eager", ["strategy.compile=true"]),
