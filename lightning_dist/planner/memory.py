@@ -18,7 +18,6 @@ from lightning_dist.planner.activations import (
     recomputed_layer_bytes,
 )
 from lightning_dist.planner.settings import (
-    FRAGMENTATION,
     RESERVE_BYTES,
     TrainSettings,
     state_bytes,
@@ -293,9 +292,9 @@ def memory_per_device(
     """Predicted peak bytes on one device of the worst stage, by category.
 
     `layout` must be resolved; the number of microbatches per step is the per-rank batch
-    (global_batch_size / dp) over micro_batch_size. The reserve is a fixed runtime cost
-    (RESERVE_BYTES) plus FRAGMENTATION of everything else; neither is a tensor, so
-    `MemoryBreakdown.tensors` leaves them out.
+    (global_batch_size / dp) over micro_batch_size. The reserve is the runtime's fixed cost
+    (RESERVE_BYTES), not a tensor, so `MemoryBreakdown.tensors` leaves it out; the allocator's
+    slack is left to the fit test's one margin (DEFAULT_HEADROOM).
     """
     microbatches = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
     worst = None
@@ -303,10 +302,7 @@ def memory_per_device(
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)
         acts = activation_bytes(model, layout, settings, shape, stage, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
-        subtotal = params + grads + optimizer + acts + buffers
-        accelerator = settings.accelerator
-        fragmentation = FRAGMENTATION.get(accelerator, FRAGMENTATION["gpu"])
-        reserve = RESERVE_BYTES.get(accelerator, RESERVE_BYTES["gpu"]) + fragmentation * subtotal
+        reserve = RESERVE_BYTES.get(settings.accelerator, RESERVE_BYTES["gpu"])
         mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage)
         if worst is None or mem.total > worst.total:
             worst = mem

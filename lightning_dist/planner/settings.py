@@ -40,14 +40,14 @@ DEFAULT_DP_OVERLAP = 0.8
 DEFAULT_OVERLAP_SLOWDOWN = 0.2
 """Slowdown of compute while hidden communication runs beside it (SM and HBM contention)."""
 DEFAULT_HEADROOM = 0.9
-"""A layout fits when its predicted peak is at most this fraction of device memory."""
+"""The planner's one safety margin: a layout fits when its predicted peak (its tensors plus the
+runtime's RESERVE_BYTES) is at most this fraction of device memory. The other 10% is for what
+the count leaves out: the caching allocator's slack on GPUs (fragmentation, a few percent) and
+the planner's own error (the calibration table's totals are within 7% on this CPU)."""
 RESERVE_BYTES = {"gpu": 1.0 * GIB, "cpu": correction("reserve_bytes", "cpu")}
 """CUDA context, NCCL buffers and cuBLAS workspaces (GPU: assumed, never measured), or the
 runtime itself (CPU: torch, Lightning, gloo and Python, about 0.5 GiB resident per rank, measured:
 the `reserve_bytes` correction of planner/calibration.json; docs/PLANNER.md)."""
-FRAGMENTATION = {"gpu": 0.05, "cpu": 0.0}
-"""Caching-allocator slack, as a fraction of everything else on the device. A CPU tensor is a
-plain malloc (large ones are mmapped and returned on free), so there is none to budget."""
 NOMINAL_PEAK_FLOPS = 1e11
 """Per-device FLOP/s assumed when the hardware spec has no peak (ranking only; MFU is None)."""
 NOMINAL_LINK_GBYTES_PER_SEC = 5.0
