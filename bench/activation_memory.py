@@ -2,9 +2,9 @@
 
     python bench/activation_memory.py [--json out.json]
 
-Runs `tests/dist/actmem_ranks.py` on 2 gloo ranks (torchrun, about a minute on 2 cores): with
+Runs `tests/dist/actmem_ranks.py` on 2 gloo ranks (torchrun, about half a minute on 2 cores): with
 torch's MemTracker it measures the activations of one training step of llama_debug-shaped
-models (d = 64, h = 128, 4 heads, 2 kv heads, 8 x 128 tokens) with 4 and 2 blocks; their
+models (d = 64, h = 128, 4 heads, 2 kv heads, 4 x 128 tokens) with 4 and 2 blocks; their
 difference over 2 blocks and the tokens is the bytes per token and block. Rows: one process and
 tp = 2 with sequence parallelism, 32-true and bf16-mixed, no / op / full checkpointing. Each row
 prints the measurement, the analytic count (`planner.activations.analytic_checkpointed_layer_bytes`,
@@ -89,7 +89,7 @@ def measure(out: Path) -> dict:
     script = ROOT / "tests" / "dist" / "actmem_ranks.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(script),
            str(out)]  # fmt: skip
-    print("measuring on 2 ranks (about a minute) ...", flush=True)
+    print("measuring on 2 ranks (about half a minute) ...", flush=True)
     subprocess.run(cmd, check=True, env=env, timeout=900)
     return json.loads(out.read_text())
 

@@ -1,11 +1,11 @@
 """Rank worker of tests/dist/test_activation_memory_dist.py; run it with `torchrun --nproc-per-node 2`.
 
-Under tp=2 with sequence and loss parallelism (and the chunked loss, so the logits are not in
-the way), it measures with MemTracker (`measure_step`) the activations of one training step of
-llama_debug-shaped models with 2 and 4 blocks, without checkpointing and with op-level
-checkpointing: their difference over 2 blocks and the tokens is the activation bytes per token
-and block. It also checks that the step computes what one process computes. Rank 0 writes a
-JSON to argv[1].
+With the chunked loss (so the logits are not in the way), it measures with MemTracker
+(`measure_step`) the activations of one training step of llama_debug-shaped models with 2 and
+4 blocks: their difference over 2 blocks and the tokens is the activation bytes per token and
+block (`table`: one process and tp=2 with sequence and loss parallelism, fp32 and bf16-mixed,
+no / op / full checkpointing; bench/activation_memory.py prints it). It also records the tp=2
+step's losses and one process's, for the parity check. Rank 0 writes a JSON to argv[1].
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.memory import measure_step
 from lightning_dist.parallel.tp import apply_tp
 
-BATCH, SEQ, CHUNK = 8, 128, 256
+BATCH, SEQ, CHUNK = 4, 128, 256
 
 
 def args(n_layers: int) -> ModelArgs:
@@ -46,7 +46,7 @@ CHECKPOINTING = (0, "op", "full")
 
 
 def activations_per_block(
-    mesh, batch, checkpointing=0, precision="32-true", sequence_parallel=True
+    mesh, batch, checkpointing=0, precision="32-true", sequence_parallel=True, losses=None
 ) -> float:
     """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with loss
     parallelism, and SP unless turned off) over `mesh`, or one process without a mesh;
@@ -68,21 +68,26 @@ def activations_per_block(
         step = step_fn(model, head, opt, batch, tp=mesh is not None, precision=precision)
         step()
         measured[n_layers] = measure_step(step, model, [opt])["activations"]
+        if losses is not None and n_layers == 4:
+            losses.extend(step.losses)  # the 4-block model's two steps
     per_block = (measured[4] - measured[2]) / 2
     if precision == "bf16-mixed" and not checkpointing:
         tp = 1 if mesh is None else mesh.size()
         per_block -= 2 * (args(1).block_params() - 2 * args(1).dim) / tp
-    return per_block / (BATCH * SEQ)
+    return per_block / (batch.shape[0] * (batch.shape[1] - 1))
 
 
-def table(mesh, batch) -> list[dict]:
+def table(mesh, batch, tp2_losses: list | None = None) -> list[dict]:
     """The activation bytes per token and block of every row: one process and tp=2 with SP,
-    fp32 and bf16-mixed, no / op / full checkpointing."""
+    fp32 and bf16-mixed, no / op / full checkpointing. `tp2_losses` receives the losses of the
+    plain fp32 tp=2 row's 4-block model."""
     rows = []
     for tp, row_mesh in ((1, None), (2, mesh)):
         for precision in PRECISIONS:
             for ac in CHECKPOINTING:
-                measured = activations_per_block(row_mesh, batch, ac, precision)
+                plain_tp2 = tp == 2 and precision == "32-true" and ac == 0
+                losses = tp2_losses if plain_tp2 else None
+                measured = activations_per_block(row_mesh, batch, ac, precision, losses=losses)
                 rows.append({"tp": tp, "precision": precision, "checkpointing": ac,
                              "measured": measured})  # fmt: skip
     return rows
@@ -110,17 +115,8 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     mesh = Layout(tp=2).build_mesh("cpu")["tp"]
     batch = torch.randint(0, 512, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
-    result = {"tokens": BATCH * SEQ}
-    for n_layers in (2, 4):
-        model, head = build(n_layers)
-        apply_tp(model, mesh, sequence_parallel=True, loss_parallel=True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step = step_fn(model, head, opt, batch, tp=True)
-        step()
-        result[f"activations {n_layers}"] = measure_step(step, model, [opt])["activations"]
-        result[f"tp2 losses {n_layers}"] = step.losses
-    result["op per block"] = activations_per_block(mesh, batch, "op")
-    result["table"] = table(mesh, batch)
+    result = {"tokens": BATCH * SEQ, "tp2 losses 4": []}
+    result["table"] = table(mesh, batch, result["tp2 losses 4"])
     model, head = build(4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = step_fn(model, head, opt, batch, tp=False)

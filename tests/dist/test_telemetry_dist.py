@@ -70,11 +70,11 @@ def test_measured_bubble_matches_the_schedule(train_in, tmp_path, schedule):
     it is 2 points quiet, so load has twice the work to hide behind."""
     summary = train_in(
         # Enough work per microbatch (4 x 1024 tokens) that per-action overhead stays small;
-        # steps 3, 4 and 5 are profiled.
+        # steps 2, 3 and 4 are profiled.
         ["model=tiny", "data=synthetic", "data.seq_len=1024", "data.global_batch_size=16",
-         "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=5",
+         "logger=none", "trainer.val_check_interval=null", "trainer.max_steps=4",
          "strategy=pp", "strategy.pp=2", f"strategy.schedule={schedule}",
-         "strategy.microbatches=4", "callbacks.comm.first_step=3",
+         "strategy.microbatches=4", "callbacks.comm.first_step=2",
          "callbacks.comm.every_n_steps=1"],
         tmp_path,
     )  # fmt: skip
