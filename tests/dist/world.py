@@ -18,6 +18,7 @@ hang costs one case, never the session.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import multiprocessing as mp
 import os
@@ -51,6 +52,9 @@ def _leave_groups() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    # A group lives (with its gloo loop threads) until nothing holds it: collect the case's
+    # reference cycles (trainer, strategy, modules) now rather than at some later case.
+    gc.collect()
 
 
 def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
