@@ -252,7 +252,13 @@ def stage_sizes(n_blocks: int, num_stages: int, block: int, first: int, last: in
     costs = [block] * n_blocks
     costs[0] += first
     costs[-1] += last
-    bounds = [0, *balanced_split(costs, num_stages), n_blocks]
+    return run_lengths(balanced_split(costs, num_stages), n_blocks)
+
+
+def run_lengths(split_points: list[int], n_blocks: int) -> tuple[int, ...]:
+    """Blocks per stage of `n_blocks` cut at `split_points` (each stage's first block but the
+    first stage's)."""
+    bounds = [0, *split_points, n_blocks]
     return tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
 
 

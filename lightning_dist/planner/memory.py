@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from lightning_dist.layout import Layout, stage_sizes
+from lightning_dist.layout import Layout, run_lengths, stage_sizes
 from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
     layer_activation_bytes,
@@ -70,15 +70,11 @@ class StageShape:
     output): FSDP's root unit."""
     has_embedding: bool
     has_output: bool
-    chunks: tuple[int, ...] = ()
+    chunks: tuple[int, ...]
     """Blocks of each pipeline chunk this rank holds, in its stages' order (one chunk without
-    interleaving); empty means one chunk of `layers`."""
-    rank: int = 0
+    interleaving); `layers` is their sum."""
+    rank: int
     """The pipeline rank (0 without PP)."""
-
-    @property
-    def chunk_blocks(self) -> tuple[int, ...]:
-        return self.chunks or (self.layers,)
 
 
 def stage_shapes(
@@ -114,8 +110,7 @@ def stage_shapes(
     n = layout.num_stages
     embedding = model.vocab_size * d
     if split_points:
-        bounds = [0, *split_points, model.n_layers]
-        sizes = tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+        sizes = run_lengths(split_points, model.n_layers)
     else:
         sizes = stage_sizes(model.n_layers, n, model.block_params(), embedding, embedding + d)
     out = []
@@ -166,11 +161,11 @@ def checkpointed_blocks(layout: Layout, settings: TrainSettings, shape: StageSha
     """Blocks of one rank of a stage that activation checkpointing wraps: blocks 0, n, 2n, ...
     of each of its chunks (each chunk is checkpointed on its own, `parallel/parallelize.py`)."""
     choice = settings.activation_checkpointing
-    return sum(choice.checkpointed(c) for c in shape.chunk_blocks)
+    return sum(choice.checkpointed(c) for c in shape.chunks)
 
 
 def activation_bytes(
-    model, layout: Layout, settings: TrainSettings, shape: StageShape, stage: str, microbatches: int
+    model, layout: Layout, settings: TrainSettings, shape: StageShape, microbatches: int
 ) -> float:
     """Peak activation bytes of one rank of one stage.
 
@@ -211,7 +206,7 @@ def activation_bytes(
         checkpointed = choice.checkpointed(blocks)
         return (blocks - checkpointed) * plain + checkpointed * kept
 
-    chunks = shape.chunk_blocks
+    chunks = shape.chunks
     stage_kept = sum(chunk_kept(c) for c in chunks)
     peak = stage_kept + logits
     last = choice.last_checkpointed(chunks[-1])
@@ -300,7 +295,7 @@ def memory_per_device(
     worst = None
     for stage, shape in stage_shapes(model, layout, settings.options.pipeline.split_points):
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)
-        acts = activation_bytes(model, layout, settings, shape, stage, microbatches)
+        acts = activation_bytes(model, layout, settings, shape, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         reserve = RESERVE_BYTES.get(settings.accelerator, RESERVE_BYTES["gpu"])
         mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage)

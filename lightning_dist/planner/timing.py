@@ -196,7 +196,7 @@ def step_time(
     bubble = bubble_fraction(layout.schedule, pp, m, layout.virtual_stages)
     pipeline = compute / (1 - bubble)
     link = _links(hardware, layout)
-    w = 4 if settings.precision == "32-true" else 2
+    w = settings.matmul_bytes
     act_bytes = b * s * model.dim * w  # one microbatch's hidden states
 
     tp_comm = 0.0
@@ -272,7 +272,7 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
     """
     psi = max(sh.params for sh in shapes)
     units = max(sh.layers + len(sh.roots) for sh in shapes)
-    w = 4 if settings.precision == "32-true" else 2
+    w = settings.matmul_bytes
     p_b, g_b, _ = (min(x, w) for x in state_bytes(settings.precision, settings.optimizer))
     tp, dp, n, r = layout.tp, layout.dp, layout.dp_shard, layout.dp_replicate
     if dp == 1:
