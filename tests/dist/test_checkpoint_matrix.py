@@ -30,7 +30,6 @@ from lightning_dist.parity import REPO_ROOT
 from tests.unit.test_checkpoint_format import _saved
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}
-RUNS = [sys.executable, str(REPO_ROOT / "tests" / "dist" / "checkpoint_matrix_runs.py")]
 
 # --- one process: the manifest and the names ------------------------------------------------
 
@@ -54,23 +53,21 @@ TWO_RANKS = ["ddp", "fsdp2", "tp2", "pp2", "pp2_v2"]
 FOUR_RANKS = ["fsdp_full_dp4", "dp2xtp2", "dp2xpp2", "hsdp_2x2"]
 
 
-def _launch(out: Path, *args: str) -> None:
-    result = subprocess.run([*RUNS, str(out), *args], cwd=REPO_ROOT, env=ENV,
-                            capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-
-
 def _targets(names: list[str]) -> list[str]:
     return [f"{t}:{','.join(SOURCES[t])}" for t in names]
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+def matrix(tmp_path_factory, worlds):
+    """The three runs of the matrix, each on the session's started world of its size (no
+    launcher: the ranks are there, as under torchrun)."""
     out = tmp_path_factory.mktemp("matrix")
     started = time.perf_counter()
-    _launch(out, "single", *TWO_RANKS)  # saves (single: the 10-step reference)
-    _launch(out, *FOUR_RANKS, *_targets(FOUR_RANKS))  # saves, then resumes
-    _launch(out, *_targets(["single", *TWO_RANKS]))  # resumes
+    run = "checkpoint_matrix_runs:main"
+    worlds(1).run(run, str(out), ["single"])  # the 10-step reference
+    worlds(2).run(run, str(out), TWO_RANKS)  # saves
+    worlds(4).run(run, str(out), [*FOUR_RANKS, *_targets(FOUR_RANKS)])  # saves, then resumes
+    worlds(2).run(run, str(out), _targets(["single", *TWO_RANKS]))  # resumes
     print(f"MATRIX wall {time.perf_counter() - started:.0f} s")
     runs: dict[str, list[dict]] = {}
     for path in sorted(out.glob("*.rank*.json")):

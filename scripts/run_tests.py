@@ -1,0 +1,86 @@
+"""The whole test suite, in the order and with the parallelism that fits a 2-core machine.
+
+    python scripts/run_tests.py [PYTEST_ARGS ...]
+
+Three phases, one after another, each a `python -m pytest` of its own:
+
+1. tests/unit, tests/e2e and tests/gpu together on three pytest-xdist workers (`--dist
+   loadfile`: a file's tests stay on one worker, so its module fixtures run once). An e2e test
+   mostly waits for a rank to import torch and Lightning (one core busy of two, measured
+   2026-12-01: 1.14 cores on average over the e2e tier alone); the unit tier fills the other.
+2. tests/cluster alone: its waves of jobs time detection and restarts against deadlines.
+3. tests/dist alone: its gloo worlds use both cores, and one test measures a pipeline bubble.
+
+`python -m pytest` runs the same tests one at a time (about 6 minutes longer). PYTEST_ARGS
+(`-x`, `-k EXPR`, ...) go to every phase. At the end: each tier's tests and seconds, each
+phase's wall time, the whole suite's, and the 25 slowest tests. Exits 1 if any phase failed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from importlib.util import find_spec
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = [
+    ("unit + e2e + gpu, 3 workers", ["-n", "3", "--dist", "loadfile", "tests/unit", "tests/e2e",
+                                     "tests/gpu"]),  # fmt: skip
+    ("cluster", ["tests/cluster"]),
+    ("dist", ["tests/dist"]),
+]
+SLOWEST = 25
+
+
+def _cases(junit: Path) -> list[tuple[float, str, str]]:
+    """(seconds, tier, test id) of every test case a phase's junit file records."""
+    if not junit.exists():
+        return []
+    out = []
+    for case in ET.parse(junit).iter("testcase"):
+        module = case.get("classname", "")
+        tier = module.split(".")[1] if module.startswith("tests.") else "?"
+        out.append((float(case.get("time", 0.0)), tier, f"{module}::{case.get('name')}"))
+    return out
+
+
+def main(args: list[str]) -> int:
+    if find_spec("xdist") is None:
+        print("error: pytest-xdist is not installed; fix: pip install -e '.[dev]'",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    started, failed, walls, cases = time.perf_counter(), [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, paths) in enumerate(PHASES):
+            junit = Path(tmp) / f"phase{i}.xml"
+            print(f"== phase {i + 1} of {len(PHASES)}: {name}", flush=True)
+            t0 = time.perf_counter()
+            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths,
+                                    f"--junitxml={junit}", *args], cwd=ROOT, env=env)  # fmt: skip
+            walls.append((name, time.perf_counter() - t0, code))
+            cases += _cases(junit)
+            if code not in (0, 5):  # 5: nothing collected (a -k that selects no test here)
+                failed.append(name)
+    total = time.perf_counter() - started
+    print("\n== the whole suite")
+    for tier in sorted({tier for _, tier, _ in cases}):
+        mine = [s for s, t, _ in cases if t == tier]
+        print(f"tier {tier}: {len(mine)} tests, {sum(mine):.0f} s of test time")
+    for name, wall, code in walls:
+        print(f"phase {name}: {wall:.0f} s wall, pytest exit {code}")
+    print(f"{SLOWEST} slowest tests:")
+    for seconds, _, test in sorted(cases, reverse=True)[:SLOWEST]:
+        print(f"  {seconds:6.1f} s  {test}")
+    print(f"whole suite: {total:.0f} s of pytest ({total / 60:.1f} min), "
+          f"{'FAILED: ' + ', '.join(failed) if failed else 'every phase passed'}")  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
