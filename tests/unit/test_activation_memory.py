@@ -67,7 +67,7 @@ def test_swiglu_keeps_its_two_projections_and_w2_its_input_with_autograds_gradie
 
 def test_grouped_query_attention_keeps_k_and_v_unrepeated_and_matches_the_repeated_form():
     from lightning_dist.models.args import ModelArgs
-    from lightning_dist.models.llama import Attention, apply_rope
+    from lightning_dist.models.llama import apply_rope
 
     torch.manual_seed(0)
     shape = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64,
