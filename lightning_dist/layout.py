@@ -243,7 +243,9 @@ def balanced_split(costs: list[int], num_stages: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=256)
-def stage_sizes(n_blocks: int, num_stages: int, block: int, first: int, last: int) -> tuple[int, ...]:
+def stage_sizes(
+    n_blocks: int, num_stages: int, block: int, first: int, last: int
+) -> tuple[int, ...]:
     """Blocks in each pipeline stage of a model of `n_blocks` equal blocks of `block` parameters
     whose first stage also holds `first` parameters (the embedding) and its last `last` (the
     final norm and the output): the cut `parallel/pipeline.py` makes without `split_points`

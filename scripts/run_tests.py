@@ -29,8 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = [
-    ("unit + e2e + gpu, 3 workers", ["-n", "3", "--dist", "loadfile", "tests/unit", "tests/e2e",
-                                     "tests/gpu"]),  # fmt: skip
+    (
+        "unit + e2e + gpu, 3 workers",
+        ["-n", "3", "--dist", "loadfile", "tests/unit", "tests/e2e", "tests/gpu"],
+    ),  # fmt: skip
     ("cluster", ["tests/cluster"]),
     ("dist", ["tests/dist"]),
 ]

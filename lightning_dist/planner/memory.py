@@ -281,9 +281,7 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
     return gathered + p2p
 
 
-def memory_per_device(
-    model, layout: Layout, settings: TrainSettings
-) -> MemoryBreakdown:
+def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryBreakdown:
     """Predicted peak bytes on one device of the worst stage, by category.
 
     `layout` must be resolved; the number of microbatches per step is the per-rank batch

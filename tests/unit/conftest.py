@@ -32,8 +32,10 @@ def _one_process(monkeypatch):
 
 def pytest_runtest_logreport(report):
     # The hook sees every report of the session (tests/e2e too, when both tiers run together).
-    if report.when == "call" and report.nodeid.startswith("tests/unit/") and (
-        report.duration > SLOW_UNIT_S
+    if (
+        report.when == "call"
+        and report.nodeid.startswith("tests/unit/")
+        and (report.duration > SLOW_UNIT_S)
     ):
         _slow.append((report.duration, report.nodeid))
 
