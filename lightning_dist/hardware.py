@@ -30,6 +30,13 @@ class HardwareSpec:
     """Dense bf16 peak per device in TFLOP/s; None when unknown (MFU is then null)."""
     peak_tflops_fp32: float | None = None
     """Dense fp32 peak per device in TFLOP/s (no TF32); None when unknown."""
+    memory_gbytes_per_sec: float | None = None
+    """Device memory (HBM) bandwidth, GB/s per device, from the datasheet; the planner times the
+    memory-bound pointwise ops with it. None when unknown (the planner then counts FLOPs only)."""
+    matmul_efficiency: float | None = None
+    """Fraction of `peak_tflops_*` that large matmuls sustain in training on this device
+    (clocks under its power limit, kernel quality); the planner lowers it for small matmul
+    shapes. None: the planner's CPU default (planner/settings.py DEFAULT_EFFICIENCY)."""
     intra_node_gbytes_per_sec: float | None = None
     """Device-to-device bandwidth inside a node, GB/s per device and direction (NVLink, PCIe)."""
     inter_node_gbytes_per_sec: float | None = None
@@ -53,6 +60,16 @@ class HardwareSpec:
         if self.devices == 0 or self.devices < -1:
             raise ValueError(
                 f"hardware.devices={self.devices} must be positive (or -1 for all GPUs)"
+            )
+        if self.matmul_efficiency is not None and not 0 < self.matmul_efficiency <= 1:
+            raise ValueError(
+                f"hardware.matmul_efficiency={self.matmul_efficiency} must be in (0, 1]: the "
+                "fraction of the peak that large matmuls sustain"
+            )
+        if self.memory_gbytes_per_sec is not None and self.memory_gbytes_per_sec <= 0:
+            raise ValueError(
+                f"hardware.memory_gbytes_per_sec={self.memory_gbytes_per_sec} must be positive "
+                "(or null when unknown)"
             )
         if self.num_nodes < 1:
             raise ValueError(f"hardware.num_nodes={self.num_nodes} must be at least 1")

@@ -104,7 +104,6 @@ class PrecisionOptions:
     )  # fmt: skip
     reduce_dtype: str | None = knob(
         "fp32", "dtype of the gradient reduction (fp32, bf16 or fp16).",
-        planner_ignores="gradient traffic is modelled in the compute dtype",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

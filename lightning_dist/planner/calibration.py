@@ -64,6 +64,15 @@ QUANTITIES = {
     ),
     "time.step_seconds": ("seconds", "wall time of one optimizer step; StepTime.step_seconds"),
     "time.mfu": ("fraction", "model FLOPs utilisation, 0-1; StepTime.mfu"),
+    "time.tokens_per_sec_per_device": (
+        "tokens/s",
+        "training tokens per second per device; StepTime.tokens_per_sec / world size",
+    ),
+    "time.hfu": (
+        "fraction",
+        "FLOPs executed per second, recomputation included, over the peak, 0-1 (Megatron-LM's "
+        "'percentage of theoretical peak'); the paper's FLOPs over StepTime.step_seconds",
+    ),
 }
 
 
@@ -430,3 +439,59 @@ def summarize(rows: Iterable[CalibrationRow]) -> dict[tuple[str, str], ErrorSumm
         if r.predicted is not None:
             groups.setdefault((r.source, r.quantity), []).append(r)
     return {k: error_summary(v) for k, v in groups.items()}
+
+
+# --- the command line ------------------------------------------------------------------------
+
+TARGETS = {
+    # (source, quantity): the largest |error| the planner is held to (tests/unit pins them)
+    ("published", "time.tokens_per_sec_per_device"): 0.15,
+    ("published", "memory.process_bytes"): 0.10,
+    ("published", "time.hfu"): 0.05,  # points of peak, not relative
+}
+
+
+def row_error(row: CalibrationRow) -> float | None:
+    """The row's error as its target counts it: points of peak for `time.hfu`, else relative."""
+    if row.predicted is None:
+        return None
+    if row.quantity == "time.hfu":
+        return row.predicted - row.measured
+    return row.error
+
+
+def _value(quantity: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    unit = QUANTITIES[quantity][0]
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    if unit == "fraction":
+        return f"{100 * value:.1f}%"
+    if unit == "tokens/s":
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def table(rows: Iterable[CalibrationRow]) -> str:
+    """Each row: predicted, measured (or published), error, and whether it meets its target."""
+    lines = [
+        "| source | model | hardware | layout | quantity | predicted | measured | error | target |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        error, target = row_error(r), TARGETS.get((r.source, r.quantity))
+        if error is None:
+            shown = "-"
+        elif r.quantity == "time.hfu":
+            shown = f"{100 * error:+.1f} pt"
+        else:
+            shown = f"{error:+.1%}"
+        met = (
+            "" if target is None or error is None else ("met" if abs(error) <= target else "MISSED")
+        )
+        lines.append(
+            f"| {r.source} | {r.model} | {r.hardware} | {r.layout} | {r.quantity} | "
+            f"{_value(r.quantity, r.predicted)} | {_value(r.quantity, r.measured)} | {shown} | {met} |"
+        )
+    return "\n".join(lines)

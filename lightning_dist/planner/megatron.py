@@ -5,8 +5,9 @@ GPT models from 1.7B to 1T parameters (vocabulary 51,200, sequence 2,048) traine
 (80 GB) nodes with tensor (tp) and pipeline (pp) parallelism, plain data parallelism over the
 rest, and activation recomputation. The rows below were transcribed by hand from the paper.
 
-`python -m lightning_dist.planner.megatron` prints the comparison as a markdown table
-(docs/PLANNER.md, "Megatron Table 1").
+`python -m lightning_dist.calibration_report --megatron` prints the comparison as a markdown table
+(docs/PLANNER.md, "Megatron Table 1"); its rows are published calibration rows
+(`python -m lightning_dist.calibration_report`).
 
 The paper's "percentage of theoretical peak" counts the FLOPs of the recomputed forward too
 (its formula 96 B s l h^2 (1 + s/6h + V/16lh) is 4 passes of 24 B s l h^2), so the planner's
@@ -16,8 +17,7 @@ planner's MFU (which counts 3 passes and leaves recomputation out).
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
@@ -73,33 +73,23 @@ def gpt_model_args(hidden: int, layers: int, heads: int) -> ModelArgs:
     )  # fmt: skip
 
 
-def dgx_a100(num_nodes: int):
-    """The DGX A100 80 GB spec of conf/hardware/dgx_a100.yaml, on `num_nodes` nodes."""
-    from lightning_dist.hardware import HardwareSpec
-
-    return HardwareSpec(
-        name="dgx_a100", accelerator="gpu", devices=8, num_nodes=num_nodes, memory_gib=80,
-        peak_tflops_bf16=312, peak_tflops_fp32=19.5, intra_node_gbytes_per_sec=300,
-        inter_node_gbytes_per_sec=25, precision="bf16-mixed", backend="nccl",
-    )  # fmt: skip
-
-
 def paper_flops_per_step(row: PublishedRow) -> float:
     """The paper's FLOPs per iteration, recomputation included (its Eq. 3)."""
     b, s, h, n = row.batch, SEQ_LEN, row.hidden, row.layers
     return 96 * b * s * n * h * h * (1 + s / (6 * h) + VOCAB / (16 * n * h))
 
 
-def compare_row(row: PublishedRow) -> dict:
-    """The planner on one row, with Megatron's feature set: no ZeRO sharding, activation
+def compare_row(row: PublishedRow, node) -> dict:
+    """The planner on one row, on `node` (the HardwareSpec of one DGX A100 node,
+    conf/hardware/dgx_a100.yaml) times the row's nodes, with Megatron's feature set: no ZeRO sharding, activation
     recomputation, 1F1B or interleaved schedules. Returns the published layout's best fitting
     variant (schedule x micro-batch size), its rank among the planner's layouts (0 = chosen),
     and both utilisation figures."""
     model = gpt_model_args(row.hidden, row.layers, row.heads)
-    hardware = dgx_a100(row.gpus // 8)
+    hardware = replace(node, num_nodes=row.gpus // 8)
     plan = plan_layouts(
         model, hardware, global_batch_size=row.batch, seq_len=SEQ_LEN,
-        sharding_modes=("NO_SHARD",), activation_checkpointing=True,
+        sharding_modes=("NO_SHARD",), activation_checkpointing=True, attention="math",
     )  # fmt: skip
     ranks = [
         i for i, c in enumerate(plan.candidates) if (c.layout.tp, c.layout.pp) == (row.tp, row.pp)
@@ -116,6 +106,7 @@ def compare_row(row: PublishedRow) -> dict:
                 c = estimate(
                     model, hardware, layout, global_batch_size=row.batch, seq_len=SEQ_LEN,
                     activation_checkpointing=True, micro_batch_size=mbs, sharding="NO_SHARD",
+                    attention="math",
                 )  # fmt: skip
             except ValueError:  # e.g. interleaving needs microbatches divisible by pp
                 continue
@@ -150,17 +141,3 @@ def markdown(results: list[dict]) -> str:
             f"{r['paper_percent'] - row.percent_of_peak:+.1f} |"
         )
     return "\n".join(lines)
-
-
-def main() -> int:
-    results = [compare_row(row) for row in TABLE1]
-    print(markdown(results))
-    for r in results:
-        print(
-            f"{r['row'].billions:g}B: published layout as {r['label']}; planner's choice {r['chosen']}"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -151,6 +151,25 @@ class TrainSettings:
         return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
 
     @property
+    def gathered_param_bytes(self) -> int:
+        """Bytes per parameter FSDP all-gathers: 2 when it computes in bf16, else 4."""
+        return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
+
+    @property
+    def gradient_reduce_bytes(self) -> int:
+        """Bytes per gradient element data parallelism reduces: FSDP's `reduce_dtype` (unset:
+        the compute dtype; `parallel/precision.py`), DDP's the parameters' own (fp32 unless
+        bf16-true)."""
+        if self.sharding == "NO_SHARD":
+            return 2 if self.precision == "bf16-true" else 4
+        if self.precision == "32-true":
+            return 4
+        dtype = self.options.precision.reduce_dtype
+        if dtype is None:
+            return self.matmul_bytes
+        return 4 if dtype in ("fp32", "float32") else 2
+
+    @property
     def matmul_bytes(self) -> int:
         """Bytes per element of a matmul's input: 4 in 32-true, else 2."""
         return 4 if self.precision == "32-true" else 2

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from lightning_dist.layout import Layout
+from lightning_dist.planner.compute import microbatch_compute
 from lightning_dist.planner.memory import (
     SHARDED_MODES,
     StageShape,
@@ -30,7 +31,6 @@ from lightning_dist.planner.settings import (
     RING_STEP_LATENCY_S,
     SELECTIVE_RECOMPUTE_SHARE,
     TrainSettings,
-    state_bytes,
 )
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
@@ -135,6 +135,20 @@ def _stage_flops_per_token(
     return shape.layers * per_layer + output, checkpointed * replay
 
 
+def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, shape: StageShape,
+                   peak: float):  # fmt: skip
+    """One microbatch of one rank of a stage, by planner/compute.py's model."""
+    mode = settings.activation_checkpointing.mode
+    return microbatch_compute(
+        model, hardware, tp=layout.tp, layers=shape.layers, has_output=shape.has_output,
+        checkpointed=checkpointed_blocks(layout, settings, shape), mode=mode,
+        tokens=settings.micro_batch_size * settings.seq_len, seq_len=settings.seq_len,
+        peak=peak, compiled=settings.compile and settings.compile_backend == "inductor",
+        sequence_parallel=settings.sequence_parallel and layout.tp > 1,
+        attention=settings.attention,
+    )  # fmt: skip
+
+
 def exposed_seconds(phases: list[tuple[float, float]], overlap: float, slowdown: float) -> float:
     """Time DP traffic adds to a step, given (comm, compute it can run under) per phase.
 
@@ -162,11 +176,13 @@ def step_time(
 ) -> StepTime:
     """Time one step of `layout` (resolved) on `hardware`.
 
-    - compute: the busiest stage's FLOPs per token (recomputation included: a third more for
-      each block checkpointed in full, SELECTIVE_RECOMPUTE_SHARE more under 'op') x tokens per
-      microbatch / tp, over peak x efficiency, for each of the m = (global_batch / dp) /
-      micro_batch microbatches; under `settings.compile` divided by `compile_speedup` (default
-      COMPILE_SPEEDUP of the backend);
+    - compute, for each of the m = (global_batch / dp) / micro_batch microbatches: on a device
+      whose spec has `memory_gbytes_per_sec` and `matmul_efficiency` (and without an explicit
+      `efficiency`), the busiest stage's matmuls by shape, attention and pointwise traffic
+      (planner/compute.py); otherwise its FLOPs per token (recomputation included: a third more
+      for each block checkpointed in full, SELECTIVE_RECOMPUTE_SHARE more under 'op') x tokens
+      per microbatch / tp, over peak x efficiency, under `settings.compile` divided by
+      `compile_speedup` (default COMPILE_SPEEDUP of the backend);
     - pipeline: m + (p-1)/v stage-times for GPipe/1F1B/interleaved, m for zero-bubble;
     - TP: 4 all-reduce-equivalents of b x s x dim activations per block per microbatch (2 in
       forward, 2 in backward), 6 for a block checkpointed in full (its recomputed forward
@@ -183,15 +199,30 @@ def step_time(
         efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(hardware.accelerator, 0.5)
     )
     peak = hardware.peak_flops(settings.precision)
-    if compile_speedup is None:
-        compile_speedup = COMPILE_SPEEDUP[settings.compile_backend] if settings.compile else 1.0
     split_points = settings.options.pipeline.split_points
     shapes = [shape for _, shape in stage_shapes(model, layout, split_points)]
-    train, recompute = max(
-        (_stage_flops_per_token(model, layout, settings, sh) for sh in shapes), key=sum
-    )
-    speed = (peak or NOMINAL_PEAK_FLOPS) * eff * compile_speedup
-    t_mb = (train + recompute) * b * s / tp / speed
+    physical = (
+        efficiency is None and peak and hardware.memory_gbytes_per_sec
+        and hardware.matmul_efficiency
+    )  # fmt: skip
+    if physical:  # matmuls by shape, attention, pointwise traffic: planner/compute.py
+        stage = max(
+            (_stage_compute(model, hardware, layout, settings, sh, peak) for sh in shapes),
+            key=lambda c: c.seconds,
+        )
+        # Compilation is in the pointwise term; an explicit `compile_speedup` still divides.
+        t_mb = stage.seconds / (compile_speedup or 1.0)
+        fwd = stage.train_seconds / 3 / (compile_speedup or 1.0)
+    else:
+        if compile_speedup is None:
+            compile_speedup = COMPILE_SPEEDUP[settings.compile_backend] if settings.compile else 1.0
+        train, recompute = max(
+            (_stage_flops_per_token(model, layout, settings, sh) for sh in shapes), key=sum
+        )
+        speed = (peak or NOMINAL_PEAK_FLOPS) * eff * compile_speedup
+        t_mb = (train + recompute) * b * s / tp / speed
+        # Forward is a third of the training FLOPs, less once backward recomputes some of it.
+        fwd = t_mb * train / 3 / (train + recompute)
     compute = m * t_mb
     bubble = bubble_fraction(layout.schedule, pp, m, layout.virtual_stages)
     pipeline = compute / (1 - bubble)
@@ -220,8 +251,6 @@ def step_time(
         bw, lat = link(layout.dp * tp, pp)
         sp = tp if settings.sequence_parallel else 1
         pp_comm = m * layout.virtual_stages * 2 * (act_bytes / sp / bw + lat)
-    # Forward is a third of the training FLOPs, less once backward recomputes some of it.
-    fwd = t_mb * train / 3 / (train + recompute)
     phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
     dp_comm = sum(comm for comm, _ in phases)
     exposed = tp_comm + pp_comm + exposed_seconds(phases, overlap, slowdown)
@@ -272,8 +301,7 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
     """
     psi = max(sh.params for sh in shapes)
     units = max(sh.layers + len(sh.roots) for sh in shapes)
-    w = settings.matmul_bytes
-    p_b, g_b, _ = (min(x, w) for x in state_bytes(settings.precision, settings.optimizer))
+    p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     tp, dp, n, r = layout.tp, layout.dp, layout.dp_shard, layout.dp_replicate
     if dp == 1:
         return [], 0.0

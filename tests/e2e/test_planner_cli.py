@@ -1,5 +1,5 @@
 """Fresh interpreters: the planner imports no torch, and every CLI runs under its public name
-(`python -m lightning_dist.plan|parity|report|sweep|checkpoint|launch`)."""
+(`python -m lightning_dist.plan|parity|report|sweep|checkpoint|launch|calibration_report`)."""
 
 import subprocess
 import sys
@@ -18,7 +18,9 @@ def test_planner_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("cli", ["plan", "parity", "report", "sweep", "checkpoint", "launch"])
+@pytest.mark.parametrize(
+    "cli", ["plan", "parity", "report", "sweep", "checkpoint", "launch", "calibration_report"]
+)
 def test_every_cli_runs_under_its_public_name(cli):
     """`python -m lightning_dist.<cli> --help`, as the README and docs spell them; the planner
     also answers a real question (its table and its exit status)."""

@@ -238,15 +238,28 @@ def test_recompute_time_and_tp_traffic_per_checkpointing_choice():
 
 
 def test_compile_divides_compute_by_its_assumed_speedup():
-    llama, h100, layout = model("llama3_8b"), hardware("dgx_h100"), Layout(dp_shard=8)
-    plain = step_time(llama, h100, layout, _settings())
-    inductor = step_time(llama, h100, layout, _settings(compile=True))
+    """Without the device's memory bandwidth (the FLOPs-only model), inductor divides compute
+    by COMPILE_SPEEDUP; with it (planner/compute.py), inductor cuts the pointwise traffic only,
+    aot_eager nothing, and an explicit speed-up divides either way."""
+    llama, layout = model("llama3_8b"), Layout(dp_shard=8)
+    from dataclasses import replace
+
+    h100 = hardware("dgx_h100")
+    flops_only = replace(h100, memory_gbytes_per_sec=None)
+    plain = step_time(llama, flops_only, layout, _settings())
+    inductor = step_time(llama, flops_only, layout, _settings(compile=True))
     assert COMPILE_SPEEDUP["inductor"] == 1.10
     assert inductor.compute_seconds == pytest.approx(plain.compute_seconds / 1.10)
-    aot = step_time(llama, h100, layout, _settings(compile=True, compile_backend="aot_eager"))
-    assert aot.compute_seconds == pytest.approx(plain.compute_seconds)
-    faster = step_time(llama, h100, layout, _settings(compile=True), compile_speedup=1.5)
-    assert faster.compute_seconds == pytest.approx(plain.compute_seconds / 1.5)
+    for hw in (flops_only, h100):
+        plain = step_time(llama, hw, layout, _settings())
+        aot = step_time(llama, hw, layout, _settings(compile=True, compile_backend="aot_eager"))
+        assert aot.compute_seconds == pytest.approx(plain.compute_seconds)
+        faster = step_time(llama, hw, layout, _settings(compile=True, compile_backend="aot_eager"),
+                           compile_speedup=1.5)  # fmt: skip
+        assert faster.compute_seconds == pytest.approx(plain.compute_seconds / 1.5)
+    plain = step_time(llama, h100, layout, _settings())
+    fused = step_time(llama, h100, layout, _settings(compile=True))
+    assert 0.8 * plain.compute_seconds < fused.compute_seconds < 0.95 * plain.compute_seconds
     cand = estimate(llama, h100, layout, global_batch_size=8, seq_len=4096,
                     activation_checkpointing="op", compile=True)  # fmt: skip
     assert cand.describe().endswith("mbs=1 ac=op compile")
@@ -321,13 +334,18 @@ def test_fsdp_traffic_is_three_then_two_times_the_params():
         Layout(dp_replicate=8),
         _settings(global_batch_size=64, sharding="NO_SHARD", micro_batch_size=8),
     )
-    # 8 microbatches per rank, each: 3 (all-gather, all-gather, reduce-scatter) vs 2; 8B params in bf16 over
-    # NVLink at 450 GB/s, (n-1)/n each; DDP's ring all-reduce once per step is 2(n-1)/n.
+    # 8 microbatches per rank, each: two all-gathers of bf16 parameters and a reduce-scatter of
+    # fp32 gradients (reduce_dtype's default) vs one all-gather and the reduce-scatter; 8B
+    # params over NVLink at 450 GB/s, (n-1)/n each: a bf16 pass is one unit, an fp32 pass two.
+    # DDP's ring all-reduce of fp32 gradients once per step is 2(n-1)/n: four units.
     one_pass = 7 / 8 * 2 * llama.num_params() / 450e9
-    assert t["FULL_SHARD"] == pytest.approx(8 * 3 * one_pass, rel=0.02)
-    assert t["SHARD_GRAD_OP"] == pytest.approx(8 * 2 * one_pass, rel=0.02)
+    assert t["FULL_SHARD"] == pytest.approx(8 * 4 * one_pass, rel=0.02)
+    assert t["SHARD_GRAD_OP"] == pytest.approx(8 * 3 * one_pass, rel=0.02)
+    bf16 = step_time(llama, h100, lay, _settings(global_batch_size=64, micro_batch_size=1,
+                                                 reduce_dtype="bf16")).dp_comm_seconds  # fmt: skip
+    assert bf16 == pytest.approx(8 * 3 * one_pass, rel=0.02)
     # DDP's 25 MB buckets each add a few microseconds of latency on top.
-    assert ddp.dp_comm_seconds == pytest.approx(2 * one_pass, rel=0.1)
+    assert ddp.dp_comm_seconds == pytest.approx(4 * one_pass, rel=0.1)
 
 
 def test_step_time_results_are_consistent():

@@ -1,0 +1,143 @@
+"""Compute time of one microbatch on one rank of a stage: matmuls, attention, pointwise ops.
+
+On a device whose spec gives its memory bandwidth (`hardware.memory_gbytes_per_sec`) and the
+fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), three terms:
+
+- **matmuls** (the projections and the output head): each at `matmul_efficiency` x
+  `shape_factor(M, N, K)` of the peak, where M is the microbatch's tokens and N, K the
+  per-rank weight's sizes (after TP). Small dimensions fill fewer tiles and waves: each one
+  of size x costs x / (x + GEMM_HALF_DIM) of the large-shape rate;
+- **attention** (SDPA): flash attention runs the causal half of QK^T and AV at
+  ATTENTION_SHARE x the matmul rate; the math path runs them whole at the matmul rate and
+  moves the s x s scores through memory (MATH_SCORE_PASSES times, fp32 softmax included);
+- **pointwise ops** (norms, residual adds, RoPE, SwiGLU's product, the loss): bytes moved
+  over the memory bandwidth. Eager mode launches one kernel per op, each reading and writing
+  whole tensors: POINTWISE_BYTES per element of the residual stream (d), of the attention
+  projections (d + 2 kv) and of the MLP (h), counted from the ops of `models/llama.py`;
+  `torch.compile` fuses them, leaving COMPILED_POINTWISE_SHARE of that traffic.
+
+Without those two fields (a CPU, an unknown device) compute is FLOPs over peak x efficiency,
+as before this module. The constants' sources are in docs/PLANNER.md ("The time model"); the
+fitted ones are corrections of planner/calibration.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_dist.planner.calibration import correction
+
+GEMM_HALF_DIM = correction("gemm_half_dim", "gpu")
+"""A matmul dimension of this size runs at half the large-shape rate (fitted; calibration.json)."""
+ATTENTION_SHARE = correction("attention_share", "gpu")
+"""Flash attention's rate as a share of the matmul rate (fitted; calibration.json)."""
+POINTWISE_SCALE = correction("pointwise_scale", "gpu")
+"""Achieved memory traffic of eager pointwise kernels over the count below (fitted)."""
+COMPILED_POINTWISE_SHARE = 1 / 3
+"""Pointwise traffic left once torch.compile fuses a block's ops: each tensor read and written
+about once instead of once per op (an assumption: inductor's fusion of RMSNorm, RoPE and SwiGLU
+into a few kernels; the torchtitan rows' compile speed-up is what it is checked against)."""
+POINTWISE_BYTES = {"residual": 244, "attention": 68, "mlp": 40}
+"""Bytes moved per token per block by eager pointwise ops, per element of d (residual stream:
+two RMSNorms in fp32, forward and backward, and the two residual adds), of d + 2 kv (RoPE on q and
+k, the layout copies around SDPA) and of h (SwiGLU's silu and product), under bf16-mixed;
+counted from `models/llama.py`'s ops with each op reading its inputs and writing its output."""
+LOSS_BYTES_PER_LOGIT = 24
+"""The loss's pointwise traffic per logit: fp32 softmax forward and backward (six passes of
+four bytes)."""
+MATH_SCORE_PASSES = 8
+"""Passes over the s x s scores of the math attention path (bf16 scores, fp32 softmax, its
+backward), per element: bytes = 2 x passes."""
+
+
+@dataclass(frozen=True)
+class MicrobatchCompute:
+    """Seconds of one microbatch on one rank: the training compute and what recomputation adds."""
+
+    train_seconds: float
+    recompute_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.train_seconds + self.recompute_seconds
+
+
+def shape_factor(m: float, n: float, k: float) -> float:
+    """The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches."""
+    h = GEMM_HALF_DIM
+    return (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+
+
+def block_matmuls(model, tp: int) -> list[tuple[float, float]]:
+    """(N, K) of each projection of one block on one rank of a tp group."""
+    d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
+    return [
+        (d / tp, d), (kv / tp, d), (kv / tp, d),  # wq, wk, wv: column-parallel
+        (d, d / tp),  # wo: row-parallel
+        (h / tp, d), (h / tp, d),  # w1, w3
+        (d, h / tp),  # w2
+    ]  # fmt: skip
+
+
+def _matmul_seconds(shapes, tokens: float, speed: float) -> float:
+    """Training (forward + two backward) seconds of `shapes` over `tokens` at `speed` FLOP/s."""
+    return sum(6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k)) for n, k in shapes)
+
+
+def microbatch_compute(
+    model,
+    hardware,
+    *,
+    tp: int,
+    layers: int,
+    has_output: bool,
+    checkpointed: int,
+    mode: str,
+    tokens: float,
+    seq_len: int,
+    peak: float,
+    compiled: bool,
+    sequence_parallel: bool,
+    attention: str,
+) -> MicrobatchCompute:
+    """Seconds of a microbatch of `tokens` through `layers` blocks (and the output head) on one
+    rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op")."""
+    speed = peak * hardware.matmul_efficiency
+    bandwidth = hardware.memory_gbytes_per_sec * 1e9
+    d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
+    gemm = _matmul_seconds(block_matmuls(model, tp), tokens, speed)
+    head_dim = model.head_dim
+    if attention == "flash":  # the causal half, heads split over tp
+        attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
+        attn *= 1.0 / shape_factor(seq_len, head_dim, head_dim)
+    else:
+        attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
+        attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
+    sp = tp if sequence_parallel else 1
+    pointwise_bytes = (
+        POINTWISE_BYTES["residual"] * d / sp
+        + POINTWISE_BYTES["attention"] * (d + 2 * kv) / tp
+        + POINTWISE_BYTES["mlp"] * h / tp
+    )
+    share = COMPILED_POINTWISE_SHARE if compiled else 1.0
+    pointwise = POINTWISE_SCALE * share * pointwise_bytes * tokens / bandwidth
+    block = gemm + attn + pointwise
+    train = layers * block
+    if has_output:
+        output = _matmul_seconds([(model.vocab_size / tp, d)], tokens, speed)
+        train += (
+            output
+            + POINTWISE_SCALE * LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size / tp / bandwidth
+        )
+    # Recomputation: a block in full replays its forward (a third of each term); under 'op'
+    # the pointwise forward, and under TP the forward of the row-parallel wo and w2 (their
+    # partial sums are not kept).
+    if mode == "full":
+        replay = block / 3
+    elif mode == "op":
+        replay = pointwise / 3
+        if tp > 1:
+            replay += _matmul_seconds([(d, d / tp), (d, h / tp)], tokens, speed) / 3
+    else:
+        replay = 0.0
+    return MicrobatchCompute(train, checkpointed * replay)
