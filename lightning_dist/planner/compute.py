@@ -79,6 +79,10 @@ def block_matmuls(model, tp: int) -> list[tuple[float, float]]:
     ]  # fmt: skip
 
 
+ROW_PARALLEL = (3, 6)
+"""wo and w2 in `block_matmuls`: the row-parallel projections."""
+
+
 def _matmul_seconds(shapes, tokens: float, speed: float) -> float:
     """Training (forward + two backward) seconds of `shapes` over `tokens` at `speed` FLOP/s."""
     return sum(6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k)) for n, k in shapes)
@@ -105,7 +109,8 @@ def microbatch_compute(
     speed = peak * hardware.matmul_efficiency
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
-    gemm = _matmul_seconds(block_matmuls(model, tp), tokens, speed)
+    shapes = block_matmuls(model, tp)
+    gemm = _matmul_seconds(shapes, tokens, speed)
     head_dim = model.head_dim
     if attention == "flash":  # the causal half, heads split over tp
         attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
@@ -137,7 +142,8 @@ def microbatch_compute(
     elif mode == "op":
         replay = pointwise / 3
         if tp > 1:
-            replay += _matmul_seconds([(d, d / tp), (d, h / tp)], tokens, speed) / 3
+            row_parallel = [shapes[i] for i in ROW_PARALLEL]
+            replay += _matmul_seconds(row_parallel, tokens, speed) / 3
     else:
         replay = 0.0
     return MicrobatchCompute(train, checkpointed * replay)

@@ -145,15 +145,16 @@ class TrainSettings:
         return dtype in ("bf16", "bfloat16")
 
     @property
-    def residual_bytes(self) -> int:
-        """Bytes per element of the residual stream (the blocks' inputs and the norms' inputs):
-        2 in bf16-true and under FSDP's bf16 parameters, else 4 (autocast keeps it fp32)."""
+    def gathered_param_bytes(self) -> int:
+        """Bytes per parameter the blocks compute with (what FSDP all-gathers): 2 in bf16-true
+        and under FSDP's bf16 parameters, else 4."""
         return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
 
     @property
-    def gathered_param_bytes(self) -> int:
-        """Bytes per parameter FSDP all-gathers: 2 when it computes in bf16, else 4."""
-        return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
+    def residual_bytes(self) -> int:
+        """Bytes per element of the residual stream (the blocks' inputs and the norms' inputs):
+        the parameters' (FSDP casts each unit's inputs to them; autocast keeps fp32)."""
+        return self.gathered_param_bytes
 
     @property
     def gradient_reduce_bytes(self) -> int:
