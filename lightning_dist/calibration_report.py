@@ -80,9 +80,11 @@ def torchtitan_hardware(nodes: int) -> HardwareSpec:
 
 
 def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
+    """train.py overrides of the run `torchtitan_candidate` predicts (stored with its rows)."""
     return [
         "model=llama3_8b", "hardware=dgx_h100", f"hardware.num_nodes={run.gpus // 8}",
         "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400", "strategy=fsdp2",
+        "strategy.dp_replicate=1",  # FSDP over every GPU (fsdp2 replicates per node otherwise)
         f"data.global_batch_size={2 * run.gpus}", "data.seq_len=8192",
         "data.micro_batch_size=2", "strategy.activation_checkpointing=op",
         f"strategy.compile={str(run.compile).lower()}",

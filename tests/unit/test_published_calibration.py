@@ -51,3 +51,21 @@ def test_the_command_prints_every_row_with_its_error(capsys):
     assert out.count("| published |") == 18 and "| measured-cpu |" in out
     assert "GPT 1008B" in out and "+7.0%" in out
     assert "18 published rows, 15 within their targets" in out
+
+
+def test_the_torchtitan_rows_overrides_build_the_predicted_layout():
+    """The overrides stored with a row are the run the planner predicted: FSDP over every GPU."""
+    from omegaconf import OmegaConf
+
+    from lightning_dist.calibration_report import TORCHTITAN_RUNS, torchtitan_overrides
+    from lightning_dist.config import compose_config, hardware_spec
+    from lightning_dist.options import PRESETS
+
+    for run in TORCHTITAN_RUNS:
+        cfg = compose_config([*torchtitan_overrides(run), "paths.output_dir=."])
+        strategy = OmegaConf.to_container(cfg.strategy, resolve=True)
+        knobs = {k: v for k, v in strategy.items() if k not in ("name", "_target_")}
+        hw = hardware_spec(cfg)
+        layout = PRESETS["fsdp2"].build(knobs, "strategy").declared_layout(hw.num_nodes)
+        assert layout.resolve(hw.world_size).degrees()["dp_shard"] == run.gpus
+        assert cfg.data.global_batch_size == 2 * run.gpus and cfg.data.micro_batch_size == 2
