@@ -233,18 +233,7 @@ def step_time(
     tp_comm = 0.0
     if tp > 1:
         bw, lat = link(1, tp)
-        # All-reduce equivalents per block: 2 in forward, 2 in backward. Under SP a plain
-        # block's backward gathers the projections' inputs again (2 all-gathers, half an
-        # all-reduce each: `parallel/sequence_parallel.py`); a checkpointed block does not,
-        # but replays its forward's: all 2 under full, the gathers alone under op.
-        mode = settings.activation_checkpointing.mode
-        regather = 1 if settings.sequence_parallel else 0
-        replayed = {"full": 2, "op": regather}.get(mode, 0)
-        calls = m * max(
-            (4 + regather) * sh.layers
-            + (replayed - regather) * checkpointed_blocks(layout, settings, sh)
-            for sh in shapes
-        )
+        calls = m * max(tp_calls(layout, settings, sh) for sh in shapes)
         tp_comm = calls * (allreduce_volume(act_bytes, tp) / bw + 2 * (tp - 1) * lat)
     pp_comm = 0.0
     if pp > 1:
@@ -294,31 +283,35 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
 
     DDP all-reduces the gradients once per step, under the last microbatch's backward. FSDP
     FULL_SHARD all-gathers in forward, all-gathers again and reduce-scatters in backward, for
-    every microbatch (FSDP does not skip gradient sync while accumulating); SHARD_GRAD_OP keeps
-    the forward gather for backward. Under PP the stage stays gathered for the whole step: one
+    every microbatch (FSDP does not skip gradient sync while accumulating), all but the last
+    block (`parallel.fsdp.apply_fsdp` keeps it gathered); SHARD_GRAD_OP keeps the forward gather
+    for backward. Under PP the stage stays gathered for the whole step: one
     all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
     all-reduce of the gradient shard over dp_replicate after each reduce-scatter.
     """
-    psi = max(sh.params for sh in shapes)
+    shape = max(shapes, key=lambda sh: sh.params)
+    psi = shape.params
     units = max(sh.layers + len(sh.roots) for sh in shapes)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     tp, dp, n, r = layout.tp, layout.dp, layout.dp_shard, layout.dp_replicate
     if dp == 1:
         return [], 0.0
+    volume = dp_volumes(layout, settings, shape)
     if settings.sharding not in SHARDED_MODES or n == 1:
         bw, lat = link(tp, dp)
         buckets = math.ceil(g_b * psi / DDP_BUCKET_BYTES)
-        comm = allreduce_volume(g_b * psi, dp) / bw + buckets * 2 * math.log2(dp) * lat
+        comm = volume.all_reduce / bw + buckets * 2 * math.log2(dp) * lat
         return [(comm, bwd)], 0.0
     bw, lat = link(tp, n)
-    gather = allgather_volume(p_b * psi, n) / bw + units * (n - 1) * lat
-    scatter = reduce_scatter_volume(g_b * psi, n) / bw + units * (n - 1) * lat
+    gather = volume.gather / bw + units * (n - 1) * lat
+    regather = volume.regather / bw + (units - 1) * (n - 1) * lat if volume.regather else 0.0
+    scatter = volume.reduce_scatter / bw + units * (n - 1) * lat
     if r > 1:
         bw_r, lat_r = link(tp * n, r)
-        scatter += allreduce_volume(g_b * psi / n, r) / bw_r + units * 2 * math.log2(r) * lat_r
-    full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
-    rounds = m if layout.pp == 1 else 1
-    phases = [(gather, fwd), (scatter + (gather if full else 0.0), bwd)] * rounds
+        scatter += volume.replicate_all_reduce / bw_r + units * 2 * math.log2(r) * lat_r
+    full = volume.regather > 0
+    rounds = volume.rounds
+    phases = [(gather, fwd), (scatter + regather, bwd)] * rounds
     offload = 0.0
     if settings.offload:
         copied = rounds * ((2 if full else 1) * p_b + g_b) * psi / n
@@ -326,3 +319,80 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
             copied / (HOST_LINK_GBYTES_PER_SEC * 1e9) + psi / n / HOST_OPTIMIZER_PARAMS_PER_SEC
         )
     return phases, offload
+
+
+def tp_calls(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
+    """All-reduce equivalents of b x s x dim activations per microbatch of one stage rank.
+
+    Per block: 2 in forward, 2 in backward. Under SP a plain block's backward gathers the
+    projections' inputs again (2 all-gathers, half an all-reduce each:
+    `parallel/sequence_parallel.py`); a checkpointed block does not, but replays its forward's:
+    all 2 under full, the gathers alone under op.
+    """
+    mode = settings.activation_checkpointing.mode
+    regather = 1 if settings.sequence_parallel else 0
+    replayed = {"full": 2, "op": regather}.get(mode, 0)
+    checkpointed = checkpointed_blocks(layout, settings, shape)
+    return (4 + regather) * shape.layers + (replayed - regather) * checkpointed
+
+
+@dataclass(frozen=True)
+class DPVolumes:
+    """Ring bytes per rank of one round of data-parallel traffic (one microbatch without PP,
+    the whole step under PP), and how many rounds a step has."""
+
+    gather: float
+    """FSDP's all-gather of the parameters in forward."""
+    regather: float
+    """Its all-gather again in backward (FULL_SHARD without PP): all but the last block."""
+    reduce_scatter: float
+    replicate_all_reduce: float
+    """HSDP's all-reduce of the gradient shard over dp_replicate."""
+    all_reduce: float
+    """DDP (no sharding): the gradients' all-reduce, once per step."""
+    rounds: int
+
+
+def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DPVolumes:
+    """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`."""
+    m = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
+    p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
+    n, r, psi = layout.dp_shard, layout.dp_replicate, shape.params
+    if settings.sharding not in SHARDED_MODES or n == 1:
+        return DPVolumes(0.0, 0.0, 0.0, 0.0, allreduce_volume(g_b * psi, layout.dp), 1)
+    full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
+    kept = shape.block if shape.layers else 0.0
+    return DPVolumes(
+        gather=allgather_volume(p_b * psi, n),
+        regather=allgather_volume(p_b * (psi - kept), n) if full else 0.0,
+        reduce_scatter=reduce_scatter_volume(g_b * psi, n),
+        replicate_all_reduce=allreduce_volume(g_b * psi / n, r) if r > 1 else 0.0,
+        all_reduce=0.0,
+        rounds=m if layout.pp == 1 else 1,
+    )
+
+
+def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
+                   shape: StageShape) -> dict[str, float]:  # fmt: skip
+    """Ring bytes one rank of the stage `shape` moves in one optimizer step, by mesh dimension
+    (what `step_time` times; the dry run measures the same quantity). Pipeline traffic is what
+    the rank sends: each microbatch's activations forward and gradients backward, for each of
+    its chunks but the model's first and last ends."""
+    m = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
+    act_bytes = settings.micro_batch_size * settings.seq_len * model.dim * settings.matmul_bytes
+    out: dict[str, float] = {}
+    if layout.tp > 1:
+        out["tp"] = m * tp_calls(layout, settings, shape) * allreduce_volume(act_bytes, layout.tp)
+    if layout.pp > 1:
+        sp = layout.tp if settings.sequence_parallel else 1
+        sends = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
+        out["pp"] = m * sends * act_bytes / sp
+    if layout.dp > 1:
+        v = dp_volumes(layout, settings, shape)
+        if v.all_reduce:
+            out["dp"] = v.all_reduce
+        else:
+            out["dp_shard"] = v.rounds * (v.gather + v.regather + v.reduce_scatter)
+            if v.replicate_all_reduce:
+                out["dp_replicate"] = v.rounds * v.replicate_all_reduce
+    return out
