@@ -64,6 +64,32 @@ def mem_tracker_class() -> type:
     return MemTracker
 
 
+def register_fake_backend() -> None:
+    """Register torch's fake process-group backend (`backend="fake"`: every collective returns
+    at once and leaves its tensors untouched), whose creator torch registers only in its testing
+    package. Why: the dry run (parallel/dry_run.py) builds one rank of a world of thousands in
+    one process; no public module registers it."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+
+def fake_tensor_mode():
+    """A `torch._subclasses.fake_tensor.FakeTensorMode` that takes real inputs too: tensors
+    with shapes and dtypes and no storage. Why: the dry run runs a step of a 405B-parameter
+    rank on a CPU; the public meta device cannot, since FSDP2 refuses meta parameters."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def dispatch_mode_class() -> type:
+    """`torch.utils._python_dispatch.TorchDispatchMode`, the base of a mode that sees every op
+    below autograd: the dry run counts the collectives FSDP2, DTensor and c10d issue there.
+    (`CommDebugMode` counts calls but neither bytes nor the group of each.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 def schedule_ops_api():
     """`torch.distributed.pipelining._schedule_visualizer.get_schedule_ops`: the action table
     (F, B, I, W per rank and time slot) of a pipeline schedule, built without processes.
@@ -397,6 +423,18 @@ _ENTRIES = (
            "torch.distributed.pipelining.schedules", "import", "lightning_dist.parallel.pipeline",
            "the action kinds of pipeline_order_with_comms; no public enum", TORCH,
            via="pipeline_action_types"),
+    _entry("torch.testing._internal.distributed.fake_pg", "torch.testing._internal.distributed",
+           "import", "lightning_dist.parallel.dry_run",
+           "registers the fake process-group backend; no public module does", TORCH,
+           via="register_fake_backend"),
+    _entry("torch._subclasses.fake_tensor.FakeTensorMode", "torch._subclasses.fake_tensor",
+           "import", "lightning_dist.parallel.dry_run",
+           "storage-free tensors that FSDP2 accepts as materialised", TORCH,
+           via="fake_tensor_mode"),
+    _entry("torch.utils._python_dispatch.TorchDispatchMode", "torch.utils._python_dispatch",
+           "import", "lightning_dist.parallel.dry_run",
+           "sees each collective with its tensors and group; no public hook does", TORCH,
+           via="dispatch_mode_class"),
     _entry("torch.distributed.checkpoint._traverse.set_element",
            "torch.distributed.checkpoint._traverse", "import", "lightning_dist.checkpoint.safe",
            "the placement DCP's default load planner uses for non-tensor values", TORCH,

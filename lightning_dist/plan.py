@@ -331,6 +331,24 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
     return True
 
 
+def dry_run_command(overrides: list[str]) -> int:
+    """`--dry-run`: train.py's `plan.dry_run=true` path on the same overrides (no run directory
+    is written); 2 with one line for a configuration the dry run cannot build."""
+    import tempfile
+
+    from lightning_dist.run.errors import ConfigError
+    from lightning_dist.train import train
+
+    _check_choices(overrides)
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg, _, _ = _compose([*overrides, "plan.dry_run=true", f"paths.output_dir={run_dir}"])
+        try:
+            train(cfg)
+        except ConfigError as err:
+            _fail(str(err))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m lightning_dist.plan`."""
     parser = argparse.ArgumentParser(
@@ -345,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", nargs="?", const="chosen", default=None, metavar="ROW",
                         help="print only the `python train.py ...` command of the chosen layout "
                         "(or of row ROW, or of every row with `all`)")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build the configured run at its full world size in this process "
+                        "(fake process group and tensors), run one step, and print each rank's "
+                        "bytes beside the planner's (as train.py plan.dry_run=true)")  # fmt: skip
     ns = parser.parse_args(argv)
+    if ns.dry_run:
+        return dry_run_command(ns.overrides)
     cfg, model, hardware = _compose(ns.overrides)
     result = _plan(cfg, model, hardware)
     if ns.json:

@@ -32,11 +32,26 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         plan = plan_run(cfg)  # the composed config becomes a typed RunSpec here, and only here
         if plan.spec.plan.only:  # a prediction for any hardware, on any machine
             return {"plan_only": True, "fits": print_prediction(plan)}
+        if plan.spec.plan.dry_run:  # the real code at full scale, in this one process
+            return dry_run_and_print(plan)
         check_launch(plan)
     run = build_run(plan)
     start_record(plan, run)
     fit(run, ckpt_path=plan.ckpt_path)
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
+
+
+def dry_run_and_print(plan: Any) -> dict[str, Any]:
+    """`plan.dry_run=true`: the dry run's table (run/dry_run.py); returns its errors."""
+    from lightning_dist.run.dry_run import dry_run, print_dry_run
+
+    comparisons = dry_run(plan)
+    print_dry_run(comparisons, f"strategy={plan.spec.strategy_name} {plan.layout}")
+    return {
+        "dry_run": True,
+        "state_errors": [c.state_error() for c in comparisons],
+        "traffic_errors": [c.traffic_errors() for c in comparisons],
+    }
 
 
 def fit(run: Any, ckpt_path: str | None) -> None:

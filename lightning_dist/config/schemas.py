@@ -206,6 +206,10 @@ class PlanSchema:
     """Print the planner's prediction for this run (and its best layout) and exit."""
     check: bool = True
     """Stop before launch when the planner predicts the layout does not fit in memory."""
+    dry_run: bool = False
+    """Build the planned run at its full world size in this one process (torch's fake process
+    group, fake tensors), run one step, print each dry-run rank's bytes beside the planner's,
+    and exit (lightning_dist/run/dry_run.py)."""
 
 
 @dataclass(kw_only=True)

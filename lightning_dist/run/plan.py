@@ -82,7 +82,7 @@ def make_plan(spec: RunSpec) -> RunPlan:
         contract.enable_async_save()
     devices = 1 if contract.single_process else hardware.resolved_devices()
     num_nodes = 1 if contract.single_process else hardware.num_nodes
-    if hardware.accelerator == "cpu" and not spec.plan.only:
+    if hardware.accelerator == "cpu" and not (spec.plan.only or spec.plan.dry_run):
         check_cpu_capacity(devices, spec.model.num_params())
     check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip

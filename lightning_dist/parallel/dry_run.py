@@ -1,0 +1,369 @@
+"""Dry run at full scale in one CPU process: one rank of a planned world, built by the real code.
+
+The rank joins torch's fake process group with the plan's world size and rank, builds the model
+on the meta device and applies `parallelize()` to it exactly as the strategy does (the named
+mesh, the TP plan, FSDP2 over the data-parallel sub-mesh, the pipeline cut), then materialises
+it as fake tensors (shapes and dtypes, no storage) and runs its share of one optimizer step:
+forward and backward of each micro-step, gradient clipping over the whole model, AdamW. Every
+collective it issues is counted by the mesh dimension of its group, as ring volume per rank
+(`planner.timing`'s `allgather_volume` and kin), and its parameter, gradient and optimizer
+bytes are read off its shards.
+
+Only the first two micro-steps of a step run: every later one issues what the second did (the
+same state: gradients accumulated, FSDP syncing each micro-step), so a step's traffic is the
+first's + (accumulate - 1) x the second's + the optimizer step's.
+
+What the fake backend cannot run: the pipeline's point-to-point exchange (the schedule's
+shape inference sends pickled metadata, which a fake group never delivers). A pipeline rank's
+chunks therefore run on their own, forward and backward in the order of its schedule's action
+table (`pipeline_order`), fed fake inputs of the boundary shape; what it would send is the bytes
+of its real outputs (forward) and input gradients (backward). FSDP's no-sync between
+microbatches follows `torch.distributed.pipelining`'s stage: gradients are reduced and
+resharded only in the last microbatch's backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lightning_dist._compat import (
+    dispatch_mode_class,
+    fake_tensor_mode,
+    pipeline_action_types,
+    register_fake_backend,
+)
+from lightning_dist.layout import Layout
+
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+DRY_RUN_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+"""Schedules whose action tables hold only whole forwards and backwards (no split I/W)."""
+
+
+@dataclass
+class Traffic:
+    """Collectives of one rank by mesh dimension: calls and ring volume in bytes."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    volume: dict[str, float] = field(default_factory=dict)
+
+    def add(self, dim: str, volume: float, calls: int = 1) -> None:
+        self.calls[dim] = self.calls.get(dim, 0) + calls
+        self.volume[dim] = self.volume.get(dim, 0.0) + volume
+
+    def combined(self, other: Traffic, times: float = 1.0) -> Traffic:
+        """This traffic plus `times` x `other`."""
+        out = Traffic()
+        for src, k in ((self, 1.0), (other, times)):
+            for dim, volume in src.volume.items():
+                out.add(dim, k * volume, round(k * src.calls[dim]))
+        return out
+
+
+def _volume(kind: str, nbytes: float, n: int) -> float:
+    """Ring bytes per rank of one collective over `n` ranks whose full tensor is `nbytes`."""
+    from lightning_dist.planner.timing import (
+        allgather_volume,
+        allreduce_volume,
+        reduce_scatter_volume,
+    )
+
+    if kind == "all_gather":
+        return allgather_volume(nbytes, n)
+    if kind == "reduce_scatter":
+        return reduce_scatter_volume(nbytes, n)
+    if kind == "all_reduce":
+        return allreduce_volume(nbytes, n)
+    return nbytes if kind in ("send", "broadcast") else (n - 1) / n * nbytes
+
+
+def _kind(op_name: str) -> str | None:
+    name = op_name.split("::")[-1]
+    for key, kind in (("gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
+                      ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+                      ("all_to_all", "all_to_all"), ("alltoall", "all_to_all"),
+                      ("broadcast", "broadcast"), ("send", "send")):  # fmt: skip
+        if key in name:
+            return kind
+    return None  # recv, barrier, wait_tensor: nothing sent
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class CollectiveCounter(dispatch_mode_class()):
+    """Counts every c10d collective by the mesh dimension of its group (`dims`: group name ->
+    (dimension, group size)); groups outside the mesh count as 'other'."""
+
+    def __init__(self, dims: dict[str, tuple[str, int]]):
+        super().__init__()
+        self.dims = dims
+        self.traffic = Traffic()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in COLLECTIVE_NAMESPACES:
+            self._count(func, args)
+        return func(*args, **(kwargs or {}))
+
+    def _count(self, func, args) -> None:
+        kind = _kind(func.name())
+        if kind is None:
+            return
+        group = None
+        for arg in args:
+            if isinstance(arg, str) and arg in self.dims:
+                group = arg
+            elif isinstance(arg, torch.ScriptObject):
+                with contextlib.suppress(RuntimeError):  # a ReduceOp, not a group
+                    group = torch.distributed.ProcessGroup.unbox(arg).group_name
+        dim, n = self.dims.get(group, ("other", 0))
+        sizes = [_nbytes(a) for a in args]
+        full = max(sizes)  # the gathered output, the scattered input, the reduced tensor
+        if func.namespace == "_c10d_functional" and kind == "all_gather":
+            full *= n  # the functional op takes the shard and returns the gathered tensor
+        if kind == "all_reduce" and func.namespace == "c10d":
+            full = sizes[0]  # allreduce_(tensors, ...)
+        self.traffic.add(dim, _volume(kind, full, max(n, 1)) if n else full)
+
+
+@dataclass
+class RankDryRun:
+    """What one rank holds and sends in one optimizer step."""
+
+    rank: int
+    coordinate: dict[str, int]
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    traffic: Traffic
+    micro_steps_run: int
+    seconds: float
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int):
+    """torch's fake process group as the default group: collectives return at once, untouched."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("a dry run needs a process without a process group")
+    register_fake_backend()
+    dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def each_in_a_fresh_process(function: Callable[[int], RankDryRun],
+                            ranks: list[int]) -> list[RankDryRun]:  # fmt: skip
+    """`function(rank)` for each rank, each in a forked process of its own (as many at once as
+    there are cores). A process holds one fake world: torch keeps meshes and their groups by
+    name, and a second world in the same process resolves the first's names and fails."""
+    workers = max(1, min(len(ranks), os.cpu_count() or 1))
+    with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=1) as pool:
+        return pool.map(function, ranks, chunksize=1)
+
+
+def mesh_groups(mesh, layout: Layout) -> dict[str, tuple[str, int]]:
+    """Group name -> (mesh dimension, size) for every dimension above size 1, and the world
+    (gradient clipping's all-reduce of the squared norm)."""
+    import torch.distributed as dist
+
+    dims = {dist.group.WORLD.group_name: ("world", layout.world_size)}
+    for dim, size in layout.degrees().items():
+        if size > 1:
+            dims[mesh[dim].get_group().group_name] = (dim, size)
+    return dims
+
+
+def _local_bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return _local_bytes(
+        v for state in optimizer.state.values() for v in state.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )  # fmt: skip
+
+
+def dry_run_rank(
+    build_model: Callable[[], nn.Module],
+    layout: Layout,
+    rank: int,
+    *,
+    options,
+    precision: str,
+    micro_batch_size: int,
+    seq_len: int,
+    accumulate: int,
+    grad_clip: float | None = 1.0,
+) -> RankDryRun:
+    """Build global `rank` of `layout` on the fake group and run one optimizer step.
+
+    `build_model()` builds the single-device model (a `Transformer`: it has `args`) on the
+    current (meta) device; `options` are the strategy's, their dtype knobs resolved as the
+    target device resolves them; `micro_batch_size` sequences of `seq_len` tokens per micro-step
+    (under PP: per pipeline microbatch), `accumulate` micro-steps per optimizer step.
+    """
+    from lightning_dist.parallel.clip import clip_grad_norm_global
+    from lightning_dist.parallel.parallelize import model_parts, parallelize
+    from lightning_dist.parallel.tp import loss_parallel_context, uses_sequence_parallel
+
+    if layout.pp > 1 and layout.schedule not in DRY_RUN_SCHEDULES:
+        raise ValueError(
+            f"the dry run drives the pipeline schedules {', '.join(DRY_RUN_SCHEDULES)}; "
+            f"schedule={layout.schedule} splits backward into input and weight halves"
+        )
+    started = time.perf_counter()
+    with fake_world(layout.world_size, rank), warnings.catch_warnings():
+        # Sequence parallelism tells its saved tensors apart by storage; fake ones have none.
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        mesh = layout.build_mesh("cpu")
+        with torch.device("meta"):
+            model = build_model()
+        args, tp = model.args, options.tp
+        sp = layout.tp > 1 and uses_sequence_parallel(model, tp.sequence_parallel, tp.tp_plan)
+        model = parallelize(model, mesh, layout, device=torch.device("cpu"), options=options,
+                            precision=precision)  # fmt: skip
+        parts = model_parts(model)
+        counter = CollectiveCounter(mesh_groups(mesh, layout))
+        micro_steps: list[Traffic] = []
+        with fake_tensor_mode():
+            for part in parts:
+                part.to_empty(device="cpu")
+            params = [p for part in parts for p in part.parameters()]
+            optimizer = torch.optim.AdamW(params)
+            boundary = (micro_batch_size, seq_len // (layout.tp if sp else 1), args.dim)
+            for _ in range(min(accumulate, 2)):
+                counter.traffic = Traffic()
+                with counter, loss_parallel_context(layout.tp, tp.loss_parallel):
+                    if layout.pp > 1:
+                        _pipeline_micro_step(model, layout, mesh["pp"].get_local_rank(),
+                                             counter.traffic, boundary, seq_len, args.vocab_size,
+                                             _compute_dtype(options, layout))  # fmt: skip
+                    else:
+                        tokens = _tokens(micro_batch_size, seq_len, args.vocab_size)
+                        with _autocast(precision):
+                            logits = model(tokens)
+                        _loss(logits, tokens).backward()
+                micro_steps.append(counter.traffic)
+            counter.traffic = Traffic()
+            with counter:
+                if grad_clip:
+                    clip_grad_norm_global(params, grad_clip, stage_size=layout.dp * layout.tp)
+                optimizer.step()
+            states = (_local_bytes(params), _local_bytes(p.grad for p in params),
+                      _optimizer_bytes(optimizer))  # fmt: skip
+    traffic = micro_steps[0].combined(micro_steps[-1], accumulate - 1).combined(counter.traffic)
+    return RankDryRun(
+        rank=rank, coordinate=layout.coordinate(rank), param_bytes=states[0],
+        grad_bytes=states[1], optimizer_bytes=states[2], traffic=traffic,
+        micro_steps_run=len(micro_steps), seconds=time.perf_counter() - started,
+    )  # fmt: skip
+
+
+def _tokens(batch: int, seq_len: int, vocab_size: int) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, seq_len))
+
+
+def _autocast(precision: str):
+    """The autocast of a `*-mixed` precision, as Lightning's precision plugin enters it."""
+    if precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _compute_dtype(options, layout: Layout) -> torch.dtype:
+    """The dtype of the residual stream between stages: FSDP's compute dtype (its parameters',
+    which the embedding output takes), else fp32 (autocast keeps the residual adds in fp32)."""
+    from lightning_dist.parallel.precision import parse_dtype
+
+    dtype = parse_dtype(options.precision.param_dtype, "strategy.param_dtype")
+    return dtype if layout.dp > 1 and dtype is not None else torch.float32
+
+
+def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+
+
+def _actions(model, layout: Layout, pp_rank: int) -> list[tuple[str, int, int]]:
+    """(F or B, stage, microbatch) of this rank's step, in the order its schedule runs them.
+
+    A multi-stage schedule runs its action table (`pipeline_order`). A single-stage one runs a
+    loop of its own, which its table does not always match (torch 2.13's 1F1B table numbers the
+    last stage's forwards from 1): GPipe every forward then every backward; 1F1B
+    min(m, pp - r) forwards, then a backward and a forward in turn, then the backwards left.
+    """
+    m, kinds = layout.num_microbatches, pipeline_action_types()
+    if layout.virtual_stages > 1:
+        names = {kinds.FORWARD: "F", kinds.FULL_BACKWARD: "B"}
+        order = [a for a in model.schedule.pipeline_order[pp_rank] if a is not None]
+        return [(names[a.computation_type], a.stage_index, a.microbatch_index)
+                for a in order if a.computation_type in names]  # fmt: skip
+    warmup = m if layout.schedule == "GPipe" else min(m, layout.pp - pp_rank)
+    steps = [("F", mb) for mb in range(warmup)]
+    for mb in range(m - warmup):
+        steps += [("B", mb), ("F", warmup + mb)]
+    steps += [("B", mb) for mb in range(m - warmup, m)]
+    return [(kind, pp_rank, mb) for kind, mb in steps]
+
+
+def _pipeline_micro_step(model, layout: Layout, pp_rank: int, traffic: Traffic,
+                         boundary: tuple[int, ...], seq_len: int, vocab_size: int,
+                         dtype: torch.dtype) -> None:  # fmt: skip
+    """One schedule step of this rank's chunks in its schedule's order (see module doc)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    parts = dict(zip(model.stage_ids, model.parts, strict=True))
+    last_stage, last_mb = layout.num_stages - 1, layout.num_microbatches - 1
+    batch = boundary[0]
+    saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+    for kind, stage, mb in _actions(model, layout, pp_rank):
+        part = parts[stage]
+        if kind == "F":
+            if stage == 0:
+                inputs = None
+                output = part(_tokens(batch, seq_len, vocab_size))
+            else:
+                inputs = torch.empty(boundary, dtype=dtype).requires_grad_()
+                output = part(inputs)
+            if stage == last_stage:
+                output = _loss(output, _tokens(batch, seq_len, vocab_size))
+            else:
+                traffic.add("pp", _nbytes(output))  # sent to the next stage
+            saved[(stage, mb)] = (inputs, output)
+            continue
+        inputs, output = saved.pop((stage, mb))
+        if isinstance(part, FSDPModule):  # as torch's PipelineStage does: sync at the last
+            last = mb == last_mb
+            part.set_is_last_backward(last)
+            part.set_reshard_after_backward(last)
+            part.set_requires_gradient_sync(last)
+        output.backward(None if output.dim() == 0 else torch.empty_like(output))
+        if inputs is not None:
+            traffic.add("pp", _nbytes(inputs.grad))  # sent to the previous stage
