@@ -134,7 +134,9 @@ class FSDP2Options:
 
     reshard_after_forward: Any = knob(
         True, "true (free gathered weights after forward), false (keep them until backward: "
-        "ZeRO-2), or an int above 1 (reshard to groups of that size).",
+        "ZeRO-2), or an int above 1 (reshard to groups of that size). Under pp a stage stays "
+        "gathered from its first forward to its last backward whatever this says: resharding "
+        "would gather it again for every microbatch.",
     )  # fmt: skip
     prefetch_forward: int = knob(
         1,
