@@ -332,21 +332,18 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
 
 
 def dry_run_command(overrides: list[str]) -> int:
-    """`--dry-run`: train.py's `plan.dry_run=true` path on the same overrides (no run directory
-    is written); 2 with one line for a configuration the dry run cannot build."""
+    """`--dry-run`: train.py's `plan.dry_run=true` on the same overrides, in a run directory
+    that is removed afterwards; its exit status (2 with one line for a run it cannot build)."""
+    import subprocess
     import tempfile
-
-    from lightning_dist.run.errors import ConfigError
-    from lightning_dist.train import train
+    from pathlib import Path
 
     _check_choices(overrides)
+    train_py = Path(__file__).resolve().parents[1] / "train.py"
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg, _, _ = _compose([*overrides, "plan.dry_run=true", f"paths.output_dir={run_dir}"])
-        try:
-            train(cfg)
-        except ConfigError as err:
-            _fail(str(err))
-    return 0
+        command = [sys.executable, str(train_py), *overrides, "plan.dry_run=true",
+                   f"hydra.run.dir={run_dir}"]  # fmt: skip
+        return subprocess.call(command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the configured run at its full world size in this process "
                         "(fake process group and tensors), run one step, and print each rank's "
                         "bytes beside the planner's (as train.py plan.dry_run=true)")  # fmt: skip
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)  # overrides before and after the flags
     if ns.dry_run:
         return dry_run_command(ns.overrides)
     cfg, model, hardware = _compose(ns.overrides)

@@ -68,23 +68,6 @@ class Traffic:
         return out
 
 
-def _volume(kind: str, nbytes: float, n: int) -> float:
-    """Ring bytes per rank of one collective over `n` ranks whose full tensor is `nbytes`."""
-    from lightning_dist.planner.timing import (
-        allgather_volume,
-        allreduce_volume,
-        reduce_scatter_volume,
-    )
-
-    if kind == "all_gather":
-        return allgather_volume(nbytes, n)
-    if kind == "reduce_scatter":
-        return reduce_scatter_volume(nbytes, n)
-    if kind == "all_reduce":
-        return allreduce_volume(nbytes, n)
-    return nbytes if kind in ("send", "broadcast") else (n - 1) / n * nbytes
-
-
 def _kind(op_name: str) -> str | None:
     name = op_name.split("::")[-1]
     for key, kind in (("gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
@@ -108,9 +91,11 @@ class CollectiveCounter(dispatch_mode_class()):
     """Counts every c10d collective by the mesh dimension of its group (`dims`: group name ->
     (dimension, group size)); groups outside the mesh count as 'other'."""
 
-    def __init__(self, dims: dict[str, tuple[str, int]]):
+    def __init__(self, dims: dict[str, tuple[str, int]],
+                 ring_volume: Callable[[str, float, int], float]):  # fmt: skip
         super().__init__()
         self.dims = dims
+        self.ring_volume = ring_volume
         self.traffic = Traffic()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -136,7 +121,7 @@ class CollectiveCounter(dispatch_mode_class()):
             full *= n  # the functional op takes the shard and returns the gathered tensor
         if kind == "all_reduce" and func.namespace == "c10d":
             full = sizes[0]  # allreduce_(tensors, ...)
-        self.traffic.add(dim, _volume(kind, full, max(n, 1)) if n else full)
+        self.traffic.add(dim, self.ring_volume(kind, full, n) if n else full)
 
 
 @dataclass
@@ -221,6 +206,7 @@ def dry_run_rank(
     micro_batch_size: int,
     seq_len: int,
     accumulate: int,
+    ring_volume: Callable[[str, float, int], float],
     grad_clip: float | None = 1.0,
 ) -> RankDryRun:
     """Build global `rank` of `layout` on the fake group and run one optimizer step.
@@ -228,7 +214,9 @@ def dry_run_rank(
     `build_model()` builds the single-device model (a `Transformer`: it has `args`) on the
     current (meta) device; `options` are the strategy's, their dtype knobs resolved as the
     target device resolves them; `micro_batch_size` sequences of `seq_len` tokens per micro-step
-    (under PP: per pipeline microbatch), `accumulate` micro-steps per optimizer step.
+    (under PP: per pipeline microbatch), `accumulate` micro-steps per optimizer step;
+    `ring_volume(kind, nbytes, n)` turns a collective into bytes per rank (the planner's
+    `planner.timing.ring_volume`, passed in: parallel/ does not import the planner).
     """
     from lightning_dist.parallel.clip import clip_grad_norm_global
     from lightning_dist.parallel.parallelize import model_parts, parallelize
@@ -251,7 +239,7 @@ def dry_run_rank(
         model = parallelize(model, mesh, layout, device=torch.device("cpu"), options=options,
                             precision=precision)  # fmt: skip
         parts = model_parts(model)
-        counter = CollectiveCounter(mesh_groups(mesh, layout))
+        counter = CollectiveCounter(mesh_groups(mesh, layout), ring_volume)
         micro_steps: list[Traffic] = []
         with fake_tensor_mode():
             for part in parts:

@@ -51,6 +51,19 @@ def reduce_scatter_volume(nbytes: float, n: int) -> float:
     return (n - 1) / n * nbytes
 
 
+def ring_volume(kind: str, nbytes: float, n: int) -> float:
+    """Bytes each rank moves in one collective of `kind` over `n` ranks whose full tensor is
+    `nbytes` (all_gather, reduce_scatter, all_reduce as above; all_to_all (n-1)/n; send and
+    broadcast the whole tensor)."""
+    if kind == "all_gather":
+        return allgather_volume(nbytes, n)
+    if kind == "reduce_scatter":
+        return reduce_scatter_volume(nbytes, n)
+    if kind == "all_reduce":
+        return allreduce_volume(nbytes, n)
+    return nbytes if kind in ("send", "broadcast") else (n - 1) / n * nbytes
+
+
 def bubble_fraction(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle fraction of a pipeline step.
 

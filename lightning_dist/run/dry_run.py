@@ -99,7 +99,7 @@ def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     """Dry-run the planned run (a `run.plan.RunPlan`) rank by rank; see the module doc."""
     from lightning_dist.parallel.dry_run import dry_run_rank, each_in_a_fresh_process
     from lightning_dist.planner.memory import model_state_bytes, stage_shapes
-    from lightning_dist.planner.timing import traffic_by_dim
+    from lightning_dist.planner.timing import ring_volume, traffic_by_dim
     from lightning_dist.run.preflight import estimate_run
 
     check_dry_run(plan)
@@ -117,7 +117,8 @@ def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     build = partial(
         dry_run_rank, plan.model.build, layout, options=options, precision=plan.precision,
         micro_batch_size=settings.micro_batch_size, seq_len=settings.seq_len,
-        accumulate=accumulate, grad_clip=plan.spec.trainer.gradient_clip_val,
+        accumulate=accumulate, ring_volume=ring_volume,
+        grad_clip=plan.spec.trainer.gradient_clip_val,
     )  # fmt: skip
     measured = each_in_a_fresh_process(build, ranks)
     out = []

@@ -18,7 +18,7 @@ from lightning_dist.options import PRESETS
 from lightning_dist.parallel.dry_run import Traffic, dry_run_rank, each_in_a_fresh_process
 from lightning_dist.planner import estimate
 from lightning_dist.planner.memory import model_state_bytes, stage_shapes
-from lightning_dist.planner.timing import traffic_by_dim
+from lightning_dist.planner.timing import ring_volume, traffic_by_dim
 from lightning_dist.run.dry_run import NEGLIGIBLE_BYTES, dry_run_ranks, options_on_device
 
 
@@ -67,6 +67,7 @@ def test_each_rank_holds_and_sends_what_the_planner_predicts(name):
         micro_batch_size=settings.micro_batch_size,
         seq_len=64,
         accumulate=steps,
+        ring_volume=ring_volume,
     )
     for got in each_in_a_fresh_process(run, dry_run_ranks(layout)):
         rank = got.rank
@@ -106,4 +107,4 @@ def test_a_schedule_with_split_backward_is_named():
     layout = options.declared_layout(1).resolve(8)
     with pytest.raises(ValueError, match="schedule=ZBVZeroBubble"):  # before any group starts
         dry_run_rank(DEBUG.build, layout, 0, options=options, precision="bf16-mixed",
-                     micro_batch_size=1, seq_len=64, accumulate=1)  # fmt: skip
+                     micro_batch_size=1, seq_len=64, accumulate=1, ring_volume=ring_volume)  # fmt: skip
