@@ -252,8 +252,9 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
       A unit's unsharded gradient appears only in backward, after the logits' activations
       (larger than any unit) are freed, so none is counted;
     - SHARD_GRAD_OP: every unit stays gathered from its forward until its backward;
-    - under PP a sharded stage stays gathered with unsharded grads from its first backward to
-      its last (torch.distributed.pipelining defers resharding and the reduce-scatter);
+    - under PP a sharded stage stays gathered from its first forward to its last backward
+      (`parallel.parallelize` keeps it so), with unsharded grads from its first backward
+      (torch.distributed.pipelining defers the reduce-scatter to the last);
     - without sharding, bf16-mixed autocast saves a bf16 copy of every weight for backward
       (FSDP's bf16 parameters make it unnecessary). DDP's buckets are views of the gradients
       (gradient_as_bucket_view=True) and cost nothing;
@@ -261,15 +262,16 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
       (a non-last one) into its own buffer, [mbs, seq_len, dim] each, kept for the step.
     """
     n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
-    p_b, g_b, _ = state_bytes(settings.precision, settings.optimizer)
+    # Gathered parameters and unsharded gradients are in the compute dtype.
+    w = settings.gathered_param_bytes
     if n == 1:
         gathered = 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
     elif layout.pp > 1:
-        gathered = (p_b + g_b) * shape.params
+        gathered = 2 * w * shape.params
     elif settings.sharding == "SHARD_GRAD_OP" or not settings.limit_all_gathers:
-        gathered = p_b * shape.params
+        gathered = w * shape.params
     else:
-        gathered = p_b * (sum(shape.roots) + (shape.block if shape.layers else 0.0))
+        gathered = w * (sum(shape.roots) + (shape.block if shape.layers else 0.0))
     p2p = 0.0
     if layout.pp > 1:
         sp = layout.tp if settings.sequence_parallel else 1

@@ -83,19 +83,19 @@ def normalize_precision(precision: str) -> str:
 
 
 def state_bytes(precision: str, optimizer: str) -> tuple[int, int, int]:
-    """Bytes per parameter of (working params, gradients, optimizer state) under ZeRO accounting.
+    """Bytes per parameter of (parameters, gradients, optimizer state) between steps.
 
-    Mixed precision keeps bf16 params and grads plus an fp32 master copy with the optimizer's
-    fp32 states, so Adam costs 2 + 2 + (4 + 4 + 4) = 16 bytes per parameter (ZeRO paper, Sec. 3);
-    fp32 training costs 4 + 4 + 8; pure bf16 keeps everything in bf16: 2 + 2 + 4.
+    bf16-mixed keeps fp32 parameters and gradients (Lightning's autocast casts in the ops; FSDP
+    keeps fp32 shards and gathers a bf16 copy to compute with, a within-step buffer), so Adam
+    costs 4 + 4 + 8 = 16 bytes per parameter: the ZeRO paper's 16 (Sec. 3), whose bf16 working
+    copy and fp32 master copy are here one fp32 tensor. fp32 training costs the same; pure bf16
+    keeps everything in bf16: 2 + 2 + 4. (The dry run reads these off FSDP2's shards.)
     """
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZER_STATES)}")
     states = OPTIMIZER_STATES[optimizer]
-    if precision == "32-true":
+    if precision in ("32-true", "bf16-mixed"):
         return 4, 4, 4 * states
-    if precision == "bf16-mixed":
-        return 2, 2, 4 + 4 * states
     return 2, 2, 2 * states
 
 
