@@ -5,8 +5,8 @@ on the meta device and applies `parallelize()` to it exactly as the strategy doe
 mesh, the TP plan, FSDP2 over the data-parallel sub-mesh, the pipeline cut), then materialises
 it as fake tensors (shapes and dtypes, no storage) and runs its share of one optimizer step:
 forward and backward of each micro-step, gradient clipping over the whole model, AdamW. Every
-collective it issues is counted by the mesh dimension of its group, as ring volume per rank
-(`planner.timing`'s `allgather_volume` and kin), and its parameter, gradient and optimizer
+collective it issues is counted by the mesh dimension of its group, as bytes per rank by the
+caller's ring rule (`planner.timing.ring_volume`), and its parameter, gradient and optimizer
 bytes are read off its shards.
 
 Only the first two micro-steps of a step run: every later one issues what the second did (the
@@ -15,8 +15,8 @@ first's + (accumulate - 1) x the second's + the optimizer step's.
 
 What the fake backend cannot run: the pipeline's point-to-point exchange (the schedule's
 shape inference sends pickled metadata, which a fake group never delivers). A pipeline rank's
-chunks therefore run on their own, forward and backward in the order of its schedule's action
-table (`pipeline_order`), fed fake inputs of the boundary shape; what it would send is the bytes
+chunks therefore run on their own, forward and backward in the order its schedule runs them
+(`_actions`), fed fake inputs of the boundary shape; what it would send is the bytes
 of its real outputs (forward) and input gradients (backward). FSDP's no-sync between
 microbatches follows `torch.distributed.pipelining`'s stage: gradients are reduced and
 resharded only in the last microbatch's backward.
@@ -249,16 +249,17 @@ def dry_run_rank(
             boundary = (micro_batch_size, seq_len // (layout.tp if sp else 1), args.dim)
             for _ in range(min(accumulate, 2)):
                 counter.traffic = Traffic()
-                with counter, loss_parallel_context(layout.tp, tp.loss_parallel):
+                # As Lightning's step: the precision plugin's autocast around it all, backward
+                # (the schedule's, under PP) included.
+                with counter, loss_parallel_context(layout.tp, tp.loss_parallel), \
+                        _autocast(precision):  # fmt: skip
                     if layout.pp > 1:
                         _pipeline_micro_step(model, layout, mesh["pp"].get_local_rank(),
                                              counter.traffic, boundary, seq_len, args.vocab_size,
                                              _compute_dtype(options, layout))  # fmt: skip
                     else:
                         tokens = _tokens(micro_batch_size, seq_len, args.vocab_size)
-                        with _autocast(precision):
-                            logits = model(tokens)
-                        _loss(logits, tokens).backward()
+                        _loss(model(tokens), tokens).backward()
                 micro_steps.append(counter.traffic)
             counter.traffic = Traffic()
             with counter:

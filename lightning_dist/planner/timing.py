@@ -197,9 +197,10 @@ def step_time(
       per microbatch / tp, over peak x efficiency, under `settings.compile` divided by
       `compile_speedup` (default COMPILE_SPEEDUP of the backend);
     - pipeline: m + (p-1)/v stage-times for GPipe/1F1B/interleaved, m for zero-bubble;
-    - TP: 4 all-reduce-equivalents of b x s x dim activations per block per microbatch (2 in
-      forward, 2 in backward), 6 for a block checkpointed in full (its recomputed forward
-      communicates again; 'op' keeps the collectives' outputs), over the tp group's link, exposed;
+    - TP: `tp_calls` all-reduce-equivalents of b x s x dim activations per microbatch (4 per
+      block, 2 in forward and 2 in backward, 6 for a block checkpointed in full, whose
+      recomputed forward communicates again, 5 under SP; one for the embedding and one for the
+      output projection), over the tp group's link, exposed;
     - PP: one activation forward and one gradient backward per microbatch and chunk, exposed;
     - DP: see `dp_phases`; it hides under compute as `exposed_seconds` describes;
     - offload: host copies of the shards and a CPU optimizer step, exposed;
@@ -340,13 +341,16 @@ def tp_calls(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
     Per block: 2 in forward, 2 in backward. Under SP a plain block's backward gathers the
     projections' inputs again (2 all-gathers, half an all-reduce each:
     `parallel/sequence_parallel.py`); a checkpointed block does not, but replays its forward's:
-    all 2 under full, the gathers alone under op.
+    all 2 under full, the gathers alone under op. The vocab-parallel embedding adds one (its
+    output's all-reduce, or under SP its reduce-scatter and its gradient's all-gather), and so
+    does the output projection (its input's gradient, or under SP a gather each way).
     """
     mode = settings.activation_checkpointing.mode
     regather = 1 if settings.sequence_parallel else 0
     replayed = {"full": 2, "op": regather}.get(mode, 0)
     checkpointed = checkpointed_blocks(layout, settings, shape)
-    return (4 + regather) * shape.layers + (replayed - regather) * checkpointed
+    ends = int(shape.has_embedding) + int(shape.has_output)
+    return (4 + regather) * shape.layers + (replayed - regather) * checkpointed + ends
 
 
 @dataclass(frozen=True)
