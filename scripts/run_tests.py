@@ -4,10 +4,12 @@
 
 Three phases, one after another, each a `python -m pytest` of its own:
 
-1. tests/unit, tests/e2e and tests/gpu together on three pytest-xdist workers (`--dist
+1. tests/e2e, tests/unit and tests/gpu together on three pytest-xdist workers (`--dist
    loadfile`: a file's tests stay on one worker, so its module fixtures run once). An e2e test
    mostly waits for a rank to import torch and Lightning (one core busy of two, measured
    2026-12-01: 1.14 cores on average over the e2e tier alone); the unit tier fills the other.
+   The e2e files go first: workers take files in the order given, and the longest ones (a
+   minute or more each) should not start last.
 2. tests/cluster alone: its waves of jobs time detection and restarts against deadlines.
 3. tests/dist alone: its gloo worlds use both cores, and one test measures a pipeline bubble.
 
@@ -30,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = [
     (
-        "unit + e2e + gpu, 3 workers",
-        ["-n", "3", "--dist", "loadfile", "tests/unit", "tests/e2e", "tests/gpu"],
+        "e2e + unit + gpu, 3 workers",
+        ["-n", "3", "--dist", "loadfile", "tests/e2e", "tests/unit", "tests/gpu"],
     ),  # fmt: skip
     ("cluster", ["tests/cluster"]),
     ("dist", ["tests/dist"]),

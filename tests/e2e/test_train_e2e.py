@@ -1,6 +1,7 @@
 """End to end: `python train.py` through Hydra in real processes (gloo): the parity command (DDP
 on 2 ranks against one process, both through the CSV logger) and Hugging Face models. (The
-default run on real text, W&B and multiruns: test_record_e2e.py and test_bad_inputs_e2e.py; DDP
+default run on real text and W&B: test_record_e2e.py and test_bad_inputs_e2e.py; multiruns:
+test_sweep_e2e.py; DDP
 on 4 ranks:
 tests/dist/test_fsdp_dist.py; bad input: tests/unit/test_bad_inputs.py.)"""
 
