@@ -19,9 +19,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from lightning_dist.runtime.requeue_signal import hold_requeue_signal
 
     hold_requeue_signal()  # under Slurm, before anything slow: SIGUSR1 must not end the process
-    from lightning_dist.strategies.launch import started_by_rank_zero
-
-    started_by_rank_zero()  # while the launcher, if any, is surely alive: the exit status uses it
+    # It records this process's parent while a launcher that started it is surely alive.
+    import lightning_dist.strategies.launch  # noqa: F401
     from lightning_dist.runtime.quiet import quiet_known_warnings
 
     quiet_known_warnings()

@@ -15,7 +15,6 @@ the next job would start no processes and talk to the previous job's exited rank
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import subprocess
 import sys
@@ -104,15 +103,17 @@ LAUNCHER_PID = "LIGHTNING_DIST_LAUNCHER_PID"
 """Set by `fix_hydra_child_command` in the process that may launch ranks; inherited by them."""
 
 
-@functools.cache
+_PARENT_AT_START = os.getppid()
+"""This process's parent when the module was imported (`train()` imports it first thing): a
+rank whose launcher has exited since has been handed to init, and its parent is no longer
+rank 0, but it was still started by it."""
+
+
 def started_by_rank_zero() -> bool:
     """True in a rank that Lightning's own launcher started: a child of the process that set
-    `LAUNCHER_PID` (rank 0), not of torchrun, srun or a shell. Rank 0 carries its job's status.
-
-    Read once, at the first call (`train()` makes it as the process starts): a rank whose
-    launcher has already exited has been handed to init, and its parent is no longer rank 0."""
+    `LAUNCHER_PID` (rank 0), not of torchrun, srun or a shell. Rank 0 carries its job's status."""
     launcher = os.environ.get(LAUNCHER_PID)
-    return launcher is not None and launcher.isdigit() and os.getppid() == int(launcher)
+    return launcher is not None and launcher.isdigit() and _PARENT_AT_START == int(launcher)
 
 
 def rank_exit_code(code: int) -> int:
