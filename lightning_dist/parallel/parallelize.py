@@ -64,7 +64,6 @@ def parallelize(
         # measured 10x the step's gather traffic on Llama 3 405B, pp=16). The stage stays
         # gathered until its last backward instead, as torchtitan does under PP.
         fsdp["reshard_after_forward"] = False
-    if pipelined:
         parts = stage_modules(
             model, layout, mesh["pp"].get_local_rank(), options.pipeline.split_points
         )

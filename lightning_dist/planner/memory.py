@@ -291,7 +291,7 @@ def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryB
     (RESERVE_BYTES), not a tensor, so `MemoryBreakdown.tensors` leaves it out; the allocator's
     slack is left to the fit test's one margin (DEFAULT_HEADROOM).
     """
-    microbatches = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
+    microbatches = settings.microbatches(layout.dp)
     worst = None
     for stage, shape in stage_shapes(model, layout, settings.options.pipeline.split_points):
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)

@@ -207,6 +207,10 @@ class TrainSettings:
             raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
         state_bytes(self.precision, self.optimizer)  # validates the optimizer name
 
+    def microbatches(self, dp: int) -> int:
+        """Microbatches one data-parallel rank runs per optimizer step (at least 1)."""
+        return max(self.global_batch_size // dp // self.micro_batch_size, 1)
+
     def with_knobs(self, **knobs) -> TrainSettings:
         """A copy with some strategy knobs changed (`activation_checkpointing="op"`, ...)."""
         return replace(self, options=with_knobs(self.options, knobs))

@@ -208,7 +208,7 @@ def step_time(
     """
     tp, pp = layout.tp, layout.pp
     b, s = settings.micro_batch_size, settings.seq_len
-    m = max(settings.global_batch_size // layout.dp // b, 1)
+    m = settings.microbatches(layout.dp)
     eff = (
         efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(hardware.accelerator, 0.5)
     )
@@ -372,7 +372,7 @@ class DPVolumes:
 
 def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DPVolumes:
     """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`."""
-    m = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
+    m = settings.microbatches(layout.dp)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     n, r, psi = layout.dp_shard, layout.dp_replicate, shape.params
     if settings.sharding not in SHARDED_MODES or n == 1:
@@ -395,7 +395,7 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
     (what `step_time` times; the dry run measures the same quantity). Pipeline traffic is what
     the rank sends: each microbatch's activations forward and gradients backward, for each of
     its chunks but the model's first and last ends."""
-    m = max(settings.global_batch_size // layout.dp // settings.micro_batch_size, 1)
+    m = settings.microbatches(layout.dp)
     act_bytes = settings.micro_batch_size * settings.seq_len * model.dim * settings.matmul_bytes
     out: dict[str, float] = {}
     if layout.tp > 1:
