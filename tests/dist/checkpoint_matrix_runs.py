@@ -61,8 +61,12 @@ LAYOUTS = {
         "strategy.sharding_strategy=FULL_SHARD",
         "hardware.devices=4",
     ],  # fmt: skip
-    "dp2xtp2": ["strategy=3d", "strategy.tp=2", "hardware.devices=4",
-                "strategy.sequence_parallel=false"],
+    "dp2xtp2": [
+        "strategy=3d",
+        "strategy.tp=2",
+        "hardware.devices=4",
+        "strategy.sequence_parallel=false",
+    ],
     "dp2xpp2": ["strategy=3d", "strategy.pp=2", "hardware.devices=4"],
     "hsdp_2x2": ["strategy=fsdp2", "strategy.dp_replicate=2", "hardware.devices=4"],
 }

@@ -16,13 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 from lightning_dist.checkpoint.format import (
-    finish_folder,
-    gather_state,
-    save_state,
     tensor_shapes,
 )
 from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest

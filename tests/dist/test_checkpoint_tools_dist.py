@@ -14,17 +14,13 @@ import torch
 from lightning_dist.checkpoint.cli import main
 from lightning_dist.checkpoint.weights import (
     open_checkpoint,
-    read_weights,
 )
 from tests.unit.test_checkpoint_tools import (
     HF_MODELS,
-    TINY_HF,
     TOLERANCE,
     hf_logits,
-    imported,
+    imported,  # noqa: F401, F811 - a module fixture of the unit tier, used by name below
     our_logits,
-    save_hf_model,
-    tokens,
 )
 
 transformers = pytest.importorskip("transformers", reason="HF conversions need the [hf] extra")
@@ -49,7 +45,7 @@ CASES = {"llama": ["single", "tp2", "pp2"], "mistral": ["single", "tp2", "pp2", 
 
 
 @pytest.fixture(scope="module")
-def first_losses(imported, train_in, tmp_path_factory):
+def first_losses(imported, train_in, tmp_path_factory):  # noqa: F811 - the fixture
     """(model_type, layout) -> summary.json of one step from the imported weights. The Llama
     run under tp2 trains 2 steps and saves a sharded checkpoint for the export test."""
     out = {}
@@ -87,7 +83,7 @@ def hf_first_step_loss(hf_dir) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", HF_MODELS)
-def test_imported_model_starts_from_the_hf_loss_under_tp2_and_pp2(model_type, imported,
+def test_imported_model_starts_from_the_hf_loss_under_tp2_and_pp2(model_type, imported,  # noqa: F811
                                                                   first_losses):  # fmt: skip
     # The HF model's own loss on the first batch: proves the weights were loaded, not drawn.
     expected = hf_first_step_loss(imported[model_type][0])

@@ -36,9 +36,7 @@ def test_the_end_barrier_is_bounded_and_names_the_rank_that_did_not_come():
     world = World(2)
     try:
         assert world.run("process_end_cases:end_barrier_with_every_rank") == [True, True]
-        (came, took, printed), _ = world.run(
-            "process_end_cases:end_barrier_without_rank_one", 3.0
-        )
+        (came, took, printed), _ = world.run("process_end_cases:end_barrier_without_rank_one", 3.0)
     finally:
         world.close()
     assert came is False and 3.0 <= took < 15, (came, took)

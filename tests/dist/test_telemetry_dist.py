@@ -4,13 +4,10 @@ comm/compute numbers reach summary.json and W&B and the report turns it into PNG
 pipeline bubble against the schedule's; the comm numbers of fsdp and 3d per mesh dimension. (The
 formulas and the one in-process run are tests/unit/test_telemetry.py.)"""
 
-import csv
 import statistics
-from typing import Any
 
 import pytest
 
-from lightning_dist.run.loggers import METRICS_CSV
 from tests.unit.test_telemetry import key_count, read_metrics
 
 
