@@ -221,6 +221,8 @@ class TextDataModule(LMDataModule):
             ", ..." if len(self.files) > 5 else "", skipped,
         )  # fmt: skip
         self._check_splits(sizes, val_fraction)
+        # Read once here, before any process waits on another: the key, and the text check.
+        self.key = cache_key(self.files, self.tokenizer, val_fraction)
         self.cache_dir = cache_dir
         self.cache: TokenCache | None = None
 
@@ -253,16 +255,16 @@ class TextDataModule(LMDataModule):
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache unless an identical cache exists."""
         self.cache = build_token_cache(
-            self.files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir
-        )
+            self.files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir,
+            key=self.key,
+        )  # fmt: skip
 
     def setup(self, stage: str | None = None) -> None:
         """Open the cached token files as memory maps (building them if prepare_data did not)."""
         if self.train_set is not None:
             return
         if self.cache is None:
-            key = cache_key(self.files, self.tokenizer, self.val_fraction)
-            self.cache = open_token_cache(key, self.cache_dir)
+            self.cache = open_token_cache(self.key, self.cache_dir)
         if self.cache is None:
             # Used without a Trainer, or the cache folder is not shared with local rank 0.
             self.prepare_data()

@@ -256,20 +256,69 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
+MAX_NOT_UTF8 = 0.3
+"""The share of the corpus's bytes that may be invalid UTF-8. The default corpus holds a few
+legitimately non-UTF-8 sources (the standard library's `test/encoded_modules/module_koi8_r.py`
+is 42% such bytes), so the rule is over all files together; a NUL byte is refused in any file."""
+
+
+def invalid_utf8_bytes(data: bytes) -> int:
+    """How many bytes of `data` are not part of valid UTF-8."""
+    try:
+        data.decode("utf-8")
+        return 0
+    except UnicodeDecodeError:  # each undecodable byte becomes one lone surrogate
+        return sum(0xDC80 <= ord(c) <= 0xDCFF for c in data.decode("utf-8", "surrogateescape"))
+
+
+class TextCheck:
+    """Fed each file's bytes as the cache key reads them: refuses data that is not text (a NUL
+    byte in a file, or more than `MAX_NOT_UTF8` of all bytes invalid UTF-8), with ValueError
+    naming the file."""
+
+    def __init__(self) -> None:
+        self.total = self.invalid = 0
+        self.worst: tuple[int, Path | None] = (0, None)
+
+    def add(self, file: Path, data: bytes) -> None:
+        if b"\0" in data:
+            raise ValueError(
+                f"data.paths: {file} is not text (it holds NUL bytes at offset "
+                f"{data.index(0)}); remove it from data.paths or point data.paths at text files"
+            )
+        invalid = invalid_utf8_bytes(data)
+        self.total, self.invalid = self.total + len(data), self.invalid + invalid
+        self.worst = max(self.worst, (invalid, file), key=lambda w: w[0])
+
+    def finish(self) -> None:
+        if self.total and self.invalid / self.total > MAX_NOT_UTF8:
+            count, file = self.worst
+            raise ValueError(
+                f"data.paths is not text: {self.invalid / self.total:.0%} of its "
+                f"{self.total} bytes are not valid UTF-8 (at most {MAX_NOT_UTF8:.0%}); the "
+                f"worst file is {file} ({count} such bytes); convert it to UTF-8 or leave it "
+                "out of data.paths"
+            )
+
+
 def cache_key(
     files: Sequence[Path], tokenizer: ByteTokenizer | HFTokenizer, val_fraction: float
 ) -> str:
-    """The content hash that names a cache (reads every file once)."""
+    """The content hash that names a cache (reads every file once, and refuses data that is not
+    text: `TextCheck`)."""
     h = hashlib.sha256()
     h.update(
         f"format={CACHE_FORMAT}\0tok={tokenizer.name}\0vocab={tokenizer.vocab_size}\0".encode()
     )
     h.update(f"eos={tokenizer.eos_id}\0val_fraction={val_fraction!r}\0".encode())
+    text = TextCheck()
     for name, file in zip(relative_names(files), files, strict=True):
         data = file.read_bytes()
+        text.add(file, data)
         # Length-prefixing keeps (name, bytes) boundaries unambiguous.
         h.update(f"{len(name)}:{name}{len(data)}:".encode())
         h.update(data)
+    text.finish()
     return h.hexdigest()[:32]
 
 

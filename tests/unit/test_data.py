@@ -17,9 +17,12 @@ from lightning_dist.lm.data import SyntheticDataModule, TextDataModule
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.token_cache import (
+    TextCheck,
     build_token_cache,
     cache_key,
     default_cache_dir,
+    default_corpus,
+    invalid_utf8_bytes,
     resolve_files,
     split_files,
 )
@@ -501,3 +504,22 @@ def test_trainer_keeps_sampler_and_reshuffles_each_epoch():
         expected[epoch] = [[int(dm.train_set[i][0]) for i in s] for s in steps_of(sampler)]
     assert [s for e, s in model.seen if e == 0] == expected[0]
     assert [s for e, s in model.seen if e == 1] == expected[1] != expected[0]
+
+
+def test_invalid_utf8_bytes_are_counted_one_by_one():
+    assert invalid_utf8_bytes("héllo ✓".encode()) == 0
+    assert invalid_utf8_bytes(b"ab\xff\xfecd") == 2
+    assert invalid_utf8_bytes("é".encode()[:1] + b"x") == 1  # a truncated sequence
+
+
+def test_the_default_corpus_is_text_though_it_holds_koi8_r():
+    check = TextCheck()
+    koi8 = []
+    for file in default_corpus():
+        data = file.read_bytes()
+        check.add(file, data)
+        if file.name == "module_koi8_r.py":
+            koi8.append(invalid_utf8_bytes(data) / len(data))
+    check.finish()  # raises if not text
+    assert check.invalid / check.total < 0.001
+    assert not koi8 or koi8[0] > 0.3  # a file the rule over all files must let through
