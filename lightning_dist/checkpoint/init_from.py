@@ -19,10 +19,10 @@ from lightning_dist.checkpoint.weights import (
     WEIGHTS,
     CheckpointError,
     CheckpointInfo,
+    architecture_difference,
     one_process_io,
     open_checkpoint,
 )
-from lightning_dist.models.args import ModelArgs
 
 
 def check_init_from(path: str, spec: Any) -> CheckpointInfo:
@@ -43,14 +43,7 @@ def check_init_from(path: str, spec: Any) -> CheckpointInfo:
             problem = f"holds {name} of shape {have}, the configured model {shape}"
         if problem:
             break
-    if problem is None and isinstance(spec, ModelArgs) and info.args is not None:
-        # Settings that change the function but no shape (the heads' split of wq, the rotary
-        # base, the norm's epsilon).
-        for key in ("n_heads", "rope_theta", "norm_eps", "tie_embeddings"):
-            theirs, ours = getattr(info.args, key), getattr(spec, key)
-            if theirs != ours:
-                problem = f"was written for model.{key}={theirs}, the configured model has {ours}"
-                break
+    problem = problem or architecture_difference(info.args, spec)
     if problem:
         hint = ""
         if info.args is not None:

@@ -202,9 +202,21 @@ def verify_checkpoint(path: Path, model: Any) -> None:
 
     from lightning_dist.checkpoint.format import check_model_shapes, require_resumable
     from lightning_dist.checkpoint.manifest import open_manifest
+    from lightning_dist.checkpoint.weights import (
+        CheckpointError,
+        architecture_difference,
+        model_args_of,
+        model_overrides,
+    )
 
-    open_manifest(path)
+    theirs = model_args_of(open_manifest(path))
     require_resumable(path)  # an imported weights-only folder: trainer.init_from, not a resume
+    difference = architecture_difference(theirs, model)
+    if difference:
+        raise CheckpointError(
+            f"checkpoint {path} {difference}; resume it with its own model "
+            f"({' '.join(model_overrides(theirs))})"
+        )
     with torch.device("meta"):
         built = model.build()
     shapes = {f"{MODEL_PREFIX}{name}": tuple(t.shape) for name, t in built.state_dict().items()}

@@ -76,7 +76,7 @@ def open_checkpoint(path: str | Path) -> CheckpointInfo:
         metadata=metadata,
         manifest=manifest,
         run_config=run_config,
-        args=_model_args(manifest, run_config),
+        args=model_args_of(manifest, run_config),
         step=_step(path, manifest),
         weight_names=[k.removeprefix(WEIGHTS) for k in keys],
     )
@@ -139,6 +139,26 @@ def model_overrides(model_args) -> list[str]:
                                    for k, v in values.items())]  # fmt: skip
 
 
+ARCHITECTURE = ("n_heads", "kv_heads", "vocab_size", "rope_theta", "norm_eps", "tie_embeddings")
+"""What a checkpoint's model must share with the configured one beyond the weights' shapes: the
+heads' split of wq and wk (n_heads 4 and 8 give the same shapes), the rotary base, the norm's
+epsilon and tied embeddings change the function; the vocabulary is named before any shape."""
+
+
+def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
+    """How the checkpoint's model (`theirs`, from its manifest) differs from the configured one,
+    as `was written for model.<key>=<value>, the configured model has <value>`; None when they
+    agree, or when either is not a lightning_dist Transformer (the shapes decide then)."""
+    if theirs is None or not isinstance(ours, ModelArgs):
+        return None
+    for key in ARCHITECTURE:
+        if getattr(theirs, key) != getattr(ours, key):
+            name = "n_kv_heads" if key == "kv_heads" else key
+            return (f"was written for model.{name}={getattr(theirs, key)}, the configured model "
+                    f"has {getattr(ours, key)}")  # fmt: skip
+    return None
+
+
 def _is_tied_copy(name: str, args: ModelArgs) -> bool:
     return args.tie_embeddings and name == "output.weight"
 
@@ -154,7 +174,8 @@ def _run_config(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _model_args(manifest: dict | None, run_config: dict | None) -> ModelArgs | None:
+def model_args_of(manifest: dict | None, run_config: dict | None = None) -> ModelArgs | None:
+    """The model a checkpoint was written for: its manifest's, else its run's config's."""
     model = (manifest or {}).get("model") or (run_config or {}).get("model") or {}
     if manifest is None and not str(model.get("_target_", "")).endswith("ModelArgs"):
         return None

@@ -51,6 +51,28 @@ def big_tokenizer(tmp: Path) -> None:
     tok.save(str(tmp / "big_tokenizer.json"))
 
 
+def resumable_checkpoint(folder: Path, **model) -> Path:
+    """A complete step1.ckpt of llama_debug with `model` changed, as a run's save writes it."""
+    import dataclasses
+
+    import torch
+
+    from lightning_dist.checkpoint.format import finish_folder, gather_state, save_state
+    from lightning_dist.models.args import ModelArgs
+
+    debug = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512,
+                 ffn_hidden_size=128, max_seq_len=256)  # fmt: skip
+    args = ModelArgs(**{**debug, **model})
+    module = torch.nn.Module()
+    module.model = args.build()
+    optimizer = torch.optim.AdamW(module.parameters())
+    path = folder / "step1.ckpt"
+    path.mkdir(parents=True)
+    save_state(gather_state(module, [optimizer]), path)
+    finish_folder(path, {"global_step": 1}, {"step": 1, "model": dataclasses.asdict(args)})
+    return path
+
+
 @dataclass(frozen=True)
 class Case:
     """One mistake. `{tmp}` and `{marker}` in the overrides name a scratch folder and a file
@@ -109,6 +131,12 @@ CASES = [
          prepare=lambda tmp: (write(tmp / "latin/a.txt", "a" * 600),
                               write(tmp / "latin/b.txt", bytes(range(0xC0, 0x100)) * 18 + b"b" * 24))),
     # Silently wrong before.
+    Case("resume a checkpoint of other heads", fast("trainer.resume=auto", "trainer.checkpoint.dirpath={tmp}/ckpts"),
+         "step1.ckpt was written for model.n_heads=8, the configured model has 4; resume it with its own model (model=llama_debug model.dim=64",
+         prepare=lambda tmp: resumable_checkpoint(tmp / "ckpts", n_heads=8, n_kv_heads=4)),
+    Case("ckpt_path of another norm epsilon", fast("trainer.ckpt_path={tmp}/ckpts/step1.ckpt"),
+         "was written for model.norm_eps=0.001, the configured model has 1e-05",
+         prepare=lambda tmp: resumable_checkpoint(tmp / "ckpts", norm_eps=1e-3)),
     Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
     Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
     Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
