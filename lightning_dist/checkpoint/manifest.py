@@ -77,6 +77,14 @@ def write_manifest(folder: Path, fields: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def cannot_read(folder: Path, error: PermissionError) -> CheckpointError:
+    """The one line for a checkpoint file this user may not read."""
+    return CheckpointError(
+        f"checkpoint {folder} cannot be read ({error.strerror}: {error.filename}); fix its "
+        "permissions, or run as the user who wrote it"
+    )
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of `folder`, checked for format and version; CheckpointError if it is not
     a checkpoint of this format that this version can read."""
@@ -97,6 +105,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         )
     try:
         manifest = json.loads(path.read_text())
+    except PermissionError as e:
+        raise cannot_read(folder, e) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(
             f"checkpoint {folder}: {MANIFEST} is not valid JSON ({type(e).__name__}); the "

@@ -140,16 +140,69 @@ class RunCheckpoints:
                 raise ValueError(
                     "trainer.resume=auto and trainer.ckpt_path are both set; keep one of them"
                 )
-            point = latest_checkpoint(self.dirpath)
+            try:
+                point = latest_checkpoint(self.dirpath)
+            except OSError as e:
+                raise ValueError(
+                    f"trainer.resume=auto cannot read the checkpoint folder {self.dirpath} "
+                    f"({e.strerror}); fix its permissions, or run as the user who wrote it"
+                ) from e
             return (str(point.path) if point.path else None), point.describe()
         if self.init_from and self.ckpt_path:
             raise ValueError(
                 "trainer.init_from and trainer.ckpt_path are both set; init_from starts from "
                 "weights, ckpt_path resumes a run: keep one of them"
             )
-        if self.ckpt_path and not Path(self.ckpt_path).exists():
+        try:
+            missing = self.ckpt_path and not Path(self.ckpt_path).exists()
+        except PermissionError as e:  # a folder on the way this user may not enter
+            raise ValueError(
+                f"trainer.ckpt_path={self.ckpt_path} cannot be reached: this user may not enter "
+                f"{e.filename}; fix the permissions, or run as the user who wrote it"
+            ) from e
+        if missing:
             raise FileNotFoundError(f"trainer.ckpt_path={self.ckpt_path} does not exist")
         return self.ckpt_path, None
+
+    def check_folder(self, checkpoint_bytes: int) -> None:
+        """Before launch, on every rank: a save can land in the checkpoint folder (every run
+        may save one: preemption does), so its path is a folder or can become one, this user
+        may write there, and its filesystem has room for one checkpoint of `checkpoint_bytes`;
+        ValueError naming the path and the fix otherwise."""
+        import shutil
+
+        setting = f"the checkpoint folder {self.dirpath} (trainer.checkpoint.dirpath)"
+        existing = self.dirpath.absolute()
+        try:
+            while not existing.exists() and existing != existing.parent:
+                existing = existing.parent
+        except PermissionError as e:  # a parent this user may not enter
+            raise ValueError(
+                f"{setting} cannot be reached: this user may not enter {e.filename}; fix the "
+                "permissions, or set trainer.checkpoint.dirpath to a folder this user owns"
+            ) from e
+        if not existing.is_dir():
+            where = (
+                "is a file"
+                if existing == self.dirpath.absolute()
+                else f"is below a file, {existing}"
+            )
+            raise ValueError(f"{setting} {where}; set trainer.checkpoint.dirpath to a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            what = "it" if existing == self.dirpath.absolute() else f"its parent {existing}"
+            raise ValueError(
+                f"{setting} cannot be written: this user may not write to {what}; fix the "
+                "permissions, or set trainer.checkpoint.dirpath to a folder this user owns"
+            )
+        free = shutil.disk_usage(existing).free
+        if free < checkpoint_bytes:
+            from lightning_dist.checkpoint.describe import human_bytes
+
+            raise ValueError(
+                f"{setting} is on a filesystem with {human_bytes(free)} free, but one checkpoint "
+                f"of this model takes {human_bytes(checkpoint_bytes)} (parameters and optimizer "
+                "state); free space, or set trainer.checkpoint.dirpath to a larger disk"
+            )
 
     def verify_resume(self, path: Path, model: Any) -> None:
         """`verify_checkpoint` of the checkpoint to resume from."""
@@ -201,7 +254,7 @@ def verify_checkpoint(path: Path, model: Any) -> None:
     import torch
 
     from lightning_dist.checkpoint.format import check_model_shapes, require_resumable
-    from lightning_dist.checkpoint.manifest import open_manifest
+    from lightning_dist.checkpoint.manifest import cannot_read, open_manifest
     from lightning_dist.checkpoint.weights import (
         CheckpointError,
         architecture_difference,
@@ -209,7 +262,10 @@ def verify_checkpoint(path: Path, model: Any) -> None:
         model_overrides,
     )
 
-    theirs = model_args_of(open_manifest(path))
+    try:
+        theirs = model_args_of(open_manifest(path))  # reads every file to hash it
+    except PermissionError as e:
+        raise cannot_read(path, e) from e
     require_resumable(path)  # an imported weights-only folder: trainer.init_from, not a resume
     difference = architecture_difference(theirs, model)
     if difference:

@@ -99,6 +99,13 @@ def state_bytes(precision: str, optimizer: str) -> tuple[int, int, int]:
     return 2, 2, 2 * states
 
 
+def checkpoint_bytes(num_params: int, precision: str, optimizer: str = "adamw") -> int:
+    """Bytes of one whole checkpoint: every parameter and its optimizer state, as `state_bytes`
+    counts them (no gradients: a save holds none)."""
+    params, _, states = state_bytes(precision, optimizer)
+    return num_params * (params + states)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainSettings:
     """What the planner needs to know about one training configuration besides the layout."""

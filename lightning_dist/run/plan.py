@@ -152,13 +152,16 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
 def check_launch(plan: RunPlan) -> None:
     """The checks a run that trains adds to the plan (`plan.only` and the Slurm launcher skip
     them, so they run on any machine): the planner's prediction against the hardware's memory
-    (`plan.check`), this machine and its launcher, then trainer.init_from's weights (last: it
-    reads the checkpoint, which only the machines that train may see)."""
+    (`plan.check`), this machine and its launcher, the checkpoint folder (a folder this user
+    may write, with room for one checkpoint), then trainer.init_from's weights (last: it reads
+    the checkpoint, which only the machines that train may see)."""
+    from lightning_dist.planner.settings import checkpoint_bytes
     from lightning_dist.run.checks import check_machine
     from lightning_dist.run.preflight import check_fits
 
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
+    plan.checkpoints.check_folder(checkpoint_bytes(plan.model.num_params(), plan.precision))
     if plan.checkpoints.init_from and not plan.ckpt_path:
         plan.checkpoints.verify_init_from(plan.model)

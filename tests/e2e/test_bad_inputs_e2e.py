@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,106 @@ def test_a_config_typo_is_reported_before_torch_or_lightning_is_imported(tmp_pat
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
     assert "unknown config key no_such_key" in errors[0]
     assert not {"torch", "lightning"} & imported, sorted({"torch", "lightning"} & imported)
+
+
+# --- the checkpoint folder as a user who is not root, and a full disk --------------------------
+
+TEST_USER = "ld_tester"
+
+
+def _test_user() -> tuple[int, int]:
+    """(uid, gid) of a user without privileges, added when missing (the test runs as root)."""
+    import pwd
+    import shutil as sh
+
+    if os.geteuid() != 0 or not sh.which("useradd"):
+        pytest.skip("permissions are checked as a user added by root (useradd)")
+    try:
+        entry = pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", TEST_USER], check=True)
+        entry = pwd.getpwnam(TEST_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+@pytest.fixture
+def interpreter_for_others():
+    """This interpreter may sit below a home folder others cannot enter (/root, mode 700 on the
+    CI machine): allow entering it (not listing it) for the test, as it was afterwards."""
+    folders = [p for p in Path(sys.executable).resolve().parents if p != Path("/")]
+    changed = []
+    for folder in folders:
+        mode = stat.S_IMODE(folder.stat().st_mode)
+        if not mode & stat.S_IXOTH:
+            folder.chmod(mode | stat.S_IXOTH)
+            changed.append((folder, mode))
+    yield
+    for folder, mode in changed:
+        folder.chmod(mode)
+
+
+@pytest.mark.slow
+def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1(
+    interpreter_for_others,
+):
+    """As a user who is not root (root reads and writes anything): a checkpoint to resume that it
+    cannot read, a checkpoint folder it cannot read (trainer.resume=auto) or write; and, as root,
+    a checkpoint folder on a 1 MiB tmpfs while one checkpoint of llama_debug takes 2.4 MiB. Each
+    is one line and exit 2 from train.py before step 1. The four runs start together. (A folder
+    below a file is a row of the in-process table.)"""
+    import shutil as sh
+    import tempfile
+
+    from tests.unit.test_bad_inputs import resumable_checkpoint
+
+    uid, gid = _test_user()
+    root = Path(tempfile.mkdtemp(prefix="ld-permissions-"))
+    root.chmod(0o755)
+    locked = root / "locked"  # root's, mode 700: the user can neither read nor enter it
+    resumable_checkpoint(locked)
+    locked.chmod(0o700)
+    readonly = root / "readonly"  # root's, mode 755: the user lists it but cannot write
+    for file in resumable_checkpoint(readonly).iterdir():
+        file.chmod(0o600)  # nor read the checkpoint's files
+    full = root / "tmpfs"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)]).returncode:
+        sh.rmtree(root)
+        pytest.skip("no tmpfs could be mounted here")
+    run_dirs = {}
+    for name in ("ckpt_path", "resume_auto", "not_writable", "full_disk"):
+        run_dirs[name] = root / "runs" / name
+        run_dirs[name].mkdir(parents=True)
+        os.chown(run_dirs[name], uid, gid)
+    cases = {  # name: (overrides, as the user, the one line holds)
+        "ckpt_path": ([f"trainer.ckpt_path={readonly}/step1.ckpt",
+                       f"trainer.checkpoint.dirpath={run_dirs['ckpt_path']}/c"], True,
+                      "step1.ckpt cannot be read (Permission denied: "),
+        "resume_auto": (["trainer.resume=auto", f"trainer.checkpoint.dirpath={locked}"], True,
+                        f"trainer.resume=auto cannot read the checkpoint folder {locked} "
+                        "(Permission denied)"),
+        "not_writable": ([f"trainer.checkpoint.dirpath={readonly}"], True,
+                         "cannot be written: this user may not write to it"),
+        "full_disk": ([f"trainer.checkpoint.dirpath={full}/c"], False,
+                      "is on a filesystem with 1.0 MiB free, but one checkpoint of this model takes 2.4 MiB"),
+    }  # fmt: skip
+    try:
+        procs = {}
+        for name, (overrides, as_user, _) in cases.items():
+            user = {"user": uid, "group": gid, "extra_groups": []} if as_user else {}
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(REPO_ROOT / "train.py"), *fast("trainer.max_steps=2"),
+                 *overrides, f"hydra.run.dir={run_dirs[name]}"],
+                cwd=run_dirs[name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(run_dirs[name])}, **user,
+            )  # fmt: skip
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert proc.returncode == 2, f"{name}: {err[-3000:]}"
+            assert len(lines) == 1 and lines[0].startswith("error:"), f"{name}: {lines}"
+            assert cases[name][2] in lines[0], f"{name}: {lines}"
+            assert "step 1/" not in out and not (run_dirs[name] / "summary.json").exists()
+    finally:
+        subprocess.run(["umount", str(full)])
+        sh.rmtree(root, ignore_errors=True)

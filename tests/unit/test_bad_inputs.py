@@ -130,6 +130,11 @@ CASES = [
          "not text: 65% of its 1776 bytes are not valid UTF-8 (at most 30%); the worst file is",
          prepare=lambda tmp: (write(tmp / "latin/a.txt", "a" * 600),
                               write(tmp / "latin/b.txt", bytes(range(0xC0, 0x100)) * 18 + b"b" * 24))),
+    Case("checkpoint folder below a file", fast("trainer.checkpoint.dirpath={tmp}/notes.txt/ckpts"),
+         "(trainer.checkpoint.dirpath) is below a file, ", prepare=lambda tmp: write(tmp / "notes.txt", "x")),
+    Case("checkpoint folder is a file", fast("trainer.checkpoint.dirpath={tmp}/notes.txt"),
+         "notes.txt (trainer.checkpoint.dirpath) is a file; set trainer.checkpoint.dirpath to a folder",
+         prepare=lambda tmp: write(tmp / "notes.txt", "x")),
     # Silently wrong before.
     Case("resume a checkpoint of other heads", fast("trainer.resume=auto", "trainer.checkpoint.dirpath={tmp}/ckpts"),
          "step1.ckpt was written for model.n_heads=8, the configured model has 4; resume it with its own model (model=llama_debug model.dim=64",
