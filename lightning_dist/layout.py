@@ -185,12 +185,14 @@ class Layout:
         if micro_batch_size is None and global_batch_size % (self.dp * m):
             raise ValueError(
                 f"data.global_batch_size={global_batch_size} is not divisible by dp={self.dp} x "
-                f"microbatches={m} = {self.dp * m}"
+                f"microbatches={m} = {self.dp * m}; "
+                f"{nearest_multiples(global_batch_size, self.dp * m)}"
             )
         if micro_batch_size is not None and micro_batch_size % m:
             raise ValueError(
                 f"data.per_rank_batch_size={micro_batch_size} (one rank's batch, which pp cuts "
-                f"into its microbatches) is not divisible by microbatches={m}"
+                f"into its microbatches) is not divisible by microbatches={m}; "
+                f"{nearest_multiples(micro_batch_size, m, 'data.per_rank_batch_size')}"
             )
 
     def check_nodes(self, devices_per_node: int, num_nodes: int) -> None:
@@ -321,17 +323,27 @@ def batch_plan(
         if global_batch_size % dp_size:
             raise ValueError(
                 f"data.global_batch_size={global_batch_size} is not divisible by "
-                f"data-parallel size {dp_size}"
+                f"data-parallel size {dp_size}; {nearest_multiples(global_batch_size, dp_size)}"
             )
         return global_batch_size // dp_size, 1
     if micro_batch_size < 1:
         raise ValueError(f"data.per_rank_batch_size={micro_batch_size} must be at least 1")
     if global_batch_size % (dp_size * micro_batch_size):
+        step = dp_size * micro_batch_size
         raise ValueError(
             f"data.global_batch_size={global_batch_size} is not divisible by data-parallel size "
-            f"{dp_size} x data.per_rank_batch_size={micro_batch_size}"
+            f"{dp_size} x data.per_rank_batch_size={micro_batch_size} = {step}; "
+            f"{nearest_multiples(global_batch_size, step)}"
         )
     return micro_batch_size, global_batch_size // (dp_size * micro_batch_size)
+
+
+def nearest_multiples(value: int, step: int, key: str = "data.global_batch_size") -> str:
+    """The valid values next to `value` (multiples of `step`), as the fix of a batch error."""
+    below, above = value // step * step, (value // step + 1) * step
+    if below == 0:
+        return f"the nearest valid value is {key}={above}"
+    return f"the nearest valid values are {key}={below} and {key}={above}"
 
 
 def _fmt(degrees: dict[str, int]) -> str:

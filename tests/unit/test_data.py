@@ -298,10 +298,15 @@ def test_batch_plan():
         batch_plan(10, 4, 1)
     assert str(err.value) == (
         "data.global_batch_size=10 is not divisible by data-parallel size 4 x "
-        "data.per_rank_batch_size=1"
+        "data.per_rank_batch_size=1 = 4; the nearest valid values are data.global_batch_size=8 "
+        "and data.global_batch_size=12"
     )
     with pytest.raises(ValueError, match="global_batch_size=10 .* data-parallel size 4"):
         batch_plan(10, 4, None)
+    with pytest.raises(
+        ValueError, match="size 32; the nearest valid value is data.global_batch_size=32$"
+    ):
+        batch_plan(16, 32, None)  # 4 nodes of dgx_h100 under fsdp, the default batch
 
 
 def steps_of(sampler: GlobalBatchSampler) -> list[list[int]]:
