@@ -62,11 +62,22 @@ def _check_choices(overrides: list[str]) -> None:
 
 
 def _compose(overrides: list[str]):
+    """The composed config and its model and hardware, refused as train.py refuses it: the
+    overrides that have Hydra run code, then the schema, `_target_`s, keys (`+foo=1`) and
+    numbers (`run.checks.check_config_text`)."""
+    from lightning_dist.config.targets import check_hydra_overrides
+    from lightning_dist.run.checks import check_config_text
+
+    try:
+        check_hydra_overrides(overrides)
+    except ValueError as err:
+        _fail(str(err))
     _check_choices(overrides)
     from lightning_dist.config import compose_config, hardware_spec, model_spec
 
     try:
         cfg = compose_config(overrides)
+        check_config_text(cfg, choices={})  # the group choices: _check_choices above
         return cfg, model_spec(cfg), hardware_spec(cfg)
     except Exception as err:  # Hydra/OmegaConf errors: one line, no traceback
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]

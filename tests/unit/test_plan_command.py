@@ -137,3 +137,20 @@ def test_the_70b_command_is_what_train_py_plans(tmp_path, capsys):
     out = capsys.readouterr().out
     assert result == {"plan_only": True, "fits": True}, out  # train.py exits 0
     assert f"layout: {label}" in out and "fits: yes" in out
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+foo=1", "unknown config key foo: the top level takes model,"),
+        ("optim.lr=-1", "optim.lr=-1.0 must be 0 or more"),
+        ("+hydra.callbacks.x._target_=os.system", "hydra.callbacks.x._target_ is refused"),
+        ("model._target_=os.system", "model._target_='os.system' is not allowed"),
+    ],
+)
+def test_the_plan_command_refuses_what_train_py_refuses(override, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([override])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert message in err, err
