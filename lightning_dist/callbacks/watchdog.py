@@ -9,11 +9,19 @@ main thread waits inside a collective, so a rank is stalled when:
 - it is behind this rank's step while this rank has not advanced for `stall_seconds` (it is
   stuck, and this rank is waiting for it in a collective).
 
-Every rank that sees a stall prints one line naming the stalled rank, its step and its phase
-(forward, backward, optimizer, checkpoint, data), SIGKILLs it when it is on the same host (a
-stopped process cannot act on anything gentler), and exits with `STALLED_EXIT_CODE` without
-touching a collective. Keep `stall_seconds` below the process group's collective timeout so the
-watchdog speaks before a collective times out with a traceback.
+No rank is a blind spot, rank 0 included, though it hosts the store: a store call that does not
+return is watched by a second thread, and after `stall_seconds` without an answer rank 0 is the
+stalled rank (a frozen process keeps its sockets open, so the call neither fails nor times out).
+A rank on this host whose process has ended is lost at once.
+
+The first rank that sees a stall records its verdict in the store; the others adopt it, so every
+survivor names the same lost rank (rank 0 waits for them to read it before its store goes). Each
+survivor prints one line naming the lost rank, its host, step and phase (forward, backward,
+optimizer, checkpoint, data), SIGKILLs it when it is on the same host (a stopped process cannot
+act on anything gentler), and exits with `STALLED_EXIT_CODE` without touching a collective. A
+collective that fails because a peer is gone waits for that line instead of a traceback. Keep
+`stall_seconds` below the process group's collective timeout so the watchdog speaks before a
+collective times out.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 STALLED_EXIT_CODE = 4
+VERDICT = "verdict"
+"""The store key of the first stall seen: {rank, problem, beat, by}."""
 
 
 class HangWatchdog(Callback):
@@ -49,6 +59,12 @@ class HangWatchdog(Callback):
         self._store = None
         self._rank, self._world = 0, 1
         self._started = time.time()
+        self._answered = time.monotonic()
+        """When the store last answered a whole round of this rank's heartbeat thread."""
+        self._beats: dict[int, dict] = {}
+        """The other ranks' heartbeats as last read."""
+        self._exiting = threading.Lock()
+        """Held by the thread that ends the process (the heartbeat thread or its guard)."""
 
     # --- phases, from the training hooks -------------------------------------------------------
 
@@ -87,14 +103,22 @@ class HangWatchdog(Callback):
         # The first beat before step 1: a rank that freezes early, even before its thread's
         # first beat, has a heartbeat (with its pid) that ages, and is named and killed.
         self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
+        self._answered = time.monotonic()
         self._thread = threading.Thread(target=self._beat, name="lightning_dist-watchdog",
                                         daemon=True)  # fmt: skip
         self._thread.start()
+        threading.Thread(target=self._guard, name="lightning_dist-watchdog-guard",
+                         daemon=True).start()  # fmt: skip
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop.set()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """A collective that failed because a peer is gone: the heartbeat thread names the lost
+        rank and ends this process within `stall_seconds`; wait for it rather than print a
+        traceback. Any other exception stops the watchdog."""
+        if self._thread is not None and self._thread.is_alive() and _lost_peer(exception):
+            self._thread.join(self.stall_seconds + 4 * self.interval)
         self._stop.set()
 
     def _heartbeat(self, now: float) -> dict[str, Any]:
@@ -106,26 +130,42 @@ class HangWatchdog(Callback):
             now = time.time()
             try:
                 self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(now)))
-                others = self._read_others()
-            except Exception as e:  # the store lives in rank 0: it is frozen or gone
-                if self._stop.is_set():
-                    return
-                self._stalled(0, None, f"its heartbeat store does not answer ({e})")
+                others, verdict = self._read_others()
+            except Exception as e:  # the store lives in rank 0: it is gone
+                if not self._stop.is_set():
+                    self._stalled(0, self._beats.get(0), f"its heartbeat store closed ({e})")
+                return
+            self._answered, self._beats = time.monotonic(), {**self._beats, **others}
+            if self._stop.is_set():
+                return
+            if verdict is not None:  # another rank saw the stall first
+                self._stalled(verdict["rank"], verdict["beat"], verdict["problem"], verdict["by"])
                 return
             for rank in range(self._world):
                 if rank == self._rank:
                     continue
                 beat = others.get(rank)
                 problem = self._problem(beat, now) if beat else self._never_beat(now)
-                if problem and not self._stop.is_set():
+                if problem:
                     self._stalled(rank, beat, problem)
                     return
 
-    def _read_others(self) -> dict[int, dict]:
+    def _guard(self) -> None:
+        """Rank 0 frozen: the heartbeat thread waits in a store call that never returns."""
+        while not self._stop.wait(self.interval):
+            silent = time.monotonic() - self._answered
+            if silent > self.stall_seconds and self._rank != 0:
+                problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
+                self._stalled(0, self._beats.get(0), problem, store_answers=False)
+                return
+
+    def _read_others(self) -> tuple[dict[int, dict], dict | None]:
+        """The other ranks' heartbeats, and the verdict of a rank that saw a stall (or None)."""
         ranks = [r for r in range(self._world) if r != self._rank]
         present = [r for r in ranks if self._store.check([f"hb/{r}"])]
         values = self._store.multi_get([f"hb/{r}" for r in present]) if present else []
-        return {r: json.loads(v) for r, v in zip(present, values, strict=True)}
+        verdict = json.loads(self._store.get(VERDICT)) if self._store.check([VERDICT]) else None
+        return {r: json.loads(v) for r, v in zip(present, values, strict=True)}, verdict
 
     def _never_beat(self, now: float) -> str | None:
         """A rank with no heartbeat at all: stalled once this rank has watched for
@@ -136,6 +176,8 @@ class HangWatchdog(Callback):
         return None
 
     def _problem(self, beat: dict, now: float) -> str | None:
+        if _process_ended(beat):
+            return f"its process (pid {beat['pid']}) has ended"
         age = now - beat["time"]
         if age > self.stall_seconds:
             return f"its last heartbeat was {age:.0f} s ago"
@@ -146,21 +188,88 @@ class HangWatchdog(Callback):
             )
         return None
 
-    def _stalled(self, rank: int, beat: dict | None, problem: str) -> None:
-        where = f" at step {beat['step']} (phase: {beat['phase']})" if beat else ""
+    def _stalled(self, rank: int, beat: dict | None, problem: str, seen_by: int | None = None, *,
+                 store_answers: bool = True) -> None:  # fmt: skip
+        """Name the lost rank in one line, kill it if it is on this host, end this process.
+        The first to see it records the verdict (`seen_by` None); rank 0, whose process hosts
+        the store, waits for the others to read it before it goes."""
+        if not self._exiting.acquire(blocking=False):
+            return  # the other thread is already ending this process
+        self._stop.set()
+        if store_answers and seen_by is None:
+            rank, beat, problem, seen_by = self._first_verdict(rank, beat, problem)
+        where = (
+            f" at step {beat['step']} (phase: {beat['phase']}, host {beat['host']})" if beat else ""
+        )
+        seen = f" (seen by rank {seen_by})" if seen_by not in (None, self._rank) else ""
         print(
-            f"error: rank {rank} stopped making progress{where}: {problem}; rank {self._rank} "
-            f"stops the job (stall limit trainer.collective_timeout_s / 2 = "
+            f"error: rank {rank} stopped making progress{where}: {problem}{seen}; rank "
+            f"{self._rank} stops the job (stall limit trainer.collective_timeout_s / 2 = "
             f"{self.stall_seconds:.0f} s)",
             file=sys.stderr,
             flush=True,
         )
+        if store_answers:
+            self._acknowledge(rank)
         if beat and beat["host"] == socket.gethostname() and beat["pid"] != os.getpid():
+            # A store call blocked on the killed rank would print C++ frames as it fails.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
             try:
                 os.kill(beat["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         os._exit(STALLED_EXIT_CODE)
+
+    def _first_verdict(self, rank: int, beat: dict | None, problem: str):
+        """Record this stall unless another rank recorded one first; the one recorded."""
+        mine = json.dumps({"rank": rank, "beat": beat, "problem": problem, "by": self._rank})
+        try:
+            first = json.loads(self._store.compare_set(VERDICT, "", mine))
+        except Exception:  # the store is going: this rank's own view
+            return rank, beat, problem, self._rank
+        return first["rank"], first["beat"], first["problem"], first["by"]
+
+    def _acknowledge(self, lost: int) -> None:
+        """Say this rank read the verdict; rank 0 waits (a few beats at most) until every other
+        survivor has, so that none of them sees the store close and blames rank 0."""
+        try:
+            self._store.set(f"ack/{self._rank}", "1")
+            if self._rank != 0:
+                return
+            waiting = [r for r in range(1, self._world) if r != lost]
+            deadline = time.monotonic() + 3 * self.interval + 2
+            while waiting and time.monotonic() < deadline:
+                waiting = [r for r in waiting if not self._store.check([f"ack/{r}"])]
+                time.sleep(0.1)
+        except Exception:
+            pass
+
+
+def _process_ended(beat: dict) -> bool:
+    """Whether the rank of this heartbeat ran on this host and its process is gone (or a
+    zombie: killed, its parent not yet told)."""
+    if beat["host"] != socket.gethostname() or beat["pid"] == os.getpid():
+        return False
+    try:
+        stat = open(f"/proc/{beat['pid']}/stat").read()
+    except OSError:
+        return os.path.isdir("/proc/self")  # gone, where /proc tells; else nothing is known
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _lost_peer(exception: BaseException) -> bool:
+    """A collective or point-to-point operation that failed because a peer went away (gloo
+    raises a plain RuntimeError saying so) or never answered."""
+    text = str(exception)
+    return isinstance(exception, dist.DistError) or any(
+        sign in text
+        for sign in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "Broken pipe",
+            "Timed out waiting",
+        )  # fmt: skip
+    )
 
 
 def _heartbeat_store(rank: int, interval: float):
