@@ -15,7 +15,9 @@ stalled rank (a frozen process keeps its sockets open, so the call neither fails
 A rank on this host whose process has ended is lost at once.
 
 The first rank that sees a stall records its verdict in the store; the others adopt it, so every
-survivor names the same lost rank (rank 0 waits for them to read it before its store goes). Each
+survivor names the same lost rank, and all wait until each has read it before any of them ends
+(rank 0's store must outlive their reading, and Lightning's launcher in rank 0 kills every rank
+once one has ended). Each
 survivor prints one line naming the lost rank, its host, step and phase (forward, backward,
 optimizer, checkpoint, data), SIGKILLs it when it is on the same host (a stopped process cannot
 act on anything gentler), and exits with `STALLED_EXIT_CODE` without touching a collective. A
@@ -191,8 +193,8 @@ class HangWatchdog(Callback):
     def _stalled(self, rank: int, beat: dict | None, problem: str, seen_by: int | None = None, *,
                  store_answers: bool = True) -> None:  # fmt: skip
         """Name the lost rank in one line, kill it if it is on this host, end this process.
-        The first to see it records the verdict (`seen_by` None); rank 0, whose process hosts
-        the store, waits for the others to read it before it goes."""
+        The first to see it records the verdict (`seen_by` None); every survivor waits for the
+        others to read it before the lost rank is killed (`_acknowledge`)."""
         if not self._exiting.acquire(blocking=False):
             return  # the other thread is already ending this process
         self._stop.set()
@@ -214,6 +216,10 @@ class HangWatchdog(Callback):
         if beat and beat["host"] == socket.gethostname() and beat["pid"] != os.getpid():
             # A store call blocked on the killed rank would print C++ frames as it fails.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+            if rank == 0 and not store_answers:
+                # The other survivors' guards fire within a beat of this one: let them say so
+                # before the store they wait on closes under them.
+                time.sleep(2 * self.interval)
             try:
                 os.kill(beat["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -230,13 +236,13 @@ class HangWatchdog(Callback):
         return first["rank"], first["beat"], first["problem"], first["by"]
 
     def _acknowledge(self, lost: int) -> None:
-        """Say this rank read the verdict; rank 0 waits (a few beats at most) until every other
-        survivor has, so that none of them sees the store close and blames rank 0."""
+        """Say this rank read the verdict, and wait (a few beats at most) until every other
+        survivor has too, before the lost rank is killed and this process ends: rank 0's store
+        must outlive their reading it, and Lightning's launcher in rank 0 kills every rank
+        within 5 s of seeing one exit."""
         try:
             self._store.set(f"ack/{self._rank}", "1")
-            if self._rank != 0:
-                return
-            waiting = [r for r in range(1, self._world) if r != lost]
+            waiting = [r for r in range(self._world) if r not in (lost, self._rank)]
             deadline = time.monotonic() + 3 * self.interval + 2
             while waiting and time.monotonic() < deadline:
                 waiting = [r for r in waiting if not self._store.check([f"ack/{r}"])]
@@ -257,19 +263,26 @@ def _process_ended(beat: dict) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def _lost_peer(exception: BaseException) -> bool:
+def _lost_peer(exception: BaseException | None) -> bool:
     """A collective or point-to-point operation that failed because a peer went away (gloo
-    raises a plain RuntimeError saying so) or never answered."""
-    text = str(exception)
-    return isinstance(exception, dist.DistError) or any(
-        sign in text
-        for sign in (
-            "Connection closed by peer",
-            "Connection reset by peer",
-            "Broken pipe",
-            "Timed out waiting",
-        )  # fmt: skip
-    )
+    raises a plain RuntimeError saying so, which the pipeline schedule wraps) or never
+    answered: this exception or one it came from."""
+    seen = set()
+    while exception is not None and id(exception) not in seen:
+        seen.add(id(exception))
+        text = str(exception)
+        if isinstance(exception, dist.DistError) or any(
+            sign in text
+            for sign in (
+                "Connection closed by peer",
+                "Connection reset by peer",
+                "Broken pipe",
+                "Timed out waiting",
+            )  # fmt: skip
+        ):
+            return True
+        exception = exception.__cause__ or exception.__context__
+    return False
 
 
 def _heartbeat_store(rank: int, interval: float):
