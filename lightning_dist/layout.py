@@ -189,10 +189,12 @@ class Layout:
                 f"{nearest_multiples(global_batch_size, self.dp * m)}"
             )
         if micro_batch_size is not None and micro_batch_size % m:
+            per_dp = global_batch_size // self.dp if global_batch_size % self.dp == 0 else 0
+            valid = [v for v in range(m, per_dp + 1, m) if per_dp % v == 0]
             raise ValueError(
                 f"data.per_rank_batch_size={micro_batch_size} (one rank's batch, which pp cuts "
                 f"into its microbatches) is not divisible by microbatches={m}; "
-                f"{nearest_multiples(micro_batch_size, m, 'data.per_rank_batch_size')}"
+                f"{nearest_valid(micro_batch_size, valid, 'data.per_rank_batch_size')}"
             )
 
     def check_nodes(self, devices_per_node: int, num_nodes: int) -> None:
@@ -338,12 +340,20 @@ def batch_plan(
     return micro_batch_size, global_batch_size // (dp_size * micro_batch_size)
 
 
+def nearest_valid(value: int, valid: list[int], key: str) -> str:
+    """The valid values next to `value`, as the fix of a batch error."""
+    near = [v for v in (max((v for v in valid if v < value), default=None),
+                        min((v for v in valid if v > value), default=None)) if v]  # fmt: skip
+    if not near:
+        return f"no value of {key} fits; change data.global_batch_size or the layout"
+    if len(near) == 1:
+        return f"the nearest valid value is {key}={near[0]}"
+    return f"the nearest valid values are {key}={near[0]} and {key}={near[1]}"
+
+
 def nearest_multiples(value: int, step: int, key: str = "data.global_batch_size") -> str:
-    """The valid values next to `value` (multiples of `step`), as the fix of a batch error."""
-    below, above = value // step * step, (value // step + 1) * step
-    if below == 0:
-        return f"the nearest valid value is {key}={above}"
-    return f"the nearest valid values are {key}={below} and {key}={above}"
+    """The multiples of `step` next to `value`, as the fix of a batch error."""
+    return nearest_valid(value, [value // step * step, (value // step + 1) * step], key)
 
 
 def _fmt(degrees: dict[str, int]) -> str:

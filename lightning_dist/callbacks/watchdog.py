@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -125,7 +126,8 @@ class HangWatchdog(Callback):
 
     def _heartbeat(self, now: float) -> dict[str, Any]:
         return {"step": self.step, "phase": self.phase, "time": now,
-                "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+                "host": socket.gethostname(), "pid": os.getpid(),
+                "process": _PROCESS_ID}  # fmt: skip
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
@@ -153,13 +155,19 @@ class HangWatchdog(Callback):
                     return
 
     def _guard(self) -> None:
-        """Rank 0 frozen: the heartbeat thread waits in a store call that never returns."""
-        while not self._stop.wait(self.interval):
+        """Rank 0 frozen: the heartbeat thread waits in a store call that never returns (also
+        while it ends the process: a verdict it records can block the same way)."""
+        while not self._stop.wait(self.interval) or self._exiting.locked():
             silent = time.monotonic() - self._answered
-            if silent > self.stall_seconds and self._rank != 0:
-                problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
+            problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
+            if self._exiting.locked():
+                if silent > self.stall_seconds + 4 * self.interval + 5:
+                    print(f"error: rank 0 stopped making progress: {problem}; rank {self._rank} "
+                          "stops the job", file=sys.stderr, flush=True)  # fmt: skip
+                    os._exit(STALLED_EXIT_CODE)
+                time.sleep(self.interval)
+            elif silent > self.stall_seconds and self._rank != 0:
                 self._stalled(0, self._beats.get(0), problem, store_answers=False)
-                return
 
     def _read_others(self) -> tuple[dict[int, dict], dict | None]:
         """The other ranks' heartbeats, and the verdict of a rank that saw a stall (or None)."""
@@ -213,17 +221,18 @@ class HangWatchdog(Callback):
         )
         if store_answers:
             self._acknowledge(rank)
-        if beat and beat["host"] == socket.gethostname() and beat["pid"] != os.getpid():
+        if beat and _same_host(beat) and beat["pid"] != os.getpid():
             # A store call blocked on the killed rank would print C++ frames as it fails.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
             if rank == 0 and not store_answers:
                 # The other survivors' guards fire within a beat of this one: let them say so
                 # before the store they wait on closes under them.
                 time.sleep(2 * self.interval)
-            try:
-                os.kill(beat["pid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if _start_time(beat["pid"]) == beat["process"]["start"]:  # that rank, not a reuse
+                try:
+                    os.kill(beat["pid"], signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         os._exit(STALLED_EXIT_CODE)
 
     def _first_verdict(self, rank: int, beat: dict | None, problem: str):
@@ -251,33 +260,73 @@ class HangWatchdog(Callback):
             pass
 
 
-def _process_ended(beat: dict) -> bool:
-    """Whether the rank of this heartbeat ran on this host and its process is gone (or a
-    zombie: killed, its parent not yet told)."""
-    if beat["host"] != socket.gethostname() or beat["pid"] == os.getpid():
-        return False
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), or None
+    when there is no such process (or no /proc)."""
     try:
-        stat = open(f"/proc/{beat['pid']}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return os.path.isdir("/proc/self")  # gone, where /proc tells; else nothing is known
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+_PROCESS_ID = {
+    "boot": _read("/proc/sys/kernel/random/boot_id"),
+    "pid_namespace": _namespace(),
+    "start": _start_time(os.getpid()),
+}
+"""What tells this process from another with its pid: the machine's boot, its pid namespace
+(containers with the host's network share its hostname, not its pids) and its start time."""
+
+
+def _same_host(beat: dict) -> bool:
+    """Whether the rank of this heartbeat runs where this process can see its pid: the same
+    boot and pid namespace (known only where /proc tells)."""
+    theirs, ours = beat.get("process") or {}, _PROCESS_ID
+    known = ours["boot"] and ours["pid_namespace"] and ours["start"]
+    return bool(known) and all(theirs.get(k) == ours[k] for k in ("boot", "pid_namespace"))
+
+
+def _process_ended(beat: dict) -> bool:
+    """Whether the rank of this heartbeat ran where this process sees its pid, and that process
+    is gone (no such pid, another process with it, or a zombie: killed, its parent not yet
+    told)."""
+    if not _same_host(beat) or beat["pid"] == os.getpid():
+        return False
+    if _start_time(beat["pid"]) != beat["process"]["start"]:
+        return True
+    state = _read(f"/proc/{beat['pid']}/stat").rsplit(")", 1)[-1].split()
+    return bool(state) and state[0] in ("Z", "X")
 
 
 def _lost_peer(exception: BaseException | None) -> bool:
-    """A collective or point-to-point operation that failed because a peer went away (gloo
-    raises a plain RuntimeError saying so, which the pipeline schedule wraps) or never
-    answered: this exception or one it came from."""
+    """A collective or point-to-point operation that failed because a peer went away: gloo
+    raises a plain RuntimeError saying so (which the pipeline schedule wraps), torch a
+    DistNetworkError; this exception or one it came from."""
     seen = set()
     while exception is not None and id(exception) not in seen:
         seen.add(id(exception))
         text = str(exception)
-        if isinstance(exception, dist.DistError) or any(
+        if isinstance(exception, dist.DistNetworkError) or any(
             sign in text
             for sign in (
                 "Connection closed by peer",
                 "Connection reset by peer",
                 "Broken pipe",
-                "Timed out waiting",
             )  # fmt: skip
         ):
             return True

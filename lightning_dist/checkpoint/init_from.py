@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
+from lightning_dist.checkpoint.manifest import cannot_read
 from lightning_dist.checkpoint.safe import load
 from lightning_dist.checkpoint.weights import (
     WEIGHTS,
@@ -32,6 +33,8 @@ def check_init_from(path: str, spec: Any) -> CheckpointInfo:
         info = open_checkpoint(path)
     except CheckpointError as e:
         raise ValueError(f"trainer.init_from: {e}") from e
+    except PermissionError as e:  # a shard or .metadata this user may not read
+        raise ValueError(f"trainer.init_from: {cannot_read(Path(path), e)}") from e
     with torch.device("meta"):
         expected = {n: tuple(t.shape) for n, t in spec.build().state_dict().items()}
     problem = None

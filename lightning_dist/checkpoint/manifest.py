@@ -77,11 +77,13 @@ def write_manifest(folder: Path, fields: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+PERMISSION_FIX = "fix the permissions, or run as the user who wrote it"
+
+
 def cannot_read(folder: Path, error: PermissionError) -> CheckpointError:
     """The one line for a checkpoint file this user may not read."""
     return CheckpointError(
-        f"checkpoint {folder} cannot be read ({error.strerror}: {error.filename}); fix its "
-        "permissions, or run as the user who wrote it"
+        f"checkpoint {folder} cannot be read ({error.strerror}: {error.filename}); {PERMISSION_FIX}"
     )
 
 

@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
 from lightning_dist.checkpoint.format import is_weights_only
-from lightning_dist.checkpoint.manifest import MANIFEST
+from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX
 
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
 DCP_METADATA = ".metadata"
@@ -145,7 +145,7 @@ class RunCheckpoints:
             except OSError as e:
                 raise ValueError(
                     f"trainer.resume=auto cannot read the checkpoint folder {self.dirpath} "
-                    f"({e.strerror}); fix its permissions, or run as the user who wrote it"
+                    f"({e.strerror}); {PERMISSION_FIX}"
                 ) from e
             return (str(point.path) if point.path else None), point.describe()
         if self.init_from and self.ckpt_path:
@@ -158,17 +158,18 @@ class RunCheckpoints:
         except PermissionError as e:  # a folder on the way this user may not enter
             raise ValueError(
                 f"trainer.ckpt_path={self.ckpt_path} cannot be reached: this user may not enter "
-                f"{e.filename}; fix the permissions, or run as the user who wrote it"
+                f"{e.filename}; {PERMISSION_FIX}"
             ) from e
         if missing:
             raise FileNotFoundError(f"trainer.ckpt_path={self.ckpt_path} does not exist")
         return self.ckpt_path, None
 
-    def check_folder(self, checkpoint_bytes: int) -> None:
+    def check_folder(self, checkpoint_bytes: int, num_nodes: int = 1) -> None:
         """Before launch, on every rank: a save can land in the checkpoint folder (every run
-        may save one: preemption does), so its path is a folder or can become one, this user
-        may write there, and its filesystem has room for one checkpoint of `checkpoint_bytes`;
-        ValueError naming the path and the fix otherwise."""
+        may save one: preemption does), so its path is a folder or can become one and this user
+        may write there; ValueError naming the path and the fix otherwise. Room for one
+        checkpoint of `checkpoint_bytes` is an error when saves are scheduled on one node, a
+        warning otherwise (no save may come; on many nodes a node-local disk takes a share)."""
         import shutil
 
         setting = f"the checkpoint folder {self.dirpath} (trainer.checkpoint.dirpath)"
@@ -197,12 +198,16 @@ class RunCheckpoints:
         free = shutil.disk_usage(existing).free
         if free < checkpoint_bytes:
             from lightning_dist.checkpoint.describe import human_bytes
+            from lightning_dist.run.checks import warn_once
 
-            raise ValueError(
+            message = (
                 f"{setting} is on a filesystem with {human_bytes(free)} free, but one checkpoint "
                 f"of this model takes {human_bytes(checkpoint_bytes)} (parameters and optimizer "
                 "state); free space, or set trainer.checkpoint.dirpath to a larger disk"
             )
+            if (self.every_n_train_steps or self.save_last) and num_nodes == 1:
+                raise ValueError(message)
+            warn_once(message)
 
     def verify_resume(self, path: Path, model: Any) -> None:
         """`verify_checkpoint` of the checkpoint to resume from."""

@@ -102,7 +102,7 @@ def state_bytes(precision: str, optimizer: str) -> tuple[int, int, int]:
 def checkpoint_bytes(num_params: int, precision: str, optimizer: str = "adamw") -> int:
     """Bytes of one whole checkpoint: every parameter and its optimizer state, as `state_bytes`
     counts them (no gradients: a save holds none)."""
-    params, _, states = state_bytes(precision, optimizer)
+    params, _, states = state_bytes(normalize_precision(precision), optimizer)
     return num_params * (params + states)
 
 

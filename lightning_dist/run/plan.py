@@ -162,6 +162,8 @@ def check_launch(plan: RunPlan) -> None:
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
-    plan.checkpoints.check_folder(checkpoint_bytes(plan.model.num_params(), plan.precision))
+    plan.checkpoints.check_folder(
+        checkpoint_bytes(plan.model.num_params(), plan.precision), num_nodes=plan.num_nodes
+    )
     if plan.checkpoints.init_from and not plan.ckpt_path:
         plan.checkpoints.verify_init_from(plan.model)

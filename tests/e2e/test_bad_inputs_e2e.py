@@ -146,41 +146,41 @@ def test_a_config_typo_is_reported_before_torch_or_lightning_is_imported(tmp_pat
 TEST_USER = "ld_tester"
 
 
-def _test_user() -> tuple[int, int]:
-    """(uid, gid) of a user without privileges, added when missing (the test runs as root)."""
+@pytest.fixture
+def test_user():
+    """(uid, gid) of a user without privileges (added by root with useradd, removed after),
+    allowed by an ACL of its own to enter the folders above this interpreter and its
+    environment (/root is mode 700 on the CI machine), and nothing more; the ACLs go after."""
     import pwd
     import shutil as sh
 
-    if os.geteuid() != 0 or not sh.which("useradd"):
-        pytest.skip("permissions are checked as a user added by root (useradd)")
+    if os.geteuid() != 0 or not (sh.which("useradd") and sh.which("setfacl")):
+        pytest.skip("permissions are checked as a user added by root (needs useradd, setfacl)")
+    added = False
     try:
-        entry = pwd.getpwnam(TEST_USER)
+        pwd.getpwnam(TEST_USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", TEST_USER], check=True)
-        entry = pwd.getpwnam(TEST_USER)
-    return entry.pw_uid, entry.pw_gid
-
-
-@pytest.fixture
-def interpreter_for_others():
-    """This interpreter may sit below a home folder others cannot enter (/root, mode 700 on the
-    CI machine): allow entering it (not listing it) for the test, as it was afterwards."""
-    folders = [p for p in Path(sys.executable).resolve().parents if p != Path("/")]
-    changed = []
-    for folder in folders:
-        mode = stat.S_IMODE(folder.stat().st_mode)
-        if not mode & stat.S_IXOTH:
-            folder.chmod(mode | stat.S_IXOTH)
-            changed.append((folder, mode))
-    yield
-    for folder, mode in changed:
-        folder.chmod(mode)
+        added = True
+    entry = pwd.getpwnam(TEST_USER)
+    folders = {parent for path in (Path(sys.executable).resolve(), Path(sys.prefix).resolve(),
+                                   REPO_ROOT.resolve())
+               for parent in path.parents if parent != Path("/")}  # fmt: skip
+    opened = []
+    try:
+        for folder in sorted(folders):
+            subprocess.run(["setfacl", "-m", f"u:{TEST_USER}:x", str(folder)], check=True)
+            opened.append(folder)
+        yield entry.pw_uid, entry.pw_gid
+    finally:
+        for folder in opened:
+            subprocess.run(["setfacl", "-x", f"u:{TEST_USER}", str(folder)])
+        if added:
+            subprocess.run(["userdel", TEST_USER])
 
 
 @pytest.mark.slow
-def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1(
-    interpreter_for_others,
-):
+def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1(test_user):
     """As a user who is not root (root reads and writes anything): a checkpoint to resume that it
     cannot read, a checkpoint folder it cannot read (trainer.resume=auto) or write; and, as root,
     a checkpoint folder on a 1 MiB tmpfs while one checkpoint of llama_debug takes 2.4 MiB. Each
@@ -191,7 +191,7 @@ def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1
 
     from tests.unit.test_bad_inputs import resumable_checkpoint
 
-    uid, gid = _test_user()
+    uid, gid = test_user
     root = Path(tempfile.mkdtemp(prefix="ld-permissions-"))
     root.chmod(0o755)
     locked = root / "locked"  # root's, mode 700: the user can neither read nor enter it
@@ -219,18 +219,20 @@ def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1
                         "(Permission denied)"),
         "not_writable": ([f"trainer.checkpoint.dirpath={readonly}"], True,
                          "cannot be written: this user may not write to it"),
-        "full_disk": ([f"trainer.checkpoint.dirpath={full}/c"], False,
+        "full_disk": ([f"trainer.checkpoint.dirpath={full}/c",
+                       "trainer.checkpoint.every_n_train_steps=1"], False,
                       "is on a filesystem with 1.0 MiB free, but one checkpoint of this model takes 2.4 MiB"),
     }  # fmt: skip
+    procs = {}
     try:
-        procs = {}
         for name, (overrides, as_user, _) in cases.items():
             user = {"user": uid, "group": gid, "extra_groups": []} if as_user else {}
             procs[name] = subprocess.Popen(
                 [sys.executable, str(REPO_ROOT / "train.py"), *fast("trainer.max_steps=2"),
                  *overrides, f"hydra.run.dir={run_dirs[name]}"],
                 cwd=run_dirs[name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(run_dirs[name])}, **user,
+                env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+                     "HOME": str(run_dirs[name]), "LANG": "C.UTF-8"}, **user,
             )  # fmt: skip
         for name, proc in procs.items():
             out, err = proc.communicate(timeout=300)
@@ -240,5 +242,9 @@ def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1
             assert cases[name][2] in lines[0], f"{name}: {lines}"
             assert "step 1/" not in out and not (run_dirs[name] / "summary.json").exists()
     finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         subprocess.run(["umount", str(full)])
         sh.rmtree(root, ignore_errors=True)

@@ -309,6 +309,22 @@ def test_batch_plan():
         batch_plan(16, 32, None)  # 4 nodes of dgx_h100 under fsdp, the default batch
 
 
+def test_a_pipeline_batch_error_suggests_only_values_that_pass():
+    from lightning_dist.layout import Layout
+
+    layout = Layout(pp=2, dp_shard=2, microbatches=4)
+    with pytest.raises(
+        ValueError,
+        match=r"valid values are data.per_rank_batch_size=4 and data.per_rank_batch_size=12$",
+    ):
+        layout.check_batch(24, 6)  # 8 divides by 4 but not 24 / dp = 12
+    for suggested in (4, 12):
+        layout.check_batch(24, suggested)
+        batch_plan(24, 2, suggested)
+    with pytest.raises(ValueError, match="no value of data.per_rank_batch_size fits"):
+        layout.check_batch(12, 3)
+
+
 def steps_of(sampler: GlobalBatchSampler) -> list[list[int]]:
     stream = list(sampler)
     per_step = sampler.grad_accumulation * sampler.micro_batch_size

@@ -7,6 +7,8 @@ tests/cluster/test_resilience_cluster.py.)"""
 
 from __future__ import annotations
 
+import os
+
 import lightning as L
 import pytest
 import torch
@@ -122,3 +124,35 @@ def test_only_a_child_of_the_launching_process_gives_its_exit_status_to_rank_zer
     assert rank_exit_code(75) == 75
     monkeypatch.setenv(LAUNCHER_PID, "not-a-pid")
     assert rank_exit_code(3) == 3
+
+
+def test_the_watchdog_tells_a_lost_peer_from_other_errors():
+    from lightning_dist.callbacks.watchdog import _lost_peer
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise RuntimeError("stage 1 failed in forward") from e  # as the pipeline wraps it
+    except RuntimeError as wrapped:
+        assert _lost_peer(wrapped)
+    assert _lost_peer(torch.distributed.DistNetworkError("socket closed"))
+    assert not _lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not _lost_peer(torch.distributed.DistBackendError("NCCL error: invalid usage"))
+
+
+def test_the_watchdog_knows_a_peer_process_has_ended_only_where_it_sees_its_pid():
+    from lightning_dist.callbacks.watchdog import _PROCESS_ID, _process_ended, _start_time
+
+    parent = os.getppid()  # a live process that is not this one
+    beat = {"host": "h", "pid": parent, "process": {**_PROCESS_ID, "start": _start_time(parent)}}
+    assert beat["process"]["start"] is not None and not _process_ended(beat)
+    # Its number now held by another process (another start time): the rank's process ended.
+    assert _process_ended({**beat, "process": {**beat["process"], "start": "1"}})
+    # No process with the number at all (above any pid_max).
+    assert _process_ended({**beat, "pid": 2**31 - 1})
+    # The same number in another container (its own pid namespace) tells nothing here.
+    elsewhere = {**beat, "pid": 2**31 - 1, "process": {**beat["process"], "pid_namespace": "x"}}
+    assert not _process_ended(elsewhere)
+    assert not _process_ended({**beat, "pid": os.getpid()})  # never this process itself
