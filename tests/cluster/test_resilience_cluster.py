@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,13 +43,28 @@ class Job:
         self.run_dir = run_dir
         self._out, self._err = (run_dir.with_suffix(".out"), run_dir.with_suffix(".err"))
         with self._out.open("w") as out, self._err.open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err)
+            # A session of its own: killing the job kills the ranks rank 0 started too.
+            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err,
+                                         start_new_session=True)  # fmt: skip
+        threading.Thread(target=self._stamp_end, daemon=True).start()
         self.acted_at: float | None = None  # when the test's signal was sent
         self.ended_at: float | None = None
         self.code: int | None = None
         self.stopped_pid: int | None = None  # the rank a stopped-rank job stopped
         self.pids: dict[int, int] = {}  # a stopped-rank job's ranks: {rank: pid}
         self.preempted: dict | None = None  # a signalled job's summary, before its resume
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job (rank 0 and the ranks it started)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _stamp_end(self) -> None:
+        """When the process ended, seen as it happens (not when a loop next polls it)."""
+        self.proc.wait()
+        self.ended_at = self.ended_at or time.monotonic()
 
     @property
     def stdout(self) -> str:
@@ -66,12 +82,13 @@ def _wait_all(jobs, deadline_of) -> None:
     while running:
         for job in list(running):
             if job.proc.poll() is not None:
-                job.code, job.ended_at = job.proc.returncode, time.monotonic()
+                job.code = job.proc.returncode
+                job.ended_at = job.ended_at or time.monotonic()
                 running.remove(job)
             elif time.monotonic() > deadline_of(job):
-                job.proc.kill()
-                job.proc.wait()
                 job.ended_at = time.monotonic()
+                job.kill()
+                job.proc.wait()
                 running.remove(job)
         time.sleep(0.2)
 
@@ -93,10 +110,12 @@ def _act_when(jobs: dict[str, Job], actions: dict[str, tuple[Path, object]], tim
                 job.acted_at = time.monotonic()
                 del pending[name]
             elif job.proc.poll() is not None:
+                for other in jobs.values():  # none left running into the next tests
+                    other.kill()
                 raise AssertionError(f"{name}: train.py exited early:\n{job.stderr[-3000:]}")
         if time.monotonic() > deadline:
             for job in jobs.values():
-                job.proc.kill()
+                job.kill()
             raise AssertionError(f"{sorted(pending)}: no checkpoint to act on in {timeout} s")
         time.sleep(0.2)
 
@@ -262,13 +281,13 @@ def test_torchrun_restarts_a_killed_rank_and_finishes_bitwise(first_wave):
 THREE_D = ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
            "hardware.devices=4"]  # fmt: skip
 STOPPED = {  # name: (layout, world size, the rank stopped, trainer.collective_timeout_s)
-    # Rank 0 (it hosts the heartbeat store and started the other ranks) and the last rank.
-    # The timeout also bounds the start-up rendezvous, here with 14 processes starting at once.
+    # Rank 0 (it hosts the heartbeat store and started the other ranks) and the last rank; the
+    # 4-rank jobs start first (see stopped_jobs).
+    "3d_tp2_pp2_rank0": (THREE_D, 4, 0, 60),
+    "3d_tp2_pp2_last": (THREE_D, 4, 3, 60),
     "ddp_rank0": (["strategy=ddp", "hardware.devices=2"], 2, 0, 60),
     "ddp_last": (["strategy=ddp", "hardware.devices=2"], 2, 1, 60),
     "fsdp2": (["strategy=fsdp2", "hardware.devices=2"], 2, 1, 60),
-    "3d_tp2_pp2_rank0": (THREE_D, 4, 0, 60),
-    "3d_tp2_pp2_last": (THREE_D, 4, 3, 60),
 }  # fmt: skip
 
 
@@ -303,16 +322,30 @@ def _stop(name: str):
 @pytest.fixture(scope="module")
 def stopped_jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("stopped")
-    jobs = {name: _train(*layout, "trainer.max_steps=400",
-                         "trainer.checkpoint.every_n_train_steps=3",
-                         f"trainer.collective_timeout_s={timeout}", run_dir=root / name)
-            for name, (layout, _, _, timeout) in STOPPED.items()}  # fmt: skip
-    _act_when(jobs, {name: (root / name / "checkpoints" / "step3.ckpt", _stop(name))
-                     for name in jobs}, timeout=300)  # fmt: skip
+    jobs = {}
+    try:
+        # Two waves: the 2-rank jobs start once the 4-rank ones are stopped (their other ranks
+        # then wait, idle). 14 processes starting and training at once on 2 cores took over
+        # 60 s, the collective timeout that also bounds the start-up rendezvous, to meet in CI.
+        for wave in ([n for n in STOPPED if STOPPED[n][1] == 4],
+                     [n for n in STOPPED if STOPPED[n][1] != 4]):  # fmt: skip
+            for name in wave:
+                layout, _, _, timeout = STOPPED[name]
+                jobs[name] = _train(*layout, "trainer.max_steps=400",
+                                    "trainer.checkpoint.every_n_train_steps=3",
+                                    f"trainer.collective_timeout_s={timeout}",
+                                    run_dir=root / name)  # fmt: skip
+            _act_when({n: jobs[n] for n in wave},
+                      {n: (root / n / "checkpoints" / "step3.ckpt", _stop(n)) for n in wave},
+                      timeout=300)  # fmt: skip
+    except BaseException:
+        for job in jobs.values():
+            job.kill()
+        raise
     _wait_all(jobs.values(), lambda job: job.acted_at + STOPPED[job.run_dir.name][3] + 30)
     yield jobs
     for job in jobs.values():
-        job.proc.kill()
+        job.kill()
 
 
 @pytest.mark.slow
