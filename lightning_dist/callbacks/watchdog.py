@@ -260,14 +260,19 @@ class HangWatchdog(Callback):
             pass
 
 
-def _start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), or None
-    when there is no such process (or no /proc)."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first), or [] when there
+    is no such process (or no /proc)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+        return []
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, field 22), or None."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _read(path: str) -> str:
@@ -307,10 +312,8 @@ def _process_ended(beat: dict) -> bool:
     told)."""
     if not _same_host(beat) or beat["pid"] == os.getpid():
         return False
-    if _start_time(beat["pid"]) != beat["process"]["start"]:
-        return True
-    state = _read(f"/proc/{beat['pid']}/stat").rsplit(")", 1)[-1].split()
-    return bool(state) and state[0] in ("Z", "X")
+    fields = _stat(beat["pid"])
+    return not fields or fields[19] != beat["process"]["start"] or fields[0] in ("Z", "X")
 
 
 def _lost_peer(exception: BaseException | None) -> bool:
