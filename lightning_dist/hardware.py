@@ -7,9 +7,14 @@ bandwidth per device in one direction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 ACCELERATORS = ("cpu", "gpu")
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torchrun's switch giving the workers a store of their own each round (torch's
+`dynamic_rendezvous`); elastic jobs need it (HardwareSpec.this_round)."""
 
 
 @dataclass(kw_only=True)
@@ -23,7 +28,12 @@ class HardwareSpec:
     devices: int = 2
     """Processes (CPU) or GPUs per node; -1 means every GPU on this machine."""
     num_nodes: int = 1
-    """Nodes in the run; more than one needs torchrun or SLURM to start the other nodes."""
+    """Nodes in the run; more than one needs torchrun or SLURM to start the other nodes. In an
+    elastic job (`min_nodes` set), the most nodes it runs on."""
+    min_nodes: int | None = None
+    """Elastic jobs (`torchrun --nnodes=MIN:MAX`): the fewest nodes the job may run on. Each
+    torchrun round then takes its node count from torchrun (docs/MULTINODE.md, "Elastic
+    jobs"); null: exactly `num_nodes`."""
     memory_gib: float | None = None
     """Memory per device in GiB; None when unknown (CPU ranks share host memory)."""
     peak_tflops_bf16: float | None = None
@@ -73,11 +83,43 @@ class HardwareSpec:
             )
         if self.num_nodes < 1:
             raise ValueError(f"hardware.num_nodes={self.num_nodes} must be at least 1")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.num_nodes:
+            raise ValueError(
+                f"hardware.min_nodes={self.min_nodes} must be between 1 and hardware.num_nodes="
+                f"{self.num_nodes} (the most nodes), as in torchrun --nnodes=MIN:MAX"
+            )
 
     @property
     def world_size(self) -> int:
         """Total ranks, once `devices` is known (-1 resolves against this machine)."""
         return self.resolved_devices() * self.num_nodes
+
+    def node_counts(self) -> range:
+        """Every node count the run may have: `num_nodes`, or min_nodes..num_nodes if elastic."""
+        return range(self.min_nodes or self.num_nodes, self.num_nodes + 1)
+
+    def this_round(self, environ: Mapping[str, str] = os.environ) -> HardwareSpec:
+        """This spec with the node count of the current torchrun round (`GROUP_WORLD_SIZE`)
+        when the job is elastic; itself otherwise, and outside torchrun (plans are made for
+        `num_nodes`, the most). ValueError for a round outside min_nodes..num_nodes, or one
+        started on torchrun's shared store, on which a joining node deadlocks the agents."""
+        if self.min_nodes is None or "GROUP_WORLD_SIZE" not in environ:
+            return self
+        nodes = int(environ["GROUP_WORLD_SIZE"])
+        allowed = f"hardware.min_nodes={self.min_nodes} to hardware.num_nodes={self.num_nodes}"
+        if nodes not in self.node_counts():
+            raise ValueError(
+                f"torchrun started this round on {nodes} node(s), outside {allowed}; start "
+                f"torchrun with --nnodes={self.min_nodes}:{self.num_nodes}"
+            )
+        if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            raise ValueError(
+                "an elastic job (hardware.min_nodes is set) is running on torchrun's shared "
+                "rendezvous store, on which a node joining deadlocks the agents; start it with "
+                "`python -m lightning_dist.launch torchrun ...` (or set "
+                f"{UNSHARED_STORE}=1 for torchrun)"
+            )
+        return replace(self, num_nodes=nodes)
 
     def resolved_devices(self) -> int:
         if self.devices != -1:

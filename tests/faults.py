@@ -2,8 +2,11 @@
 
 Loaded by tests/toy_train.py, which allows `tests.faults.` as a callback target."""
 
+import json
 import os
 import signal
+import time
+from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
@@ -33,3 +36,70 @@ class KillEvery(Callback):
         due = attempt < self.times and trainer.global_step == (attempt + 1) * self.every
         if trainer.global_rank == self.rank and due:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillNodeAtStep(Callback):
+    """SIGKILL torchrun's node `node`, its agent and its ranks (a lost node), after optimizer
+    step `step`, once per run folder (marker files `node_killed.rank<N>`): each of its ranks kills
+    the agent, its parent, and then itself (torchrun starts each rank in a session of its own)."""
+
+    def __init__(self, step: int, node: int = 1) -> None:
+        self.step, self.node = step, node
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        marker = Path(trainer.default_root_dir) / f"node_killed.rank{trainer.global_rank}"
+        this_node = os.environ.get("GROUP_RANK") == str(self.node)
+        if this_node and trainer.global_step == self.step and not marker.exists():
+            marker.touch()
+            try:
+                os.kill(os.getppid(), signal.SIGKILL)
+            except ProcessLookupError:  # the node's other rank was first
+                pass
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowBelowWorld(Callback):
+    """Sleep `seconds` after each optimizer step while the world has fewer than `world_size`
+    ranks: a shrunk elastic job runs long enough for a node to join it."""
+
+    def __init__(self, world_size: int, seconds: float) -> None:
+        self.world_size, self.seconds = world_size, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.world_size < self.world_size:
+            time.sleep(self.seconds)
+
+
+class RecordSamples(Callback):
+    """Append the training-set indices of every micro-batch this rank reads to
+    `<run dir>/samples/<pid>.jsonl`, with the optimizer step it belongs to, the world size and
+    the time: which samples each world's global batches really held."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        rows = trainer.datamodule.train_set
+        self.index = {tuple(rows[i].tolist()): i for i in range(len(rows))}
+        folder = Path(trainer.default_root_dir) / "samples"
+        folder.mkdir(exist_ok=True)
+        self.path = folder / f"{os.getpid()}.jsonl"
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        ids = [self.index[tuple(row.tolist())] for row in batch]
+        record = {"step": trainer.global_step + 1, "world_size": trainer.world_size,
+                  "time": time.time(), "ids": ids}  # fmt: skip
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class ClaimFolderAtStep(Callback):
+    """After optimizer step `step`, rank 0 claims the checkpoint folder as a newer world would
+    (checkpoint/fence.py): the one that started as a split-off copy of this job."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        from lightning_dist.checkpoint.fence import FolderFence
+
+        if trainer.is_global_zero and trainer.global_step == self.step:
+            folder = Path(trainer.default_root_dir) / "checkpoints"
+            FolderFence(folder).claim({"world_size": 8, "num_nodes": 2})

@@ -227,8 +227,9 @@ class RunCheckpoints:
 
         every = self.every_n_train_steps
         if not (every or self.save_last):
-            return []
+            return self.fence_callbacks()
         return [
+            *self.fence_callbacks(),
             ModelCheckpoint(
                 dirpath=self.dirpath,
                 filename="step{step}",
@@ -238,13 +239,27 @@ class RunCheckpoints:
                 save_last=self.save_last,
                 # A resumed or restarted run rewrites step<N>.ckpt and last.ckpt, never `-v1`.
                 enable_version_counter=False,
-            )
+            ),
         ]
 
-    def init_from_callbacks(self, resuming: bool) -> list:
-        """The callback that loads trainer.init_from's weights once the model is placed;
-        nothing when resuming, since a resumed run has its own weights."""
-        if not self.init_from or resuming:
+    def fence_callbacks(self) -> list:
+        """The fence that lets one world at a time write the folder (checkpoint/fence.py), for
+        runs that save on a schedule or resume from the folder (restarts, elastic rounds)."""
+        if not (self.every_n_train_steps or self.save_last or self.resume == "auto"):
+            return []
+        from lightning_dist.checkpoint.fence import CheckpointFence
+
+        return [CheckpointFence(self.dirpath)]
+
+    def start_callbacks(self, resuming: bool) -> list:
+        """How the run starts from a checkpoint: resuming, the callback that puts Lightning's
+        batch counters where the data continues (callbacks/resume_position.py); otherwise the
+        one that loads trainer.init_from's weights once the model is placed, if set."""
+        if resuming:
+            from lightning_dist.callbacks.resume_position import ResumePosition
+
+            return [ResumePosition()]
+        if not self.init_from:
             return []
         from lightning_dist.checkpoint.init_from import InitFromCheckpoint
 

@@ -7,6 +7,9 @@ works here; the run is checked (config, layout, batch split) before anything is 
 
 Exit status: 0 when written (and submitted), 2 for a bad config or option, sbatch's own status
 when it refuses the job.
+
+`python -m lightning_dist.launch torchrun <torchrun arguments>` is torchrun with the settings
+elastic jobs need (lightning_dist/launch/torchrun.py; docs/MULTINODE.md, "Elastic jobs").
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lightning_dist.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     slurm = parser  # one cluster so far; its name comes first, as in `launch slurm ...`
-    slurm.add_argument("cluster", choices=["slurm"], help="slurm: write an sbatch script")
+    slurm.add_argument("cluster", choices=["slurm", "torchrun"],
+                       help="slurm: write an sbatch script; torchrun: see below")  # fmt: skip
     slurm.add_argument("overrides", nargs="*", help="train.py overrides, e.g. strategy=fsdp2")
     slurm.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     slurm.add_argument("--job-name", default="lightning_dist")
@@ -79,6 +83,12 @@ def _submit(script: str, log_dir: Path, job_name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["torchrun"]:
+        from lightning_dist.launch.torchrun import run_torchrun
+
+        run_torchrun(argv[1:])
+        return
     args = _parser().parse_intermixed_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:

@@ -78,7 +78,8 @@ def build_module(plan: RunPlan):
 
 def run_callbacks(plan: RunPlan, stats: Any) -> list:
     """The configured callbacks, then the run's own: the step clock, garbage collection, memory
-    by category, checkpoint saving, resilience and trainer.init_from's loading."""
+    by category, checkpoint saving, resilience, and the start from a checkpoint (resumed, or
+    trainer.init_from's weights)."""
     from lightning_dist.callbacks.memory import MemoryByCategory
 
     callbacks = [build(c, "callbacks") for c in plan.spec.callbacks] + [stats]
@@ -93,7 +94,7 @@ def run_callbacks(plan: RunPlan, stats: Any) -> list:
         MemoryByCategory(),
         *checkpoints.save_callbacks(),
         *resilience_callbacks(plan.spec.trainer, checkpoints.dirpath, plan.world_size),
-        *checkpoints.init_from_callbacks(resuming=bool(plan.ckpt_path)),
+        *checkpoints.start_callbacks(resuming=bool(plan.ckpt_path)),
     ]
 
 

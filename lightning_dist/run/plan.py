@@ -86,6 +86,8 @@ def make_plan(spec: RunSpec) -> RunPlan:
         check_cpu_capacity(devices, spec.model.num_params())
     check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
+    if not contract.single_process:
+        check_every_round(strategy, spec.model, batch, hardware, devices, precision)
     checkpoints = RunCheckpoints.of(trainer, spec.run_dir)
     ckpt_path, resume_note = checkpoints.start_point()
     if ckpt_path:
@@ -147,6 +149,23 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
         accelerator=hardware.accelerator, global_batch_size=batch.global_batch_size,
         micro_batch_size=batch.micro_batch_size,
     )  # fmt: skip
+
+
+def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,
+                      devices: int, precision: str) -> None:  # fmt: skip
+    """An elastic job (hardware.min_nodes) runs on any node count from min_nodes to num_nodes:
+    `check_strategy` for each of them, before the first round starts, with the node count named
+    in the error."""
+    for nodes in hardware.node_counts():
+        try:
+            check_strategy(strategy, model, batch, hardware, devices=devices, num_nodes=nodes,
+                           precision=precision)  # fmt: skip
+        except ValueError as e:
+            raise ValueError(
+                f"an elastic round on {nodes} of hardware.min_nodes={hardware.min_nodes} to "
+                f"{hardware.num_nodes} nodes fails: {e}; raise hardware.min_nodes, or pick a "
+                "layout that every node count in that range can hold"
+            ) from e
 
 
 def check_launch(plan: RunPlan) -> None:

@@ -64,7 +64,7 @@ class RunSpec:
         data = cfg.data
         return cls(
             model=model_spec(cfg),
-            hardware=hardware_spec(cfg),
+            hardware=hardware_spec(cfg).this_round(),  # an elastic round: its own node count
             batch=Batch.of_config(data),
             strategy=cfg.strategy,
             data=data,

@@ -83,6 +83,7 @@ class FormatCheckpointHooks:
         import torch
 
         import lightning_dist
+        from lightning_dist.checkpoint.fence import WRITER_KEY
 
         trainer = self.lightning_module.trainer
         layout = self.layout_for(self.world_size, 1)  # the degrees, not the node split
@@ -100,6 +101,7 @@ class FormatCheckpointHooks:
         }
         return {
             "step": int(trainer.global_step),
+            "writer": checkpoint.get(WRITER_KEY),  # the world that wrote it (checkpoint/fence.py)
             "model": _model_args(self.lightning_module),
             "layout": {**layout_fields, "world_size": layout.world_size},
             "strategy": getattr(self, "strategy_name", type(self).__name__),

@@ -2,6 +2,7 @@
 
     python tests/dist/baselines.py          # check every stored reference against a fresh run
     python tests/dist/baselines.py --write  # run them all again and rewrite baselines.json
+    python tests/dist/baselines.py --write --only NAME  # (re)write one reference, keep the rest
 
 Each reference is keyed by its name and records the exact `train.py` overrides it ran (a model,
 seed, batch and precision are all among them), so a parity case finds its reference by its own
@@ -49,6 +50,9 @@ REFERENCES: dict[str, list[str]] = {
     # tests/cluster/test_slurm.py: Slurm's two tasks against one process.
     "debug_fast_8": ["debug=fast", "trainer.max_steps=8", "logger=none", "strategy=single",
                      "hardware.devices=1"],
+    # tests/cluster/test_elastic.py: an elastic job of 4, 2 and 4 ranks against one process.
+    "debug_fast_40": ["debug=fast", "trainer.max_steps=40", "logger=none", "strategy=single",
+                      "hardware.devices=1"],
 }  # fmt: skip
 
 
@@ -90,13 +94,17 @@ def run(name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/dist/baselines.py", description=__doc__)
     parser.add_argument("--write", action="store_true", help="rewrite tests/dist/baselines.json")
+    parser.add_argument("--only", action="append", choices=list(REFERENCES), metavar="NAME",
+                        help="run only this reference (repeatable); --write keeps the others")  # fmt: skip
     args = parser.parse_args(argv)
+    names = args.only or list(REFERENCES)
     fresh = {}
-    for i, name in enumerate(REFERENCES, 1):
-        print(f"[{i}/{len(REFERENCES)}] {name}", flush=True)
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}", flush=True)
         fresh[name] = run(name)
     if args.write:
-        PATH.write_text(json.dumps(fresh, indent=1) + "\n")
+        kept = {n: e for n, e in stored().items() if n in REFERENCES} if args.only else {}
+        PATH.write_text(json.dumps({**kept, **fresh}, indent=1) + "\n")
         print(f"wrote {PATH}")
         return 0
     differs = [n for n in fresh if not matches(stored().get(n), fresh[n])]

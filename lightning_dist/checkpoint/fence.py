@@ -1,0 +1,113 @@
+"""One world writes a checkpoint folder at a time: a fencing token per world.
+
+A restart, or an elastic job that shrinks or grows, starts a new world (a new set of ranks) on
+the same checkpoint folder. If the old world is not quite gone (a node cut off by the network
+that still trains, a keep-alive that split one job in two), both would write step<N>.ckpt
+folders and `trainer.resume=auto` could resume a mix. So each world, as it starts, takes the
+next number in `<folder>/.writers/`: it creates `<n>.json` (exclusively: of two worlds racing
+for one number, one gets the next) describing itself. The highest number holds the folder.
+Before every save, rank 0 reads the holder; a world that no longer holds the folder stops,
+every rank at the same save, with one line naming the world that took over, and writes nothing.
+Each checkpoint records its writer's number (`writer` in manifest.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from lightning_dist.checkpoint.safe import CheckpointError
+
+WRITERS = ".writers"
+WRITER_KEY = "checkpoint_writer"
+"""The writer's number in a saved checkpoint's dict (and `writer` in its manifest)."""
+
+
+class FencedOut(CheckpointError):
+    """Another world has taken the checkpoint folder over since this one started."""
+
+
+class FolderFence:
+    """The writers' numbers of one checkpoint folder (see the module doc)."""
+
+    def __init__(self, dirpath: Path):
+        self.folder = Path(dirpath) / WRITERS
+
+    def numbers(self) -> list[int]:
+        """The numbers taken so far, in order."""
+        if not self.folder.is_dir():
+            return []
+        names = (p.name.removesuffix(".json") for p in self.folder.glob("*.json"))
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def holder(self) -> int:
+        """The number of the world that holds the folder; 0 before any world took one."""
+        return max(self.numbers(), default=0)
+
+    def claim(self, world: dict[str, Any]) -> int:
+        """Take the next number for the world `world` describes; returns it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        number = self.holder() + 1
+        while True:
+            try:
+                fd = os.open(self.folder / f"{number}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:  # another world took this number first
+                number += 1
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump({**world, "number": number, "started": time.time()}, f)
+            return number
+
+    def world(self, number: int) -> dict[str, Any]:
+        """What world `number` wrote about itself ({} if unreadable)."""
+        try:
+            return json.loads((self.folder / f"{number}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def describe(self, number: int) -> str:
+        world = self.world(number)
+        if not world:
+            return f"world {number}"
+        started = time.strftime("%H:%M:%S", time.localtime(world["started"]))
+        return (
+            f"world {number} ({world.get('world_size')} ranks on {world.get('num_nodes')} "
+            f"node(s), started {started})"
+        )
+
+    def check(self, number: int, holder: int) -> None:
+        """FencedOut unless `holder` (read by rank 0 and broadcast) is `number`."""
+        if holder != number:
+            raise FencedOut(
+                f"the checkpoint folder {self.folder.parent} is now written by "
+                f"{self.describe(holder)}, which started after this {self.describe(number)}; "
+                "this world stops without saving so that one world writes the folder (resume "
+                "from that world's checkpoints)"
+            )
+
+
+class CheckpointFence(Callback):
+    """Claims the folder when the ranks start and checks the claim before every save."""
+
+    def __init__(self, dirpath: Path):
+        self.fence = FolderFence(dirpath)
+        self.number: int | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        number = None
+        if trainer.is_global_zero:
+            number = self.fence.claim(
+                {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
+                 "run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "pid": os.getpid()}
+            )  # fmt: skip
+        self.number = trainer.strategy.broadcast(number)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        holder = self.fence.holder() if trainer.is_global_zero else None
+        self.fence.check(self.number, trainer.strategy.broadcast(holder))
+        checkpoint[WRITER_KEY] = self.number
