@@ -63,11 +63,14 @@ def apply_compile(
     *,
     backend: str = "inductor",
     fullgraph: bool = False,
+    tensor_parallel: bool = False,
 ) -> nn.Module:
     """Compile every block of `model` (with its checkpoint wrapper, if any) in place.
 
     `fullgraph=False` lets FSDP's hooks, which torch.compile skips, break the graph instead of
-    failing. Returns `model`.
+    failing. `tensor_parallel`: the model's layers are already tensor-parallel, so the outputs of
+    the eager modules around the blocks are settled before a block reads them
+    (`settle_async_output`). Returns `model`.
     """
     slots = block_slots(model, block_types)
     if not slots:
@@ -75,5 +78,24 @@ def apply_compile(
         return model
     for slot in slots:
         slot.compile(backend=backend, fullgraph=fullgraph)
+    if tensor_parallel:
+        inside = {id(m) for slot in slots for m in slot.modules()}
+        for module in model.modules():
+            if id(module) not in inside:
+                module.register_forward_hook(settle_async_output)
     log.info("Applied torch.compile (%s) to %d blocks", backend, len(slots))
     return model
+
+
+def settle_async_output(module: nn.Module, args, output):
+    """A forward hook: an output still in flight (a tensor-parallel layer returns its
+    collective's result as an `AsyncCollectiveTensor`) becomes a plain tensor, by a copy, before
+    a compiled block reads it. Handed in as it is, AOTAutograd traces the block with a plain
+    tensor but DTensor's backward of the pending redistribute then receives a plain gradient
+    ("'Tensor' object has no attribute '_local_tensor'", torch 2.13). The copy keeps the autograd
+    edge to the collective; `.wait()` instead would cut the gradient of the layer before it."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(output, AsyncCollectiveTensor):
+        return output.clone()
+    return None

@@ -84,7 +84,9 @@ def parallelize(
             part, blocks, every_n=options.checkpointing.activation_checkpointing
         )
         if options.compile.backend is not None:
-            apply_compile(part, blocks, backend=options.compile.backend)
+            apply_compile(
+                part, blocks, backend=options.compile.backend, tensor_parallel=layout.tp > 1
+            )
         if layout.dp > 1:
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
     if not pipelined:

@@ -112,20 +112,6 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
     return tp_split_problem(model, tp)
 
 
-def compile_problem(tp: int, backend: str | None) -> str | None:
-    """Why per-block compilation with `backend` (None: off) cannot run with `tp`, or None.
-
-    torch 2.13's AOTAutograd hands DTensor's redistribute backward a plain gradient, so under
-    TP only the `eager` backend (no AOTAutograd) runs; the 3D strategy refuses the others.
-    """
-    if tp > 1 and backend not in (None, "eager"):
-        return (
-            f"strategy.compile=true with tp={tp} fails in this torch version "
-            f"(AOTAutograd and DTensor); set strategy.compile_backend=eager or tp=1"
-        )
-    return None
-
-
 def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
     """Why `pp` stages (of `virtual_stages` chunks each) cannot split the layers, or None."""
     chunks = pp * (virtual_stages if pp > 1 else 1)
@@ -160,10 +146,8 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
 
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
-    backend = settings.compile_backend if settings.compile else None
     problem = (
         tp_problem(model, hardware.resolved_devices(), layout.tp)
-        or compile_problem(layout.tp, backend)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)
     )

@@ -43,7 +43,6 @@ from lightning_dist.parallel.parallelize import (
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
-from lightning_dist.planner.estimate import compile_problem
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -102,9 +101,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         reshard = self.options.fsdp.reshard_after_forward
         if not isinstance(reshard, bool):
             check_reshard(reshard, layout.dp_shard)
-        problem = compile_problem(layout.tp, self.compile_backend)  # shared with the planner
-        if problem:
-            raise ValueError(problem)
         return layout
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,

@@ -70,6 +70,10 @@ CASES = {
     # Op-level (selective) checkpointing and per-block compilation together (aot_eager: the
     # same traced graphs as inductor without C++ generation, which is slow on 2 cores).
     "fsdp2_op_compile": (BASE, ["strategy=fsdp2", "hardware.devices=2", *SAC_COMPILE]),
+    # Compile under tensor parallelism: without SP, and with SP (the default) and op checkpointing.
+    "tp2_compile": (BASE, ["strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false",
+                           *SAC_COMPILE[1:]]),
+    "tp2_sp_op_compile": (BASE, ["strategy=tp", "hardware.devices=2", *SAC_COMPILE]),
     "dp2xpp2_op_compile": (BASE, ["strategy=3d", "strategy.pp=2", "hardware.devices=4", *SAC_COMPILE]),
     "dp2xtp2xpp2_clip": (CLIP, ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=8"]),
     "hf_tp2": (HF_BASE, ["strategy=tp", "hardware.devices=2"]),
