@@ -31,12 +31,16 @@ def main(cfg) -> None:
         report_config_error(e)
     from lightning_dist.callbacks.nan_guard import NonFiniteError
     from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
+    from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
     from lightning_dist.train import train
 
     try:
         result = train(cfg)
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
+    except FencedOut as e:  # another world writes the checkpoint folder: end, do not restart
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(FENCED_OUT_EXIT_CODE)
     except NonFiniteError as e:  # every rank stops at the same step; one of them says so
         from lightning_dist.strategies.launch import rank_exit_code
 

@@ -15,6 +15,10 @@ ACCELERATORS = ("cpu", "gpu")
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """torchrun's switch giving the workers a store of their own each round (torch's
 `dynamic_rendezvous`); elastic jobs need it (HardwareSpec.this_round)."""
+ROUND_NODES = "GROUP_WORLD_SIZE"
+"""torchrun's node count of the current round, in each worker's environment."""
+SHARED_STORE_IN_USE = "TORCHELASTIC_USE_AGENT_STORE"
+"""'True' in a worker's environment when torchrun shares its rendezvous store with it."""
 
 
 @dataclass(kw_only=True)
@@ -99,20 +103,20 @@ class HardwareSpec:
         return range(self.min_nodes or self.num_nodes, self.num_nodes + 1)
 
     def this_round(self, environ: Mapping[str, str] = os.environ) -> HardwareSpec:
-        """This spec with the node count of the current torchrun round (`GROUP_WORLD_SIZE`)
+        """This spec with the node count of the current torchrun round (`ROUND_NODES`)
         when the job is elastic; itself otherwise, and outside torchrun (plans are made for
         `num_nodes`, the most). ValueError for a round outside min_nodes..num_nodes, or one
         started on torchrun's shared store, on which a joining node deadlocks the agents."""
-        if self.min_nodes is None or "GROUP_WORLD_SIZE" not in environ:
+        if self.min_nodes is None or ROUND_NODES not in environ:
             return self
-        nodes = int(environ["GROUP_WORLD_SIZE"])
+        nodes = int(environ[ROUND_NODES])
         allowed = f"hardware.min_nodes={self.min_nodes} to hardware.num_nodes={self.num_nodes}"
         if nodes not in self.node_counts():
             raise ValueError(
                 f"torchrun started this round on {nodes} node(s), outside {allowed}; start "
                 f"torchrun with --nnodes={self.min_nodes}:{self.num_nodes}"
             )
-        if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if environ.get(SHARED_STORE_IN_USE) == "True":
             raise ValueError(
                 "an elastic job (hardware.min_nodes is set) is running on torchrun's shared "
                 "rendezvous store, on which a node joining deadlocks the agents; start it with "

@@ -34,7 +34,9 @@ class ResumePosition(Callback):
         for name, shift in shifts.items():
             counts = getattr(progress, name)
             for field in ("ready", "started", "processed", "completed"):
-                setattr(counts, field, max(getattr(counts, field) + shift, 0))
+                # No clamp at 0: at an epoch's end Lightning's own `completed` is ready - 1, and
+                # its restart adds the 1 back (training_epoch_loop.reset).
+                setattr(counts, field, getattr(counts, field) + shift)
         if shifts["current"] and trainer.is_global_zero:
             log.info(
                 "Resumed at step %d with gradient accumulation %d, unlike the checkpoint's "

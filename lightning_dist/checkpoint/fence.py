@@ -8,7 +8,14 @@ next number in `<folder>/.writers/`: it creates `<n>.json` (exclusively: of two 
 for one number, one gets the next) describing itself. The highest number holds the folder.
 Before every save, rank 0 reads the holder; a world that no longer holds the folder stops,
 every rank at the same save, with one line naming the world that took over, and writes nothing.
-Each checkpoint records its writer's number (`writer` in manifest.json).
+It exits with status 0 (`FENCED_OUT_EXIT_CODE`): torchrun restarts a world that fails, and a
+restarted copy would claim the folder back from the world that replaced it.
+
+Each checkpoint records its writer's number (`writer` in manifest.json), and each world the step
+it resumed from. A world can still finish one save after another world has chosen its resume
+point; `superseded` names such checkpoints (written by an older world, past the step a newer
+world resumed from), and `trainer.resume=auto` passes over them. Saves with `weights_only=True`
+skip the callbacks and so the fence; the project makes none.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning_dist.checkpoint.safe import CheckpointError
 
 WRITERS = ".writers"
+FENCED_OUT_EXIT_CODE = 0
+"""A fenced-out world has done nothing wrong and must not be restarted (see the module doc)."""
 WRITER_KEY = "checkpoint_writer"
 """The writer's number in a saved checkpoint's dict (and `writer` in its manifest)."""
 
@@ -74,36 +83,57 @@ class FolderFence:
         world = self.world(number)
         if not world:
             return f"world {number}"
-        started = time.strftime("%H:%M:%S", time.localtime(world["started"]))
+        started = world.get("started")
+        when = f", started {time.strftime('%H:%M:%S', time.localtime(started))}" if started else ""
         return (
             f"world {number} ({world.get('world_size')} ranks on {world.get('num_nodes')} "
-            f"node(s), started {started})"
+            f"node(s){when})"
         )
 
     def check(self, number: int, holder: int) -> None:
         """FencedOut unless `holder` (read by rank 0 and broadcast) is `number`."""
-        if holder != number:
+        if holder == number:
+            return
+        if holder < number:  # the record of this world's claim is gone
             raise FencedOut(
-                f"the checkpoint folder {self.folder.parent} is now written by "
-                f"{self.describe(holder)}, which started after this {self.describe(number)}; "
-                "this world stops without saving so that one world writes the folder (resume "
-                "from that world's checkpoints)"
+                f"the checkpoint folder {self.folder.parent} no longer holds this world's claim "
+                f"({self.folder / f'{number}.json'} is gone); this world stops without saving: "
+                "restart the job to claim the folder again"
             )
+        raise FencedOut(
+            f"the checkpoint folder {self.folder.parent} is now written by "
+            f"{self.describe(holder)}, which started after this {self.describe(number)}; "
+            "this world stops without saving so that one world writes the folder (resume "
+            "from that world's checkpoints)"
+        )
+
+    def superseded(self, writer: int | None, step: int) -> bool:
+        """Whether a checkpoint of `step` written by world `writer` was saved by a world that
+        had already been replaced: a newer world resumed from an earlier step."""
+        if writer is None:
+            return False
+        for number in self.numbers():
+            resumed_from = self.world(number).get("resumed_from") if number > writer else None
+            if resumed_from is not None and resumed_from < step:
+                return True
+        return False
 
 
 class CheckpointFence(Callback):
-    """Claims the folder when the ranks start and checks the claim before every save."""
+    """Claims the folder once training starts (after a resume is loaded, so the claim records
+    the step it resumed from) and checks the claim before every save."""
 
     def __init__(self, dirpath: Path):
         self.fence = FolderFence(dirpath)
         self.number: int | None = None
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def on_train_start(self, trainer, pl_module) -> None:
         number = None
         if trainer.is_global_zero:
             number = self.fence.claim(
                 {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
-                 "run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "pid": os.getpid()}
+                 "resumed_from": trainer.global_step, "pid": os.getpid(),
+                 "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
             )  # fmt: skip
         self.number = trainer.strategy.broadcast(number)
 

@@ -13,6 +13,7 @@ through `trainer.init_from`, it does not continue one.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
+from lightning_dist.checkpoint.fence import FolderFence
 from lightning_dist.checkpoint.format import is_weights_only
 from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX
 
@@ -37,6 +39,8 @@ class ResumePoint:
     step: int = 0
     skipped: list[Path] = field(default_factory=list)
     weights_only: list[Path] = field(default_factory=list)
+    superseded: list[Path] = field(default_factory=list)
+    """Complete, but saved by a world that another had replaced (checkpoint/fence.py)."""
 
     def describe(self) -> str:
         """One line for the console."""
@@ -50,6 +54,9 @@ class ResumePoint:
                 f"; skipped {first.name}, which holds weights only; start from it with "
                 f"trainer.init_from={first}"
             )
+        if self.superseded:
+            names = ", ".join(p.name for p in self.superseded)
+            skipped += f"; skipped {names}, saved by a world that had been replaced"
         if self.path is None:
             return f"trainer.resume=auto: no complete checkpoint yet, starting at step 0{skipped}"
         return f"trainer.resume=auto: resuming from {self.path} (step {self.step}){skipped}"
@@ -74,8 +81,12 @@ def latest_checkpoint(dirpath: str | Path) -> ResumePoint:
         match = STEP_NAME.match(entry.name)
         if match:
             candidates.append((int(match.group(1)), entry))
+    fence = FolderFence(folder)
     for step, entry in sorted(candidates, reverse=True):
-        if is_complete(entry):
+        if is_complete(entry) and fence.superseded(_writer(entry), step):
+            if found.path is None:
+                found.superseded.append(entry)
+        elif is_complete(entry):
             if found.path is None:
                 found.path, found.step = entry, step
         elif found.path is None:  # only the ones newer than the resume point matter
@@ -84,6 +95,14 @@ def latest_checkpoint(dirpath: str | Path) -> ResumePoint:
             else:
                 found.skipped.append(entry)
     return found
+
+
+def _writer(path: Path) -> int | None:
+    """The number of the world that wrote a complete checkpoint (None: unfenced or unreadable)."""
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("writer")
+    except (OSError, ValueError):
+        return None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

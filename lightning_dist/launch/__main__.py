@@ -26,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lightning_dist.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     slurm = parser  # one cluster so far; its name comes first, as in `launch slurm ...`
-    slurm.add_argument("cluster", choices=["slurm", "torchrun"],
-                       help="slurm: write an sbatch script; torchrun: see below")  # fmt: skip
+    slurm.add_argument("cluster", choices=["slurm"],
+                       help="slurm: write an sbatch script (for torchrun: see below)")  # fmt: skip
     slurm.add_argument("overrides", nargs="*", help="train.py overrides, e.g. strategy=fsdp2")
     slurm.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     slurm.add_argument("--job-name", default="lightning_dist")

@@ -86,8 +86,9 @@ def make_plan(spec: RunSpec) -> RunPlan:
         check_cpu_capacity(devices, spec.model.num_params())
     check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
-    if not contract.single_process:
-        check_every_round(strategy, spec.model, batch, hardware, devices, precision)
+    if not contract.single_process and spec.strategy_name != "auto":  # auto plans each round
+        check_every_round(strategy, spec.model, batch, hardware, devices, precision,
+                          node_counts=spec.node_counts)  # fmt: skip
     checkpoints = RunCheckpoints.of(trainer, spec.run_dir)
     ckpt_path, resume_note = checkpoints.start_point()
     if ckpt_path:
@@ -152,19 +153,24 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
 
 
 def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,
-                      devices: int, precision: str) -> None:  # fmt: skip
-    """An elastic job (hardware.min_nodes) runs on any node count from min_nodes to num_nodes:
-    `check_strategy` for each of them, before the first round starts, with the node count named
-    in the error."""
-    for nodes in hardware.node_counts():
+                      devices: int, precision: str, *, node_counts: tuple[int, ...]) -> None:  # fmt: skip
+    """An elastic job runs on any of `node_counts` (hardware.min_nodes to num_nodes): in every
+    round, before step 1, `check_strategy` for the counts other than this round's, so that a
+    layout that a later round could not hold stops the first one, with the count named."""
+    for nodes in node_counts:
+        if nodes == hardware.num_nodes:
+            continue  # this round's: checked already
         try:
             check_strategy(strategy, model, batch, hardware, devices=devices, num_nodes=nodes,
                            precision=precision)  # fmt: skip
+            layout = contract_of(strategy).layout_for(devices, nodes)
+            batch_plan(batch.global_batch_size, layout.dp, batch.micro_batch_size)
         except ValueError as e:
             raise ValueError(
-                f"an elastic round on {nodes} of hardware.min_nodes={hardware.min_nodes} to "
-                f"{hardware.num_nodes} nodes fails: {e}; raise hardware.min_nodes, or pick a "
-                "layout that every node count in that range can hold"
+                f"an elastic round on {nodes} of hardware.min_nodes={node_counts[0]} to "
+                f"hardware.num_nodes={node_counts[-1]} nodes fails: {e}; raise "
+                "hardware.min_nodes, or pick a layout that every node count in that range can "
+                "hold"
             ) from e
 
 

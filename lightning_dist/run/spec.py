@@ -29,6 +29,10 @@ class RunSpec:
     model: Any
     """`ModelArgs`, or `HFModelSpec` for a Hugging Face model (models/protocol.py)."""
     hardware: HardwareSpec
+    """The configured hardware, with this round's node count in an elastic job."""
+    node_counts: tuple[int, ...] = ()
+    """Every node count the run may have (hardware.min_nodes to hardware.num_nodes as
+    configured, in every round of an elastic job); empty: just `hardware.num_nodes`."""
     batch: Batch
     strategy: DictConfig
     """conf/strategy/*: the strategy's `_target_` node; `name` is the preset's name."""
@@ -61,10 +65,11 @@ class RunSpec:
     @classmethod
     def of(cls, cfg: DictConfig, choices: dict[str, str] | None = None) -> RunSpec:
         """Convert a composed, checked `conf/train.yaml` (`run.checks.check_config`)."""
-        data = cfg.data
+        data, hardware = cfg.data, hardware_spec(cfg)
         return cls(
             model=model_spec(cfg),
-            hardware=hardware_spec(cfg).this_round(),  # an elastic round: its own node count
+            hardware=hardware.this_round(),  # an elastic round: its own node count
+            node_counts=tuple(hardware.node_counts()),
             batch=Batch.of_config(data),
             strategy=cfg.strategy,
             data=data,

@@ -194,7 +194,7 @@ CASES = [
     Case('elastic: min above max', fast('hardware.min_nodes=3', 'hardware.num_nodes=2', strategy='ddp'),
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),
     Case('elastic: a round too small for the layout', fast('hardware.devices=2', 'hardware.num_nodes=2', 'hardware.min_nodes=1', 'strategy.tp=2', 'strategy.pp=2', strategy='3d'),
-         'an elastic round on 1 of hardware.min_nodes=1 to 2 nodes fails: world size 2'),
+         'an elastic round on 1 of hardware.min_nodes=1 to hardware.num_nodes=2 nodes fails: world size 2'),
 ]  # fmt: skip
 
 

@@ -68,3 +68,53 @@ def test_two_worlds_racing_for_one_number_get_two(tmp_path):
     assert fence.claim({"world_size": 2}) == 3
     fence.holder = original
     assert fence.numbers() == [1, 2, 3]
+
+
+def test_a_round_also_checks_the_node_counts_it_is_not(monkeypatch, tmp_path):
+    """A 1-node round of a 1:2 job whose batch the 2-node round could not split stops now, not
+    when the job grows (6 sequences over 2 ranks divide; over 4 they do not)."""
+    from lightning_dist.config import compose_config
+    from lightning_dist.run.plan import plan_run
+
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    overrides = ["debug=fast", "strategy=ddp", "hardware.devices=2", "hardware.num_nodes=2",
+                 "hardware.min_nodes=1", "data.global_batch_size=6",
+                 f"paths.output_dir={tmp_path}"]  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        plan_run(compose_config(overrides))
+    assert str(e.value).startswith(
+        "an elastic round on 2 of hardware.min_nodes=1 to hardware.num_nodes=2 nodes fails: "
+    )
+    assert "data.global_batch_size=6" in str(e.value)
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    overrides[-2] = "data.global_batch_size=8"
+    assert plan_run(compose_config(overrides)).num_nodes == 2
+
+
+def test_checkpoints_of_a_replaced_world_are_passed_over(tmp_path):
+    """World 1 saved step 7 after world 2 had resumed from step 5: a later resume skips it."""
+    from lightning_dist.checkpoint.store import latest_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    fence = FolderFence(folder)
+    fence.claim({"world_size": 4, "resumed_from": 0})
+    fence.claim({"world_size": 2, "resumed_from": 5})
+    for step, writer in ((5, 1), (6, 2), (7, 1)):
+        path = folder / f"step{step}.ckpt"
+        path.mkdir()
+        for name in (".metadata", "meta.pt"):
+            (path / name).write_bytes(b"")
+        (path / "manifest.json").write_text(json.dumps({"step": step, "writer": writer}))
+    assert fence.superseded(1, 7) and not fence.superseded(1, 5) and not fence.superseded(2, 6)
+    point = latest_checkpoint(folder)
+    assert point.path == folder / "step6.ckpt"
+    assert "skipped step7.ckpt, saved by a world that had been replaced" in point.describe()
+
+
+def test_a_claim_without_its_record_is_named(tmp_path):
+    fence = FolderFence(tmp_path)
+    (tmp_path / ".writers").mkdir()
+    (tmp_path / ".writers" / "3.json").write_text("{}")  # no start time, no sizes
+    assert fence.describe(3) == "world 3"
+    with pytest.raises(FencedOut, match="no longer holds this world's claim"):
+        fence.check(4, fence.holder())
