@@ -130,6 +130,7 @@ class HangWatchdog(Callback):
                 "process": _PROCESS_ID}  # fmt: skip
 
     def _beat(self) -> None:
+        self._read_first_beats()
         while not self._stop.wait(self.interval):
             now = time.time()
             try:
@@ -153,6 +154,18 @@ class HangWatchdog(Callback):
                 if problem:
                     self._stalled(rank, beat, problem)
                     return
+
+    def _read_first_beats(self) -> None:
+        """Read every rank's first beat as soon as it is there, not one interval later: a rank
+        frozen within the first interval (a small model's steps are fast) is then known by its
+        pid, and killed. On a frozen store this blocks; the guard thread sees to that."""
+        try:
+            self._store.wait([f"hb/{r}" for r in range(self._world)],
+                             timedelta(seconds=self.stall_seconds))  # fmt: skip
+            self._beats = self._read_others()[0]
+            self._answered = time.monotonic()
+        except Exception:  # a rank that never beats is named by the loop (_never_beat)
+            pass
 
     def _guard(self) -> None:
         """Rank 0 frozen: the heartbeat thread waits in a store call that never returns (also
