@@ -22,6 +22,7 @@ STATE_DICT_TYPES = ("sharded", "full")
 FSDP1_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
 FSDP1_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "none")
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
 
 
 def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_type: Any = None):
@@ -75,6 +76,25 @@ class CompileOptions:
     def backend(self) -> str | None:
         """The backend each block is compiled with; None when compilation is off."""
         return self.compile_backend if self.compile else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Float8Options:
+    """Float8 training of the blocks' linear layers (`parallel/float8.py`, torchao)."""
+
+    float8: str = knob(
+        "none", "none, tensorwise or rowwise: torchao's float8 recipe for the linear layers "
+        "(the output projection, and layers whose sizes are not multiples of 16, stay in high "
+        "precision); emulated on CPUs. Not yet with tp > 1. Needs torchao "
+        "(pip install 'lightning_dist[fp8]').",
+        planner_ignores="the float8 matmul peak and all-gather bytes are not modelled yet",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.float8 not in FLOAT8_RECIPES:
+            raise ValueError(
+                f"strategy.float8={self.float8!r} is not one of {', '.join(FLOAT8_RECIPES)}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from lightning_dist.options.knobs import (
     CheckpointingOptions,
     CompileOptions,
     DDPOptions,
+    Float8Options,
     FSDP1Options,
     FSDP2Options,
     PipelineOptions,
@@ -45,6 +46,7 @@ GROUPS: dict[str, type] = {
     "pipeline": PipelineOptions,
     "checkpointing": CheckpointingOptions,
     "compile": CompileOptions,
+    "float8": Float8Options,
     "process": ProcessOptions,
     "checkpoint_format": CheckpointFormatOptions,
 }
@@ -93,6 +95,7 @@ class StrategyOptions:
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
     checkpointing: CheckpointingOptions = field(default_factory=CheckpointingOptions)
     compile: CompileOptions = field(default_factory=CompileOptions)
+    float8: Float8Options = field(default_factory=Float8Options)
     process: ProcessOptions = field(default_factory=ProcessOptions)
     checkpoint_format: CheckpointFormatOptions = field(default_factory=CheckpointFormatOptions)
 
@@ -189,11 +192,11 @@ class Preset:
 
 
 MESH_GROUPS = ("layout", "fsdp", "sharding", "precision", "tp", "pipeline", "checkpointing",
-               "compile", "process", "checkpoint_format")  # fmt: skip
+               "compile", "float8", "process", "checkpoint_format")  # fmt: skip
 """The groups of the mesh strategy (fsdp2, tp, pp, 3d are presets of it)."""
 
 PRESETS: dict[str, Preset] = {
-    "single": Preset(("compile",)),
+    "single": Preset(("compile", "float8")),
     "ddp": Preset(("ddp", "compile", "process")),
     "fsdp": Preset(
         (

@@ -21,6 +21,7 @@ from lightning_dist.models.materialize import materialize
 from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
+from lightning_dist.parallel.float8 import apply_float8
 from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.nodes import (
     Placement,
@@ -151,9 +152,11 @@ class LightningDistStrategy(FormatCheckpointHooks):
                 print(f"warning: {line}", file=sys.stderr, flush=True)
 
     def parallelize_model(self, model: nn.Module, *, init_seed: int) -> Any:
-        """Materialise the whole model on this rank (data-parallel strategies shard later), and
-        compile each block when `compile_backend` is set."""
+        """Materialise the whole model on this rank (data-parallel strategies shard later),
+        convert its linear layers to float8 when `strategy.float8` is set, and compile each
+        block when `compile_backend` is set."""
         model = materialize(model, self.root_device, init_seed)
+        model = apply_float8(model, self.options.float8.float8, device_type=self.root_device.type)
         if self.compile_backend is not None:
             apply_compile(model, find_block_types(model), backend=self.compile_backend)
         return model

@@ -31,6 +31,7 @@ from lightning_dist.models.materialize import materialize, materialize_with_rese
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
+from lightning_dist.parallel.float8 import float8_problem
 from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import (
     dp_mesh,
@@ -101,6 +102,9 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         reshard = self.options.fsdp.reshard_after_forward
         if not isinstance(reshard, bool):
             check_reshard(reshard, layout.dp_shard)
+        problem = float8_problem(self.options.float8.float8, layout.tp)
+        if problem:
+            raise ValueError(problem)
         return layout
 
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,

@@ -37,6 +37,7 @@ HF_BASE = [
 CLIP = [*BASE, "trainer.gradient_clip_val=0.05", "optim.eps=1e-3", "optim.warmup_steps=1",
         "optim.lr=3e-2"]  # fmt: skip
 INTERLEAVED = ["strategy.virtual_stages=2"]
+FLOAT8 = [*BASE, "strategy.float8=tensorwise", "data.micro_batch_size=4"]
 SAC_COMPILE = ["strategy.activation_checkpointing=op", "strategy.compile=true",
                "strategy.compile_backend=aot_eager"]  # fmt: skip
 
@@ -70,6 +71,9 @@ CASES = {
     # Op-level (selective) checkpointing and per-block compilation together (aot_eager: the
     # same traced graphs as inductor without C++ generation, which is slow on 2 cores).
     "fsdp2_op_compile": (BASE, ["strategy=fsdp2", "hardware.devices=2", *SAC_COMPILE]),
+    # Float8 (emulated): the reference reads the same micro-batches (4 samples, one rank's
+    # share), since tensorwise scales come from each micro-batch's largest value.
+    "fsdp2_float8": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2"]),
     # Compile under tensor parallelism: without SP, and with SP (the default) and op checkpointing.
     "tp2_compile": (BASE, ["strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false",
                            *SAC_COMPILE[1:]]),

@@ -190,6 +190,10 @@ CASES = [
          'does not expose its layers for pipeline parallelism'),
     Case('3d: plan', fast('hardware.devices=2', 'strategy.tp_plan={{layers.0.attn.wq:colwise}}', strategy='tp'),
          "TP plan pattern 'layers.0.attn.wq' matches no module"),
+    Case('float8: recipe', fast('strategy.float8=fp4'),
+         "strategy.float8='fp4' is not one of none, tensorwise, rowwise"),
+    Case('float8: with tp', fast('hardware.devices=2', 'strategy.float8=rowwise', strategy='tp'),
+         'strategy.float8=rowwise with tp=2 is not supported yet; set strategy.float8=none, or tp=1'),
     # Elastic jobs (hardware.min_nodes): every node count in the range must hold the layout.
     Case('elastic: min above max', fast('hardware.min_nodes=3', 'hardware.num_nodes=2', strategy='ddp'),
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),

@@ -47,6 +47,7 @@ VALUES = {
     "activation_checkpointing": ("op", "op", []),
     "compile": ("true", True, ["strategy.compile_backend=aot_eager"]),
     "compile_backend": ("aot_eager", "aot_eager", ["strategy.compile=true"]),
+    "float8": ("rowwise", "rowwise", []),
     "process_group_backend": ("gloo", "gloo", []),
     "state_dict_type": ("full", "full", []),
     "sharding_strategy": ("FULL_SHARD", "FULL_SHARD", []),

@@ -1,0 +1,90 @@
+"""Float8 training (`strategy.float8=tensorwise|rowwise`): torchao's float8 linear layers.
+
+Each `nn.Linear` of the model becomes torchao's `Float8Linear`, which casts its input, weight and
+output gradient to float8 (one scale per tensor for `tensorwise`, per row for `rowwise`) for the
+three matmuls of forward and backward, and keeps the weight and its gradient in the parameter
+dtype. Two kinds stay in high precision, as torchtitan keeps them: the output projection (whose
+logits feed the loss) and any layer with a size that is not a multiple of 16 (the float8 matmul
+needs that). On a machine without CUDA, torchao's emulation computes the same casts and scales
+with plain matmuls (`emulate=True`), so the numerics can be tested on CPUs.
+
+Applied to the whole model before tensor parallelism, activation checkpointing, compilation and
+FSDP. Not yet with tp > 1 (torchao's float8 tensor-parallel plans are not wired to ours), nor
+FSDP's float8 all-gather (the weights are gathered in the parameter dtype, then cast). No
+Lightning import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from contextlib import contextmanager
+
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+HIGH_PRECISION_LAYERS = ("output", "lm_head")
+"""Names of output projections (ours, Hugging Face's) that stay in high precision."""
+
+
+def float8_problem(recipe: str, tp: int) -> str | None:
+    """Why `recipe` cannot run with this layout, or None."""
+    if recipe != "none" and tp > 1:
+        return (
+            f"strategy.float8={recipe} with tp={tp} is not supported yet; set "
+            "strategy.float8=none, or tp=1"
+        )
+    return None
+
+
+def keeps_high_precision(module: nn.Module, fqn: str) -> bool:
+    """Whether a linear layer stays out of float8 (see the module doc)."""
+    if fqn.split(".")[-1] in HIGH_PRECISION_LAYERS:
+        return True
+    return module.in_features % 16 != 0 or module.out_features % 16 != 0
+
+
+@contextmanager
+def _quiet_loggers(*names: str):
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def apply_float8(model: nn.Module, recipe: str, *, device_type: str) -> nn.Module:
+    """Convert `model`'s linear layers to torchao's float8 training with `recipe`; returns the
+    model (use it: a model that is itself a Linear is replaced, not changed in place)."""
+    if recipe == "none":
+        return model
+    try:
+        # torchao logs one warning per CUDA kernel library it cannot load (none can on a CPU
+        # build) and torch one about an enum it registers: neither is anything to act on.
+        with _quiet_loggers("torchao", "torch.utils._pytree"):
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise ValueError(
+            f"strategy.float8={recipe} needs torchao: pip install 'lightning_dist[fp8]' "
+            "(torchao 0.18), or set strategy.float8=none"
+        ) from e
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if device_type != "cuda":  # no float8 matmul kernels: the same numerics, emulated
+        config = dataclasses.replace(config, emulate=True)
+    converted = []
+
+    def include(module: nn.Module, fqn: str) -> bool:
+        keep = isinstance(module, nn.Linear) and not keeps_high_precision(module, fqn)
+        if keep:
+            converted.append(fqn)
+        return keep
+
+    model = convert_to_float8_training(model, config=config, module_filter_fn=include)
+    log.info("Float8 (%s%s): %d linear layers", recipe,
+             ", emulated" if config.emulate else "", len(converted))  # fmt: skip
+    return model

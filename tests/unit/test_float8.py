@@ -1,0 +1,57 @@
+"""Float8 training in one process (torchao, emulated on the CPU): which layers convert, and the
+numerics against bf16 over 20 optimizer steps. The run through train.py under FSDP2 against one
+process is tests/dist/test_parallel3d_dist.py ("fsdp2_float8"); bad values are rows of
+tests/unit/test_bad_inputs.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_dist.config import compose_config, model_spec
+from lightning_dist.parallel.float8 import apply_float8
+
+pytest.importorskip("torchao")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return model_spec(compose_config(["debug=fast"])).build()
+
+
+def test_block_linears_convert_and_the_output_projection_stays():
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = apply_float8(_model(), "tensorwise", device_type="cpu")
+    kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    assert kinds.pop("output") is nn.Linear
+    assert kinds and all(k is Float8Linear for k in kinds.values()), kinds
+    assert model.layers["0"].attention.wq.config.emulate  # no CUDA: emulated
+    assert apply_float8(_model(), "none", device_type="cpu").layers["0"].attention.wq.__class__ \
+        is nn.Linear  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_losses_stay_within_3_percent_of_bf16_for_20_steps(recipe):
+    base = _model().to(torch.bfloat16)
+    runs = {"bf16": base, recipe: apply_float8(copy.deepcopy(base), recipe, device_type="cpu")}
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 512, (4, 33), generator=generator) for _ in range(20)]
+    losses = {}
+    for name, model in runs.items():
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses[name] = []
+        for batch in batches:
+            logits = model(batch[:, :-1])
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[name].append(loss.item())
+    worst = max(abs(a - b) / b for a, b in zip(losses[recipe], losses["bf16"], strict=True))
+    print(f"FLOAT8 {recipe} vs bf16 over 20 steps: largest relative difference {worst:.2e}")
+    assert worst < 0.03
+    assert losses[recipe] != losses["bf16"]  # the float8 casts did change the numbers
