@@ -158,10 +158,12 @@ class HangWatchdog(Callback):
     def _read_first_beats(self) -> None:
         """Read every rank's first beat as soon as it is there, not one interval later: a rank
         frozen within the first interval (a small model's steps are fast) is then known by its
-        pid, and killed. On a frozen store this blocks; the guard thread sees to that."""
+        pid, and killed. Waits one interval at most, so that this rank's own beats go on and a
+        rank that never beats is named by the loop (`_never_beat`); on a frozen store the guard
+        thread sees to it."""
         try:
             self._store.wait([f"hb/{r}" for r in range(self._world)],
-                             timedelta(seconds=self.stall_seconds))  # fmt: skip
+                             timedelta(seconds=self.interval))  # fmt: skip
             self._beats = self._read_others()[0]
             self._answered = time.monotonic()
         except Exception:  # a rank that never beats is named by the loop (_never_beat)
