@@ -40,7 +40,8 @@ from lightning_dist.parallel.fsdp import block_modules
 log = logging.getLogger(__name__)
 
 
-MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
+"""`_scaled_mm` is the float8 matmul (strategy.float8 on a GPU; the CPU emulation uses mm)."""
 
 
 def _ops(space, names) -> list:
@@ -105,7 +106,8 @@ class SelectivePolicy:
     def context_fn(self):
         """The `context_fn` of torch.utils.checkpoint: a plain function, as torch.compile
         requires of it. (Under inductor or aot_eager the policy is asked while the graph is
-        partitioned, after the hooks ran, and the planner refuses those backends with tp > 1;
+        partitioned, after the hooks ran, so the strategy and the planner refuse op-level
+        checkpointing with those backends and tp > 1 (planner/estimate.py compile_problem);
         without TP no module is watched. The eager backend with tp > 1 is untested.)"""
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 

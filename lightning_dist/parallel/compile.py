@@ -22,6 +22,9 @@ from lightning_dist.parallel.fsdp import block_modules
 
 log = logging.getLogger(__name__)
 
+OUTPUT_PROJECTIONS = ("output", "lm_head")
+"""Names of the output projection in our models and Hugging Face's."""
+
 BACKENDS = ("inductor", "aot_eager", "eager")
 """inductor generates kernels (Triton on GPUs, C++ on CPUs: needs a C compiler); aot_eager
 traces forward and backward without generating code (fast to compile, for tests); eager only
@@ -80,8 +83,11 @@ def apply_compile(
         slot.compile(backend=backend, fullgraph=fullgraph)
     if tensor_parallel:
         inside = {id(m) for slot in slots for m in slot.modules()}
-        for module in model.modules():
-            if id(module) not in inside:
+        for name, module in model.named_modules():
+            # Not the model itself, nor its output projection: their outputs (the logits) go to
+            # the loss, never into a block, and copying them would cost the largest activation.
+            feeds_loss = module is model or name.split(".")[-1] in OUTPUT_PROJECTIONS
+            if id(module) not in inside and not feeds_loss:
                 module.register_forward_hook(settle_async_output)
     log.info("Applied torch.compile (%s) to %d blocks", backend, len(slots))
     return model

@@ -22,25 +22,36 @@ from contextlib import contextmanager
 
 from torch import nn
 
+from lightning_dist.parallel.compile import OUTPUT_PROJECTIONS
+
 log = logging.getLogger(__name__)
 
-HIGH_PRECISION_LAYERS = ("output", "lm_head")
-"""Names of output projections (ours, Hugging Face's) that stay in high precision."""
 
+def check_float8(recipe: str) -> None:
+    """Before launch: ValueError in one line when `recipe` cannot run here (torchao missing;
+    a GPU without float8 matmuls, below compute capability 8.9)."""
+    if recipe == "none":
+        return
+    import importlib.util
 
-def float8_problem(recipe: str, tp: int) -> str | None:
-    """Why `recipe` cannot run with this layout, or None."""
-    if recipe != "none" and tp > 1:
-        return (
-            f"strategy.float8={recipe} with tp={tp} is not supported yet; set "
-            "strategy.float8=none, or tp=1"
+    import torch
+
+    if importlib.util.find_spec("torchao") is None:
+        raise ValueError(
+            f"strategy.float8={recipe} needs torchao: pip install 'lightning_dist[fp8]' "
+            "(torchao 0.18), or set strategy.float8=none"
         )
-    return None
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        raise ValueError(
+            f"strategy.float8={recipe} needs float8 matmuls (compute capability 8.9 or newer: "
+            f"H100, L4, RTX 4090); this GPU has {major}.{minor}: set strategy.float8=none"
+        )
 
 
 def keeps_high_precision(module: nn.Module, fqn: str) -> bool:
     """Whether a linear layer stays out of float8 (see the module doc)."""
-    if fqn.split(".")[-1] in HIGH_PRECISION_LAYERS:
+    if fqn.split(".")[-1] in OUTPUT_PROJECTIONS:
         return True
     return module.in_features % 16 != 0 or module.out_features % 16 != 0
 

@@ -112,6 +112,35 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
     return tp_split_problem(model, tp)
 
 
+def compile_problem(tp: int, backend: str | None, checkpointing: str) -> str | None:
+    """Why per-block compilation with `backend` (None: off) cannot run with `tp` and this
+    activation checkpointing mode, or None.
+
+    Op-level checkpointing recomputes the row-parallel matmuls under TP by watching their
+    modules' forward hooks; a compiling backend asks its policy while partitioning the graph,
+    after the hooks ran, so it would save those outputs instead. The eager backend, and `full`
+    or no checkpointing, are fine.
+    """
+    if tp > 1 and backend not in (None, "eager") and checkpointing == "op":
+        return (
+            f"strategy.activation_checkpointing=op with strategy.compile=true "
+            f"(compile_backend={backend}) and tp={tp} would keep the row-parallel matmul outputs "
+            "it promises to recompute; use activation_checkpointing=full (or 0), or "
+            "compile_backend=eager"
+        )
+    return None
+
+
+def float8_problem(recipe: str, tp: int) -> str | None:
+    """Why float8 `recipe` cannot run with `tp` (parallel/float8.py), or None."""
+    if recipe != "none" and tp > 1:
+        return (
+            f"strategy.float8={recipe} with tp={tp} is not supported yet; set "
+            "strategy.float8=none, or tp=1"
+        )
+    return None
+
+
 def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
     """Why `pp` stages (of `virtual_stages` chunks each) cannot split the layers, or None."""
     chunks = pp * (virtual_stages if pp > 1 else 1)
@@ -146,8 +175,11 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
 
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
+    backend = settings.compile_backend if settings.compile else None
     problem = (
         tp_problem(model, hardware.resolved_devices(), layout.tp)
+        or compile_problem(layout.tp, backend, settings.activation_checkpointing.mode)
+        or float8_problem(settings.options.float8.float8, layout.tp)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)
     )

@@ -21,7 +21,7 @@ from lightning_dist.models.materialize import materialize
 from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.elastic import init_process_group_for_attempt
-from lightning_dist.parallel.float8 import apply_float8
+from lightning_dist.parallel.float8 import apply_float8, check_float8
 from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.nodes import (
     Placement,
@@ -161,6 +161,8 @@ class LightningDistStrategy(FormatCheckpointHooks):
             apply_compile(model, find_block_types(model), backend=self.compile_backend)
         return model
 
-    def check_compile(self) -> None:
-        """The compile settings can run on this machine (inductor needs a C compiler)."""
+    def check_machine_options(self) -> None:
+        """The compile and float8 settings can run on this machine (inductor needs a C
+        compiler; float8 needs torchao, and float8 matmuls on a GPU)."""
         check_compile(self.options.compile.compile, self.options.compile.compile_backend)
+        check_float8(self.options.float8.float8)

@@ -35,4 +35,4 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
             broadcast_buffers=ddp.broadcast_buffers,
             **rest,
         )
-        self.check_compile()
+        self.check_machine_options()

@@ -94,7 +94,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             sync_module_states=fsdp1.sync_module_states,
             **rest,
         )
-        self.check_compile()
+        self.check_machine_options()
         self.sharding_strategy = _sharding_enum(self.resolved_sharding())
 
     # --- the contract: layout and checks ------------------------------------------------------

@@ -31,7 +31,6 @@ from lightning_dist.models.materialize import materialize, materialize_with_rese
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
-from lightning_dist.parallel.float8 import float8_problem
 from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import (
     dp_mesh,
@@ -44,6 +43,7 @@ from lightning_dist.parallel.parallelize import (
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
+from lightning_dist.planner.estimate import compile_problem, float8_problem
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -83,7 +83,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             process_group_backend=self.options.process.process_group_backend,
             timeout=timeout,
         )
-        self.check_compile()
+        self.check_machine_options()
         self._async_saves = None
         if async_save:
             self.enable_async_save()
@@ -102,7 +102,11 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         reshard = self.options.fsdp.reshard_after_forward
         if not isinstance(reshard, bool):
             check_reshard(reshard, layout.dp_shard)
-        problem = float8_problem(self.options.float8.float8, layout.tp)
+        problem = float8_problem(self.options.float8.float8, layout.tp) or compile_problem(
+            layout.tp,
+            self.compile_backend,
+            self.options.checkpointing.activation_checkpointing.mode,
+        )  # the planner's own rule
         if problem:
             raise ValueError(problem)
         return layout
@@ -194,6 +198,14 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         from torch.distributed.fsdp import FSDPModule
 
         self.accelerator.setup(trainer)
+        if self.options.float8.float8 != "none" and not self._parallelize_called:
+            raise ValueError(
+                f"strategy.float8={self.options.float8.float8} converts models built through "
+                "parallelize_model (lightning_dist's models, or a configure_model() that calls "
+                "it); this module built or sharded its layers itself: call "
+                "self.trainer.strategy.parallelize_model() in configure_model(), or set "
+                "strategy.float8=none"
+            )
         prepared = self._parallelize_called or any(
             isinstance(m, FSDPModule) for m in self.model.modules()
         )

@@ -21,7 +21,7 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
     def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
         self.options, rest = build_options(type(self), self.preset, options, kwargs)
         super().__init__(**rest)
-        self.check_compile()
+        self.check_machine_options()
 
     def declared_layout(self, num_nodes: int) -> Layout:
         return Layout()
@@ -32,7 +32,7 @@ class SingleProcessStrategy(LightningDistStrategy, SingleDeviceStrategy):
 
 def single_device_strategy(device: str | None = None, **knobs: Any) -> SingleProcessStrategy:
     """One process on `device`; by default the first GPU if there is one, else the CPU.
-    `knobs`: those of `options.PRESETS["single"]` (`compile`, `compile_backend`)."""
+    `knobs`: those of `options.PRESETS["single"]` (`compile`, `compile_backend`, `float8`)."""
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     return SingleProcessStrategy(device=torch.device(device), **knobs)

@@ -190,6 +190,8 @@ CASES = [
          'does not expose its layers for pipeline parallelism'),
     Case('3d: plan', fast('hardware.devices=2', 'strategy.tp_plan={{layers.0.attn.wq:colwise}}', strategy='tp'),
          "TP plan pattern 'layers.0.attn.wq' matches no module"),
+    Case('compile: op checkpointing under tp', fast('hardware.devices=2', 'strategy.activation_checkpointing=op', 'strategy.compile=true', 'strategy.compile_backend=aot_eager', strategy='tp'),
+         'strategy.activation_checkpointing=op with strategy.compile=true (compile_backend=aot_eager) and tp=2 would keep the row-parallel matmul outputs'),
     Case('float8: recipe', fast('strategy.float8=fp4'),
          "strategy.float8='fp4' is not one of none, tensorwise, rowwise"),
     Case('float8: with tp', fast('hardware.devices=2', 'strategy.float8=rowwise', strategy='tp'),

@@ -137,3 +137,19 @@ def test_compile_with_tensor_parallelism_is_accepted():
     for backend in ("aot_eager", "inductor", "eager"):
         layout = Parallel3DStrategy(tp=2, compile=True, compile_backend=backend).layout_for(2, 1)
         assert layout.tp == 2
+
+
+def test_under_tp_the_settle_hook_goes_only_on_modules_that_can_feed_a_block():
+    """Every module outside the compiled blocks gets `settle_async_output`, except the model
+    and its output projection (their outputs go to the loss); inside the blocks, none."""
+    from lightning_dist.config import compose_config, model_spec
+    from lightning_dist.parallel.compile import apply_compile, settle_async_output
+    from lightning_dist.parallel.fsdp import find_block_types
+
+    model = model_spec(compose_config(["debug=fast"])).build()
+    apply_compile(model, find_block_types(model), backend="eager", tensor_parallel=True)
+    hooked = {name for name, m in model.named_modules()
+              if settle_async_output in m._forward_hooks.values()}  # fmt: skip
+    assert "tok_embeddings" in hooked and "norm" in hooked
+    assert "" not in hooked and "output" not in hooked
+    assert not any(name.startswith("layers.") for name in hooked), hooked
