@@ -50,6 +50,18 @@ def checkpoint_wrapper_api() -> tuple[Any, Any]:
     return module.apply_activation_checkpointing, module.checkpoint_wrapper
 
 
+def async_collective_tensor_class() -> type:
+    """`torch.distributed._functional_collectives.AsyncCollectiveTensor`: the result of a
+    collective still in flight, as tensor-parallel layers return their outputs.
+
+    Why private: only its type tells such an output from a plain tensor, and
+    parallel/compile.py must copy it before a compiled block reads it (torch 2.13).
+    """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return AsyncCollectiveTensor
+
+
 def mem_tracker_class() -> type:
     """`torch.distributed._tools.mem_tracker.MemTracker`, the only tracker that splits memory
     into parameters, gradients, optimizer state and activations on any device (CPU included).
@@ -412,6 +424,11 @@ _ENTRIES = (
            "lightning_dist.parallel.activation_checkpoint",
            "the only way to checkpoint existing submodules without editing forward",
            TORCH, via="checkpoint_wrapper_api"),
+    _entry("torch.distributed._functional_collectives.AsyncCollectiveTensor",
+           "torch.distributed._functional_collectives", "import",
+           "lightning_dist.parallel.compile",
+           "tells a tensor-parallel output still in flight from a plain tensor", TORCH,
+           via="async_collective_tensor_class"),
     _entry(_MEM_TRACKER, "torch.distributed._tools.mem_tracker", "import",
            "lightning_dist.parallel.memory",
            "the only tracker splitting memory into params, grads, optimizer, activations",

@@ -64,7 +64,8 @@ class FolderFence:
         number = self.holder() + 1
         while True:
             try:
-                fd = os.open(self.folder / f"{number}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+                fd = os.open(self.folder / f"{number}.json", flags, 0o600)  # as the run's files
             except FileExistsError:  # another world took this number first
                 number += 1
                 continue

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from lightning_dist._compat import async_collective_tensor_class
 from lightning_dist.parallel.fsdp import block_modules
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,6 @@ def settle_async_output(module: nn.Module, args, output):
     tensor but DTensor's backward of the pending redistribute then receives a plain gradient
     ("'Tensor' object has no attribute '_local_tensor'", torch 2.13). The copy keeps the autograd
     edge to the collective; `.wait()` instead would cut the gradient of the layer before it."""
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
-
-    if isinstance(output, AsyncCollectiveTensor):
+    if isinstance(output, async_collective_tensor_class()):
         return output.clone()
     return None
