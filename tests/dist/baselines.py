@@ -47,6 +47,10 @@ REFERENCES: dict[str, list[str]] = {
     # tests/dist/test_parallel3d_dist.py: float8 (emulated), micro-batches of one rank's share.
     "llama_debug_val5_float8": [*LLAMA, "trainer.val_check_interval=5",
                                 "strategy.float8=tensorwise", "data.micro_batch_size=4", *SINGLE],
+    # ... and in the micro-batches of pp=2's 4 pipeline microbatches (2 samples each).
+    "llama_debug_val5_float8_mb2": [*LLAMA, "trainer.val_check_interval=5",
+                                    "strategy.float8=tensorwise", "data.micro_batch_size=2",
+                                    *SINGLE],
     # tests/dist/test_preflight_dist.py: strategy=auto against one process; and
     # tests/cluster/test_multinode.py: two nodes against one process.
     "debug_fast_4": ["debug=fast", "trainer.max_steps=4", "strategy=single"],

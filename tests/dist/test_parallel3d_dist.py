@@ -132,6 +132,18 @@ def test_parity_with_one_process(name, run):
     )
 
 
+def test_float8_pipeline_matches_one_process_reading_its_microbatches(run):
+    """pp=2 with float8 cuts each step into 4 pipeline microbatches of 2 samples; tensorwise
+    scales come from each microbatch, so the reference reads the same 2-sample micro-batches."""
+    float8 = [*BASE, "strategy.float8=tensorwise"]
+    reference = run([*float8, "data.micro_batch_size=2", "strategy=single", "hardware.devices=1"])
+    candidate = run([*float8, "strategy=pp", "hardware.devices=2"])
+    diff = max_relative_difference(reference["losses"], candidate["losses"])
+    val_diff = _val_difference(reference, candidate)
+    print(f"PARITY pp2_float8: train {diff:.3e}, val {val_diff:.3e}")
+    assert diff <= TOLERANCE and val_diff <= TOLERANCE
+
+
 def test_eight_ranks_with_clipping_match_one_process(run):
     """dp2 x tp2 x pp2 with hard gradient clipping: the global norm spans every mesh dim."""
     base, layout = CASES["dp2xtp2xpp2_clip"]
