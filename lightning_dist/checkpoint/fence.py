@@ -13,8 +13,8 @@ restarted copy would claim the folder back from the world that replaced it.
 
 Each checkpoint records its writer's number (`writer` in manifest.json), and each world the step
 it resumed from. A world can still finish one save after another world has chosen its resume
-point; `superseded` names such checkpoints (written by an older world, past the step a newer
-world resumed from), and `trainer.resume=auto` passes over them. Saves with `weights_only=True`
+point; `replaced_after` bounds such checkpoints (written by an older world, past the step a
+newer world resumed from), and `trainer.resume=auto` passes over them. Saves with `weights_only=True`
 skip the callbacks and so the fence; the project makes none.
 """
 
@@ -108,16 +108,19 @@ class FolderFence:
             "from that world's checkpoints)"
         )
 
-    def superseded(self, writer: int | None, step: int) -> bool:
-        """Whether a checkpoint of `step` written by world `writer` was saved by a world that
-        had already been replaced: a newer world resumed from an earlier step."""
-        if writer is None:
-            return False
-        for number in self.numbers():
-            resumed_from = self.world(number).get("resumed_from") if number > writer else None
-            if resumed_from is not None and resumed_from < step:
-                return True
-        return False
+    def replaced_after(self) -> dict[int, float]:
+        """For each world's number, the last step it could write before a newer world replaced
+        it: the earliest step a newer world resumed from (inf while none has). A checkpoint
+        past that step, by that world, was saved after it had been replaced. One read of every
+        claim, however many checkpoints are judged by it."""
+        limits: dict[int, float] = {}
+        earliest = float("inf")
+        for number in sorted(self.numbers(), reverse=True):
+            limits[number] = earliest
+            resumed_from = self.world(number).get("resumed_from")
+            if resumed_from is not None:
+                earliest = min(earliest, resumed_from)
+        return limits
 
 
 class CheckpointFence(Callback):

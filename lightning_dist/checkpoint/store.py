@@ -81,19 +81,15 @@ def latest_checkpoint(dirpath: str | Path) -> ResumePoint:
         match = STEP_NAME.match(entry.name)
         if match:
             candidates.append((int(match.group(1)), entry))
-    fence = FolderFence(folder)
-    for step, entry in sorted(candidates, reverse=True):
-        if is_complete(entry) and fence.superseded(_writer(entry), step):
-            if found.path is None:
-                found.superseded.append(entry)
-        elif is_complete(entry):
-            if found.path is None:
-                found.path, found.step = entry, step
-        elif found.path is None:  # only the ones newer than the resume point matter
-            if is_weights_only(entry):
-                found.weights_only.append(entry)
-            else:
-                found.skipped.append(entry)
+    replaced_after = FolderFence(folder).replaced_after()
+    for step, entry in sorted(candidates, reverse=True):  # only those down to the resume point
+        if not is_complete(entry):
+            (found.weights_only if is_weights_only(entry) else found.skipped).append(entry)
+        elif step > replaced_after.get(_writer(entry), float("inf")):
+            found.superseded.append(entry)
+        else:
+            found.path, found.step = entry, step
+            break
     return found
 
 

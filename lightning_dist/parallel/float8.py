@@ -37,16 +37,20 @@ def check_float8(recipe: str) -> None:
     import torch
 
     if importlib.util.find_spec("torchao") is None:
-        raise ValueError(
-            f"strategy.float8={recipe} needs torchao: pip install 'lightning_dist[fp8]' "
-            "(torchao 0.18), or set strategy.float8=none"
-        )
+        raise ValueError(_needs_torchao(recipe))
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
         major, minor = torch.cuda.get_device_capability()
         raise ValueError(
             f"strategy.float8={recipe} needs float8 matmuls (compute capability 8.9 or newer: "
             f"H100, L4, RTX 4090); this GPU has {major}.{minor}: set strategy.float8=none"
         )
+
+
+def _needs_torchao(recipe: str) -> str:
+    return (
+        f"strategy.float8={recipe} needs torchao: pip install 'lightning_dist[fp8]' "
+        "(torchao 0.18), or set strategy.float8=none"
+    )
 
 
 def keeps_high_precision(module: nn.Module, fqn: str) -> bool:
@@ -79,11 +83,8 @@ def apply_float8(model: nn.Module, recipe: str, *, device_type: str) -> nn.Modul
         # build) and torch one about an enum it registers: neither is anything to act on.
         with _quiet_loggers("torchao", "torch.utils._pytree"):
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise ValueError(
-            f"strategy.float8={recipe} needs torchao: pip install 'lightning_dist[fp8]' "
-            "(torchao 0.18), or set strategy.float8=none"
-        ) from e
+    except ImportError as e:  # check_float8 said so before launch; this is a direct call
+        raise ValueError(_needs_torchao(recipe)) from e
     config = Float8LinearConfig.from_recipe_name(recipe)
     if device_type != "cuda":  # no float8 matmul kernels: the same numerics, emulated
         config = dataclasses.replace(config, emulate=True)

@@ -105,7 +105,9 @@ def test_checkpoints_of_a_replaced_world_are_passed_over(tmp_path):
         for name in (".metadata", "meta.pt"):
             (path / name).write_bytes(b"")
         (path / "manifest.json").write_text(json.dumps({"step": step, "writer": writer}))
-    assert fence.superseded(1, 7) and not fence.superseded(1, 5) and not fence.superseded(2, 6)
+    limits = fence.replaced_after()  # world 1 replaced after step 5; world 2 not replaced
+    assert limits == {1: 5, 2: float("inf")}
+    assert 7 > limits[1] and not 5 > limits[1] and not 6 > limits[2]
     point = latest_checkpoint(folder)
     assert point.path == folder / "step6.ckpt"
     assert "skipped step7.ckpt, saved by a world that had been replaced" in point.describe()
