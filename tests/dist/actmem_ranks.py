@@ -67,9 +67,14 @@ def activations_per_block(
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         step = step_fn(model, head, opt, batch, tp=mesh is not None, precision=precision)
         step()
-        measured[n_layers] = measure_step(step, model, [opt])["activations"]
+        # Two measured steps, and the median of three when they differ: one CI run in many saw
+        # a row off by one block input (not reproduced here); one odd step cannot move it.
+        samples = [measure_step(step, model, [opt])["activations"] for _ in range(2)]
+        if samples[0] != samples[1]:
+            samples.append(measure_step(step, model, [opt])["activations"])
+        measured[n_layers] = sorted(samples)[len(samples) // 2]
         if losses is not None and n_layers == 4:
-            losses.extend(step.losses)  # the 4-block model's two steps
+            losses.extend(step.losses[:2])  # the 4-block model's first two steps
     per_block = (measured[4] - measured[2]) / 2
     if precision == "bf16-mixed" and not checkpointing:
         tp = 1 if mesh is None else mesh.size()
