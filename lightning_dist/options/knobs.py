@@ -89,11 +89,24 @@ class Float8Options:
         "(pip install 'lightning_dist[fp8]').",
         planner_ignores="the float8 matmul peak and all-gather bytes are not modelled yet",
     )  # fmt: skip
+    float8_all_gather: bool = knob(
+        False, "FSDP gathers the float8 linears' weights already cast to float8 (half the bytes "
+        "of bf16; torchao's enable_fsdp_float8_all_gather) instead of in the parameter dtype. "
+        "Tensorwise only. On backends without float8 collectives (gloo) the bytes move as uint8, "
+        "unchanged. No effect without FSDP sharding (dp_shard = 1).",
+        planner_ignores="all-gather bytes are counted in the parameter dtype",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.float8 not in FLOAT8_RECIPES:
             raise ValueError(
                 f"strategy.float8={self.float8!r} is not one of {', '.join(FLOAT8_RECIPES)}"
+            )
+        if self.float8_all_gather and self.float8 != "tensorwise":
+            raise ValueError(
+                f"strategy.float8_all_gather=true needs strategy.float8=tensorwise (torchao "
+                f"gathers float8 weights only with one scale per tensor), not {self.float8!r}: "
+                "set strategy.float8=tensorwise or strategy.float8_all_gather=false"
             )
 
 

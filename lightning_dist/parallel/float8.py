@@ -9,9 +9,11 @@ needs that). On a machine without CUDA, torchao's emulation computes the same ca
 with plain matmuls (`emulate=True`), so the numerics can be tested on CPUs.
 
 Applied to the whole model before tensor parallelism, activation checkpointing, compilation and
-FSDP. Not yet with tp > 1 (torchao's float8 tensor-parallel plans are not wired to ours), nor
-FSDP's float8 all-gather (the weights are gathered in the parameter dtype, then cast). No
-Lightning import here.
+FSDP. With `all_gather` (`strategy.float8_all_gather`, tensorwise), FSDP gathers the weights
+already cast to float8, each shard scaled by the whole weight's largest value, so the gathered
+weight is the one a single device would cast; where the collective backend has no float8 type
+(gloo), `gather_float8_as_bytes` moves those buffers as their bytes. Not yet with tp > 1
+(torchao's float8 tensor-parallel plans are not wired to ours). No Lightning import here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import dataclasses
 import logging
 from contextlib import contextmanager
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from lightning_dist.parallel.compile import OUTPUT_PROJECTIONS
@@ -73,9 +77,11 @@ def _quiet_loggers(*names: str):
             logger.setLevel(level)
 
 
-def apply_float8(model: nn.Module, recipe: str, *, device_type: str) -> nn.Module:
-    """Convert `model`'s linear layers to torchao's float8 training with `recipe`; returns the
-    model (use it: a model that is itself a Linear is replaced, not changed in place)."""
+def apply_float8(model: nn.Module, recipe: str, *, device_type: str,
+                 all_gather: bool = False) -> nn.Module:  # fmt: skip
+    """Convert `model`'s linear layers to torchao's float8 training with `recipe` (and, with
+    `all_gather`, weights FSDP gathers in float8); returns the model (use it: a model that is
+    itself a Linear is replaced, not changed in place)."""
     if recipe == "none":
         return model
     try:
@@ -86,6 +92,8 @@ def apply_float8(model: nn.Module, recipe: str, *, device_type: str) -> nn.Modul
     except ImportError as e:  # check_float8 said so before launch; this is a direct call
         raise ValueError(_needs_torchao(recipe)) from e
     config = Float8LinearConfig.from_recipe_name(recipe)
+    if all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     if device_type != "cuda":  # no float8 matmul kernels: the same numerics, emulated
         config = dataclasses.replace(config, emulate=True)
     converted = []
@@ -100,3 +108,42 @@ def apply_float8(model: nn.Module, recipe: str, *, device_type: str) -> nn.Modul
     log.info("Float8 (%s%s): %d linear layers", recipe,
              ", emulated" if config.emulate else "", len(converted))  # fmt: skip
     return model
+
+
+FLOAT8_DTYPES = (
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+)
+
+
+class Float8BytesAllGather:
+    """FSDP2's all-gather (`FSDPModule.set_custom_all_gather`) for a backend without float8
+    collectives: a float8 buffer is gathered as its bytes (uint8), which arrive unchanged;
+    any other dtype is gathered as it is."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group,
+                 async_op: bool = False):  # fmt: skip
+        if output_tensor.dtype in FLOAT8_DTYPES:
+            output_tensor, input_tensor = (
+                output_tensor.view(torch.uint8),
+                input_tensor.view(torch.uint8),
+            )
+        # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return gather(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def gather_float8_as_bytes(model: nn.Module) -> int:
+    """Give every FSDP module of `model` the bytes all-gather (for gloo); returns how many."""
+    from torch.distributed.fsdp import FSDPModule
+
+    comm = Float8BytesAllGather()
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_custom_all_gather(comm)
+    return len(units)

@@ -24,7 +24,7 @@ from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
-from lightning_dist.parallel.float8 import apply_float8
+from lightning_dist.parallel.float8 import apply_float8, gather_float8_as_bytes
 from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types, fsdp_kwargs
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
 from lightning_dist.parallel.tp import apply_tp, uses_sequence_parallel
@@ -75,7 +75,12 @@ def parallelize(
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
         blocks = find_block_types(part, options.sharding.auto_wrap)
-        apply_float8(part, options.float8.float8, device_type=device.type)  # parts are not Linears
+        apply_float8(
+            part,
+            options.float8.float8,
+            device_type=device.type,
+            all_gather=options.float8.float8_all_gather,
+        )  # parts are not Linears
         if layout.tp > 1:
             apply_tp(
                 part, mesh["tp"], plan=tp.tp_plan, loss_parallel=tp.loss_parallel,
@@ -91,6 +96,8 @@ def parallelize(
             )
         if layout.dp > 1:
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
+            if options.float8.float8_all_gather and device.type != "cuda":  # NCCL has float8
+                gather_float8_as_bytes(part)
     if not pipelined:
         return model
     log.info(

@@ -74,6 +74,8 @@ CASES = {
     # Float8 (emulated): the reference reads the same micro-batches (4 samples, one rank's
     # share), since tensorwise scales come from each micro-batch's largest value.
     "fsdp2_float8": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2"]),
+    "fsdp2_float8_all_gather": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2",
+                                         "strategy.float8_all_gather=true"]),
     # Compile under tensor parallelism: without SP, and with SP (the default) and full
     # checkpointing (op-level checkpointing is refused there: compile_problem).
     "tp2_compile": (BASE, ["strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false",

@@ -33,3 +33,18 @@ def test_a_hang_fails_one_case_and_the_next_case_gets_a_new_world():
         assert world.run("world_cases:all_reduce_rank") == [3.0, 3.0]
     finally:
         world.close()
+
+
+def test_float8_weights_are_gathered_as_float8_and_arrive_bitwise(worlds):
+    """FSDP2 with strategy.float8_all_gather: every all-gather of a forward and backward lands
+    exactly the bytes the ranks sent (gloo has no float8 type, so they move as uint8), the
+    blocks' linear weights travel as 1-byte float8 instead of 4-byte fp32 (3 bytes saved per
+    weight, per block gathered), and the loss is the one of gathering fp32 and casting after."""
+    world = worlds(2)
+    on = world.run("world_cases:float8_all_gather_bytes", True)
+    off = world.run("world_cases:float8_all_gather_bytes", False)
+    for rank in on + off:
+        assert rank["bitwise"] and rank["gathers"] >= 5, rank  # root and 2 blocks, then 2 again
+    saved, per_block = off[0]["bytes"] - on[0]["bytes"], 3 * on[0]["block_linear_params"]
+    assert saved % per_block == 0 and saved // per_block >= 2, (on[0], off[0])
+    assert abs(on[0]["loss"] - off[0]["loss"]) <= 1e-6 * abs(off[0]["loss"]), (on[0], off[0])

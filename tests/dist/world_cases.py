@@ -38,3 +38,54 @@ def group_left_by_the_last_case() -> bool:
     import torch.distributed as dist
 
     return dist.is_initialized()
+
+
+def float8_all_gather_bytes(all_gather: bool) -> dict:
+    """2 ranks: a llama_debug model under FSDP2 with float8 (emulated), one forward and backward
+    with every all-gather recorded through the bytes all-gather. Returns, per rank, whether
+    every gathered buffer equals (bitwise) the ranks' inputs laid side by side, how many
+    gathers were checked, their bytes, and the loss."""
+    import torch
+    import torch.distributed as dist
+    from world import init_group
+
+    from lightning_dist.layout import Layout
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.options.knobs import Float8Options
+    from lightning_dist.options.presets import StrategyOptions
+    from lightning_dist.parallel.float8 import Float8BytesAllGather
+    from lightning_dist.parallel.parallelize import parallelize
+
+    init_group()
+    checks: list[bool] = []
+    gathered = [0]
+
+    class Recording(Float8BytesAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            work = super().__call__(output_tensor, input_tensor, group, async_op=False)
+            inputs = [torch.empty_like(input_tensor.view(torch.uint8)) for _ in range(2)]
+            dist.all_gather(inputs, input_tensor.view(torch.uint8).contiguous(), group=group)
+            checks.append(torch.equal(output_tensor.view(torch.uint8), torch.cat(inputs)))
+            gathered[0] += output_tensor.numel() * output_tensor.element_size()
+            return work
+
+    torch.manual_seed(0)
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
+                     ffn_hidden_size=128, max_seq_len=64)  # fmt: skip
+    model = args.build()
+    layout = Layout(dp_shard=2)
+    options = StrategyOptions(layout=layout, float8=Float8Options(
+        float8="tensorwise", float8_all_gather=all_gather))  # fmt: skip
+    model = parallelize(model, layout.build_mesh("cpu"), layout, device=torch.device("cpu"),
+                        options=options)  # fmt: skip
+    for unit in model.modules():
+        if hasattr(unit, "set_custom_all_gather"):
+            unit.set_custom_all_gather(Recording())
+    tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(1))
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    block_linears = sum(m.weight.numel() for m in next(iter(model.layers.values())).modules()
+                        if isinstance(m, torch.nn.Linear))  # fmt: skip
+    return {"bitwise": all(checks), "gathers": len(checks), "bytes": gathered[0],
+            "loss": float(loss.detach()), "block_linear_params": block_linears}  # fmt: skip

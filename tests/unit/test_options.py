@@ -48,6 +48,7 @@ VALUES = {
     "compile": ("true", True, ["strategy.compile_backend=aot_eager"]),
     "compile_backend": ("aot_eager", "aot_eager", ["strategy.compile=true"]),
     "float8": ("rowwise", "rowwise", []),
+    "float8_all_gather": ("true", True, ["strategy.float8=tensorwise"]),
     "process_group_backend": ("gloo", "gloo", []),
     "state_dict_type": ("full", "full", []),
     "sharding_strategy": ("FULL_SHARD", "FULL_SHARD", []),
