@@ -6,7 +6,9 @@ The published runs, predicted here by the current planner:
 
 - **torchtitan, Llama 3.1 8B on H100** (`benchmarks/llama3_h100_202412_torchtitan.md` in
   pytorch/torchtitan, December 2024, Tables 1 and 3): FSDP on 8 and 128 GPUs, local batch 2,
-  sequence 8192, selective (op) activation checkpointing, with and without torch.compile;
+  sequence 8192, selective (op) activation checkpointing, with and without torch.compile, and
+  compiled with float8 (tensorwise, the float8 all-gather assumed on: torchtitan's float8 docs
+  of the time recommend it; the benchmark does not say);
   tokens per second per GPU and memory per GPU (torchtitan logs the CUDA caching allocator's
   peak reserved memory). The GPUs are H100 SXM with 96 GB of HBM2e (2.4 TB/s) at a 500 W power
   limit, "between SXM and NVL" in peak FLOP/s: `hardware=dgx_h100 hardware.memory_gib=96
@@ -56,13 +58,19 @@ class TorchtitanRun:
     compile: bool
     tokens_per_gpu: float
     memory_gib: float
+    float8: bool = False
+    """"FSDP + torch.compile + Float8": tensorwise float8 linears with the float8 all-gather
+    (torchtitan's docs/float8.md of the time recommends `enable_fsdp_float8_all_gather`; the
+    benchmark does not say, so this is an assumption)."""
 
 
 TORCHTITAN_RUNS = (
     TorchtitanRun(1, 8, False, 5762, 82.4),
     TorchtitanRun(1, 8, True, 6667, 77.0),
+    TorchtitanRun(1, 8, True, 8532, 76.8, float8=True),
     TorchtitanRun(3, 128, False, 5605, 67.0),
     TorchtitanRun(3, 128, True, 6514, 62.0),
+    TorchtitanRun(3, 128, True, 8380, 61.8, float8=True),
 )
 
 
@@ -88,6 +96,7 @@ def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
         f"data.global_batch_size={2 * run.gpus}", "data.seq_len=8192",
         "data.micro_batch_size=2", "strategy.activation_checkpointing=op",
         f"strategy.compile={str(run.compile).lower()}",
+        *(["strategy.float8=tensorwise", "strategy.float8_all_gather=true"] if run.float8 else []),
     ]  # fmt: skip
 
 
@@ -99,6 +108,7 @@ def torchtitan_candidate(run: TorchtitanRun):
         model, torchtitan_hardware(run.gpus // 8), Layout(dp_shard=run.gpus),
         global_batch_size=2 * run.gpus, seq_len=8192, micro_batch_size=2,
         activation_checkpointing="op", compile=run.compile,
+        float8="tensorwise" if run.float8 else "none", float8_all_gather=run.float8,
     )  # fmt: skip
 
 
@@ -106,7 +116,8 @@ def torchtitan_rows() -> list[CalibrationRow]:
     rows = []
     for run in TORCHTITAN_RUNS:
         c = torchtitan_candidate(run)
-        label = f"fsdp {run.gpus}" + (" compile" if run.compile else "")
+        label = f"fsdp {run.gpus}" + (" compile" if run.compile else "") + (
+            " float8" if run.float8 else "")  # fmt: skip
         common = dict(
             source="published", model="Llama 3.1 8B", hardware="H100 96GB HBM2e 500W",
             layout=label, overrides=tuple(torchtitan_overrides(run)),

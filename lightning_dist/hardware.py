@@ -44,6 +44,10 @@ class HardwareSpec:
     """Dense bf16 peak per device in TFLOP/s; None when unknown (MFU is then null)."""
     peak_tflops_fp32: float | None = None
     """Dense fp32 peak per device in TFLOP/s (no TF32); None when unknown."""
+    peak_tflops_fp8: float | None = None
+    """Dense float8 peak per device in TFLOP/s (fp32 accumulation, as torch._scaled_mm runs);
+    None when the device has no float8 matmuls or it is unknown. The planner times float8
+    linear layers (`strategy.float8`) with it."""
     memory_gbytes_per_sec: float | None = None
     """Device memory (HBM) bandwidth, GB/s per device, from the datasheet; the planner times the
     memory-bound pointwise ops with it. None when unknown (the planner then counts FLOPs only)."""

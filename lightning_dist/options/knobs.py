@@ -87,14 +87,12 @@ class Float8Options:
         "(the output projection, and layers whose sizes are not multiples of 16, stay in high "
         "precision); emulated on CPUs. Not yet with tp > 1. Needs torchao "
         "(pip install 'lightning_dist[fp8]').",
-        planner_ignores="the float8 matmul peak and all-gather bytes are not modelled yet",
     )  # fmt: skip
     float8_all_gather: bool = knob(
         False, "FSDP gathers the float8 linears' weights already cast to float8 (half the bytes "
         "of bf16; torchao's enable_fsdp_float8_all_gather) instead of in the parameter dtype. "
         "Tensorwise only. On backends without float8 collectives (gloo) the bytes move as uint8, "
         "unchanged. No effect without FSDP sharding (dp_shard = 1).",
-        planner_ignores="all-gather bytes are counted in the parameter dtype",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

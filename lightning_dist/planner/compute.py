@@ -15,6 +15,12 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
   whole tensors: POINTWISE_BYTES per element of the residual stream (d), of the attention
   projections (d + 2 kv) and of the MLP (h), counted from the ops of `models/llama.py`;
   `torch.compile` fuses them, leaving COMPILED_POINTWISE_SHARE of that traffic.
+- **float8** (`strategy.float8`): the block projections run at the device's float8 peak
+  (`hardware.peak_tflops_fp8`) with the same efficiency and shape factor as bf16 ones (torchao's
+  roofline model assumes one achievable fraction for both); the output head stays in bf16.
+  Each projection casts its input and its output gradient (per token) and its weight (per
+  microbatch; only the local shard under the float8 all-gather): FLOAT8_CAST_BYTES per element,
+  pointwise traffic like the rest (fused under compile, except the weights' casts).
 
 Without those two fields (a CPU, an unknown device) compute is FLOPs over peak x efficiency,
 as before this module. The constants' sources are in docs/PLANNER.md ("The time model"); the
@@ -45,6 +51,12 @@ counted from `models/llama.py`'s ops with each op reading its inputs and writing
 LOSS_BYTES_PER_LOGIT = 24
 """The loss's pointwise traffic per logit: fp32 softmax forward and backward (six passes of
 four bytes)."""
+FLOAT8_CAST_BYTES = 6
+"""Bytes moved per element to cast a bf16 tensor to tensorwise float8 for a matmul: a pass
+that reads it for its largest absolute value (2), the cast that reads it again (2) and writes
+the float8 copy (1) and the transposed copy the other matmul of backward reads (1). Counted
+from torchao's float8 linear (torchao/float8, tensorwise recipe), as its roofline model counts
+them."""
 MATH_SCORE_PASSES = 8
 """Passes over the s x s scores of the math attention path (bf16 scores, fp32 softmax, its
 backward), per element: bytes = 2 x passes."""
@@ -103,14 +115,19 @@ def microbatch_compute(
     compiled: bool,
     sequence_parallel: bool,
     attention: str,
+    float8_peak: float | None = None,
+    float8_weight_share: float = 1.0,
 ) -> MicrobatchCompute:
     """Seconds of a microbatch of `tokens` through `layers` blocks (and the output head) on one
-    rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op")."""
+    rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op"). With
+    `float8_peak` (FLOP/s) the block projections run in float8, each rank casting
+    `float8_weight_share` of each weight."""
     speed = peak * hardware.matmul_efficiency
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
     shapes = block_matmuls(model, tp)
-    gemm = _matmul_seconds(shapes, tokens, speed)
+    block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency
+    gemm = _matmul_seconds(shapes, tokens, block_speed)
     head_dim = model.head_dim
     if attention == "flash":  # the causal half, heads split over tp
         attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
@@ -125,7 +142,12 @@ def microbatch_compute(
         + POINTWISE_BYTES["mlp"] * h / tp
     )
     share = COMPILED_POINTWISE_SHARE if compiled else 1.0
+    if float8_peak is not None:  # each projection's input and output gradient
+        pointwise_bytes += FLOAT8_CAST_BYTES * sum(n + k for n, k in shapes)
     pointwise = POINTWISE_SCALE * share * pointwise_bytes * tokens / bandwidth
+    if float8_peak is not None:  # and its weight, once a microbatch
+        weights = sum(n * k for n, k in shapes) * float8_weight_share
+        pointwise += POINTWISE_SCALE * FLOAT8_CAST_BYTES * weights / bandwidth
     block = gemm + attn + pointwise
     train = layers * block
     if has_output:
@@ -143,7 +165,7 @@ def microbatch_compute(
         replay = pointwise / 3
         if tp > 1:
             row_parallel = [shapes[i] for i in ROW_PARALLEL]
-            replay += _matmul_seconds(row_parallel, tokens, speed) / 3
+            replay += _matmul_seconds(row_parallel, tokens, block_speed) / 3
     else:
         replay = 0.0
     return MicrobatchCompute(train, checkpointed * replay)

@@ -131,12 +131,21 @@ def compile_problem(tp: int, backend: str | None, checkpointing: str) -> str | N
     return None
 
 
-def float8_problem(recipe: str, tp: int) -> str | None:
-    """Why float8 `recipe` cannot run with `tp` (parallel/float8.py), or None."""
-    if recipe != "none" and tp > 1:
+def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
+    """Why float8 `recipe` cannot run with `tp` (parallel/float8.py) or on `hardware` (a GPU
+    whose datasheet figures have no float8 peak: no float8 matmuls), or None."""
+    if recipe == "none":
+        return None
+    if tp > 1:
         return (
             f"strategy.float8={recipe} with tp={tp} is not supported yet; set "
             "strategy.float8=none, or tp=1"
+        )
+    if (hardware is not None and hardware.accelerator == "gpu"
+            and hardware.peak_tflops_bf16 is not None and hardware.peak_tflops_fp8 is None):  # fmt: skip
+        return (
+            f"strategy.float8={recipe}: {hardware.name} has no float8 matmuls (its spec sets no "
+            "hardware.peak_tflops_fp8; A100s and older have none); set strategy.float8=none"
         )
     return None
 
@@ -179,7 +188,7 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
     problem = (
         tp_problem(model, hardware.resolved_devices(), layout.tp)
         or compile_problem(layout.tp, backend, settings.activation_checkpointing.mode)
-        or float8_problem(settings.options.float8.float8, layout.tp)
+        or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)
     )

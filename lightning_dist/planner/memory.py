@@ -75,6 +75,9 @@ class StageShape:
     interleaving); `layers` is their sum."""
     rank: int
     """The pipeline rank (0 without PP)."""
+    block_linear: float = 0.0
+    """Parameters of one block's linear layers (`block` less the norm scales): what float8
+    converts, and what FSDP gathers in float8 under `strategy.float8_all_gather`."""
 
 
 def stage_shapes(
@@ -103,7 +106,8 @@ def stage_shapes(
             roots.append((0.0 if (model.tie_embeddings and first) else vocab) + d)
         layers = sum(chunks)
         params = layers * block + sum(roots)
-        return StageShape(layers, params, block, tuple(roots), first, last, chunks, rank)
+        return StageShape(layers, params, block, tuple(roots), first, last, chunks, rank,
+                          block - 2 * d)  # fmt: skip
 
     if layout.pp == 1:
         return [("only", shape(True, True, (model.n_layers,), 0))]

@@ -203,7 +203,7 @@ def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
         problem = (
             tp_problem(model, per_node, tp)
             or compile_problem(tp, backend, base.activation_checkpointing.mode)
-            or float8_problem(base.options.float8.float8, tp)
+            or float8_problem(base.options.float8.float8, tp, search.hardware)
         )
         if problem:
             families.append(_Family(f"tp={tp}", problem=problem))

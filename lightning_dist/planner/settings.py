@@ -158,6 +158,16 @@ class TrainSettings:
         return 2 if self.precision == "bf16-true" or self.bf16_parameters else 4
 
     @property
+    def float8(self) -> bool:
+        """The blocks' linear layers compute in float8 (`strategy.float8`)."""
+        return self.options.float8.float8 != "none"
+
+    @property
+    def float8_all_gather(self) -> bool:
+        """FSDP gathers those layers' weights in float8, one byte each."""
+        return self.float8 and self.options.float8.float8_all_gather
+
+    @property
     def residual_bytes(self) -> int:
         """Bytes per element of the residual stream (the blocks' inputs and the norms' inputs):
         the parameters' (FSDP casts each unit's inputs to them; autocast keeps fp32)."""

@@ -159,6 +159,8 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
         peak=peak, compiled=settings.compile and settings.compile_backend == "inductor",
         sequence_parallel=settings.sequence_parallel and layout.tp > 1,
         attention=settings.attention,
+        float8_peak=(hardware.peak_tflops_fp8 or 0) * 1e12 if settings.float8 else None,
+        float8_weight_share=1 / layout.dp_shard if settings.float8_all_gather else 1.0,
     )  # fmt: skip
 
 
@@ -379,9 +381,13 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DP
         return DPVolumes(0.0, 0.0, 0.0, 0.0, allreduce_volume(g_b * psi, layout.dp), 1)
     full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
     kept = shape.block if shape.layers else 0.0
+    # Under the float8 all-gather the blocks' linear weights travel as one byte each.
+    fp8 = (p_b - 1) * shape.block_linear if settings.float8_all_gather else 0.0
+    gathered = p_b * psi - fp8 * shape.layers
+    regathered = p_b * (psi - kept) - fp8 * max(shape.layers - 1, 0)
     return DPVolumes(
-        gather=allgather_volume(p_b * psi, n),
-        regather=allgather_volume(p_b * (psi - kept), n) if full else 0.0,
+        gather=allgather_volume(gathered, n),
+        regather=allgather_volume(regathered, n) if full else 0.0,
         reduce_scatter=reduce_scatter_volume(g_b * psi, n),
         replicate_all_reduce=allreduce_volume(g_b * psi / n, r) if r > 1 else 0.0,
         all_reduce=0.0,

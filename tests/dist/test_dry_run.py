@@ -33,6 +33,12 @@ CASES = {
     # name: (layout knobs, global batch, per-rank micro-batch or None)
     "hsdp 2x4, 2 micro-steps": ({"dp_replicate": 2, "dp_shard": 4}, 16, 1),
     "tp2 + SP x fsdp4": ({"tp": 2, "dp_shard": 4}, 8, None),
+    # float8 linears whose weights FSDP gathers in float8 (one byte each; planner/timing.py)
+    "fsdp8 float8 all-gather": (
+        {"dp_shard": 8, "float8": "tensorwise", "float8_all_gather": True},
+        8,
+        None,
+    ),
     "pp2 1F1B x tp2 x fsdp2": ({"pp": 2, "tp": 2, "dp_shard": 2, "microbatches": 4}, 8, None),
     "pp2 Interleaved1F1B v2 x fsdp4": (
         {
