@@ -105,10 +105,11 @@ class SelectivePolicy:
 
     def context_fn(self):
         """The `context_fn` of torch.utils.checkpoint: a plain function, as torch.compile
-        requires of it. (Under inductor or aot_eager the policy is asked while the graph is
-        partitioned, after the hooks ran, so the strategy and the planner refuse op-level
-        checkpointing with those backends and tp > 1 (planner/estimate.py compile_problem);
-        without TP no module is watched. The eager backend with tp > 1 is untested.)"""
+        requires of it. (A compiler traces the block with the hooks' effects deferred, so under
+        TP the policy marks the row-parallel matmuls to be kept; the compiler's partitioner
+        keeps only what backward reads, and backward never reads those partial sums, so they
+        are not kept: tests/dist/test_world.py checks that no compiled block saves a
+        full-sequence activation.)"""
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         def context():

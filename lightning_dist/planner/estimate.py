@@ -112,25 +112,6 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
     return tp_split_problem(model, tp)
 
 
-def compile_problem(tp: int, backend: str | None, checkpointing: str) -> str | None:
-    """Why per-block compilation with `backend` (None: off) cannot run with `tp` and this
-    activation checkpointing mode, or None.
-
-    Op-level checkpointing recomputes the row-parallel matmuls under TP by watching their
-    modules' forward hooks; a compiling backend asks its policy while partitioning the graph,
-    after the hooks ran, so it would save those outputs instead. The eager backend, and `full`
-    or no checkpointing, are fine.
-    """
-    if tp > 1 and backend not in (None, "eager") and checkpointing == "op":
-        return (
-            f"strategy.activation_checkpointing=op with strategy.compile=true "
-            f"(compile_backend={backend}) and tp={tp} would keep the row-parallel matmul outputs "
-            "it promises to recompute; use activation_checkpointing=full (or 0), or "
-            "compile_backend=eager"
-        )
-    return None
-
-
 def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
     """Why float8 `recipe` cannot run with `tp` (parallel/float8.py) or on `hardware` (a GPU
     whose datasheet figures have no float8 peak: no float8 matmuls), or None."""
@@ -184,10 +165,8 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
 
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
-    backend = settings.compile_backend if settings.compile else None
     problem = (
         tp_problem(model, hardware.resolved_devices(), layout.tp)
-        or compile_problem(layout.tp, backend, settings.activation_checkpointing.mode)
         or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)

@@ -21,7 +21,6 @@ from lightning_dist.planner.estimate import (
     NoLayoutFitsError,
     as_model_args,
     batch_problem,
-    compile_problem,
     describe,
     fit_problem,
     float8_problem,
@@ -198,12 +197,9 @@ def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
     families: list[_Family] = []
     min_batch = math.inf
     base = search.base
-    backend = base.compile_backend if base.compile else None
     for tp in powers_of_two(world):
-        problem = (
-            tp_problem(model, per_node, tp)
-            or compile_problem(tp, backend, base.activation_checkpointing.mode)
-            or float8_problem(base.options.float8.float8, tp, search.hardware)
+        problem = tp_problem(model, per_node, tp) or float8_problem(
+            base.options.float8.float8, tp, search.hardware
         )
         if problem:
             families.append(_Family(f"tp={tp}", problem=problem))

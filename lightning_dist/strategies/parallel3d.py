@@ -43,7 +43,7 @@ from lightning_dist.parallel.parallelize import (
 from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
-from lightning_dist.planner.estimate import compile_problem, float8_problem
+from lightning_dist.planner.estimate import float8_problem
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -102,11 +102,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         reshard = self.options.fsdp.reshard_after_forward
         if not isinstance(reshard, bool):
             check_reshard(reshard, layout.dp_shard)
-        problem = float8_problem(self.options.float8.float8, layout.tp) or compile_problem(
-            layout.tp,
-            self.compile_backend,
-            self.options.checkpointing.activation_checkpointing.mode,
-        )  # the planner's own rule
+        problem = float8_problem(self.options.float8.float8, layout.tp)  # the planner's own rule
         if problem:
             raise ValueError(problem)
         return layout

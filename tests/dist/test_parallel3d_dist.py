@@ -77,11 +77,13 @@ CASES = {
     "fsdp2_float8_all_gather": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2",
                                          "strategy.float8_all_gather=true"]),
     # Compile under tensor parallelism: without SP, and with SP (the default) and full
-    # checkpointing (op-level checkpointing is refused there: compile_problem).
+    # checkpointing.
     "tp2_compile": (BASE, ["strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false",
                            *SAC_COMPILE[1:]]),
     "tp2_sp_full_compile": (BASE, ["strategy=tp", "hardware.devices=2",
                                    "strategy.activation_checkpointing=full", *SAC_COMPILE[1:]]),
+    # ... and with SP and op-level checkpointing.
+    "tp2_sp_op_compile": (BASE, ["strategy=tp", "hardware.devices=2", *SAC_COMPILE]),
     "dp2xpp2_op_compile": (BASE, ["strategy=3d", "strategy.pp=2", "hardware.devices=4", *SAC_COMPILE]),
     "dp2xtp2xpp2_clip": (CLIP, ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=8"]),
     "hf_tp2": (HF_BASE, ["strategy=tp", "hardware.devices=2"]),

@@ -48,3 +48,17 @@ def test_float8_weights_are_gathered_as_float8_and_arrive_bitwise(worlds):
     saved, per_block = off[0]["bytes"] - on[0]["bytes"], 3 * on[0]["block_linear_params"]
     assert saved % per_block == 0 and saved // per_block >= 2, (on[0], off[0])
     assert abs(on[0]["loss"] - off[0]["loss"]) <= 1e-6 * abs(off[0]["loss"]), (on[0], off[0])
+
+
+def test_compiled_op_policy_recomputes_the_row_parallel_matmuls(worlds):
+    """Op-level checkpointing under tp=2 + SP with compiled blocks keeps no full-sequence
+    activation. The policy's forward hooks run deferred under a compiler, so it marks the
+    row-parallel matmuls' outputs (partial sums over the whole sequence) to be kept; the
+    partitioner keeps only what backward reads, and backward never reads those, so only their
+    reduce-scattered shards are saved, as in eager mode. (Forcing the eager policy to keep them
+    changes nothing here; a partitioner that kept them would fail this test.)"""
+    for rank in worlds(2).run("world_cases:saved_by_compiled_op_policy_blocks"):
+        shapes = [tuple(shape) for _, shape in rank["saved"]]  # local shapes (DTensor shards)
+        assert shapes, "the compiled blocks saved nothing for backward"
+        assert tuple(rank["full_sequence"]) not in shapes, rank["saved"]
+        assert (2, 16, 64) in shapes, rank["saved"]  # the sequence shards are what is kept

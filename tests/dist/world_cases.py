@@ -89,3 +89,49 @@ def float8_all_gather_bytes(all_gather: bool) -> dict:
                         if isinstance(m, torch.nn.Linear))  # fmt: skip
     return {"bitwise": all(checks), "gathers": len(checks), "bytes": gathered[0],
             "loss": float(loss.detach()), "block_linear_params": block_linears}  # fmt: skip
+
+
+def saved_by_compiled_op_policy_blocks() -> dict:
+    """2 ranks, tp=2 with sequence parallelism, op-level checkpointing, each block compiled
+    (aot_eager), on llama_debug with an MLP 3 x dim wide (so that no column-parallel output has
+    a row-parallel output's local shape): the type and local shape of each tensor the compiled
+    blocks save for backward (saved-tensor hooks around each block's forward), the local shape
+    of a row-parallel matmul's full-sequence output, and the loss."""
+    import torch
+    from world import init_group
+
+    from lightning_dist.layout import Layout
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+    from lightning_dist.parallel.compile import apply_compile
+    from lightning_dist.parallel.fsdp import block_modules, find_block_types
+    from lightning_dist.parallel.tp import apply_tp
+
+    init_group()
+    torch.manual_seed(0)
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
+                     ffn_hidden_size=192, max_seq_len=64)  # fmt: skip
+    model = args.build()
+    blocks = find_block_types(model)
+    apply_tp(model, Layout(tp=2).build_mesh("cpu")["tp"], sequence_parallel=True,
+             loss_parallel=False)  # fmt: skip
+    apply_activation_checkpointing(model, blocks, every_n="op")
+    apply_compile(model, blocks, backend="aot_eager", tensor_parallel=True)
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t):
+        local = t.to_local() if hasattr(t, "to_local") else t
+        saved.append((type(t).__name__, tuple(local.shape)))
+        return t
+
+    for block in block_modules(model, blocks):
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        block.register_forward_pre_hook(lambda *_, h=hooks: h.__enter__())
+        block.register_forward_hook(lambda *_, h=hooks: h.__exit__(None, None, None))
+    tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(1))
+    logits = model(tokens[:, :-1])
+    if hasattr(logits, "full_tensor"):
+        logits = logits.full_tensor()
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return {"saved": saved, "full_sequence": [2, 32, 64], "loss": float(loss.detach())}
