@@ -20,7 +20,8 @@ and merge what comes back: `python bench/gpu.py --merge <files_at>/gpu-rows.json
 forked from a server that imported torch, Lightning and Hydra once) on one device, bf16-mixed,
 with the chunked loss: llama3_1b and llama3_8b, with `op` and `full` activation checkpointing,
 eager and compiled (inductor), bf16 and float8 (tensorwise), plus FSDP2 on one rank; on a
-machine with more GPUs, the multi-GPU strategies too. Before a row starts:
+machine with more GPUs, the multi-GPU strategies too (each as `python train.py`, whose
+Lightning launcher starts the other ranks). Before a row starts:
 
 - the planner predicts it (`run.calibrate.predict`, what `plan.check` asks); a row it says does
   not fit is skipped and says so;
@@ -28,14 +29,15 @@ machine with more GPUs, the multi-GPU strategies too. Before a row starts:
   the planner's step time); a row that does not fit in the budget left is skipped and says so;
 - it gets its own time limit, at most the budget left, so one hang cannot eat the rest.
 
-Each row prints as it ends (measured, planner, error), and the table and the rows for the
-planner's calibration (`lightning_dist/planner/calibration.py`, source "measured-gpu") are
-written to `--out`.
+Each row prints as it ends (measured, planner, error), and after each row the table, the rows
+for the planner's calibration (`lightning_dist/planner/calibration.py`, source "measured-gpu")
+and the row's own folder (its log) are written to `--out`. `--merge` takes only GPU rows.
 
 **The rehearsal** (`--rehearse`) runs the same rows, the same code paths, on CPU: llama_debug and
 tiny in place of the 1B and 8B, 128-token sequences, aot_eager in place of inductor (inductor's
 C++ build costs a minute per row here), torchao's float8 emulation, rows measured with the
-process's peak memory against the planner's total; its rows are marked "measured-cpu".
+process's peak memory against the planner's total, the 2-device rows on 2 CPU processes
+(`--devices 1` skips them); its rows are marked "measured-cpu".
 `python bench/gpu_env.py shaped -- python bench/gpu.py --rehearse` runs it where only what the
 GPU image has, plus the carried packages, can be imported.
 """
@@ -49,7 +51,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-KNOWN_GPUS = {"H200": "dgx_h200", "H100": "dgx_h100", "A100": "dgx_a100", "4090": "rtx4090_x4"}
-"""GPU name fragment -> the conf/hardware spec whose per-device figures apply."""
+KNOWN_GPUS = {"H100 PCIe": "gpu", "H100 NVL": "gpu", "H200": "dgx_h200", "H100": "dgx_h100",
+              "A100": "dgx_a100", "4090": "rtx4090_x4"}  # fmt: skip
+"""GPU name fragment -> the conf/hardware spec whose per-device figures apply, first match
+("gpu": no datasheet figures, so no MFU; the PCIe and NVL H100s have other peaks than SXM)."""
 
 
 @dataclass(frozen=True)
@@ -218,9 +221,14 @@ class RowRunner:
         child.join()
         self.warmed = True
 
-    def run(self, overrides: list[str], run_dir: Path, limit_s: float) -> tuple[dict, float]:
-        """(the child's result, its wall seconds); {"error": ...} on a timeout or a crash."""
+    def run(self, overrides: list[str], run_dir: Path, limit_s: float,
+            devices: int = 1) -> tuple[dict, float]:  # fmt: skip
+        """(the child's result, its wall seconds); {"error": ...} on a timeout or a crash. A row
+        on more than one device runs `python train.py` (Lightning starts its other ranks from
+        that command line), in a session of its own that a timeout ends whole."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        if devices > 1:
+            return self._run_train_py(overrides, run_dir, limit_s)
         if not self.warmed:
             self.warm()
         start = time.perf_counter()
@@ -228,17 +236,42 @@ class RowRunner:
         child.start()
         child.join(limit_s)
         if child.is_alive():
-            try:
+            try:  # its process group (compile workers), and itself if it had none yet
                 os.killpg(child.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            child.join()
+            child.kill()
+            child.join(10)
             return {"error": f"timed out after {limit_s:.0f} s (its own limit)"}, limit_s
         wall = time.perf_counter() - start
         path = run_dir / "result.json"
         if not path.exists():
             return {"error": f"the row's process died (exit {child.exitcode})"}, wall
         return json.loads(path.read_text()), wall
+
+    @staticmethod
+    def _run_train_py(overrides: list[str], run_dir: Path, limit_s: float) -> tuple[dict, float]:
+        import subprocess
+
+        start = time.perf_counter()
+        with open(run_dir / "log.txt", "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                code = proc.wait(limit_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return {"error": f"timed out after {limit_s:.0f} s (its own limit)"}, limit_s
+        wall = time.perf_counter() - start
+        summary = run_dir / "summary.json"
+        if code != 0 or not summary.exists():
+            errors = [ln for ln in (run_dir / "log.txt").read_text().splitlines()
+                      if ln.startswith("error:")]  # fmt: skip
+            return {"error": (errors or [f"train.py exited {code}"])[0][:200]}, wall
+        return {"summary": json.loads(summary.read_text())}, wall
 
 
 # --- planning, measuring, reporting ---------------------------------------------------------
@@ -300,6 +333,18 @@ class Budget:
         compile_s = self.profile.compile_guess_s if self.compile_s is None else self.compile_s
         return startup + (compile_s if row.compile else 0.0) + 1.5 * step_s * self.profile.steps
 
+    def limit(self, cost: float) -> float:
+        """A row's own time limit: three times its estimate (at least a minute), within the
+        profile's cap and the budget left."""
+        return min(self.left(), self.profile.row_limit_s, max(60.0, 3 * cost))
+
+    def timed_out(self, row: Row, limit: float) -> None:
+        """A row that ran out of time: the next like it is expected to take as long."""
+        if row.compile:
+            self.compile_s = max(self.compile_s or 0.0, limit)
+        else:
+            self.startup_s[row.slot] = max(self.startup_s.get(row.slot, 0.0), limit)
+
     def learn(self, row: Row, wall_s: float, summary: dict) -> None:
         """Start-up (and compile) time: the row's wall time less its steady steps."""
         steps = sorted(summary.get("step_seconds") or [0.0])
@@ -311,7 +356,9 @@ class Budget:
 
 
 def run_rows(profile: Profile, rows, devices: int, workdir: Path, runner: RowRunner | None,
-             only: str | None = None) -> list[Outcome]:  # fmt: skip
+             only: str | None = None, after_each=None) -> list[Outcome]:  # fmt: skip
+    """Plan, run and print each row; `after_each(outcomes)` after every row (the results are
+    written as they come, so a run cut short keeps what it measured)."""
     budget = Budget(profile)
     outcomes = []
     for row in rows:
@@ -319,11 +366,16 @@ def run_rows(profile: Profile, rows, devices: int, workdir: Path, runner: RowRun
             continue
         out = Outcome(row, row.name(profile.models[row.slot]), profile.overrides(row))
         outcomes.append(out)
-        candidate, out.predicted = predict(out.overrides, profile.rehearsal)
+        try:
+            candidate, out.predicted = predict(out.overrides, profile.rehearsal)
+        except ValueError as e:  # the planner refuses the layout (float8 on an A100, ...)
+            out.skipped = f"the planner refuses it: {e}"
+            print(render_row(out), flush=True)
+            continue
         out.planner_layout = candidate.describe()
         cost = budget.estimate(row, candidate.time.step_seconds)
         if row.devices > devices:
-            out.skipped = f"needs {row.devices} GPUs, {devices} here"
+            out.skipped = f"needs {row.devices} devices, {devices} here"
         elif not candidate.fits:
             out.skipped = f"the planner says it does not fit: {candidate.reason}"
         elif runner is None:
@@ -331,14 +383,20 @@ def run_rows(profile: Profile, rows, devices: int, workdir: Path, runner: RowRun
         elif cost > budget.left():
             out.skipped = f"about {cost:.0f} s, {max(0, budget.left()):.0f} s of the budget left"
         else:
-            limit = min(profile.row_limit_s, budget.left())
-            result, out.wall_s = runner.run(out.overrides, workdir / f"row{len(outcomes)}", limit)
+            limit = budget.limit(cost)
+            result, out.wall_s = runner.run(
+                out.overrides, workdir / f"row{len(outcomes)}", limit, row.devices
+            )
             if "summary" in result:
                 out.measured = measured(result["summary"])
                 budget.learn(row, out.wall_s, result["summary"])
             else:
                 out.error = result["error"]
+                if out.error.startswith("timed out"):
+                    budget.timed_out(row, limit)
         print(render_row(out), flush=True)
+        if after_each is not None:
+            after_each(outcomes)
     return outcomes
 
 
@@ -397,6 +455,11 @@ def merge(path: Path, into: Path | None = None) -> int:
 
     into = into or PATH
     rows = load(path).rows
+    rehearsed = sorted({r.source for r in rows} - {"measured-gpu"})
+    if rehearsed:
+        print(f"error: {path} holds {', '.join(rehearsed)} rows (a --rehearse run's); only a GPU "
+              "run's rows (measured-gpu) go into the calibration", file=sys.stderr)  # fmt: skip
+        return 2
     save(load(into).with_rows(rows), into)
     print(f"merged {len(rows)} rows of {path} into {into}")
     return 0
@@ -410,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, help="optimizer steps a row (10 on GPU, 4 rehearsed)")
     parser.add_argument("--only", choices=("small", "large"), help="the rows of one model slot")
+    parser.add_argument("--devices", type=int, help="CPU processes a rehearsed multi-device row "
+                        "may use (default 2; 1 skips those rows)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--merge", type=Path, help="add a gpu-rows.json to the calibration; no run")
     parser.add_argument(
@@ -430,8 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.rehearse:
-        profile = rehearsal_profile(args.budget or 150, args.steps or 4)
-        devices, device = 1, "CPU rehearsal"
+        profile = rehearsal_profile(args.budget or 170, args.steps or 4)
+        devices, device = args.devices or 2, "CPU rehearsal"
     else:
         if not torch.cuda.is_available():
             print("error: no CUDA device here; run `python bench/gpu.py --rehearse` on a CPU")
@@ -440,17 +505,20 @@ def main(argv: list[str] | None = None) -> int:
         devices, device = torch.cuda.device_count(), torch.cuda.get_device_name(0)
     print(f"{device}: {len(ROWS)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
           f"steps a row, {profile.compile_backend}\n{HEADER}", flush=True)  # fmt: skip
-    runner = RowRunner()
-    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
-        outcomes = run_rows(profile, ROWS, devices, Path(tmp), runner, args.only)
     hardware_name = profile.hardware[0].split("=", 1)[1]
     args.out.mkdir(parents=True, exist_ok=True)
     from lightning_dist.planner.calibration import Calibration, save
 
-    rows = calibration_rows(profile, outcomes, hardware_name, device)
-    save(Calibration(rows=tuple(rows)), args.out / "gpu-rows.json")
-    table = "\n".join([HEADER, *map(render_row, outcomes)])
-    (args.out / "gpu-table.md").write_text(f"{device}, {datetime.date.today()}\n\n{table}\n")
+    def write(outcomes: list[Outcome]) -> list:
+        rows = calibration_rows(profile, outcomes, hardware_name, device)
+        save(Calibration(rows=tuple(rows)), args.out / "gpu-rows.json")
+        table = "\n".join([HEADER, *map(render_row, outcomes)])
+        (args.out / "gpu-table.md").write_text(f"{device}, {datetime.date.today()}\n\n{table}\n")
+        return rows
+
+    # Each row's folder (its log.txt) stays under --out: on the device that is $OUT.
+    outcomes = run_rows(profile, ROWS, devices, args.out / "runs", RowRunner(), args.only, write)
+    rows = write(outcomes)
     ran = sum(1 for o in outcomes if o.measured)
     failed = [o.name for o in outcomes if o.error]
     print(f"{ran} rows measured, {len(failed)} failed, {len(outcomes) - ran - len(failed)} "

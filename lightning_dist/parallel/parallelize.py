@@ -75,11 +75,9 @@ def parallelize(
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
         blocks = find_block_types(part, options.sharding.auto_wrap)
+        gather_float8 = options.float8.float8_all_gather and layout.dp_shard > 1
         apply_float8(
-            part,
-            options.float8.float8,
-            device_type=device.type,
-            all_gather=options.float8.float8_all_gather,
+            part, options.float8.float8, device_type=device.type, all_gather=gather_float8
         )  # parts are not Linears
         if layout.tp > 1:
             apply_tp(
@@ -96,7 +94,7 @@ def parallelize(
             )
         if layout.dp > 1:
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
-            if options.float8.float8_all_gather and device.type != "cuda":  # NCCL has float8
+            if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)
     if not pipelined:
         return model

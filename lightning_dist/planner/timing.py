@@ -159,7 +159,10 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
         peak=peak, compiled=settings.compile and settings.compile_backend == "inductor",
         sequence_parallel=settings.sequence_parallel and layout.tp > 1,
         attention=settings.attention,
-        float8_peak=(hardware.peak_tflops_fp8 or 0) * 1e12 if settings.float8 else None,
+        # a spec without a float8 peak times float8 projections as bf16 ones (estimate refuses
+        # float8 on a GPU spec with datasheet figures but no float8 peak: an A100)
+        float8_peak=hardware.peak_tflops_fp8 * 1e12
+        if settings.float8 and hardware.peak_tflops_fp8 else None,
         float8_weight_share=1 / layout.dp_shard if settings.float8_all_gather else 1.0,
     )  # fmt: skip
 

@@ -16,7 +16,7 @@ from lightning_dist.planner.calibration import load
 
 def test_rehearsal_in_the_gpu_image_shape_measures_every_small_row(tmp_path):
     inner = (f"python -c 'import wandb' 2>/dev/null && exit 9; "
-             f"python bench/gpu.py --rehearse --only small --steps 3 --out {tmp_path}")  # fmt: skip
+             f"python bench/gpu.py --rehearse --only small --steps 3 --devices 1 --out {tmp_path}")  # fmt: skip
     cmd = [sys.executable, "bench/gpu_env.py", "shaped", "--site", "here", "--", "sh", "-c", inner]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     out = proc.stdout + proc.stderr
@@ -27,7 +27,7 @@ def test_rehearsal_in_the_gpu_image_shape_measures_every_small_row(tmp_path):
     assert len(measured) == 7, proc.stdout
     for line in measured:  # tokens/s and peak memory: measured / planner (error)
         assert len(re.findall(r"[\d,.]+ / [\d,.]+ \([+-]\d+%\)", line)) == 2, line
-    assert all(re.search(r"– / [\d,]+ .*needs \d GPUs, 1 here", r) for r in rows[7:]), rows[7:]
+    assert all(re.search(r"– / [\d,]+ .*needs \d devices, 1 here", r) for r in rows[7:]), rows[7:]
     calibration = load(tmp_path / "gpu-rows.json")
     assert {r.quantity for r in calibration.rows} == {
         "time.tokens_per_sec_per_device", "memory.process_bytes"}  # fmt: skip

@@ -44,7 +44,7 @@ def test_plan_for_one_h200_skips_what_does_not_fit_and_predicts_every_row(gpu, c
         # every row carries the planner's tokens/s and peak memory, measured or not
         assert re.search(r"– / [\d,]+ \|", line), line
         if " x" in name:
-            assert re.search(r"needs \d GPUs, 1 here", line)
+            assert re.search(r"needs \d devices, 1 here", line)
         elif name.startswith("llama3_8b"):  # 8B's fp32 states and moments alone are 120 GiB
             assert "the planner says it does not fit: needs" in line
         else:
@@ -75,23 +75,28 @@ def test_the_budget_learns_start_up_and_compile_time_from_measured_rows(gpu):
     assert budget.estimate(gpu.Row("large"), 1.0) == pytest.approx(8.0 + 6.0)
 
 
-def test_measured_rows_merge_into_a_calibration_file(gpu, tmp_path):
-    profile = gpu.rehearsal_profile(budget_s=100, steps=4)
-    row = gpu.Row("small", compile=True)
-    out = gpu.Outcome(row, row.name("llama_debug"), profile.overrides(row),
-                      measured={"tokens/s": 700.0, "MFU": None, "peak GiB": 4.4e8},
-                      predicted={"tokens/s": 900.0, "MFU": None, "peak GiB": 5.0e8},
-                      planner_layout="dp_shard=1")  # fmt: skip
-    rows = gpu.calibration_rows(profile, [out], "cpu", "CPU rehearsal")
-    assert [(r.quantity, r.measured, r.predicted) for r in rows] == [
-        ("time.tokens_per_sec_per_device", 700.0, 900.0),
-        ("memory.process_bytes", 4.4e8, 5.0e8),
-    ]
-    assert rows[0].overrides == tuple(profile.overrides(row)) and rows[0].seq_len == 128
-    save(Calibration(rows=tuple(rows)), tmp_path / "gpu-rows.json")
+def test_measured_rows_merge_into_a_calibration_file_and_rehearsed_ones_do_not(
+    gpu, tmp_path, capsys
+):
     target = tmp_path / "calibration.json"
     shutil.copy(PATH, target)
     before = len(load(target).rows)
-    assert gpu.merge(tmp_path / "gpu-rows.json", into=target) == 0
-    assert gpu.merge(tmp_path / "gpu-rows.json", into=target) == 0  # the same rows replace
+    for profile, code in ((gpu.rehearsal_profile(budget_s=100, steps=4), 2),
+                          (gpu.gpu_profile(330, 10, spec="dgx_h200"), 0)):  # fmt: skip
+        row = gpu.Row("small", compile=True)
+        out = gpu.Outcome(row, row.name(profile.models["small"]), profile.overrides(row),
+                          measured={"tokens/s": 700.0, "MFU": None, "peak GiB": 4.4e8},
+                          predicted={"tokens/s": 900.0, "MFU": None, "peak GiB": 5.0e8},
+                          planner_layout="dp_shard=1")  # fmt: skip
+        rows = gpu.calibration_rows(profile, [out], "cpu", "a device")
+        memory = "memory.process_bytes" if profile.rehearsal else "memory.total_bytes"
+        assert [(r.quantity, r.measured, r.predicted) for r in rows] == [
+            ("time.tokens_per_sec_per_device", 700.0, 900.0), (memory, 4.4e8, 5.0e8),
+        ]  # fmt: skip
+        assert rows[0].overrides == tuple(profile.overrides(row))
+        assert rows[0].seq_len == profile.seq_len["small"]
+        save(Calibration(rows=tuple(rows)), tmp_path / "gpu-rows.json")
+        assert gpu.merge(tmp_path / "gpu-rows.json", into=target) == code
+        assert gpu.merge(tmp_path / "gpu-rows.json", into=target) == code  # replaces, or refuses
+    assert "holds measured-cpu rows (a --rehearse run's)" in capsys.readouterr().err
     assert len(load(target).rows) == before + 2
