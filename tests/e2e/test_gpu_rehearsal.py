@@ -2,7 +2,8 @@
 model's rows (3 steps each), where only the GPU image's packages and the carried ones can be
 imported (bench/gpu_env.py shaped; wandb, which the image lacks, cannot). Every row prints the
 planner's prediction beside what was measured, and the rows written load as calibration rows.
-The whole rehearsal (both models) is `python bench/gpu.py --rehearse`, about 90 s here."""
+The whole rehearsal (both models, and the 2-device rows on 2 CPU processes) is
+`python bench/gpu.py --rehearse`, 105 s here."""
 
 from __future__ import annotations
 
