@@ -85,7 +85,8 @@ class Float8Options:
     float8: str = knob(
         "none", "none, tensorwise or rowwise: torchao's float8 recipe for the linear layers "
         "(the output projection, and layers whose sizes are not multiples of 16, stay in high "
-        "precision); emulated on CPUs. Not yet with tp > 1. Needs torchao "
+        "precision); emulated on CPUs. With tp > 1 tensorwise only (activations travel in bf16). "
+        "Needs torchao "
         "(pip install 'lightning_dist[fp8]').",
     )  # fmt: skip
     float8_all_gather: bool = knob(

@@ -12,8 +12,11 @@ Applied to the whole model before tensor parallelism, activation checkpointing, 
 FSDP. With `all_gather` (`strategy.float8_all_gather`, tensorwise), FSDP gathers the weights
 already cast to float8, each shard scaled by the whole weight's largest value, so the gathered
 weight is the one a single device would cast; where the collective backend has no float8 type
-(gloo), `gather_float8_as_bytes` moves those buffers as their bytes. Not yet with tp > 1
-(torchao's float8 tensor-parallel plans are not wired to ours). No Lightning import here.
+(gloo), `gather_float8_as_bytes` moves those buffers as their bytes. Under tp > 1 (tensorwise)
+the float8 linears take torch's ordinary tensor-parallel styles: their weights become DTensors,
+each cast's scale comes from the whole tensor (its largest value reduced over the ranks), and
+the activations travel in bf16 (torchao's float8 TP styles, which gather float8 activations,
+are not used: gloo cannot move them). No Lightning import here.
 """
 
 from __future__ import annotations

@@ -113,14 +113,15 @@ def tp_problem(model, devices_per_node: int, tp: int) -> str | None:
 
 
 def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
-    """Why float8 `recipe` cannot run with `tp` (parallel/float8.py) or on `hardware` (a GPU
-    whose datasheet figures have no float8 peak: no float8 matmuls), or None."""
+    """Why float8 `recipe` cannot run with `tp` (parallel/float8.py: rowwise is untested under
+    TP) or on `hardware` (a GPU whose datasheet figures have no float8 peak: no float8
+    matmuls), or None."""
     if recipe == "none":
         return None
-    if tp > 1:
+    if tp > 1 and recipe != "tensorwise":
         return (
-            f"strategy.float8={recipe} with tp={tp} is not supported yet; set "
-            "strategy.float8=none, or tp=1"
+            f"strategy.float8={recipe} with tp={tp} is not supported yet (tensorwise is); set "
+            "strategy.float8=tensorwise or none, or tp=1"
         )
     if (hardware is not None and hardware.accelerator == "gpu"
             and hardware.peak_tflops_bf16 is not None and hardware.peak_tflops_fp8 is None):  # fmt: skip

@@ -74,6 +74,9 @@ CASES = {
     # Float8 (emulated): the reference reads the same micro-batches (4 samples, one rank's
     # share), since tensorwise scales come from each micro-batch's largest value.
     "fsdp2_float8": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2"]),
+    # ... under tp=2 with SP: the float8 linears' weights are DTensors, their casts' scales come
+    # from the whole tensors, the activations travel in bf16.
+    "tp2_sp_float8": (FLOAT8, ["strategy=tp", "hardware.devices=2"]),
     "fsdp2_float8_all_gather": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2",
                                          "strategy.float8_all_gather=true"]),
     # Compile under tensor parallelism: without SP, and with SP (the default) and full
