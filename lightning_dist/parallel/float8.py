@@ -121,6 +121,26 @@ FLOAT8_DTYPES = (
 )
 
 
+def check_float8_all_gather(model: nn.Module, dp_shard: int) -> None:
+    """ValueError in one line when a float8 layer's rows do not split evenly over `dp_shard`:
+    torchao's float8 all-gather fails on FSDP's padded last shard (pytorch/ao#3982, a size
+    mismatch in the gather)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    for fqn, module in model.named_modules():
+        if not isinstance(module, Float8Linear):
+            continue
+        weight = module.weight
+        rows = (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
+        if rows % dp_shard:
+            raise ValueError(
+                f"strategy.float8_all_gather=true needs each float8 layer's rows to split evenly "
+                f"over dp_shard={dp_shard}, but {fqn} has {rows} (torchao's float8 all-gather "
+                "fails on uneven shards, pytorch/ao#3982); set strategy.float8_all_gather=false, "
+                f"or a dp_shard that divides {rows}"
+            )
+
+
 class Float8BytesAllGather:
     """FSDP2's all-gather (`FSDPModule.set_custom_all_gather`) for a backend without float8
     collectives: a float8 buffer is gathered as its bytes (uint8), which arrive unchanged;

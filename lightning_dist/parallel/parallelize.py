@@ -24,7 +24,11 @@ from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
-from lightning_dist.parallel.float8 import apply_float8, gather_float8_as_bytes
+from lightning_dist.parallel.float8 import (
+    apply_float8,
+    check_float8_all_gather,
+    gather_float8_as_bytes,
+)
 from lightning_dist.parallel.fsdp import apply_fsdp, find_block_types, fsdp_kwargs
 from lightning_dist.parallel.pipeline import PipelinedModel, stage_modules
 from lightning_dist.parallel.tp import apply_tp, uses_sequence_parallel
@@ -93,6 +97,8 @@ def parallelize(
                 part, blocks, backend=options.compile.backend, tensor_parallel=layout.tp > 1
             )
         if layout.dp > 1:
+            if gather_float8:
+                check_float8_all_gather(part, layout.dp_shard)
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
             if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lightning_dist.config import compose_config, model_spec
-from lightning_dist.parallel.float8 import apply_float8
+from lightning_dist.parallel.float8 import apply_float8, check_float8_all_gather
 
 pytest.importorskip("torchao")
 
@@ -32,6 +32,16 @@ def test_block_linears_convert_and_the_output_projection_stays():
     assert model.layers["0"].attention.wq.config.emulate  # no CUDA: emulated
     assert apply_float8(_model(), "none", device_type="cpu").layers["0"].attention.wq.__class__ \
         is nn.Linear  # fmt: skip
+
+
+def test_float8_all_gather_refuses_rows_that_do_not_split_evenly():
+    """torchao's float8 all-gather fails on FSDP's padded last shard (pytorch/ao#3982): before
+    sharding, one line names the first layer whose rows do not split over dp_shard."""
+    model = apply_float8(_model(), "tensorwise", device_type="cpu", all_gather=True)
+    check_float8_all_gather(model, 2)  # llama_debug's 64, 32 and 128 rows split in two
+    with pytest.raises(ValueError, match=r"dp_shard=3, but layers.0.attention.wq has 64 .*"
+                       r"set strategy.float8_all_gather=false, or a dp_shard that divides 64"):  # fmt: skip
+        check_float8_all_gather(model, 3)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
