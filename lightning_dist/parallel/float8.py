@@ -161,12 +161,11 @@ class Float8BytesAllGather:
         return gather(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
-def gather_float8_as_bytes(model: nn.Module) -> int:
-    """Give every FSDP module of `model` the bytes all-gather (for gloo); returns how many."""
+def gather_float8_as_bytes(model: nn.Module) -> None:
+    """Give every FSDP module of `model` the bytes all-gather (for gloo)."""
     from torch.distributed.fsdp import FSDPModule
 
     comm = Float8BytesAllGather()
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.set_custom_all_gather(comm)
-    return len(units)
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_custom_all_gather(comm)

@@ -75,11 +75,11 @@ def parallelize(
     else:
         parts = [(0, model)]
     tp = options.tp
+    gather_float8 = options.float8.float8_all_gather and layout.dp_shard > 1
     for _, part in parts:
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
         blocks = find_block_types(part, options.sharding.auto_wrap)
-        gather_float8 = options.float8.float8_all_gather and layout.dp_shard > 1
         apply_float8(
             part, options.float8.float8, device_type=device.type, all_gather=gather_float8
         )  # parts are not Linears
