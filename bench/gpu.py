@@ -5,6 +5,10 @@ short budget, rehearsed on CPU first.
     python bench/gpu.py --rehearse [--out DIR]         here, on CPU, in under 3 minutes
     python bench/gpu.py --merge DIR/gpu-rows.json      here: the GPU's rows into the calibration
 
+`--only small|large` keeps one model's rows and `--rows REGEX` the rows whose names match (the
+test suite rehearses `--only small --rows 'fp8 ac=op compile|ac=full$|fsdp2| x[0-9]'`: every
+code path once, 3 rows measured).
+
 **The device command.** The GPU image has torch, Lightning, torchmetrics and transformers but
 no hydra-core, omegaconf or torchao, and nothing can be fetched there, so those travel with the
 working tree. Build them here first (`python bench/gpu_env.py site` writes `bench/.gpu_site`,
@@ -49,6 +53,7 @@ import datetime
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -355,15 +360,20 @@ class Budget:
             self.compile_s = max(self.compile_s or 0.0, overhead - self.startup_s[row.slot])
 
 
+def selected(profile: Profile, slot: str | None, pattern: str | None) -> list[Row]:
+    """The rows of one model slot (`--only`, or both) whose names (`llama3_1b 3d fp8 ac=op
+    compile`, ...) match the regular expression `pattern` (`--rows`, or all)."""
+    return [row for row in ROWS if (slot is None or row.slot == slot)
+            and (pattern is None or re.search(pattern, row.name(profile.models[row.slot])))]  # fmt: skip
+
+
 def run_rows(profile: Profile, rows, devices: int, workdir: Path, runner: RowRunner | None,
-             only: str | None = None, after_each=None) -> list[Outcome]:  # fmt: skip
+             after_each=None) -> list[Outcome]:  # fmt: skip
     """Plan, run and print each row; `after_each(outcomes)` after every row (the results are
     written as they come, so a run cut short keeps what it measured)."""
     budget = Budget(profile)
     outcomes = []
     for row in rows:
-        if only and row.slot != only:
-            continue
         out = Outcome(row, row.name(profile.models[row.slot]), profile.overrides(row))
         outcomes.append(out)
         try:
@@ -465,6 +475,14 @@ def merge(path: Path, into: Path | None = None) -> int:
     return 0
 
 
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}") from None
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rehearse", action="store_true", help="the same rows on CPU, tiny models")
@@ -473,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, help="optimizer steps a row (10 on GPU, 4 rehearsed)")
     parser.add_argument("--only", choices=("small", "large"), help="the rows of one model slot")
+    parser.add_argument("--rows", metavar="REGEX", type=_pattern,
+                        help="only the rows whose names match (e.g. 'fp8|fsdp2')")  # fmt: skip
     parser.add_argument("--devices", type=int, help="CPU processes a rehearsed multi-device row "
                         "may use (default 2; 1 skips those rows)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -489,9 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         profile = gpu_profile(args.budget or 330, args.steps or 10, spec=args.plan)
         print(f"{args.plan}, planned only\n{HEADER}", flush=True)
-        run_rows(profile, ROWS, 1, Path("."), None, args.only)
+        run_rows(profile, selected(profile, args.only, args.rows), 1, Path("."), None)
         return 0
-    os.environ.setdefault("WANDB_MODE", "disabled")
     import torch
 
     if args.rehearse:
@@ -503,7 +522,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         profile = gpu_profile(args.budget or 330, args.steps or 10)
         devices, device = torch.cuda.device_count(), torch.cuda.get_device_name(0)
-    print(f"{device}: {len(ROWS)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
+    rows = selected(profile, args.only, args.rows)
+    if not rows:
+        print(f"error: no row matches --only {args.only} --rows {args.rows!r}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    print(f"{device}: {len(rows)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
           f"steps a row, {profile.compile_backend}\n{HEADER}", flush=True)  # fmt: skip
     hardware_name = profile.hardware[0].split("=", 1)[1]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -517,12 +541,12 @@ def main(argv: list[str] | None = None) -> int:
         return rows
 
     # Each row's folder (its log.txt) stays under --out: on the device that is $OUT.
-    outcomes = run_rows(profile, ROWS, devices, args.out / "runs", RowRunner(), args.only, write)
-    rows = write(outcomes)
+    outcomes = run_rows(profile, rows, devices, args.out / "runs", RowRunner(), write)
+    calibration = write(outcomes)
     ran = sum(1 for o in outcomes if o.measured)
     failed = [o.name for o in outcomes if o.error]
     print(f"{ran} rows measured, {len(failed)} failed, {len(outcomes) - ran - len(failed)} "
-          f"skipped; {len(rows)} calibration rows in {args.out / 'gpu-rows.json'}", flush=True)  # fmt: skip
+          f"skipped; {len(calibration)} calibration rows in {args.out / 'gpu-rows.json'}", flush=True)  # fmt: skip
     return 1 if failed else 0
 
 

@@ -100,3 +100,25 @@ def test_measured_rows_merge_into_a_calibration_file_and_rehearsed_ones_do_not(
         assert gpu.merge(tmp_path / "gpu-rows.json", into=target) == code  # replaces, or refuses
     assert "holds measured-cpu rows (a --rehearse run's)" in capsys.readouterr().err
     assert len(load(target).rows) == before + 2
+
+
+def test_only_and_rows_pick_rows_by_slot_and_name(gpu, capsys):
+    """The suite's rehearsal (tests/e2e/test_gpu_rehearsal.py) runs each code path once; a
+    pattern that matches nothing or does not parse stops with one line."""
+    from tests.e2e.test_gpu_rehearsal import ROWS
+
+    profile = gpu.rehearsal_profile(budget_s=100, steps=4)
+    names = [row.name(profile.models[row.slot]) for row in gpu.selected(profile, "small", ROWS)]
+    assert names == [
+        "llama_debug 3d fp8 ac=op compile", "llama_debug 3d bf16 ac=full",
+        "llama_debug fsdp2 bf16 ac=op", "llama_debug fsdp2 x2 bf16 ac=op",
+        "llama_debug tp x2 bf16 ac=op", "llama_debug pp x2 bf16 ac=op",
+        "llama_debug 3d x8 bf16 ac=op",
+    ]  # fmt: skip
+    assert len(gpu.selected(profile, None, None)) == len(gpu.ROWS)
+    assert gpu.main(["--rehearse", "--rows", "no such row"]) == 2
+    assert "error: no row matches --only None --rows 'no such row'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        gpu.main(["--rehearse", "--rows", "fp8("])
+    assert stop.value.code == 2
+    assert "'fp8(' is not a regular expression" in capsys.readouterr().err
