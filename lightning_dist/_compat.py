@@ -84,6 +84,44 @@ def register_fake_backend() -> None:
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
 
+def clear_dtensor_caches() -> None:
+    """Clear torch's DTensor caches that hold meshes (the sharding propagator's, Python and C++,
+    the reshard plans, the mesh topologies) after `destroy_process_group()`, before a next
+    group starts in the same process (rank 0 of a Hydra multirun trains job after job; the
+    test harness runs case after case; the dry run builds rank after rank).
+
+    torch caches the sharding of each op's output by its inputs' specs (and the plans of
+    reshards), and a spec's mesh compares equal to any mesh of the same ranks, shape and dim
+    names, whatever groups back it. A later job's op then gets an output spec that holds the
+    earlier job's mesh, whose groups were named by a counter that `destroy_process_group()`
+    resets: its next collective asks for a group name that no longer exists, or that now names
+    another group ("Could not resolve the process group registered under the name 10", torch
+    2.13; tests/dist/test_world.py reproduces it).
+
+    No public API clears them."""
+    import torch
+    import torch.distributed.tensor._redistribute
+    from torch.distributed.tensor import DTensor
+
+    caches = [
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding,
+        torch.distributed.tensor._redistribute._gen_transform_infos,
+    ]
+    try:
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+
+        caches.append(MeshTopoInfo.build_from_mesh)
+    except ImportError:
+        pass
+    for cache in caches:
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+    try:
+        torch._C._clear_DTensor_sharding_propagator_cache()
+    except AttributeError:  # a torch without the C++ dispatch cache
+        pass
+
+
 def fake_tensor_mode():
     """A `torch._subclasses.fake_tensor.FakeTensorMode` that takes real inputs too: tensors
     with shapes and dtypes and no storage. Why: the dry run runs a step of a 405B-parameter
@@ -405,6 +443,13 @@ class PrivateName:
     """A dotted path that must resolve, where the owner answers any name (`torch.ops`)."""
 
 
+_CLEARS = (
+    "DTensor's caches, keyed by meshes equal across process groups; cleared when a "
+    "group ends so the next group's meshes do not get the old groups' names"
+)
+_CLEARS_USED_IN = ("lightning_dist.strategies.launch", "lightning_dist.parallel.dry_run")
+
+
 def _entry(name, owner, kind, used_in, why, checked, via="", probe="") -> PrivateName:
     owner = (owner,) if isinstance(owner, str) else tuple(owner)
     used_in = (used_in,) if isinstance(used_in, str) else tuple(used_in)
@@ -456,6 +501,19 @@ _ENTRIES = (
            "torch.distributed.checkpoint._traverse", "import", "lightning_dist.checkpoint.safe",
            "the placement DCP's default load planner uses for non-tensor values", TORCH,
            via="dcp_set_element"),
+    *(
+        _entry(name, owner, kind, _CLEARS_USED_IN, _CLEARS, TORCH, via="clear_dtensor_caches")
+        for name, owner, kind in (
+            ("torch.distributed.tensor._redistribute", "torch.distributed.tensor", "import"),
+            ("torch.distributed.tensor._redistribute._gen_transform_infos",
+             "torch.distributed.tensor._redistribute", "attribute"),
+            ("torch.distributed.tensor.DTensor._op_dispatcher", "torch.distributed.tensor.DTensor",
+             "attribute"),
+            ("torch.distributed.tensor._collective_utils.MeshTopoInfo",
+             "torch.distributed.tensor._collective_utils", "import"),
+            ("torch._C._clear_DTensor_sharding_propagator_cache", "torch._C", "attribute"),
+        )
+    ),  # fmt: skip
     _entry("torch._C._current_graph_task_id", "torch._C", "attribute",
            "lightning_dist.parallel.memory", "whether backward runs; no public query", TORCH,
            via="in_backward"),

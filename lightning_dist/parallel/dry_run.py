@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import (
+    clear_dtensor_caches,
     dispatch_mode_class,
     fake_tensor_mode,
     pipeline_action_types,
@@ -155,6 +156,7 @@ def fake_world(world_size: int, rank: int):
         yield
     finally:
         dist.destroy_process_group()
+        clear_dtensor_caches()  # the next rank's meshes are equal to this one's
 
 
 def each_in_a_fresh_process(function: Callable[[int], RankDryRun],

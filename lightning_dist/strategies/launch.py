@@ -92,6 +92,9 @@ def end_job(trainer: Any, timeout: float = 300.0) -> None:
             print(f"warning: rank {rank} of this job exited with status {code}", file=sys.stderr)
     if dist.is_initialized():
         dist.destroy_process_group()
+        from lightning_dist._compat import clear_dtensor_caches
+
+        clear_dtensor_caches()  # the next job's meshes must not meet this job's in torch's caches
     for name, value in _before_launch.items():
         if value is None:
             os.environ.pop(name, None)

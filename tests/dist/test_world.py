@@ -62,3 +62,16 @@ def test_compiled_op_policy_recomputes_the_row_parallel_matmuls(worlds):
         assert shapes, "the compiled blocks saved nothing for backward"
         assert tuple(rank["full_sequence"]) not in shapes, rank["saved"]
         assert (2, 16, 64) in shapes, rank["saved"]  # the sequence shards are what is kept
+
+
+def test_a_run_after_a_run_in_the_same_ranks_gets_fresh_dtensor_plans(worlds):
+    """torch caches an op's output sharding with the mesh it ran on, and an equal mesh of a
+    later group in the same process gets that mesh back, whose group names the new groups do
+    not have. Clearing torch's DTensor caches when the group ends (as a run does:
+    lightning_dist._compat.clear_dtensor_caches) lets the second run gather."""
+    world, case = worlds(4), "world_cases:gather_a_dtensor_sharded_twice"
+    assert world.run(case, 6, False) == [[112.0, 128.0]] * 4
+    with pytest.raises(AssertionError, match="Could not resolve the process group"):
+        world.run(case, 0, False)  # torch's stale plan: why the caches are cleared
+    assert world.run(case, 6, True) == [[112.0, 128.0]] * 4
+    assert world.run(case, 0, True) == [[112.0, 128.0]] * 4

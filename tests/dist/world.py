@@ -54,6 +54,11 @@ def _leave_groups() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # torch's DTensor caches would hand this case's meshes, and their group names, to the
+        # next case's equal meshes (lightning_dist._compat.clear_dtensor_caches)
+        from lightning_dist._compat import clear_dtensor_caches
+
+        clear_dtensor_caches()
     # A group lives (with its gloo loop threads) until nothing holds it: collect the case's
     # reference cycles (trainer, strategy, modules) now rather than at some later case.
     gc.collect()

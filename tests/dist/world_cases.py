@@ -135,3 +135,31 @@ def saved_by_compiled_op_policy_blocks() -> dict:
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
     return {"saved": saved, "full_sequence": [2, 32, 64], "loss": float(loss.detach())}
+
+
+def gather_a_dtensor_sharded_twice(groups_before: int, clear: bool) -> list[float]:
+    """4 ranks: a fresh default group, `groups_before` unrelated groups (they move the names
+    the next groups get), a 2 x 2 mesh, a DTensor sharded over both of its dims, an op on it
+    (torch caches the sharding of its output, mesh included) and the result gathered whole.
+    With `clear`, torch's DTensor caches are cleared when the group is destroyed, as a run
+    does."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from world import init_group
+
+    from lightning_dist._compat import clear_dtensor_caches
+
+    init_group()
+    try:
+        for _ in range(groups_before):
+            dist.new_group(list(range(dist.get_world_size())))
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        whole = torch.arange(16.0).reshape(8, 2)
+        sharded = distribute_tensor(whole, mesh, [Shard(0), Shard(0)])
+        return (sharded * 2).full_tensor().sum(0).tolist()  # an op: its sharding is cached
+    finally:
+        dist.destroy_process_group()
+        if clear:
+            clear_dtensor_caches()
