@@ -2,7 +2,7 @@
 
     python scripts/run_tests.py [PYTEST_ARGS ...]
 
-Three phases, one after another, each a `python -m pytest` of its own:
+Four phases, one after another, each a `python -m pytest` of its own:
 
 1. tests/e2e, tests/unit and tests/gpu together on three pytest-xdist workers (`--dist
    loadfile`: a file's tests stay on one worker, so its module fixtures run once). An e2e test
@@ -10,11 +10,19 @@ Three phases, one after another, each a `python -m pytest` of its own:
    2026-12-01: 1.14 cores on average over the e2e tier alone); the unit tier fills the other.
    The e2e files go first: workers take files in the order given, and the longest ones (a
    minute or more each) should not start last.
-2. tests/cluster alone: its waves of jobs time detection and restarts against deadlines.
-3. tests/dist alone: its gloo worlds use both cores, and one test measures a pipeline bubble.
+2. tests/cluster on two workers (`--dist loadfile`): its waves of jobs time detection and
+   restarts against deadlines, and spend about a quarter of their time waiting (a slowed rank,
+   a stall watched for, a requeue), which the other worker's files fill (measured 2026-12-03:
+   515 s alone, 447 s on two workers before its longest file was split in two).
+3. tests/dist on two workers (`--dist loadfile`, each with its own worlds of ranks): a world's
+   ranks wait on each other's collectives, a fifth of the time here (measured 2026-12-03), which
+   the other worker's ranks fill. The tests marked `quiet` are left out of this phase;
+4. ... and run alone last: they time something (a pipeline's bubble) that other processes'
+   load would distort.
 
 `python -m pytest` runs the same tests one at a time (about 6 minutes longer). PYTEST_ARGS
-(`-x`, `-k EXPR`, ...) go to every phase. At the end: each tier's tests and seconds, each
+(`-x`, `-k EXPR`, `-m EXPR`, ...) go to every phase (an `-m EXPR` narrows each phase's
+own marker selection). At the end: each tier's tests and seconds, each
 phase's wall time, the whole suite's, and the 25 slowest tests. Exits 1 if any phase failed.
 """
 
@@ -30,13 +38,15 @@ from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = [
+PHASES = [  # (name, pytest arguments, marker expression)
     (
         "e2e + unit + gpu, 3 workers",
         ["-n", "3", "--dist", "loadfile", "tests/e2e", "tests/unit", "tests/gpu"],
-    ),  # fmt: skip
-    ("cluster", ["tests/cluster"]),
-    ("dist", ["tests/dist"]),
+        "not quiet",
+    ),
+    ("cluster, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/cluster"], "not quiet"),
+    ("dist, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/dist"], "not quiet"),
+    ("quiet: timings, alone", ["tests"], "quiet"),
 ]
 SLOWEST = 25
 
@@ -53,19 +63,36 @@ def _cases(junit: Path) -> list[tuple[float, str, str]]:
     return out
 
 
+def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
+    """PYTEST_ARGS without their `-m EXPR` (or `-mEXPR`), and EXPR: each phase ANDs it with its
+    own marker selection instead of pytest letting the last `-m` win."""
+    rest, asked = [], None
+    it = iter(args)
+    for arg in it:
+        if arg == "-m":
+            asked = next(it, None)
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            asked = arg[2:]
+        else:
+            rest.append(arg)
+    return rest, asked
+
+
 def main(args: list[str]) -> int:
     if find_spec("xdist") is None:
         print("error: pytest-xdist is not installed; fix: pip install -e '.[dev]'",
               file=sys.stderr)  # fmt: skip
         return 2
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    args, asked = _marker_expression(args)
     started, failed, walls, cases = time.perf_counter(), [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, paths) in enumerate(PHASES):
+        for i, (name, paths, markers) in enumerate(PHASES):
             junit = Path(tmp) / f"phase{i}.xml"
             print(f"== phase {i + 1} of {len(PHASES)}: {name}", flush=True)
             t0 = time.perf_counter()
-            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths,
+            selection = f"({markers}) and ({asked})" if asked else markers
+            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths, "-m", selection,
                                     f"--junitxml={junit}", *args], cwd=ROOT, env=env)  # fmt: skip
             walls.append((name, time.perf_counter() - t0, code))
             cases += _cases(junit)
