@@ -6,8 +6,7 @@ short budget, rehearsed on CPU first.
     python bench/gpu.py --merge DIR/gpu-rows.json      here: the GPU's rows into the calibration
 
 `--only small|large` keeps one model's rows and `--rows REGEX` the rows whose names match (the
-test suite rehearses `--only small --rows 'fp8 ac=op compile|ac=full$|fsdp2| x[0-9]'`: every
-code path once, 3 rows measured).
+suite's rehearsal, tests/e2e/test_gpu_rehearsal.py, picks one row per code path with it).
 
 **The device command.** The GPU image has torch, Lightning, torchmetrics and transformers but
 no hydra-core, omegaconf or torchao, and nothing can be fetched there, so those travel with the
@@ -483,6 +482,13 @@ def _pattern(text: str) -> str:
     return text
 
 
+def _no_rows(args) -> int:
+    asked = " ".join(f"--{k} {v!r}" for k, v in (("only", args.only), ("rows", args.rows)) if v)
+    print(f"error: no row matches {asked}; the row names are in the table of a plain run",
+          file=sys.stderr)  # fmt: skip
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rehearse", action="store_true", help="the same rows on CPU, tiny models")
@@ -508,8 +514,11 @@ def main(argv: list[str] | None = None) -> int:
         return merge(args.merge)
     if args.plan:
         profile = gpu_profile(args.budget or 330, args.steps or 10, spec=args.plan)
+        rows = selected(profile, args.only, args.rows)
+        if not rows:
+            return _no_rows(args)
         print(f"{args.plan}, planned only\n{HEADER}", flush=True)
-        run_rows(profile, selected(profile, args.only, args.rows), 1, Path("."), None)
+        run_rows(profile, rows, 1, Path("."), None)
         return 0
     import torch
 
@@ -524,8 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         devices, device = torch.cuda.device_count(), torch.cuda.get_device_name(0)
     rows = selected(profile, args.only, args.rows)
     if not rows:
-        print(f"error: no row matches --only {args.only} --rows {args.rows!r}", file=sys.stderr)
-        return 2
+        return _no_rows(args)
     os.environ.setdefault("WANDB_MODE", "disabled")
     print(f"{device}: {len(rows)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
           f"steps a row, {profile.compile_backend}\n{HEADER}", flush=True)  # fmt: skip

@@ -16,7 +16,7 @@ Four phases, one after another, each a `python -m pytest` of its own:
    515 s alone, 447 s on two workers before its longest file was split in two).
 3. tests/dist on two workers (`--dist loadfile`, each with its own worlds of ranks): a world's
    ranks wait on each other's collectives, a fifth of the time here (measured 2026-12-03), which
-   the other worker's ranks fill. The tests marked `quiet` are left out of this phase;
+   the other worker's ranks fill. Its tests marked `quiet` are left out of this phase;
 4. ... and run alone last: they time something (a pipeline's bubble) that other processes'
    load would distort.
 
@@ -38,15 +38,15 @@ from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = [  # (name, pytest arguments, marker expression)
+PHASES = [  # (name, pytest arguments, marker expression or None)
     (
         "e2e + unit + gpu, 3 workers",
         ["-n", "3", "--dist", "loadfile", "tests/e2e", "tests/unit", "tests/gpu"],
-        "not quiet",
+        None,
     ),
-    ("cluster, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/cluster"], "not quiet"),
+    ("cluster, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/cluster"], None),
     ("dist, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/dist"], "not quiet"),
-    ("quiet: timings, alone", ["tests"], "quiet"),
+    ("quiet: timings, alone", ["tests/dist"], "quiet"),
 ]
 SLOWEST = 25
 
@@ -71,8 +71,10 @@ def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
     for arg in it:
         if arg == "-m":
             asked = next(it, None)
+            if asked is None:
+                raise SystemExit("error: -m needs a marker expression (-m 'not slow')")
         elif arg.startswith("-m") and not arg.startswith("--"):
-            asked = arg[2:]
+            asked = arg[2:].removeprefix("=")
         else:
             rest.append(arg)
     return rest, asked
@@ -91,8 +93,9 @@ def main(args: list[str]) -> int:
             junit = Path(tmp) / f"phase{i}.xml"
             print(f"== phase {i + 1} of {len(PHASES)}: {name}", flush=True)
             t0 = time.perf_counter()
-            selection = f"({markers}) and ({asked})" if asked else markers
-            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths, "-m", selection,
+            selection = " and ".join(f"({m})" for m in (markers, asked) if m)
+            marker_args = ["-m", selection] if selection else []
+            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths, *marker_args,
                                     f"--junitxml={junit}", *args], cwd=ROOT, env=env)  # fmt: skip
             walls.append((name, time.perf_counter() - t0, code))
             cases += _cases(junit)

@@ -59,7 +59,7 @@ def first_wave(tmp_path_factory):
     root = tmp_path_factory.mktemp("resilience")
     jobs = {
         "nan": train_job("strategy=single", "optim.lr=1e6", "trainer.max_steps=10",
-                      "trainer.checkpoint.every_n_train_steps=1", run_dir=root / "nan"),
+                         "trainer.checkpoint.every_n_train_steps=1", run_dir=root / "nan"),
         "full": train_job(*DDP12, run_dir=root / "full"),
         # Rank 1 SIGKILLs itself after step 7 (first attempt only); torchrun --max-restarts=1
         # restarts both ranks, which resume from step5.ckpt and finish step 12.
@@ -81,7 +81,7 @@ def first_wave(tmp_path_factory):
         if job.code == 75 and (job.run_dir / "summary.json").exists():
             job.preempted = json.loads((job.run_dir / "summary.json").read_text())
             resumed[name] = train_job(*DDP12, *_logged(name), "trainer.resume=auto",
-                                   run_dir=job.run_dir)  # fmt: skip
+                                      run_dir=job.run_dir)  # fmt: skip
     deadline = time.monotonic() + 600
     wait_all(resumed.values(), lambda job: deadline)
     return jobs, resumed

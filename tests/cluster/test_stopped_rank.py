@@ -73,12 +73,12 @@ def stopped_jobs(tmp_path_factory):
             for name in wave:
                 layout, _, _, timeout = STOPPED[name]
                 jobs[name] = train_job(*layout, "trainer.max_steps=400",
-                                    "trainer.checkpoint.every_n_train_steps=3",
-                                    f"trainer.collective_timeout_s={timeout}",
-                                    run_dir=root / name)  # fmt: skip
+                                       "trainer.checkpoint.every_n_train_steps=3",
+                                       f"trainer.collective_timeout_s={timeout}",
+                                       run_dir=root / name)  # fmt: skip
             act_when({n: jobs[n] for n in wave},
-                      {n: (root / n / "checkpoints" / "step3.ckpt", _stop(n)) for n in wave},
-                      timeout=300)  # fmt: skip
+                     {n: (root / n / "checkpoints" / "step3.ckpt", _stop(n)) for n in wave},
+                     timeout=300)  # fmt: skip
     except BaseException:
         for job in jobs.values():
             job.kill()

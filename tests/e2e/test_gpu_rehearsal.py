@@ -1,10 +1,10 @@
 """The GPU check rehearsed on CPU as the suite can afford it: bench/gpu.py --rehearse, the small
 model's rows that take each code path once (float8 + compile + op checkpointing, eager full
-checkpointing, FSDP2 on one rank; 3 steps each) and the rows that need more devices, where only the GPU image's packages and the carried ones can be
-imported (bench/gpu_env.py shaped; wandb, which the image lacks, cannot). Every row prints the
-planner's prediction beside what was measured, and the rows written load as calibration rows.
-The whole rehearsal (both models, and the 2-device rows on 2 CPU processes) is
-`python bench/gpu.py --rehearse`, 105 s here."""
+checkpointing, FSDP2 on one rank; 3 steps each) and the rows that need more devices, where only
+the GPU image's packages and the carried ones can be imported (bench/gpu_env.py shaped; wandb,
+which the image lacks, cannot). Every row prints the planner's prediction beside what was
+measured, and the rows written load as calibration rows. The whole rehearsal (both models, and
+the 2-device rows on 2 CPU processes) is `python bench/gpu.py --rehearse`, 105 s here."""
 
 from __future__ import annotations
 

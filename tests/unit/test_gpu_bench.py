@@ -117,7 +117,9 @@ def test_only_and_rows_pick_rows_by_slot_and_name(gpu, capsys):
     ]  # fmt: skip
     assert len(gpu.selected(profile, None, None)) == len(gpu.ROWS)
     assert gpu.main(["--rehearse", "--rows", "no such row"]) == 2
-    assert "error: no row matches --only None --rows 'no such row'" in capsys.readouterr().err
+    assert "error: no row matches --rows 'no such row';" in capsys.readouterr().err
+    assert gpu.main(["--plan", "dgx_h200", "--only", "large", "--rows", "fsdp2 x"]) == 2
+    assert "error: no row matches --only 'large' --rows 'fsdp2 x';" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         gpu.main(["--rehearse", "--rows", "fp8("])
     assert stop.value.code == 2
