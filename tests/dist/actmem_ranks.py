@@ -67,12 +67,12 @@ def activations_per_block(
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         step = step_fn(model, head, opt, batch, tp=mesh is not None, precision=precision)
         step()
-        # Two measured steps, and the median of three when they differ: one CI run in many saw
-        # a row off by one block input (not reproduced here); one odd step cannot move it.
-        samples = [measure_step(step, model, [opt])["activations"] for _ in range(2)]
-        if samples[0] != samples[1]:
-            samples.append(measure_step(step, model, [opt])["activations"])
-        measured[n_layers] = sorted(samples)[len(samples) // 2]
+        # The median of three measured steps: one CI run in many saw a row off by one block
+        # input; one odd step cannot move it. Always three, on every rank: a third step taken
+        # only where one rank's first two differed ran collectives the other rank did not (gloo:
+        # "Received data size doesn't match", seen under load).
+        samples = sorted(measure_step(step, model, [opt])["activations"] for _ in range(3))
+        measured[n_layers] = samples[1]
         if losses is not None and n_layers == 4:
             losses.extend(step.losses[:2])  # the 4-block model's first two steps
     per_block = (measured[4] - measured[2]) / 2
