@@ -61,6 +61,11 @@ class Preemption(Callback):
                 signal.signal(signum, handler)
         self._previous = {}
 
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from lightning_dist.runtime.requeue_signal import release
+
+        release(self)  # the fit is over: nothing global holds this run's trainer any longer
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # not an optimizer-step boundary

@@ -47,3 +47,13 @@ def hand_over(preemption: Any) -> None:
         preemption.received = _received[-1]
     _received.clear()
     _preemption = preemption
+
+
+def release(preemption: Any) -> None:
+    """Forget `preemption` once its fit has ended. Held here, it would keep its trainer, model
+    and process groups (with their gloo threads) alive in a process that goes on to train again:
+    rank 0 of a Hydra multirun, or a rank of the test harness. A signal from now on is held
+    for the next `hand_over`."""
+    global _preemption
+    if _preemption is preemption:
+        _preemption = None

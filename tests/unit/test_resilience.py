@@ -87,6 +87,32 @@ def test_nan_policy_stop_names_the_step():
     assert len(module.weights_after) == 1 and torch.isfinite(module.weights_after[0]).all()
 
 
+def test_a_finished_fit_leaves_nothing_global_holding_its_model(tmp_path):
+    """The requeue-signal holder gives up the Preemption callback when its fit ends: held, it
+    kept the trainer, the model and its process groups alive in a process that trains again
+    (a Hydra multirun's rank 0; the test harness's ranks)."""
+    import gc
+    import weakref
+
+    from lightning_dist.callbacks.preemption import Preemption
+    from lightning_dist.runtime import requeue_signal
+
+    module, preemption = NaNAt(set()), Preemption(tmp_path)
+    requeue_signal.hand_over(preemption)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)),
+                                       batch_size=4)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=2, callbacks=[preemption], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, data)
+    assert requeue_signal._preemption is None
+    gone = weakref.ref(module)
+    del module, preemption, trainer
+    gc.collect()
+    assert gone() is None
+
+
 # --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------
 
 
