@@ -44,9 +44,10 @@ class Outcome(NamedTuple):
 
     def cause(self) -> str:
         """The output's last line naming an error (a rank's exception, not torchrun's frame of
-        '=' signs), else its last line."""
+        '=' signs nor its closing ChildFailedError, which names no cause), else its last line."""
         lines = [line.strip() for line in self.output.splitlines() if line.strip()]
-        named = [line for line in lines if "Error" in line or line.startswith("error:")]
+        named = [line for line in lines if ("Error" in line or line.startswith("error:"))
+                 and "ChildFailedError" not in line]  # fmt: skip
         return ((named or lines or [""])[-1])[:300]
 
 
