@@ -19,9 +19,8 @@ def worlds():
 
     def alone(size: int) -> World:
         """A new world of `size` ranks with no other world running: for a measurement that
-        other processes' threads would disturb (the waiting ranks of a long session hold the
-        loop threads of every gloo group their cases made, which poll: about 0.3 of a core
-        in all by the middle of the tier, 2026-12-01)."""
+        other processes would disturb (waiting ranks are restarted rather than left holding
+        gloo's polling threads, world.py, but a fresh world is the clean room)."""
         for world in started.values():
             world.close()
         started.clear()

@@ -19,6 +19,17 @@ def test_cases_run_on_every_rank_in_one_world(world):
     assert world._procs == first  # the same processes: started once
 
 
+def test_ranks_left_holding_a_polling_group_are_replaced_before_they_idle(world):
+    """A rank still running a gloo loop thread after its case is stopped (world.py,
+    `_holds_polling_threads`); the next case starts fresh ranks."""
+    assert world.run("world_cases:all_reduce_rank") == [3.0, 3.0]
+    clean = [proc.pid for proc in world._procs]
+    assert world.run("world_cases:keep_a_group_alive") == [2.0, 2.0]
+    assert world._procs == []  # stopped at once, not left polling until the next case
+    assert world.run("world_cases:all_reduce_rank") == [3.0, 3.0]
+    assert not {proc.pid for proc in world._procs} & set(clean)
+
+
 def test_a_failing_rank_is_reported_with_its_traceback(world):
     with pytest.raises(AssertionError, match=r"(?s)--- rank 1 ---.*ValueError: rank one refuses"):
         world.run("world_cases:fail_on_rank_one")
@@ -64,16 +75,20 @@ def test_compiled_op_policy_recomputes_the_row_parallel_matmuls(worlds):
         assert (2, 16, 64) in shapes, rank["saved"]  # the sequence shards are what is kept
 
 
-def test_a_run_after_a_run_in_the_same_ranks_gets_fresh_dtensor_plans(worlds):
+def test_a_run_after_a_run_in_the_same_ranks_gets_fresh_dtensor_plans():
     """torch caches an op's output sharding with the mesh it ran on, and an equal mesh of a
     later group in the same process gets that mesh back, whose group names the new groups do
     not have. Clearing torch's DTensor caches when the group ends (as a run does:
-    lightning_dist._compat.clear_dtensor_caches) lets the second run gather."""
-    world, case = worlds(4), "world_cases:gather_a_dtensor_sharded_twice"
-    assert world.run(case, 6, False) == [[112.0, 128.0]] * 4
-    # torch's stale mesh: why the caches are cleared (should a torch fix it, this fails and says
-    # the clearing may go)
-    with pytest.raises(AssertionError, match="Could not resolve the process group"):
-        world.run(case, 0, False)
-    assert world.run(case, 6, True) == [[112.0, 128.0]] * 4  # the old names exist again here
-    assert world.run(case, 0, True) == [[112.0, 128.0]] * 4  # ... and not here: the fix
+    lightning_dist._compat.clear_dtensor_caches) lets the second run gather. The same four
+    processes run every case (the session's worlds restart ranks that hold gloo threads)."""
+    world, case = World(4, keep_ranks=True), "world_cases:gather_a_dtensor_sharded_twice"
+    try:
+        assert world.run(case, 6, False) == [[112.0, 128.0]] * 4
+        # torch's stale mesh: why the caches are cleared (should a torch fix it, this fails and
+        # says the clearing may go)
+        with pytest.raises(AssertionError, match="Could not resolve the process group"):
+            world.run(case, 0, False)
+        assert world.run(case, 6, True) == [[112.0, 128.0]] * 4  # the old names exist again
+        assert world.run(case, 0, True) == [[112.0, 128.0]] * 4  # ... and not here: the fix
+    finally:
+        world.close()

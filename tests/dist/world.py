@@ -30,8 +30,10 @@ from datetime import timedelta
 from typing import Any
 
 CASE_TIMEOUT_S = 600.0
-MAX_RANK_THREADS = 48
-"""A rank holding more threads than this is restarted before its next case (see `World.run`)."""
+POLLING_THREAD = "gloo_tcp_loop"
+"""The name of gloo's socket loop thread, which wakes every few milliseconds even when idle. A
+rank still holding one after its case (a group that outlived the case) is restarted before its
+next case (see `World.run`)."""
 PRELOAD = ["world", "torch.distributed", "lightning.pytorch", "lightning_dist.run.build"]
 """What the fork server imports before it forks any rank."""
 
@@ -91,22 +93,35 @@ def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
         conn.send(reply)
 
 
-def _thread_count(proc) -> int:
-    """The threads of a waiting rank. Each case's gloo groups leave theirs behind (a loop thread
-    per device, two workers per group, a store thread: about 13 a case, measured 2026-12-01;
-    the groups' C++ objects outlive `destroy_process_group`), and idle, they still poll: some 3%
-    of a core per rank, a third of a core by the middle of the tier. A restart costs a fork."""
+def _holds_polling_threads(proc) -> bool:
+    """Whether a waiting rank still runs a gloo loop thread. The groups of an FSDP2 case outlive
+    `destroy_process_group` (their FSDP state sits in reference cycles through autograd nodes,
+    which the collector cannot see; 2026-12-03), and each keeps a loop thread that polls: 0.75%
+    of a core per rank and case, measured idle, and before this check (a restart at 48 threads)
+    about a third of a core across the tier's waiting worlds. A restart costs a fork from the
+    preloaded server: about 0.3 s for two ranks, measured."""
     try:
-        return len(os.listdir(f"/proc/{proc.pid}/task"))
+        tasks = os.listdir(f"/proc/{proc.pid}/task")
     except OSError:  # not Linux, or the rank is gone (the case will say so)
-        return 0
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{proc.pid}/task/{task}/comm") as f:
+                if f.read().strip() == POLLING_THREAD:
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 class World:
     """`size` waiting gloo ranks; see the module doc."""
 
-    def __init__(self, size: int, *, timeout: float = CASE_TIMEOUT_S, env: dict | None = None):
-        self.size, self.timeout = size, timeout
+    def __init__(self, size: int, *, timeout: float = CASE_TIMEOUT_S, env: dict | None = None,
+                 keep_ranks: bool = False):  # fmt: skip
+        """`keep_ranks`: never restart the ranks between cases, even when they hold polling
+        threads (a test of what one process carries from one run to the next)."""
+        self.size, self.timeout, self.keep_ranks = size, timeout, keep_ranks
         self.env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self._procs: list = []
         self._conns: list = []
@@ -127,8 +142,6 @@ class World:
     def run(self, target: str, *args: Any, **kwargs: Any) -> list:
         """Run `target` ("module:function", importable in the ranks) on every rank; the list of
         its return values by rank. AssertionError with each failing rank's traceback."""
-        if self._procs and max(map(_thread_count, self._procs)) > MAX_RANK_THREADS:
-            self.close()  # fresh ranks: see _thread_count
         if not self._procs:
             self._start()
         self._cases += 1
@@ -150,6 +163,8 @@ class World:
         failed = {r: v for r, (ok, v) in replies.items() if not ok}
         if missing:  # a hung rank never reads the stop message: end the world at once
             self.close(kill=True)
+        elif not self.keep_ranks and any(map(_holds_polling_threads, self._procs)):
+            self.close()  # not left polling while it waits: see _holds_polling_threads
         if missing or failed:
             lines = [f"{target} on {self.size} ranks:"]
             if missing:

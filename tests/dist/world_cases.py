@@ -34,6 +34,24 @@ def rank_zero_waits_alone() -> None:
         time.sleep(3600)
 
 
+_KEPT: list = []
+
+
+def keep_a_group_alive() -> float:
+    """A case whose group outlives it (held here, as a reference cycle through autograd would):
+    its gloo loop thread stays in the rank after `destroy_process_group`."""
+    import torch
+    import torch.distributed as dist
+    from world import init_group
+
+    init_group()
+    group = dist.new_group([0, 1])
+    value = torch.ones(1)
+    dist.all_reduce(value, group=group)
+    _KEPT.append(group)
+    return value.item()
+
+
 def group_left_by_the_last_case() -> bool:
     import torch.distributed as dist
 
