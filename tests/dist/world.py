@@ -8,7 +8,9 @@ rank-ordered list of what it returned. Each case sees the environment torchrun w
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT, TORCHELASTIC_RUN_ID), so a case
 can call `train(cfg)` (Lightning then finds the processes it would otherwise start) or
 `init_group()` for library-level code; whatever process group a case leaves is destroyed before
-the next one, on every rank.
+the next one, on every rank. Ranks that still run a gloo loop thread after that (a group kept
+alive by reference cycles torch's collector cannot see) are stopped, and the next case forks
+new ones.
 
 A case that raises on any rank fails with every rank's traceback. A case that does not finish
 within `timeout` seconds (a rank stuck in a collective its peers never reach) fails naming the
