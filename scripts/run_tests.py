@@ -23,7 +23,8 @@ Four phases, one after another, each a `python -m pytest` of its own:
 `python -m pytest` runs the same tests one at a time (about 6 minutes longer). PYTEST_ARGS
 (`-x`, `-k EXPR`, `-m EXPR`, ...) go to every phase (an `-m EXPR` narrows each phase's
 own marker selection). At the end: each tier's tests and seconds, each
-phase's wall time, the whole suite's, and the 25 slowest tests. Exits 1 if any phase failed.
+phase's wall time, the whole suite's, the 12 test modules with the most test time and the 25
+slowest tests. Exits 1 if any phase failed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ PHASES = [  # (name, pytest arguments, marker expression or None)
     ("quiet: timings, alone", ["tests/dist"], "quiet"),
 ]
 SLOWEST = 25
+SLOWEST_FILES = 12
 
 
 def _cases(junit: Path) -> list[tuple[float, str, str]]:
@@ -61,6 +63,16 @@ def _cases(junit: Path) -> list[tuple[float, str, str]]:
         tier = module.split(".")[1] if module.startswith("tests.") else "?"
         out.append((float(case.get("time", 0.0)), tier, f"{module}::{case.get('name')}"))
     return out
+
+
+def slowest_files(cases: list[tuple[float, str, str]], top: int) -> list[tuple[float, str]]:
+    """(seconds, module) of the `top` test modules with the most test time: what balances a
+    phase's workers, which take whole files (`--dist loadfile`)."""
+    by_file: dict[str, float] = {}
+    for seconds, _, test in cases:
+        module = test.split("::")[0]
+        by_file[module] = by_file.get(module, 0.0) + seconds
+    return sorted(((s, m) for m, s in by_file.items()), reverse=True)[:top]
 
 
 def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
@@ -108,6 +120,9 @@ def main(args: list[str]) -> int:
         print(f"tier {tier}: {len(mine)} tests, {sum(mine):.0f} s of test time")
     for name, wall, code in walls:
         print(f"phase {name}: {wall:.0f} s wall, pytest exit {code}")
+    print(f"{SLOWEST_FILES} test modules with the most test time:")
+    for seconds, module in slowest_files(cases, SLOWEST_FILES):
+        print(f"  {seconds:6.1f} s  {module}")
     print(f"{SLOWEST} slowest tests:")
     for seconds, _, test in sorted(cases, reverse=True)[:SLOWEST]:
         print(f"  {seconds:6.1f} s  {test}")

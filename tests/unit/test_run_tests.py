@@ -44,3 +44,14 @@ def test_the_quiet_tests_are_left_out_of_the_parallel_dist_phase_and_run_alone(r
     assert [m for _, m in dist] == ["not quiet", "quiet"]
     alone = dist[1][0]
     assert "-n" not in alone  # no xdist workers: the machine to itself
+
+
+def test_the_slowest_files_sum_their_tests(run_tests):
+    cases = [
+        (3.0, "dist", "tests.dist.test_a::one"),
+        (4.0, "dist", "tests.dist.test_a::two"),
+        (5.0, "e2e", "tests.e2e.test_b::one"),
+        (1.0, "unit", "tests.unit.test_c::one"),
+    ]
+    assert run_tests.slowest_files(cases, 2) == [(7.0, "tests.dist.test_a"),
+                                                 (5.0, "tests.e2e.test_b")]  # fmt: skip
