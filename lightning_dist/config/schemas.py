@@ -185,6 +185,10 @@ class TrainerSchema:
     """Python's cyclic garbage collector runs every this many optimizer steps, on every rank at
     once, instead of whenever allocations trigger it (inside a step, on one rank, the others
     waiting); 0 leaves Python's automatic collection as it is (GarbageCollection callback)."""
+    memory_by_category_step: int = 2
+    """The optimizer step whose memory per rank and category summary.json records
+    (`memory_by_category`, MemoryByCategory: torch's MemTracker sees every op of that step,
+    about a second of Python per rank on the debug model); 0 measures no step."""
     deterministic: bool = False
     benchmark: bool = False
 

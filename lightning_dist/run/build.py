@@ -78,8 +78,8 @@ def build_module(plan: RunPlan):
 
 def run_callbacks(plan: RunPlan, stats: Any) -> list:
     """The configured callbacks, then the run's own: the step clock, garbage collection, memory
-    by category, checkpoint saving, resilience, and the start from a checkpoint (resumed, or
-    trainer.init_from's weights)."""
+    by category (unless trainer.memory_by_category_step=0), checkpoint saving, resilience, and
+    the start from a checkpoint (resumed, or trainer.init_from's weights)."""
     from lightning_dist.callbacks.memory import MemoryByCategory
 
     callbacks = [build(c, "callbacks") for c in plan.spec.callbacks] + [stats]
@@ -88,10 +88,11 @@ def run_callbacks(plan: RunPlan, stats: Any) -> list:
         from lightning_dist.callbacks.gc_control import GarbageCollection
 
         callbacks.append(GarbageCollection(gc_every))
+    memory_step = plan.spec.trainer.memory_by_category_step
     checkpoints = plan.checkpoints
     return [
         *callbacks,
-        MemoryByCategory(),
+        *([MemoryByCategory(memory_step)] if memory_step else []),
         *checkpoints.save_callbacks(),
         *resilience_callbacks(plan.spec.trainer, checkpoints.dirpath, plan.world_size),
         *checkpoints.start_callbacks(resuming=bool(plan.ckpt_path)),

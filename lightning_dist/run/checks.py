@@ -88,6 +88,7 @@ NUMBER_RULES = [
     ("trainer.gradient_clip_val", _at_least(0, optional=True), "0 or more, or null"),
     ("trainer.checkpoint.every_n_train_steps", _at_least(1, optional=True), "at least 1, or null"),
     ("trainer.gc_every_n_steps", _at_least(0), "0 (Python's own collection) or more"),
+    ("trainer.memory_by_category_step", _at_least(0), "0 (not measured) or more"),
     ("optim.lr", _at_least(0), "0 or more (e.g. optim.lr=3e-3)"),
     ("optim.warmup_steps", _at_least(0), "0 or more"),
     ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "between 0 and 1"),

@@ -116,6 +116,8 @@ CASES = [
     Case("negative lr", fast("optim.lr=-1"), "optim.lr=-1.0 must be 0 or more"),
     Case("negative gc interval", fast("trainer.gc_every_n_steps=-1"),
          "trainer.gc_every_n_steps=-1 must be 0 (Python's own collection) or more"),
+    Case("negative memory step", fast("trainer.memory_by_category_step=-1"),
+         "trainer.memory_by_category_step=-1 must be 0 (not measured) or more"),
     Case("empty data file", fast("data.paths=[{tmp}/empty.txt]", "data.seq_len=32", data="text"),
          "holds no text", prepare=lambda tmp: write(tmp / "empty.txt")),
     Case("unreadable data file", fast("data.paths=[{tmp}/locked.txt]", "data.seq_len=32", data="text"),

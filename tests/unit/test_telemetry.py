@@ -159,3 +159,16 @@ def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, monke
     comm = summary["comm"]["per_rank"][0]  # the profiled step 2 ended at the clock's tick
     assert 0 < comm["step_seconds"] <= clock.step_seconds()[1]
     assert any("lr-AdamW/pg1" in row for row in read_metrics(tmp_path))  # LearningRateMonitor
+
+
+@pytest.mark.parametrize(("step", "measured"), [("2", [2]), ("0", [])])
+def test_memory_by_category_measures_the_configured_step_or_none(compose, step, measured):
+    """trainer.memory_by_category_step picks the step MemoryByCategory measures; 0 adds none."""
+    from lightning_dist.callbacks.memory import MemoryByCategory
+    from lightning_dist.run.build import run_callbacks
+    from lightning_dist.run.plan import plan_run
+
+    plan = plan_run(compose("model=llama_debug", "data=synthetic", "strategy=single",
+                            f"trainer.memory_by_category_step={step}"))  # fmt: skip
+    callbacks = run_callbacks(plan, RunStats(tokens_per_step=1))
+    assert [c.step for c in callbacks if isinstance(c, MemoryByCategory)] == measured
