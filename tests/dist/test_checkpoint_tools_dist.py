@@ -32,7 +32,7 @@ transformers = pytest.importorskip("transformers", reason="HF conversions need t
 
 RUN = [
     "model=llama_debug", "data=synthetic", "data.seq_len=32", "logger=none", "callbacks=none",
-    "trainer.val_check_interval=null", "trainer.max_steps=1",
+    "trainer.val_check_interval=null", "trainer.max_steps=1", "trainer.memory_by_category_step=0",
 ]  # fmt: skip
 LAYOUTS = {
     "single": ["strategy=single", "hardware.devices=1"],

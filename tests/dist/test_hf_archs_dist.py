@@ -21,7 +21,7 @@ pytest.importorskip("transformers", reason="HF architecture tests need the [hf] 
 
 QWEN2 = [
     "model=hf_llama", "model.config.model_type=qwen2", "data=synthetic", "logger=none",
-    "trainer.max_steps=10", "trainer.val_check_interval=null",
+    "trainer.max_steps=10", "trainer.val_check_interval=null", *baselines.QUIET,
 ]  # fmt: skip
 LAYOUTS = {
     "tp2": ["strategy=tp", "hardware.devices=2"],

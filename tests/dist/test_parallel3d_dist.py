@@ -4,7 +4,8 @@ of a world started once per session (tests/dist/world.py).
 Every case is compared with one process on the same overrides, its stored reference
 (tests/dist/baselines.py; fp32, llama_debug or a tiny HF Llama, synthetic data, 10 steps): the
 train loss of every step and, for our model, the validation loss after steps 5 and 10 must agree
-within 1e-4 relative. The dp2 x pp2 run also saves the checkpoint that the resume test restarts
+within 1e-4 relative. The cases run without the telemetry they do not check (`baselines.QUIET`;
+their references ran with it). The dp2 x pp2 run also saves the checkpoint that the resume test restarts
 from; the 8-rank run clips hard, so it is also the clipping check. The planner's `--command` for
 a 1B model on a 4-GPU workstation (a 3d layout) trains on the world of 4, with the debug model
 and `hardware=cpu` substituted.
@@ -26,11 +27,11 @@ pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
 BASE = [
     "model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=10",
-    "trainer.val_check_interval=5",
+    "trainer.val_check_interval=5", *baselines.QUIET,
 ]  # fmt: skip
 HF_BASE = [
     "model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",
-    "trainer.val_check_interval=null",
+    "trainer.val_check_interval=null", *baselines.QUIET,
 ]  # fmt: skip
 # Hard clipping with an Adam eps large enough that the clipped scale changes the updates (Adam
 # alone is blind to a uniform gradient scale): a wrong global norm would show in the losses.
