@@ -1,4 +1,6 @@
-"""Run a tests/<name>.py rank script on 2 gloo ranks under torchrun; return the JSON it wrote."""
+"""Run a tests/dist/<name>.py rank script (its `main(out)`) on 2 gloo ranks and return the JSON
+it wrote: under torchrun, for what needs processes of their own (how they end), or on the
+session's started world of 2 ranks (tests/dist/world.py), which saves an interpreter per rank."""
 
 import json
 import os
@@ -19,4 +21,11 @@ def run_two_ranks(script: str, out: Path) -> dict:
            str(Path(__file__).with_name(script)), str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(out.read_text())
+
+
+def run_in_world(worlds, script: str, out: Path) -> dict:
+    """`script`'s `main(out)` on every rank of `worlds(2)` (the `worlds` fixture), as torchrun
+    would run it; the JSON it wrote."""
+    worlds(2).run(f"{Path(script).stem}:main", str(out))
     return json.loads(out.read_text())

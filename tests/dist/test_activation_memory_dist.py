@@ -15,12 +15,14 @@ import torch
 from lightning_dist.parity import REPO_ROOT
 from lightning_dist.planner.activations import checkpointed_layer_bytes, selective_layer_bytes
 from lightning_dist.planner.settings import TrainSettings
-from tests.dist.rank_scripts import run_two_ranks
+from tests.dist.rank_scripts import run_in_world
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict:
-    return run_two_ranks("actmem_ranks.py", tmp_path_factory.mktemp("actmem") / "result.json")
+def measured(tmp_path_factory, worlds) -> dict:
+    return run_in_world(
+        worlds, "actmem_ranks.py", tmp_path_factory.mktemp("actmem") / "result.json"
+    )
 
 
 def _bench():

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.rank_scripts import run_two_ranks
+from tests.dist.rank_scripts import run_in_world
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> dict:
-    return run_two_ranks("loss_ranks.py", tmp_path_factory.mktemp("ranks") / "result.json")
+def ranks(tmp_path_factory, worlds) -> dict:
+    return run_in_world(worlds, "loss_ranks.py", tmp_path_factory.mktemp("ranks") / "result.json")
 
 
 def _relative(a: list[float], b: list[float]) -> float:
