@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 BASE = [
     "model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=10",
-    "trainer.val_check_interval=null", "trainer.gradient_clip_val=0.05",
+    "trainer.val_check_interval=null", "trainer.gradient_clip_val=0.05", "~callbacks.comm",
 ]  # fmt: skip
 FSDP = ["strategy=fsdp", "hardware.devices=2"]
 FSDP2 = ["strategy=fsdp2", "hardware.devices=2"]
