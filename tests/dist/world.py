@@ -8,9 +8,9 @@ rank-ordered list of what it returned. Each case sees the environment torchrun w
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT, TORCHELASTIC_RUN_ID), so a case
 can call `train(cfg)` (Lightning then finds the processes it would otherwise start) or
 `init_group()` for library-level code; whatever process group a case leaves is destroyed before
-the next one, on every rank. Ranks that still run a gloo loop thread after that (a group kept
-alive by reference cycles torch's collector cannot see) are stopped, and the next case forks
-new ones.
+the next one, on every rank. Ranks that still run a gloo loop thread after that (a group that
+something outside Python's collector keeps alive) are stopped, and the next case forks new
+ones.
 
 A case that raises on any rank fails with every rank's traceback. A case that does not finish
 within `timeout` seconds (a rank stuck in a collective its peers never reach) fails naming the
@@ -97,11 +97,12 @@ def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
 
 def _holds_polling_threads(proc) -> bool:
     """Whether a waiting rank still runs a gloo loop thread. The groups of an FSDP2 case outlive
-    `destroy_process_group` (their FSDP state sits in reference cycles through autograd nodes,
-    which the collector cannot see; 2026-12-03), and each keeps a loop thread that polls: 0.75%
-    of a core per rank and case, measured idle, and before this check (a restart at 48 threads)
-    about a third of a core across the tier's waiting worlds. A restart costs a fork from the
-    preloaded server: about 0.3 s for two ranks, measured."""
+    `destroy_process_group` and `gc.collect()`: FSDP's parameter groups stay alive, held
+    through an autograd node by no Python root that 14 levels of referrers found (2026-12-03),
+    and each group keeps a loop thread that polls: 0.75% of a core per rank and case, measured
+    idle, and before this check (a restart at 48 threads) about a third of a core across the
+    tier's waiting worlds. A restart costs a fork from the preloaded server: about 0.3 s for
+    two ranks, measured."""
     try:
         tasks = os.listdir(f"/proc/{proc.pid}/task")
     except OSError:  # not Linux, or the rank is gone (the case will say so)
