@@ -34,8 +34,8 @@ from typing import Any
 CASE_TIMEOUT_S = 600.0
 POLLING_THREAD = "gloo_tcp_loop"
 """The name of gloo's socket loop thread, which wakes every few milliseconds even when idle. A
-rank still holding one after its case (a group that outlived the case) is restarted before its
-next case (see `World.run`)."""
+rank still holding one after its case (a group that outlived the case) is stopped then, and the
+next case forks a new one (see `World.run`)."""
 PRELOAD = ["world", "torch.distributed", "lightning.pytorch", "lightning_dist.run.build"]
 """What the fork server imports before it forks any rank."""
 
