@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 from lightning_dist.config import compose_config
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.parity import REPO_ROOT, max_relative_difference
+from tests.cluster.jobs import free_port
 from tests.dist import baselines
 
 pytestmark = pytest.mark.slow
@@ -44,12 +44,6 @@ JOB = [
     "+callbacks.slow.seconds=1.0", "+callbacks.record._target_=tests.faults.RecordSamples",
 ]  # fmt: skip
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agent(node: int, port: int, run_dir: Path, log: Path) -> subprocess.Popen:
@@ -94,7 +88,7 @@ def _kill(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def elastic(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
-    run_dir, port = root / "run", _free_port()
+    run_dir, port = root / "run", free_port()
     started = time.monotonic()
     node0 = _agent(0, port, run_dir, root / "node0.log")
     node1 = _agent(1, port, run_dir, root / "node1.log")

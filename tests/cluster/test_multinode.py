@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from lightning_dist.parallel.nodes import (
     INTRA_NODE,
 )
 from lightning_dist.parity import REPO_ROOT, max_relative_difference
+from tests.cluster.jobs import free_port
 from tests.dist import baselines
 
 TOLERANCE = 1e-4
@@ -57,12 +57,6 @@ class Job(NamedTuple):
     output: str
     summary: dict | None
     run_dir: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_node(node: int, port: int, overrides: list[str], run_dir: Path,
@@ -97,10 +91,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("multinode")
     plan: dict[str, list[list[str]]] = {}
     for name, overrides in JOBS.items():
-        port = _free_port()
+        port = free_port()
         plan[name] = [torchrun_node(n, port, [*BASE, *TWO_NODES, *overrides], root / name)
                       for n in (0, 1)]  # fmt: skip
-    port = _free_port()  # two nodes of one rank started, but the config says one node of two
+    port = free_port()  # two nodes of one rank started, but the config says one node of two
     wrong = [*BASE, "strategy=ddp", "hardware.devices=2"]
     plan["wrong_nodes"] = [torchrun_node(n, port, wrong, root / "wrong_nodes", ranks=1)
                            for n in (0, 1)]  # fmt: skip
@@ -231,7 +225,7 @@ def test_two_nodes_on_gpus_with_nccl(name, tmp_path):
         cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-3000:]
-    port, run_dir = _free_port(), tmp_path / name
+    port, run_dir = free_port(), tmp_path / name
     overrides = [*gpu, *TWO_NODES, *(o for o in JOBS[name] if not o.startswith("logger="))]
     agents = [
         _start(torchrun_node(n, port, overrides, run_dir), tmp_path / f"{n}.log",
