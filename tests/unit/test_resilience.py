@@ -40,11 +40,11 @@ class NaNAt(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
 
 
-def _fit(module: L.LightningModule, guard: NonFiniteGuard, steps: int = 6) -> None:
+def _fit(module: L.LightningModule, callback: L.Callback, steps: int = 6) -> None:
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)),
                                        batch_size=4)  # fmt: skip
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, callbacks=[guard], logger=False,
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=[callback], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, data)
@@ -99,16 +99,10 @@ def test_a_finished_fit_leaves_nothing_global_holding_its_model(tmp_path):
 
     module, preemption = NaNAt(set()), Preemption(tmp_path)
     requeue_signal.hand_over(preemption)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)),
-                                       batch_size=4)  # fmt: skip
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=2, callbacks=[preemption], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(module, data)
+    _fit(module, preemption, steps=2)
     assert requeue_signal._preemption is None
     gone = weakref.ref(module)
-    del module, preemption, trainer
+    del module, preemption
     gc.collect()
     assert gone() is None
 
