@@ -1,13 +1,11 @@
 """Train.py jobs in the background for the cluster tier's fault tests (test_resilience_cluster.py,
 test_stopped_rank.py): many at once, each with its output in files, waited for with deadlines,
-acted on (a signal to one rank) once a checkpoint file appears. Also the free loopback ports of
-the torchrun rendezvous (test_multinode.py, test_elastic.py)."""
+acted on (a signal to one rank) once a checkpoint file appears."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +17,6 @@ from lightning_dist.parity import REPO_ROOT
 TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
 FAST = ["debug=fast", "logger=none"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (a rendezvous endpoint of a job started next)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Job:

@@ -26,8 +26,8 @@ import pytest
 from lightning_dist.config import compose_config
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.parity import REPO_ROOT, max_relative_difference
-from tests.cluster.jobs import free_port
 from tests.dist import baselines
+from tests.dist.world import free_port
 
 pytestmark = pytest.mark.slow
 

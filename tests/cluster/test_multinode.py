@@ -27,8 +27,8 @@ from lightning_dist.parallel.nodes import (
     INTRA_NODE,
 )
 from lightning_dist.parity import REPO_ROOT, max_relative_difference
-from tests.cluster.jobs import free_port
 from tests.dist import baselines
+from tests.dist.world import free_port
 
 TOLERANCE = 1e-4
 BASE = ["debug=fast", "trainer.max_steps=4"]
