@@ -37,6 +37,11 @@ class StrategyContract(Protocol):
         """The layout this strategy runs on `num_nodes` nodes of `devices` ranks (resolved)."""
         ...
 
+    def data_shares(self, layout: Layout) -> int:
+        """How many data-parallel shares the global batch is cut into on `layout`: its dp,
+        times the replica groups for `strategy=ft_hsdp`."""
+        ...
+
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
                   model: Any = None, global_batch_size: int | None = None,
                   micro_batch_size: int | None = None) -> None:  # fmt: skip
@@ -68,6 +73,9 @@ class _PlainDataParallel:
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)
+
+    def data_shares(self, layout: Layout) -> int:
+        return layout.dp
 
     def check_run(self, **run: Any) -> None:
         pass

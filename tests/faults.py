@@ -1,6 +1,6 @@
 """Faults to inject into a real training run (tests only): `+callbacks.kill._target_=...`.
 
-Loaded by tests/toy_train.py, which allows `tests.faults.` as a callback target."""
+Loaded by tests/toy_train.py, which allows `tests.faults.` as a callback and data target."""
 
 import json
 import os
@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+
+from lightning_dist.lm.data import SyntheticDataModule
 
 
 class KillAtStep(Callback):
@@ -103,3 +105,56 @@ class ClaimFolderAtStep(Callback):
         if trainer.is_global_zero and trainer.global_step == self.step:
             folder = Path(trainer.default_root_dir) / "checkpoints"
             FolderFence(folder).claim({"world_size": 8, "num_nodes": 2})
+
+
+class KillInReplicaGroup(Callback):
+    """SIGKILL rank `rank` of replica group `group` (strategy=ft_hsdp) on the group's first
+    attempt only: in step `step` between its forward and its backward (after the step's quorum,
+    so the others see the group fail mid-step), or after it with `after_step=true`."""
+
+    def __init__(self, step: int, group: int = 1, rank: int = 1, after_step: bool = False) -> None:
+        self.step, self.group, self.rank, self.after_step = step, group, rank, after_step
+
+    def _kill_at(self, trainer, step: int) -> None:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        mine = os.environ.get("REPLICA_GROUP_ID") == str(self.group)
+        if first_attempt and mine and trainer.global_rank == self.rank and step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if not self.after_step:
+            self._kill_at(trainer, trainer.global_step + 1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.after_step:
+            self._kill_at(trainer, trainer.global_step)
+
+
+class ParameterDigest(Callback):
+    """At the end of training, each rank writes the SHA-256 of its parameter shards, bit for
+    bit, to <run dir>/params_rank<r>.sha256."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import hashlib
+
+        from lightning_dist.parallel.replica_groups import local_tensor
+
+        digest = hashlib.sha256()
+        for name, param in sorted(pl_module.named_parameters()):
+            digest.update(name.encode())
+            digest.update(local_tensor(param).detach().cpu().contiguous().numpy().tobytes())
+        out = Path(trainer.default_root_dir) / f"params_rank{trainer.global_rank}.sha256"
+        out.write_text(digest.hexdigest() + "\n")
+
+
+class FirstHalfAtSteps(SyntheticDataModule):
+    """Synthetic data whose global batch, at the optimizer steps (0-based) listed in the
+    environment variable FIRST_HALF_AT_STEPS, keeps only its first half: one process's
+    reference for a job of two replica groups in which the second was out for those steps."""
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        steps = {int(s) for s in os.environ.get("FIRST_HALF_AT_STEPS", "").split(",") if s}
+        trainer = self.trainer
+        if trainer is not None and trainer.training and trainer.global_step in steps:
+            return batch[: len(batch) // 2]
+        return batch

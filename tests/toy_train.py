@@ -12,6 +12,7 @@ import tests.toy_strategy  # noqa: E402,F401  (registers the schema, allows the 
 from lightning_dist.config.targets import allow_targets  # noqa: E402
 
 allow_targets("callbacks", "tests.faults.")
+allow_targets("data", "tests.faults.")  # a reference's data (tests/faults.py)
 
 sys.argv.append(f"hydra.searchpath=[file://{ROOT / 'tests' / 'toy_conf'}]")
 

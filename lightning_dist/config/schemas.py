@@ -134,6 +134,9 @@ FSDP2Schema = _strategy_schema("fsdp2", _STRATEGIES + "fsdp2.FSDP2Strategy", "fs
 Parallel3DSchema = _strategy_schema(
     "3d", _STRATEGIES + "parallel3d.Parallel3DStrategy", "3d", "Parallel3DSchema"
 )
+FTHSDPSchema = _strategy_schema(
+    "ft_hsdp", _STRATEGIES + "ft_hsdp.FTHSDPStrategy", "ft_hsdp", "FTHSDPSchema"
+)
 AutoSchema = _strategy_schema(
     "auto", _STRATEGIES + "parallel3d.Parallel3DStrategy", "auto", "AutoSchema"
 )
@@ -270,6 +273,7 @@ SCHEMAS: dict[str, type] = {
     "schema_fsdp": FSDPSchema,
     "schema_fsdp2": FSDP2Schema,
     "schema_parallel3d": Parallel3DSchema,
+    "schema_ft_hsdp": FTHSDPSchema,
 }
 """Each group config's schema, by the name its YAML's defaults list gives (`/schema_<name>`)."""
 

@@ -10,6 +10,9 @@ when it refuses the job.
 
 `python -m lightning_dist.launch torchrun <torchrun arguments>` is torchrun with the settings
 elastic jobs need (lightning_dist/launch/torchrun.py; docs/MULTINODE.md, "Elastic jobs").
+
+`python -m lightning_dist.launch replicas --groups N --nproc-per-group M <overrides>` starts a
+`strategy=ft_hsdp` job whose replica groups heal live (lightning_dist/launch/replicas.py).
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ def _submit(script: str, log_dir: Path, job_name: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["replicas"]:
+        from lightning_dist.launch.replicas import main as run_replicas
+
+        run_replicas(argv[1:])
+        return
     if argv[:1] == ["torchrun"]:
         from lightning_dist.launch.torchrun import run_torchrun
 

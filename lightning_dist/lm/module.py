@@ -131,8 +131,10 @@ class CausalLM(L.LightningModule):
         # line of step N show step N's loss, as summary.json and the loggers do.
         if not self._micro_steps:
             return
-        # Average over micro-batches, then over ranks.
-        global_loss = mean_over_ranks(self._loss_sum / self._micro_steps)
+        # Average over micro-batches, then over replica groups (strategy=ft_hsdp), then ranks.
+        local = self._loss_sum / self._micro_steps
+        across_groups = getattr(self.trainer.strategy, "mean_over_replica_groups", None)
+        global_loss = mean_over_ranks(across_groups(local) if across_groups else local)
         self._loss_sum = torch.zeros((), device=global_loss.device)
         self._micro_steps = 0
         value = float(global_loss)

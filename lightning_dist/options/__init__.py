@@ -33,6 +33,7 @@ from lightning_dist.options.knobs import (
     PipelineOptions,
     PrecisionOptions,
     ProcessOptions,
+    ReplicaGroupOptions,
     ShardingOptions,
     TensorParallelOptions,
     knob,
@@ -56,6 +57,6 @@ __all__ = [
     "GROUPS", "KNOB_GROUP", "LAYOUT_DOCS", "MESH_GROUPS", "PRESETS", "STATE_DICT_TYPES",
     "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "DDPOptions",
     "FSDP1Options", "FSDP2Options", "PipelineOptions", "PrecisionOptions", "Preset",
-    "ProcessOptions", "ShardingOptions", "StrategyOptions", "TensorParallelOptions", "group_knobs",
+    "ProcessOptions", "ReplicaGroupOptions", "ShardingOptions", "StrategyOptions", "TensorParallelOptions", "group_knobs",
     "knob", "knob_doc", "knob_reference", "planner_ignores",
 ]  # fmt: skip

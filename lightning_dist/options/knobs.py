@@ -364,3 +364,44 @@ class CheckpointFormatOptions:
                 f"strategy.state_dict_type={self.state_dict_type!r} is not one of "
                 f"{', '.join(STATE_DICT_TYPES)}"
             )
+
+
+def _positive(value: Any, name: str, *, minimum: float = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ValueError(f"strategy.{name}={value!r} must be a number of at least {minimum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaGroupOptions:
+    """Replica groups that heal live (`strategy=ft_hsdp`, torchft; `parallel/replica_groups.py`)."""
+
+    replica_groups: int = knob(2, "Replica groups of the job, each its own process group (one "
+                               "torchrun per group, `python -m lightning_dist.launch replicas`); "
+                               "gradients are averaged over the groups present at each step.",
+                               planner_ignores="the planner plans one replica group")  # fmt: skip
+    min_replica_groups: int = knob(1, "Fewest groups a step may commit with; below it the step "
+                                   "waits for groups to come back.",
+                                   planner_ignores="a fault-tolerance setting")  # fmt: skip
+    join_timeout_s: float = knob(2.0, "How long a step's quorum waits for a live group that has "
+                                 "not asked to join before going on without it.",
+                                 planner_ignores="a fault-tolerance setting")  # fmt: skip
+    heartbeat_timeout_s: float = knob(1.0, "A group whose heartbeat (sent every 0.1 s) the "
+                                      "Lighthouse has not heard for this long is left out of "
+                                      "the next quorum.",
+                                      planner_ignores="a fault-tolerance setting")  # fmt: skip
+    ft_timeout_s: float = knob(60.0, "Seconds a quorum, a cross-group all-reduce or a healing "
+                               "transfer may take; past it the step is retried without the "
+                               "group that did not answer.",
+                               planner_ignores="a fault-tolerance setting")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _positive(self.replica_groups, "replica_groups")
+        _positive(self.min_replica_groups, "min_replica_groups")
+        if self.min_replica_groups > self.replica_groups:
+            raise ValueError(
+                f"strategy.min_replica_groups={self.min_replica_groups} is more than "
+                f"strategy.replica_groups={self.replica_groups}"
+            )
+        _positive(self.join_timeout_s, "join_timeout_s", minimum=0.1)
+        _positive(self.heartbeat_timeout_s, "heartbeat_timeout_s", minimum=0.2)
+        _positive(self.ft_timeout_s, "ft_timeout_s", minimum=1)

@@ -19,6 +19,7 @@ from lightning_dist.options.knobs import (
     PipelineOptions,
     PrecisionOptions,
     ProcessOptions,
+    ReplicaGroupOptions,
     ShardingOptions,
     TensorParallelOptions,
 )
@@ -49,6 +50,7 @@ GROUPS: dict[str, type] = {
     "float8": Float8Options,
     "process": ProcessOptions,
     "checkpoint_format": CheckpointFormatOptions,
+    "replicas": ReplicaGroupOptions,
 }
 """Every option class, by its attribute name in `StrategyOptions`."""
 
@@ -81,8 +83,8 @@ class StrategyOptions:
 
     `layout` is the declared layout (one degree may be -1); `replica_per_node` says that
     `dp_replicate` was null (one replica group per node, resolved when the node count is
-    known). Groups a strategy does not use keep their defaults (`fsdp1` and `ddp` are None
-    unless the strategy runs them)."""
+    known). Groups a strategy does not use keep their defaults (`fsdp1`, `ddp` and `replicas`
+    are None unless the strategy runs them)."""
 
     layout: Layout = field(default_factory=Layout)
     replica_per_node: bool = False
@@ -98,6 +100,7 @@ class StrategyOptions:
     float8: Float8Options = field(default_factory=Float8Options)
     process: ProcessOptions = field(default_factory=ProcessOptions)
     checkpoint_format: CheckpointFormatOptions = field(default_factory=CheckpointFormatOptions)
+    replicas: ReplicaGroupOptions | None = None
 
     @classmethod
     def from_knobs(
@@ -211,6 +214,7 @@ PRESETS: dict[str, Preset] = {
     ),  # fmt: skip
     "fsdp2": Preset(MESH_GROUPS, {"dp_shard": -1, "dp_replicate": None}),
     "3d": Preset(MESH_GROUPS, {"dp_shard": -1}),
+    "ft_hsdp": Preset((*MESH_GROUPS, "replicas"), {"dp_shard": -1}),
     "auto": Preset(("process",)),
 }
 """Each strategy's knobs, by the name of its schema (`conf/strategy/<file>.yaml` extends

@@ -94,7 +94,8 @@ def make_plan(spec: RunSpec) -> RunPlan:
     if ckpt_path:
         checkpoints.verify_resume(ckpt_path, spec.model)
     layout = contract.layout_for(devices, num_nodes)
-    _, accumulate = batch_plan(batch.global_batch_size, layout.dp, batch.micro_batch_size)
+    shares = contract.data_shares(layout)
+    _, accumulate = batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)
     return RunPlan(
         spec=spec, strategy=strategy, devices=devices, num_nodes=num_nodes, layout=layout,
         precision=precision, batch=batch, accumulate=accumulate, checkpoints=checkpoints,
@@ -163,8 +164,9 @@ def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: Hardwar
         try:
             check_strategy(strategy, model, batch, hardware, devices=devices, num_nodes=nodes,
                            precision=precision)  # fmt: skip
-            layout = contract_of(strategy).layout_for(devices, nodes)
-            batch_plan(batch.global_batch_size, layout.dp, batch.micro_batch_size)
+            contract = contract_of(strategy)
+            shares = contract.data_shares(contract.layout_for(devices, nodes))
+            batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)
         except ValueError as e:
             raise ValueError(
                 f"an elastic round on {nodes} of hardware.min_nodes={node_counts[0]} to "

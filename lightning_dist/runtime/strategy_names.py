@@ -17,6 +17,7 @@ STRATEGIES = {
     "fsdp_tuned": "lightning_dist.strategies.fsdp:TunedFSDPStrategy",
     "fsdp2": "lightning_dist.strategies.fsdp2:FSDP2Strategy",
     "parallel3d": "lightning_dist.strategies.parallel3d:Parallel3DStrategy",
+    "ft_hsdp": "lightning_dist.strategies.ft_hsdp:FTHSDPStrategy",
 }
 """Registry name -> "module:class"; each class registers itself in `register_strategies`."""
 

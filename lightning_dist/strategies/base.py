@@ -92,6 +92,10 @@ class LightningDistStrategy(FormatCheckpointHooks):
         layout.check_nodes(devices, num_nodes)
         return layout
 
+    def data_shares(self, layout: Layout) -> int:
+        """Data-parallel shares of the global batch: the layout's dp (the contract's)."""
+        return layout.dp
+
     @property
     def layout(self) -> Layout:
         """The running layout once the processes exist, the declared one before."""

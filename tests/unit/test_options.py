@@ -63,6 +63,11 @@ VALUES = {
     "gradient_as_bucket_view": ("false", False, []),
     "static_graph": ("true", True, []),
     "broadcast_buffers": ("true", True, []),
+    "replica_groups": ("3", 3, []),
+    "min_replica_groups": ("2", 2, []),
+    "join_timeout_s": ("0.5", 0.5, []),
+    "heartbeat_timeout_s": ("3", 3, []),
+    "ft_timeout_s": ("30", 30, []),
 }
 
 BASE = ["model=llama3_8b", "hardware=dgx_h100", "data.global_batch_size=32", "data.seq_len=2048"]
@@ -91,7 +96,8 @@ def _presets() -> list[tuple[str, str]]:
             continue
         target = compose_config([f"strategy={name}", "paths.output_dir=."]).strategy._target_
         preset = {"single_device_strategy": "single", "DataParallelStrategy": "ddp",
-                  "TunedFSDPStrategy": "fsdp", "FSDP2Strategy": "fsdp2"}.get(
+                  "TunedFSDPStrategy": "fsdp", "FSDP2Strategy": "fsdp2",
+                  "FTHSDPStrategy": "ft_hsdp"}.get(
             target.rsplit(".", 1)[-1], "3d")  # fmt: skip
         out.append((name, preset))
     return out

@@ -1,0 +1,126 @@
+"""`python -m lightning_dist.launch replicas --groups N --nproc-per-group M <train.py overrides>`:
+a `strategy=ft_hsdp` job on this machine: torchft's Lighthouse, and one torchrun per replica
+group, each relaunched by its torchrun (`--max-restarts`) when one of its ranks fails; the
+relaunched group heals live from a peer while the others keep training.
+
+Group g writes its run directory `<run dir>/group<g>` (its summary.json, checkpoints and
+logs); the run directory is `hydra.run.dir` when given, else `outputs/replicas/<time>`. The
+config is checked (composition, layout, batch split) before anything starts: exit status 2
+for a bad one, else the highest exit status of the groups. A group spanning several nodes runs
+its own `torchrun --nnodes` with the same environment (`REPLICA_GROUP_ID`, and
+`TORCHFT_LIGHTHOUSE` pointing at one Lighthouse); this launcher covers one node per group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lightning_dist.launch.torchrun import torchrun_environment
+from lightning_dist.parallel.replica_groups import GROUP_ENV, LIGHTHOUSE_ENV
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lightning_dist.launch replicas",
+                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. model=llama_debug")
+    parser.add_argument("--groups", type=int, default=2, help="replica groups (default 2)")
+    parser.add_argument("--nproc-per-group", type=int, default=1, help="ranks in each group")
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="relaunches of each group (torchrun --max-restarts)")  # fmt: skip
+    parser.add_argument("--script", default="train.py", help="the training script (train.py)")
+    return parser
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def group_overrides(overrides: list[str], groups: int, nproc: int) -> list[str]:
+    """The overrides every group runs with: the user's, then the strategy, group count and
+    ranks per group (a user's own values for them must agree)."""
+    fixed = {"strategy": "ft_hsdp", "strategy.replica_groups": str(groups),
+             "hardware.devices": str(nproc)}  # fmt: skip
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key in fixed and value != fixed[key]:
+            _fail(f"{item} disagrees with the launcher's {key}={fixed[key]} (set by --groups and "
+                  "--nproc-per-group)")  # fmt: skip
+    return [f"{k}={v}" for k, v in fixed.items()] + [
+        o for o in overrides if o.partition("=")[0] not in fixed
+    ]
+
+
+def _check(overrides: list[str]) -> None:
+    """Compose and plan the run as train.py will, so a bad config stops before any process."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lightning_dist.config import compose_config
+    from lightning_dist.run.errors import config_errors, report_config_error
+    from lightning_dist.run.plan import plan_run
+
+    try:
+        with config_errors():
+            plan_run(compose_config([*overrides, "paths.output_dir=outputs/replicas/check"]))
+    except (ValueError, HydraException, OmegaConfBaseException) as e:
+        report_config_error(e)
+
+
+def _start_lighthouse(overrides: list[str]):
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at info
+    from torchft.coordination import LighthouseServer
+
+    from lightning_dist.config import compose_config
+
+    knobs = compose_config([*overrides, "paths.output_dir=outputs/replicas/check"]).strategy
+    return LighthouseServer(
+        bind="[::]:0", min_replicas=int(knobs.min_replica_groups),
+        join_timeout_ms=int(float(knobs.join_timeout_s) * 1000),
+        heartbeat_timeout_ms=int(float(knobs.heartbeat_timeout_s) * 1000),
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    args = _parser().parse_intermixed_args(argv)
+    if args.groups < 1 or args.nproc_per_group < 1 or args.max_restarts < 0:
+        _fail("--groups and --nproc-per-group must be at least 1, --max-restarts at least 0")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        _fail(f"{' '.join(bad)} is not a KEY=VALUE override of train.py")
+    overrides = group_overrides(args.overrides, args.groups, args.nproc_per_group)
+    run_dir = next((o.partition("=")[2] for o in overrides if o.startswith("hydra.run.dir=")),
+                   f"outputs/replicas/{time.strftime('%Y-%m-%d_%H-%M-%S')}")  # fmt: skip
+    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    _check(overrides)
+    lighthouse = _start_lighthouse(overrides)
+    print(f"replicas: Lighthouse at {lighthouse.address()}; {args.groups} groups of "
+          f"{args.nproc_per_group} ranks; run directory {run_dir}", flush=True)  # fmt: skip
+    groups = []
+    for group in range(args.groups):
+        # Each torchrun round gets a store of its own (torchrun_environment): on the shared
+        # one, a relaunched group reads its dead manager's address, left by the round before.
+        env = {"RUST_LOG": "warn", **torchrun_environment(os.environ), GROUP_ENV: str(group),
+               LIGHTHOUSE_ENV: lighthouse.address()}  # fmt: skip
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={args.nproc_per_group}", f"--max-restarts={args.max_restarts}",
+               args.script, *overrides, f"hydra.run.dir={Path(run_dir) / f'group{group}'}"]  # fmt: skip
+        groups.append(subprocess.Popen(cmd, env=env))
+    try:
+        codes = [p.wait() for p in groups]
+    except KeyboardInterrupt:
+        for p in groups:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait() for p in groups]
+    finally:
+        lighthouse.shutdown()
+    failed = [(g, c) for g, c in enumerate(codes) if c]
+    for group, code in failed:
+        print(f"replicas: group {group} ended with exit status {code}", file=sys.stderr)
+    sys.exit(max(codes))

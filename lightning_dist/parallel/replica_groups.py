@@ -1,0 +1,198 @@
+"""Replica groups that heal live (`strategy=ft_hsdp`), over torchft. No Lightning here.
+
+Each replica group is its own torch.distributed job (one torchrun) that shards the model with
+FSDP2 over its ranks. torchft's Lighthouse (started by `python -m lightning_dist.launch
+replicas`) forms a quorum of the groups present before every step; rank r of each group
+all-reduces its gradient shards with rank r of the other groups of the quorum, and the step is
+committed only when every rank of the group saw that all-reduce succeed. A group that fails
+drops out of the next quorum, and the others go on without restarting. A relaunched group joins
+a quorum and receives the model, the optimizer state and the training position from a peer
+(torchft's checkpoint transport, over HTTP between the job's own processes: the payload is
+unpickled, as torch.distributed's object collectives do).
+
+Only the synchronous quorum is used: with torchft's asynchronous quorum, healing during FSDP2's
+forward crashed in backward (torch 2.13, torchft 0.2.0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+log = logging.getLogger(__name__)
+
+GROUP_ENV = "REPLICA_GROUP_ID"
+"""This process's replica group, 0 .. replica_groups - 1 (set by the launcher)."""
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+"""The Lighthouse address, torchft's own variable (set by the launcher)."""
+
+
+class ReplicaGroupFellBehind(RuntimeError):
+    """A running group was healed mid-run: it restarts, and heals again before step 1."""
+
+
+def replica_group_id(groups: int) -> int:
+    """This process's replica group from the launcher's environment; ValueError when absent."""
+    raw = os.environ.get(GROUP_ENV)
+    if raw is None or LIGHTHOUSE_ENV not in os.environ:
+        raise ValueError(
+            f"strategy=ft_hsdp needs {GROUP_ENV} and {LIGHTHOUSE_ENV} in the environment: start "
+            "the run with `python -m lightning_dist.launch replicas --groups N "
+            "--nproc-per-group M <train.py overrides>` (docs/MULTINODE.md, live healing)"
+        )
+    if not raw.isdigit() or int(raw) >= groups:
+        raise ValueError(f"{GROUP_ENV}={raw!r} is not a group of strategy.replica_groups={groups}")
+    return int(raw)
+
+
+def local_tensor(value: torch.Tensor) -> torch.Tensor:
+    """The rank's own piece of a tensor (a DTensor's shard, else the tensor)."""
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shards of the parameters, buffers and optimizer state, as plain CPU tensors:
+    what the same rank of a healing group loads with `load_training_state`."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return {
+        "model": {k: local_tensor(v).detach().cpu().clone() for k, v in model.state_dict().items()},
+        "optimizer": [
+            {
+                k: local_tensor(v).cpu().clone() if torch.is_tensor(v) else v
+                for k, v in optimizer.state.get(p, {}).items()
+            }
+            for p in params
+        ],  # fmt: skip
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+    }
+
+
+@torch.no_grad()
+def load_training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Copy a peer's `training_state` into this rank's shards, in place (the same layout)."""
+    mine = model.state_dict()
+    if set(mine) != set(state["model"]):
+        raise ValueError("the healing peer's model has other parameter names than this one")
+    for name, value in mine.items():
+        local_tensor(value).copy_(state["model"][name])
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(params) != len(state["optimizer"]):
+        raise ValueError("the healing peer's optimizer has another number of parameters")
+    _init_optimizer_state(
+        optimizer, [p for p, s in zip(params, state["optimizer"], strict=True) if s]
+    )
+    for param, saved in zip(params, state["optimizer"], strict=True):
+        for key, value in saved.items():
+            current = optimizer.state[param][key]
+            if torch.is_tensor(current):
+                local_tensor(current).copy_(value)
+            else:
+                optimizer.state[param][key] = value
+    for group, saved in zip(optimizer.param_groups, state["groups"], strict=True):
+        group.update(saved)
+
+
+def _init_optimizer_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """Create the optimizer's state tensors (a step with zero gradients and a zero learning
+    rate, which changes no parameter) for `params` that have none yet."""
+    missing = {id(p) for p in params if not optimizer.state.get(p)}
+    if not missing:
+        return
+    saved_grads = {p: p.grad for g in optimizer.param_groups for p in g["params"]}
+    saved_lrs = [g["lr"] for g in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p) if id(p) in missing else None
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, saved_lrs, strict=True):
+        group["lr"] = lr
+    for p, grad in saved_grads.items():
+        p.grad = grad
+
+
+class ReplicaGroups:
+    """torchft's Manager for one rank of one replica group: quorum, cross-group average,
+    commit, and the state a healing peer receives (`state_fn` / `load_fn`)."""
+
+    def __init__(
+        self,
+        *,
+        group_id: int,
+        groups: int,
+        min_groups: int,
+        timeout_s: float,
+        state_fn: Callable[[], dict[str, Any]],
+        load_fn: Callable[[dict[str, Any]], None],
+    ) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        timeout = timedelta(seconds=timeout_s)
+        # GPU note: NCCL (torchft's ProcessGroupNCCL) would be the GPU choice; never run here.
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_fn, state_dict=state_fn,
+            min_replica_size=min_groups, use_async_quorum=False, timeout=timeout,
+            quorum_timeout=timeout, connect_timeout=timeout, rank=dist.get_rank(),
+            world_size=dist.get_world_size(), replica_id=f"group_{group_id}", init_sync=False,
+        )  # fmt: skip
+        self.group_id = group_id
+        self.groups = groups
+        self.timeout_s = timeout_s
+
+    def quorum(self) -> int:
+        """The quorum of the next step (a healing group loads its peer's state in here);
+        returns the number of groups in it."""
+        self.manager.start_quorum()
+        return self.manager.num_participants()
+
+    def first_quorum(self) -> int:
+        """The first step's quorum, with every group if they all come within the timeout (a
+        group whose processes are still starting is waited for, so a job starts whole)."""
+        deadline = time.monotonic() + self.timeout_s
+        present = self.quorum()
+        while present < self.groups and self.manager.current_step() == 0:
+            if time.monotonic() > deadline:
+                log.warning(
+                    "Replica group %d starts with %d of %d groups: the others did not join "
+                    "within strategy.ft_timeout_s=%s", self.group_id, present, self.groups,
+                    self.timeout_s,
+                )  # fmt: skip
+                break
+            time.sleep(0.2)
+            present = self.quorum()
+        return present
+
+    @torch.no_grad()
+    def average(self, tensors: list[torch.Tensor]) -> bool:
+        """Average `tensors` in place over the groups of the quorum (one all-reduce) and agree
+        with the group on whether the step commits: False when any rank's all-reduce failed."""
+        flat = torch.cat([local_tensor(t).reshape(-1).float() for t in tensors])
+        self.manager.allreduce(flat).wait()
+        offset = 0
+        for t in tensors:
+            piece = local_tensor(t)
+            piece.copy_(flat[offset : offset + piece.numel()].view_as(piece))
+            offset += piece.numel()
+        return self.manager.should_commit()
+
+    def participants(self) -> int:
+        return self.manager.num_participants()
+
+    def step(self) -> int:
+        """Steps committed (the same count on every group of a quorum)."""
+        return self.manager.current_step()
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)

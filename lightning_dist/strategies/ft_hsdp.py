@@ -1,0 +1,221 @@
+"""`strategy=ft_hsdp` / `Trainer(strategy="ft_hsdp")`: replica groups that heal live.
+
+The mesh strategy (FSDP2 over the ranks of one group; tp and pp as in `3d`) inside each replica
+group, and torchft across them (`parallel/replica_groups.py`): start the job with
+`python -m lightning_dist.launch replicas --groups N --nproc-per-group M <overrides>`. What the
+strategy adds to `Parallel3DStrategy`:
+
+- before each step's forward, a quorum of the groups present (the first one in `setup`, where a
+  relaunched group heals: the model, the optimizer and scheduler state, Lightning's loop
+  counters and the data position of a peer);
+- after backward, the gradient shards (and the step's loss) averaged over the groups of the
+  quorum; a step whose cross-group all-reduce failed on any rank of the group is not committed:
+  it runs again on the same batch with the groups still present. Every optimizer step is thus
+  taken exactly once, from the samples of the groups present at its commit: a missing group's
+  share of the global batch is not trained on for those steps (never repeated later).
+  summary.json records the groups of every step (`replica_groups_per_step`);
+- the data split over every group's ranks: group g's rank r reads the data-parallel share
+  `g * dp + r` of `groups * dp`.
+
+Gradient accumulation is refused (a retried step reruns only its last micro-batch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+
+from lightning_dist.layout import Layout, batch_plan
+from lightning_dist.parallel.replica_groups import (
+    ReplicaGroupFellBehind,
+    ReplicaGroups,
+    load_training_state,
+    replica_group_id,
+    training_state,
+)
+from lightning_dist.runtime.strategy_names import register_strategies
+from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+log = logging.getLogger(__name__)
+
+
+class FTHSDPStrategy(Parallel3DStrategy):
+    """FSDP2 inside each replica group, torchft across groups (`strategy.replica_groups`)."""
+
+    strategy_name = "ft_hsdp"
+    preset = "ft_hsdp"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replicas: ReplicaGroups | None = None
+        self._quorum_ready = False  # the next step's quorum was formed in setup()
+        self._in_setup = False
+        self._healed_from: dict[str, Any] | None = None
+        self._loss_across = torch.zeros(())
+        self.groups_per_step: list[int] = []
+        self.healed_at_step: int | None = None
+
+    # --- the contract -------------------------------------------------------------------------
+
+    @property
+    def group_count(self) -> int:
+        return self.options.replicas.replica_groups
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        layout = super().layout_for(devices, num_nodes)
+        if layout.dp_replicate != 1:
+            raise ValueError(
+                f"strategy=ft_hsdp replicates across groups (strategy.replica_groups); "
+                f"strategy.dp_replicate={layout.dp_replicate} must be 1 inside a group"
+            )
+        return layout
+
+    def check_run(self, *, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None, **kwargs: Any) -> None:  # fmt: skip
+        super().check_run(**kwargs)
+        if importlib.util.find_spec("torchft") is None:
+            raise ValueError(
+                "strategy=ft_hsdp needs torchft: pip install 'lightning_dist[ft]' (torchft 0.2.0)"
+            )
+        if global_batch_size is None:
+            return
+        layout = self.layout_for(kwargs["devices"], kwargs["num_nodes"])
+        shares = self.data_shares(layout)
+        micro, accumulation = batch_plan(global_batch_size, shares, micro_batch_size)
+        if accumulation > 1:
+            raise ValueError(
+                f"strategy=ft_hsdp takes no gradient accumulation: data.global_batch_size="
+                f"{global_batch_size} over {shares} data-parallel ranks "
+                f"({self.group_count} groups x {layout.dp}) needs {accumulation} micro-batches "
+                f"of {micro}; set data.per_rank_batch_size={global_batch_size // shares}"
+            )
+
+    def data_shares(self, layout: Layout) -> int:
+        return self.group_count * layout.dp
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        layout = self.layout
+        group = replica_group_id(self.group_count)
+        return {
+            "num_replicas": self.group_count * layout.dp,
+            "rank": group * layout.dp + layout.dp_rank(self.global_rank),
+        }
+
+    # --- quorum, healing ----------------------------------------------------------------------
+
+    def setup(self, trainer) -> None:
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if trainer.accumulate_grad_batches > 1:
+            raise ValueError("strategy=ft_hsdp takes no gradient accumulation (see check_run)")
+        opts = self.options.replicas
+        self._replicas = ReplicaGroups(
+            group_id=replica_group_id(opts.replica_groups), groups=opts.replica_groups,
+            min_groups=opts.min_replica_groups, timeout_s=opts.ft_timeout_s,
+            state_fn=self._state, load_fn=self._load,
+        )  # fmt: skip
+        self._in_setup = True
+        try:
+            present = self._replicas.first_quorum()
+        finally:
+            self._in_setup = False
+        self._quorum_ready = True
+        if self.healed_at_step is not None:
+            log.warning(
+                "Replica group %d healed from a peer at step %d (%d groups present)",
+                self._replicas.group_id, self.healed_at_step, present,
+            )  # fmt: skip
+
+    def _state(self) -> dict[str, Any]:
+        """What a healing peer receives (torchft calls this on its quorum thread, while the
+        main thread waits for the quorum at the start of a step)."""
+        trainer = self.lightning_module.trainer
+        return {
+            "shards": training_state(self.model, self.optimizers[0]),
+            "loops": trainer.fit_loop.state_dict(),
+            "schedulers": [c.scheduler.state_dict() for c in self.lr_scheduler_configs],
+            "datamodule": trainer.datamodule.state_dict() if trainer.datamodule else {},
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        if not self._in_setup:
+            raise ReplicaGroupFellBehind(
+                f"replica group {self._replicas.group_id} fell behind the others and must heal "
+                "from a peer: it restarts (torchrun --max-restarts) and heals before its first step"
+            )
+        trainer = self.lightning_module.trainer
+        load_training_state(self.model, self.optimizers[0], state["shards"])
+        trainer.fit_loop.load_state_dict(state["loops"])
+        for config, saved in zip(self.lr_scheduler_configs, state["schedulers"], strict=True):
+            config.scheduler.load_state_dict(saved)
+        if trainer.datamodule is not None and state["datamodule"]:
+            trainer.datamodule.load_state_dict(state["datamodule"])
+        self.healed_at_step = self._replicas.step()  # torchft set it to the peer's already
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._quorum_ready:
+            self._replicas.quorum()
+        self._quorum_ready = False
+        return super().training_step(*args, **kwargs)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        """Backward, then the cross-group average and commit; a step not committed runs again
+        on the same batch (a new quorum first), so each step is taken exactly once."""
+        replicas = self._replicas
+
+        def closure_until_committed():
+            for attempt in range(1, 101):
+                loss = closure()
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                mine = torch.zeros(()) if loss is None else loss.detach().float().cpu()
+                loss_buffer = mine.reshape(1).clone()
+                if replicas.average([*grads, loss_buffer]):
+                    self._loss_across = loss_buffer[0]
+                    self.groups_per_step.append(replicas.participants())
+                    return loss
+                log.warning(
+                    "Replica group %d: step %d not committed (attempt %d: a group failed during "
+                    "it); running it again with the groups present",
+                    replicas.group_id, replicas.step() + 1, attempt,
+                )  # fmt: skip
+            raise RuntimeError(f"step {replicas.step() + 1} failed to commit 100 times")
+
+        return super().optimizer_step(optimizer, closure_until_committed, model, **kwargs)
+
+    def mean_over_replica_groups(self, local: torch.Tensor) -> torch.Tensor:
+        """This rank's loss of the step, averaged over the replica groups that committed it
+        (all-reduced with the gradients); `local` is this rank's own value."""
+        return self._loss_across.to(local.device, local.dtype)
+
+    def summary(self, world_size: int) -> dict[str, Any]:
+        """summary.json keys: the group, the groups present at each step, and where it healed."""
+        return {
+            "replica_group": None if self._replicas is None else self._replicas.group_id,
+            "replica_groups": self.group_count,
+            "replica_groups_per_step": list(self.groups_per_step),
+            "healed_at_step": self.healed_at_step,
+        }
+
+    def teardown(self) -> None:
+        if self._replicas is not None:
+            self._replicas.shutdown()
+            self._replicas = None
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(
+            "ft_hsdp", cls, description="FSDP2 replica groups that heal live (torchft)"
+        )
+
+
+register_strategies()  # this module's names too, when it was the first to import Lightning
