@@ -37,6 +37,11 @@ class StrategyContract(Protocol):
         """The layout this strategy runs on `num_nodes` nodes of `devices` ranks (resolved)."""
         ...
 
+    def check_environment(self) -> None:
+        """Raise ValueError when this process was not started as the strategy needs (a
+        training run's check, before any process group; the planner skips it)."""
+        ...
+
     def data_shares(self, layout: Layout) -> int:
         """How many data-parallel shares the global batch is cut into on `layout`: its dp,
         times the replica groups for `strategy=ft_hsdp`."""
@@ -73,6 +78,9 @@ class _PlainDataParallel:
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)
+
+    def check_environment(self) -> None:
+        pass
 
     def data_shares(self, layout: Layout) -> int:
         return layout.dp

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.config.targets import check_targets
+from lightning_dist.contract import contract_of
 
 BYTES_PER_CPU_RANK = 0.5 * 2**30
 """What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""
@@ -193,6 +194,7 @@ def check_machine(plan: Any) -> None:
     """Checks of the planned run (a `run.plan.RunPlan`) against this machine and launch
     (skipped by `plan.only`, which runs anywhere)."""
     plan.hardware.check_machine()
+    contract_of(plan.strategy).check_environment()
     if plan.hardware.num_nodes > 1 and not _cluster_launch():
         raise ValueError(
             f"hardware.num_nodes={plan.hardware.num_nodes} needs every node started by torchrun "

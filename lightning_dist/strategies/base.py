@@ -92,6 +92,9 @@ class LightningDistStrategy(FormatCheckpointHooks):
         layout.check_nodes(devices, num_nodes)
         return layout
 
+    def check_environment(self) -> None:
+        """Nothing to check by default (the contract's)."""
+
     def data_shares(self, layout: Layout) -> int:
         """Data-parallel shares of the global batch: the layout's dp (the contract's)."""
         return layout.dp

@@ -93,6 +93,9 @@ class FTHSDPStrategy(Parallel3DStrategy):
                 f"of {micro}; set data.per_rank_batch_size={global_batch_size // shares}"
             )
 
+    def check_environment(self) -> None:
+        replica_group_id(self.group_count)  # started by the launcher
+
     def data_shares(self, layout: Layout) -> int:
         return self.group_count * layout.dp
 

@@ -203,6 +203,11 @@ CASES = [
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),
     Case('elastic: a round too small for the layout', fast('hardware.devices=2', 'hardware.num_nodes=2', 'hardware.min_nodes=1', 'strategy.tp=2', 'strategy.pp=2', strategy='3d'),
          'an elastic round on 1 of hardware.min_nodes=1 to hardware.num_nodes=2 nodes fails: world size 2'),
+    # Live healing (strategy=ft_hsdp): started by its launcher, no gradient accumulation.
+    Case('ft_hsdp: not started by the launcher', fast('hardware.devices=2', strategy='ft_hsdp'),
+         'strategy=ft_hsdp needs REPLICA_GROUP_ID and TORCHFT_LIGHTHOUSE in the environment: start the run with `python -m lightning_dist.launch replicas'),
+    Case('ft_hsdp: gradient accumulation', fast('hardware.devices=2', 'data.global_batch_size=16', 'data.per_rank_batch_size=2', strategy='ft_hsdp'),
+         'strategy=ft_hsdp takes no gradient accumulation: data.global_batch_size=16 over 4 data-parallel ranks (2 groups x 2) needs 2 micro-batches of 2; set data.per_rank_batch_size=4'),
 ]  # fmt: skip
 
 
