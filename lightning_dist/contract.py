@@ -42,6 +42,11 @@ class StrategyContract(Protocol):
         training run's check, before any process group; the planner skips it)."""
         ...
 
+    def heals_from_peer(self) -> bool:
+        """True in a process relaunched into a running job that takes its state from a peer
+        (`ft_hsdp`): it does not resume from its own checkpoint."""
+        ...
+
     def data_shares(self, layout: Layout) -> int:
         """How many data-parallel shares the global batch is cut into on `layout`: its dp,
         times the replica groups for `strategy=ft_hsdp`."""
@@ -81,6 +86,9 @@ class _PlainDataParallel:
 
     def check_environment(self) -> None:
         pass
+
+    def heals_from_peer(self) -> bool:
+        return False
 
     def data_shares(self, layout: Layout) -> int:
         return layout.dp

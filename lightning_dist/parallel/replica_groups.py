@@ -40,6 +40,10 @@ class ReplicaGroupFellBehind(RuntimeError):
     """A running group was healed mid-run: it restarts, and heals again before step 1."""
 
 
+class ReplicaGroupAlone(RuntimeError):
+    """A relaunched group found no other group to heal from."""
+
+
 def replica_group_id(groups: int) -> int:
     """This process's replica group from the launcher's environment; ValueError when absent."""
     raw = os.environ.get(GROUP_ENV)
@@ -164,6 +168,13 @@ class ReplicaGroups:
         present = self.quorum()
         while present < self.groups and self.manager.current_step() == 0:
             if time.monotonic() > deadline:
+                if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+                    raise ReplicaGroupAlone(
+                        f"replica group {self.group_id} was relaunched, but no other group "
+                        f"joined it within strategy.ft_timeout_s={self.timeout_s}: there is no "
+                        "peer to heal from (the others have ended); restart the whole job "
+                        "(trainer.resume=auto resumes each group from its checkpoint)"
+                    )
                 log.warning(
                     "Replica group %d starts with %d of %d groups: the others did not join "
                     "within strategy.ft_timeout_s=%s", self.group_id, present, self.groups,

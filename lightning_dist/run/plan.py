@@ -91,6 +91,11 @@ def make_plan(spec: RunSpec) -> RunPlan:
                           node_counts=spec.node_counts)  # fmt: skip
     checkpoints = RunCheckpoints.of(trainer, spec.run_dir)
     ckpt_path, resume_note = checkpoints.start_point()
+    if ckpt_path and contract.heals_from_peer():
+        ckpt_path, resume_note = (
+            None,
+            ("relaunched replica group: it heals from a running group, not from its checkpoint"),
+        )
     if ckpt_path:
         checkpoints.verify_resume(ckpt_path, spec.model)
     layout = contract.layout_for(devices, num_nodes)

@@ -95,6 +95,10 @@ class LightningDistStrategy(FormatCheckpointHooks):
     def check_environment(self) -> None:
         """Nothing to check by default (the contract's)."""
 
+    def heals_from_peer(self) -> bool:
+        """False: a restarted process resumes from its checkpoint (the contract's)."""
+        return False
+
     def data_shares(self, layout: Layout) -> int:
         """Data-parallel shares of the global batch: the layout's dp (the contract's)."""
         return layout.dp

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
@@ -95,6 +96,11 @@ class FTHSDPStrategy(Parallel3DStrategy):
 
     def check_environment(self) -> None:
         replica_group_id(self.group_count)  # started by the launcher
+
+    def heals_from_peer(self) -> bool:
+        # Relaunched by its torchrun into a running job: the peers hold newer state than the
+        # group's own checkpoint (a whole-job restart starts new torchruns, count 0, and resumes).
+        return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
 
     def data_shares(self, layout: Layout) -> int:
         return self.group_count * layout.dp

@@ -22,7 +22,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
 # Each step sleeps 2 s on rank 0 of each group, so that a relaunched group (about 10 s to start
 # on this machine) can rejoin by step 10; `collective_timeout_s=20` makes the failed group's
 # surviving rank end within about 2 s (the watchdog polls every collective_timeout_s / 20).
-FAULT = ["trainer.collective_timeout_s=20",
+# Checkpoints every 3 steps with resume=auto: the relaunched group heals from group 0 rather
+# than resuming from its own (older) step3.ckpt.
+FAULT = ["trainer.collective_timeout_s=20", "trainer.checkpoint.every_n_train_steps=3",
+         "trainer.resume=auto",
          "+callbacks.kill._target_=tests.faults.KillInReplicaGroup", "+callbacks.kill.step=4",
          "+callbacks.digest._target_=tests.faults.ParameterDigest",
          "+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.rank=0",
@@ -55,7 +58,9 @@ def test_a_killed_group_drops_out_heals_from_its_peer_and_the_losses_stay_exact(
     median = statistics.median(seconds)
     assert max(seconds[3:10]) <= 3 * median, (seconds, median)
 
-    # Group 1 healed at the step it rejoined, and from there logged group 0's losses exactly.
+    # Group 1 healed at the step it rejoined (not from its own step3.ckpt, which resume=auto
+    # would have picked), and from there logged group 0's losses exactly.
+    assert "relaunched replica group: it heals from a running group" in job.stdout
     assert second["healed_at_step"] == back and second["first_step"] == back, second
     assert second["losses"] == first["losses"][back:]
     for rank in (0, 1):  # both groups end with the same parameters, bit for bit
