@@ -47,6 +47,15 @@ class StrategyContract(Protocol):
         (`ft_hsdp`): it does not resume from its own checkpoint."""
         ...
 
+    def mean_over_replica_groups(self, value: Any) -> Any:
+        """A rank's step loss averaged over the replica groups that trained the step
+        (`ft_hsdp`); `value` itself for every other strategy."""
+        ...
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Keys this strategy adds to summary.json (`ft_hsdp`: the groups of every step)."""
+        ...
+
     def data_shares(self, layout: Layout) -> int:
         """How many data-parallel shares the global batch is cut into on `layout`: its dp,
         times the replica groups for `strategy=ft_hsdp`."""
@@ -89,6 +98,12 @@ class _PlainDataParallel:
 
     def heals_from_peer(self) -> bool:
         return False
+
+    def mean_over_replica_groups(self, value: Any) -> Any:
+        return value
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {}
 
     def data_shares(self, layout: Layout) -> int:
         return layout.dp

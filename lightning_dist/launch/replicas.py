@@ -6,7 +6,8 @@ relaunched group heals live from a peer while the others keep training.
 Group g writes its run directory `<run dir>/group<g>` (its summary.json, checkpoints and
 logs); the run directory is `hydra.run.dir` when given, else `outputs/replicas/<time>`. The
 config is checked (composition, layout, batch split) before anything starts: exit status 2
-for a bad one, else the highest exit status of the groups. A group spanning several nodes runs
+for a bad one, else the highest exit status of the groups (128 + N for a group ended by
+signal N). SIGINT or SIGTERM is passed on to every group. A group spanning several nodes runs
 its own `torchrun --nnodes` with the same environment (`REPLICA_GROUP_ID`, and
 `TORCHFT_LIGHTHOUSE` pointing at one Lighthouse); this launcher covers one node per group.
 """
@@ -57,8 +58,9 @@ def group_overrides(overrides: list[str], groups: int, nproc: int) -> list[str]:
     ]
 
 
-def _check(overrides: list[str]) -> None:
-    """Compose and plan the run as train.py will, so a bad config stops before any process."""
+def _check(overrides: list[str]):
+    """Compose and plan the run as train.py will, so a bad config stops before any process;
+    returns the strategy's replica-group options."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -68,23 +70,48 @@ def _check(overrides: list[str]) -> None:
 
     try:
         with config_errors():
-            plan_run(compose_config([*overrides, "paths.output_dir=outputs/replicas/check"]))
+            cfg = compose_config([*overrides, "paths.output_dir=outputs/replicas/check"])
+            return plan_run(cfg).strategy.options.replicas
     except (ValueError, HydraException, OmegaConfBaseException) as e:
         report_config_error(e)
 
 
-def _start_lighthouse(overrides: list[str]):
+def _start_lighthouse(options):
     os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at info
     from torchft.coordination import LighthouseServer
 
-    from lightning_dist.config import compose_config
-
-    knobs = compose_config([*overrides, "paths.output_dir=outputs/replicas/check"]).strategy
     return LighthouseServer(
-        bind="[::]:0", min_replicas=int(knobs.min_replica_groups),
-        join_timeout_ms=int(float(knobs.join_timeout_s) * 1000),
-        heartbeat_timeout_ms=int(float(knobs.heartbeat_timeout_s) * 1000),
+        bind="[::]:0", min_replicas=options.min_replica_groups,
+        join_timeout_ms=int(options.join_timeout_s * 1000),
+        heartbeat_timeout_ms=int(options.heartbeat_timeout_s * 1000),
     )  # fmt: skip
+
+
+def exit_status(code: int) -> int:
+    """A child's status as a shell reports it: 128 + N for one ended by signal N."""
+    return 128 - code if code < 0 else code
+
+
+def _wait(groups: list[subprocess.Popen]) -> list[int]:
+    """Wait for every group; SIGINT or SIGTERM is passed on to them once, and a group still
+    running 60 s later is killed."""
+
+    def forward(signum, frame):
+        for p in groups:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        deadline = time.monotonic() + 60
+        for p in groups:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    return [p.wait() for p in groups]
 
 
 def main(argv: list[str]) -> None:
@@ -98,8 +125,7 @@ def main(argv: list[str]) -> None:
     run_dir = next((o.partition("=")[2] for o in overrides if o.startswith("hydra.run.dir=")),
                    f"outputs/replicas/{time.strftime('%Y-%m-%d_%H-%M-%S')}")  # fmt: skip
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    _check(overrides)
-    lighthouse = _start_lighthouse(overrides)
+    lighthouse = _start_lighthouse(_check(overrides))
     print(f"replicas: Lighthouse at {lighthouse.address()}; {args.groups} groups of "
           f"{args.nproc_per_group} ranks; run directory {run_dir}", flush=True)  # fmt: skip
     groups = []
@@ -113,14 +139,10 @@ def main(argv: list[str]) -> None:
                args.script, *overrides, f"hydra.run.dir={Path(run_dir) / f'group{group}'}"]  # fmt: skip
         groups.append(subprocess.Popen(cmd, env=env))
     try:
-        codes = [p.wait() for p in groups]
-    except KeyboardInterrupt:
-        for p in groups:
-            p.send_signal(signal.SIGTERM)
-        codes = [p.wait() for p in groups]
+        codes = [exit_status(c) for c in _wait(groups)]
     finally:
         lighthouse.shutdown()
-    failed = [(g, c) for g, c in enumerate(codes) if c]
-    for group, code in failed:
-        print(f"replicas: group {group} ended with exit status {code}", file=sys.stderr)
+    for group, code in enumerate(codes):
+        if code:
+            print(f"replicas: group {group} ended with exit status {code}", file=sys.stderr)
     sys.exit(max(codes))

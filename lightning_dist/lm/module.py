@@ -19,6 +19,7 @@ from torchmetrics.text import Perplexity
 
 from lightning_dist._compat import attached_trainer
 from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
+from lightning_dist.contract import contract_of
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.materialize import materialize
 
@@ -133,8 +134,8 @@ class CausalLM(L.LightningModule):
             return
         # Average over micro-batches, then over replica groups (strategy=ft_hsdp), then ranks.
         local = self._loss_sum / self._micro_steps
-        across_groups = getattr(self.trainer.strategy, "mean_over_replica_groups", None)
-        global_loss = mean_over_ranks(across_groups(local) if across_groups else local)
+        strategy = contract_of(self.trainer.strategy)
+        global_loss = mean_over_ranks(strategy.mean_over_replica_groups(local))
         self._loss_sum = torch.zeros((), device=global_loss.device)
         self._micro_steps = 0
         value = float(global_loss)

@@ -366,9 +366,11 @@ class CheckpointFormatOptions:
             )
 
 
-def _positive(value: Any, name: str, *, minimum: float = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise ValueError(f"strategy.{name}={value!r} must be a number of at least {minimum}")
+def _positive(value: Any, name: str, *, minimum: float = 1, whole: bool = False) -> None:
+    kinds = int if whole else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(f"strategy.{name}={value!r} must be {kind} of at least {minimum}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,10 +381,11 @@ class ReplicaGroupOptions:
                                "torchrun per group, `python -m lightning_dist.launch replicas`); "
                                "gradients are averaged over the groups present at each step.",
                                planner_ignores="the planner plans one replica group")  # fmt: skip
-    min_replica_groups: int = knob(1, "Fewest groups a step may commit with; below it the step "
-                                   "waits for groups to come back.",
+    min_replica_groups: int = knob(1, "Fewest groups a step may commit with; with fewer, the "
+                                   "quorum waits for groups to come back, and the run stops "
+                                   "after ft_timeout_s.",
                                    planner_ignores="a fault-tolerance setting")  # fmt: skip
-    join_timeout_s: float = knob(2.0, "How long a step's quorum waits for a live group that has "
+    join_timeout_s: float = knob(10.0, "How long a step's quorum waits for a live group that has "
                                  "not asked to join before going on without it.",
                                  planner_ignores="a fault-tolerance setting")  # fmt: skip
     heartbeat_timeout_s: float = knob(1.0, "A group whose heartbeat (sent every 0.1 s) the "
@@ -395,8 +398,8 @@ class ReplicaGroupOptions:
                                planner_ignores="a fault-tolerance setting")  # fmt: skip
 
     def __post_init__(self) -> None:
-        _positive(self.replica_groups, "replica_groups")
-        _positive(self.min_replica_groups, "min_replica_groups")
+        _positive(self.replica_groups, "replica_groups", whole=True)
+        _positive(self.min_replica_groups, "min_replica_groups", whole=True)
         if self.min_replica_groups > self.replica_groups:
             raise ValueError(
                 f"strategy.min_replica_groups={self.min_replica_groups} is more than "

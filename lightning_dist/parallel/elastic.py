@@ -19,11 +19,16 @@ import torch
 import torch.distributed as dist
 
 
+def restart_attempt() -> int:
+    """torchrun's restart count of this process's workers: 0 in the first attempt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def init_process_group_for_attempt(backend: str, timeout: timedelta) -> bool:
     """Initialise the default process group in this restart attempt's key space; True if done."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
         return False
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_attempt()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,

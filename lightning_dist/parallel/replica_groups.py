@@ -28,12 +28,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lightning_dist.parallel.elastic import restart_attempt
+
 log = logging.getLogger(__name__)
 
 GROUP_ENV = "REPLICA_GROUP_ID"
 """This process's replica group, 0 .. replica_groups - 1 (set by the launcher)."""
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 """The Lighthouse address, torchft's own variable (set by the launcher)."""
+FIRST_QUORUM_PAUSE_S = 0.2
+"""Between the first step's quorums while groups are still starting."""
 
 
 class ReplicaGroupFellBehind(RuntimeError):
@@ -88,14 +92,16 @@ def load_training_state(
     mine = model.state_dict()
     if set(mine) != set(state["model"]):
         raise ValueError("the healing peer's model has other parameter names than this one")
-    for name, value in mine.items():
-        local_tensor(value).copy_(state["model"][name])
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(params) != len(state["optimizer"]):
         raise ValueError("the healing peer's optimizer has another number of parameters")
+    # First, as its step may move parameters (an optimizer whose update ignores the lr):
+    # the peer's values are copied over everything after it.
     _init_optimizer_state(
         optimizer, [p for p, s in zip(params, state["optimizer"], strict=True) if s]
     )
+    for name, value in mine.items():
+        local_tensor(value).copy_(state["model"][name])
     for param, saved in zip(params, state["optimizer"], strict=True):
         for key, value in saved.items():
             current = optimizer.state[param][key]
@@ -164,11 +170,14 @@ class ReplicaGroups:
     def first_quorum(self) -> int:
         """The first step's quorum, with every group if they all come within the timeout (a
         group whose processes are still starting is waited for, so a job starts whole)."""
-        deadline = time.monotonic() + self.timeout_s
+        # Every rank of the group takes the same quorums, so counting attempts (not reading
+        # each rank's clock) keeps the ranks together.
+        attempts = max(1, int(self.timeout_s / FIRST_QUORUM_PAUSE_S))
         present = self.quorum()
         while present < self.groups and self.manager.current_step() == 0:
-            if time.monotonic() > deadline:
-                if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            attempts -= 1
+            if attempts <= 0:
+                if restart_attempt():
                     raise ReplicaGroupAlone(
                         f"replica group {self.group_id} was relaunched, but no other group "
                         f"joined it within strategy.ft_timeout_s={self.timeout_s}: there is no "
@@ -181,14 +190,14 @@ class ReplicaGroups:
                     self.timeout_s,
                 )  # fmt: skip
                 break
-            time.sleep(0.2)
+            time.sleep(FIRST_QUORUM_PAUSE_S)
             present = self.quorum()
         return present
 
     @torch.no_grad()
-    def average(self, tensors: list[torch.Tensor]) -> bool:
-        """Average `tensors` in place over the groups of the quorum (one all-reduce) and agree
-        with the group on whether the step commits: False when any rank's all-reduce failed."""
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Average `tensors` in place over the groups of the quorum (one all-reduce; a failure
+        is recorded for `commit`, and the values are then not to be used)."""
         flat = torch.cat([local_tensor(t).reshape(-1).float() for t in tensors])
         self.manager.allreduce(flat).wait()
         offset = 0
@@ -196,7 +205,20 @@ class ReplicaGroups:
             piece = local_tensor(t)
             piece.copy_(flat[offset : offset + piece.numel()].view_as(piece))
             offset += piece.numel()
+
+    def commit(self, problem: str | None = None) -> bool:
+        """Agree with the group on whether the step commits: False when any rank's all-reduce
+        failed or any rank has a `problem`."""
+        if problem is not None:
+            self.manager.report_error(RuntimeError(problem))
         return self.manager.should_commit()
+
+    def set_step(self, step: int) -> None:
+        """Count steps from `step` (the training step a resumed run restored), so that a
+        group relaunched later heals from the newest state."""
+        self.manager.load_state_dict(
+            {"step": step, "batches_committed": self.manager.batches_committed()}
+        )
 
     def participants(self) -> int:
         return self.manager.num_participants()

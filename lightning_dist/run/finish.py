@@ -46,9 +46,10 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     summary["data"] = getattr(run.datamodule, "inputs", None)  # files, bytes, first paths
     placement = contract_of(trainer.strategy).placement
     summary["nodes"] = placement.summary() if placement is not None else None
-    for part in (*run.callbacks, trainer.strategy):
-        if hasattr(part, "summary"):
-            summary.update(part.summary(trainer.world_size))
+    for callback in run.callbacks:
+        if hasattr(callback, "summary"):
+            summary.update(callback.summary(trainer.world_size))
+    summary.update(contract_of(trainer.strategy).summary_fields())
     summary = finite_or_none(summary)  # valid JSON: a NaN or Inf becomes null
     # The job's last collective is behind it: every rank meets and leaves (the others need not
     # wait out rank 0's writing below).

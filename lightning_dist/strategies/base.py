@@ -99,6 +99,14 @@ class LightningDistStrategy(FormatCheckpointHooks):
         """False: a restarted process resumes from its checkpoint (the contract's)."""
         return False
 
+    def mean_over_replica_groups(self, value: Any) -> Any:
+        """One replica group: the value as is (the contract's)."""
+        return value
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Nothing more for summary.json (the contract's)."""
+        return {}
+
     def data_shares(self, layout: Layout) -> int:
         """Data-parallel shares of the global batch: the layout's dp (the contract's)."""
         return layout.dp

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from typing import Any
 
 import torch
 
 from lightning_dist.layout import Layout, batch_plan
+from lightning_dist.parallel.elastic import restart_attempt
 from lightning_dist.parallel.replica_groups import (
     ReplicaGroupFellBehind,
     ReplicaGroups,
     load_training_state,
+    local_tensor,
     replica_group_id,
     training_state,
 )
@@ -76,12 +77,12 @@ class FTHSDPStrategy(Parallel3DStrategy):
 
     def check_run(self, *, global_batch_size: int | None = None,
                   micro_batch_size: int | None = None, **kwargs: Any) -> None:  # fmt: skip
-        super().check_run(**kwargs)
         if importlib.util.find_spec("torchft") is None:
             raise ValueError(
                 "strategy=ft_hsdp needs torchft: pip install 'lightning_dist[ft]' (torchft 0.2.0)"
             )
         if global_batch_size is None:
+            super().check_run(**kwargs)
             return
         layout = self.layout_for(kwargs["devices"], kwargs["num_nodes"])
         shares = self.data_shares(layout)
@@ -93,6 +94,9 @@ class FTHSDPStrategy(Parallel3DStrategy):
                 f"({self.group_count} groups x {layout.dp}) needs {accumulation} micro-batches "
                 f"of {micro}; set data.per_rank_batch_size={global_batch_size // shares}"
             )
+        # Each group trains its share of the batch: the mesh strategy's own checks on it.
+        super().check_run(global_batch_size=global_batch_size // self.group_count,
+                          micro_batch_size=micro_batch_size, **kwargs)  # fmt: skip
 
     def check_environment(self) -> None:
         replica_group_id(self.group_count)  # started by the launcher
@@ -100,7 +104,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
     def heals_from_peer(self) -> bool:
         # Relaunched by its torchrun into a running job: the peers hold newer state than the
         # group's own checkpoint (a whole-job restart starts new torchruns, count 0, and resumes).
-        return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+        return restart_attempt() > 0
 
     def data_shares(self, layout: Layout) -> int:
         return self.group_count * layout.dp
@@ -124,6 +128,11 @@ class FTHSDPStrategy(Parallel3DStrategy):
             return
         if trainer.accumulate_grad_batches > 1:
             raise ValueError("strategy=ft_hsdp takes no gradient accumulation (see check_run)")
+        if not self.lightning_module.automatic_optimization or len(self.optimizers) != 1:
+            raise ValueError(
+                "strategy=ft_hsdp runs Lightning's automatic optimization with one optimizer "
+                "(a step that does not commit is rerun through its closure)"
+            )
         opts = self.options.replicas
         self._replicas = ReplicaGroups(
             group_id=replica_group_id(opts.replica_groups), groups=opts.replica_groups,
@@ -150,7 +159,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
             "shards": training_state(self.model, self.optimizers[0]),
             "loops": trainer.fit_loop.state_dict(),
             "schedulers": [c.scheduler.state_dict() for c in self.lr_scheduler_configs],
-            "datamodule": trainer.datamodule.state_dict() if trainer.datamodule else {},
+            "datamodule": dict(trainer.datamodule.state_dict()) if trainer.datamodule else {},
         }
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -166,12 +175,15 @@ class FTHSDPStrategy(Parallel3DStrategy):
             config.scheduler.load_state_dict(saved)
         if trainer.datamodule is not None and state["datamodule"]:
             trainer.datamodule.load_state_dict(state["datamodule"])
-        self.healed_at_step = self._replicas.step()  # torchft set it to the peer's already
+        self.healed_at_step = trainer.global_step  # from the loops just loaded
 
     # --- steps --------------------------------------------------------------------------------
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._quorum_ready:
+        if self._quorum_ready:  # this process's first step: its quorum was formed in setup()
+            # A resumed run restored its step after setup: count torchft's steps from there.
+            self._replicas.set_step(self.lightning_module.trainer.global_step)
+        else:
             self._replicas.quorum()
         self._quorum_ready = False
         return super().training_step(*args, **kwargs)
@@ -182,21 +194,37 @@ class FTHSDPStrategy(Parallel3DStrategy):
         replicas = self._replicas
 
         def closure_until_committed():
+            step = self.lightning_module.trainer.global_step
             for attempt in range(1, 101):
                 loss = closure()
-                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-                mine = torch.zeros(()) if loss is None else loss.detach().float().cpu()
-                loss_buffer = mine.reshape(1).clone()
-                if replicas.average([*grads, loss_buffer]):
-                    self._loss_across = loss_buffer[0]
+                grads = [local_tensor(p.grad) if p.grad is not None else
+                         torch.zeros_like(local_tensor(p))  # absent here, maybe not elsewhere
+                         for p in self.model.parameters() if p.requires_grad]  # fmt: skip
+                device = grads[0].device if grads else torch.device("cpu")
+                mine = torch.zeros((), device=device) if loss is None else loss.detach().float()
+                # The loss and the step ride along with the gradients: the step checks that
+                # every group of the quorum trains the same step (groups resumed from
+                # different checkpoints do not).
+                extras = torch.stack([mine.to(device).reshape(()),
+                                      torch.tensor(float(step), device=device)])  # fmt: skip
+                replicas.average([*grads, extras])
+                mean_step = float(extras[1])
+                problem = None if mean_step == step else f"groups at steps averaging {mean_step}"
+                if replicas.commit(problem):
+                    self._loss_across = extras[0]
                     self.groups_per_step.append(replicas.participants())
                     return loss
+                if mean_step > step:  # this group is behind the others: it heals by restarting
+                    raise ReplicaGroupFellBehind(
+                        f"replica group {replicas.group_id} is at step {step}, behind the other "
+                        f"groups (their mean step {mean_step}); it restarts and heals from them"
+                    )
                 log.warning(
-                    "Replica group %d: step %d not committed (attempt %d: a group failed during "
-                    "it); running it again with the groups present",
-                    replicas.group_id, replicas.step() + 1, attempt,
+                    "Replica group %d: step %d not committed (attempt %d: %s); running it again "
+                    "with the groups present", replicas.group_id, step + 1, attempt,
+                    problem or "a group failed during it",
                 )  # fmt: skip
-            raise RuntimeError(f"step {replicas.step() + 1} failed to commit 100 times")
+            raise RuntimeError(f"step {step + 1} failed to commit 100 times")
 
         return super().optimizer_step(optimizer, closure_until_committed, model, **kwargs)
 
@@ -205,7 +233,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
         (all-reduced with the gradients); `local` is this rank's own value."""
         return self._loss_across.to(local.device, local.dtype)
 
-    def summary(self, world_size: int) -> dict[str, Any]:
+    def summary_fields(self) -> dict[str, Any]:
         """summary.json keys: the group, the groups present at each step, and where it healed."""
         return {
             "replica_group": None if self._replicas is None else self._replicas.group_id,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.launch.replicas import group_overrides
+from lightning_dist.launch.replicas import exit_status, group_overrides
 from lightning_dist.options import ReplicaGroupOptions
 from lightning_dist.parallel.replica_groups import (
     GROUP_ENV,
@@ -86,11 +86,17 @@ def test_the_launcher_sets_strategy_groups_and_ranks_and_refuses_a_disagreeing_o
     )
 
 
+def test_a_group_ended_by_a_signal_is_a_failure_of_the_job():
+    assert [exit_status(c) for c in (0, 1, -9, -15)] == [0, 1, 137, 143]
+
+
 def test_replica_group_knobs_name_the_bad_value():
     with pytest.raises(ValueError, match=r"strategy.min_replica_groups=3 is more than"):
         ReplicaGroupOptions(replica_groups=2, min_replica_groups=3)
-    with pytest.raises(ValueError, match=r"strategy.replica_groups=0 must be"):
+    with pytest.raises(ValueError, match=r"strategy.replica_groups=0 must be a whole number"):
         ReplicaGroupOptions(replica_groups=0)
+    with pytest.raises(ValueError, match=r"strategy.replica_groups=2.5 must be a whole number"):
+        ReplicaGroupOptions(replica_groups=2.5)
 
 
 def test_gradient_accumulation_and_a_replicated_group_are_refused_before_any_process():
