@@ -79,7 +79,31 @@ class StrategyContract(Protocol):
         ...
 
 
-class _PlainDataParallel:
+class ContractDefaults:
+    """The contract's members that most strategies answer alike: one replica group, started by
+    any launcher, the batch cut into the layout's dp shares. `ft_hsdp` overrides them."""
+
+    def check_environment(self) -> None:
+        """Nothing to check."""
+
+    def heals_from_peer(self) -> bool:
+        """False: a restarted process resumes from its checkpoint."""
+        return False
+
+    def mean_over_replica_groups(self, value: Any) -> Any:
+        """One replica group: the value as is."""
+        return value
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Nothing more for summary.json."""
+        return {}
+
+    def data_shares(self, layout: Layout) -> int:
+        """The layout's dp."""
+        return layout.dp
+
+
+class _PlainDataParallel(ContractDefaults):
     """`contract_of` for a strategy that does not declare the contract: every rank is a
     data-parallel replica (DDP), or one process for a single-device strategy."""
 
@@ -92,21 +116,6 @@ class _PlainDataParallel:
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         return Layout() if self.single_process else Layout(dp_replicate=devices * num_nodes)
-
-    def check_environment(self) -> None:
-        pass
-
-    def heals_from_peer(self) -> bool:
-        return False
-
-    def mean_over_replica_groups(self, value: Any) -> Any:
-        return value
-
-    def summary_fields(self) -> dict[str, Any]:
-        return {}
-
-    def data_shares(self, layout: Layout) -> int:
-        return layout.dp
 
     def check_run(self, **run: Any) -> None:
         pass

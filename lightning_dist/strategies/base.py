@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from lightning_dist._compat import process_group_settings
+from lightning_dist.contract import ContractDefaults
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
@@ -59,7 +60,7 @@ def build_options(
     return options or PRESETS[preset].build(knobs, owner.__name__), kwargs
 
 
-class LightningDistStrategy(FormatCheckpointHooks):
+class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
     """The contract's defaults; `self` is also a Lightning strategy (root_device, num_nodes)."""
 
     preset: str | None = None
@@ -91,25 +92,6 @@ class LightningDistStrategy(FormatCheckpointHooks):
         layout = self.declared_layout(num_nodes).resolve(devices * num_nodes)
         layout.check_nodes(devices, num_nodes)
         return layout
-
-    def check_environment(self) -> None:
-        """Nothing to check by default (the contract's)."""
-
-    def heals_from_peer(self) -> bool:
-        """False: a restarted process resumes from its checkpoint (the contract's)."""
-        return False
-
-    def mean_over_replica_groups(self, value: Any) -> Any:
-        """One replica group: the value as is (the contract's)."""
-        return value
-
-    def summary_fields(self) -> dict[str, Any]:
-        """Nothing more for summary.json (the contract's)."""
-        return {}
-
-    def data_shares(self, layout: Layout) -> int:
-        """Data-parallel shares of the global batch: the layout's dp (the contract's)."""
-        return layout.dp
 
     @property
     def layout(self) -> Layout:
