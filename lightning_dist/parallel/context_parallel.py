@@ -1,0 +1,142 @@
+"""Context parallelism: one sequence split over the ranks of a CP group, attention computed
+exactly as on one device. Pure torch.distributed; no Lightning.
+
+The sequence is cut into 2 x cp chunks and rank r holds chunks r and 2cp - 1 - r (head and
+tail), so that under a causal mask every rank has the same attention work. Two algorithms:
+
+- `allgather_attention`: keys and values are gathered from every rank of the group, queries
+  stay local; the mask compares true positions. The backward sums the key and value gradients
+  of every rank and keeps this rank's part.
+- `ulysses_attention`: two all-to-alls move queries, keys and values from sequence shards to
+  head shards (each rank then sees the whole sequence for heads/cp of the heads) and the output
+  back. Needs the query heads divisible by cp; key/value heads are repeated up to cp when
+  there are fewer than cp, and must otherwise divide by cp.
+
+Both run SDPA (`torch.nn.functional.scaled_dot_product_attention`), so the same code runs on
+CPUs and on GPUs' fused kernels (an explicit mask for the all-gather, which rules out the flash
+kernel there; never measured). torch's own `context_parallel` does not run on CPU (torch 2.13:
+no sharding strategy for the CPU flash operator), hence these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
+    """The positions (in the whole sequence) of rank `rank`'s tokens: chunks `rank` and
+    `2 cp - 1 - rank` of 2 cp equal chunks. ValueError when seq_len does not split so."""
+    if seq_len % (2 * cp):
+        raise ValueError(
+            f"data.seq_len={seq_len} does not split into 2 x strategy.cp = {2 * cp} equal chunks"
+        )
+    chunk = seq_len // (2 * cp)
+    head = torch.arange(rank * chunk, (rank + 1) * chunk)
+    tail = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)
+    return torch.cat([head, tail])
+
+
+def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """This rank's tokens of `x` along `dim` (`chunk_positions`)."""
+    return x.index_select(dim, chunk_positions(x.size(dim), cp, rank).to(x.device))
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along dim 2 ([B, H, S_local, D] -> [B, H, cp x S_local, D], rank order);
+    backward: the sum over ranks of the gradient, this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group, ctx.local = group, x.size(2)
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)  # gloo has no reduce-scatter
+        start = dist.get_rank(ctx.group) * ctx.local
+        return grad.narrow(2, start, ctx.local).contiguous(), None
+
+
+def _gather_positions(positions: torch.Tensor, group) -> torch.Tensor:
+    positions = positions.contiguous()
+    parts = [torch.empty_like(positions) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, positions, group=group)
+    return torch.cat(parts)
+
+
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        positions: torch.Tensor, group=None) -> torch.Tensor:  # fmt: skip
+    """Causal attention of this rank's queries ([B, Hq, S_local, D], at `positions`) over
+    the whole sequence's keys and values, gathered from the group."""
+    keys, values = _GatherSequence.apply(k, group), _GatherSequence.apply(v, group)
+    key_positions = _gather_positions(positions, group)
+    mask = key_positions[None, :] <= positions[:, None]
+    return F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1)
+    )
+
+
+class _AllToAll(torch.autograd.Function):
+    """`all_to_all_single` over dim 0 (equal splits); backward: the same exchange reversed."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        x = x.contiguous()  # a permuted view: the exchange reads and writes memory order
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
+def _seq_to_heads(x: torch.Tensor, cp: int, group) -> torch.Tensor:
+    """[B, H, S_local, D] sequence shard -> [B, H / cp, cp x S_local, D] head shard (the
+    sequence in rank order)."""
+    b, h, s, d = x.shape
+    x = x.reshape(b, cp, h // cp, s, d).permute(1, 0, 2, 3, 4)
+    x = _AllToAll.apply(x, group)  # dim 0: the rank the sequence piece came from
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // cp, cp * s, d)
+
+
+def _heads_to_seq(x: torch.Tensor, cp: int, group) -> torch.Tensor:
+    """The inverse of `_seq_to_heads`."""
+    b, h, s, d = x.shape
+    x = x.reshape(b, h, cp, s // cp, d).permute(2, 0, 1, 3, 4)
+    x = _AllToAll.apply(x, group)  # dim 0: the rank the heads go back to
+    return x.permute(1, 0, 2, 3, 4).reshape(b, cp * h, s // cp, d)
+
+
+def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int) -> None:
+    """ValueError unless Ulysses can split these heads over cp ranks."""
+    if n_heads % cp or (n_kv_heads % cp and cp % n_kv_heads):
+        raise ValueError(
+            f"strategy.cp_mode=ulysses splits attention heads over strategy.cp={cp} ranks: "
+            f"the {n_heads} query heads must divide by it, and the {n_kv_heads} key/value "
+            "heads divide by it or divide it; use strategy.cp_mode=allgather"
+        )
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      positions: torch.Tensor, group=None) -> torch.Tensor:  # fmt: skip
+    """Causal attention by head shards: the same result as `allgather_attention`."""
+    cp = dist.get_world_size(group)
+    check_ulysses_heads(q.size(1), k.size(1), cp)
+    if k.size(1) < cp:  # fewer key/value heads than ranks: one (repeated) head per rank
+        k = k.repeat_interleave(cp // k.size(1), dim=1)
+        v = v.repeat_interleave(cp // v.size(1), dim=1)
+    order = torch.argsort(_gather_positions(positions, group))  # rank order -> true order
+    q, k, v = (_seq_to_heads(t, cp, group).index_select(2, order) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.size(1) != k.size(1))
+    return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)

@@ -1,0 +1,21 @@
+"""Context-parallel attention (lightning_dist/parallel/context_parallel.py) on 2 and 4 gloo
+ranks: each rank's output and gradients equal the same slices of one device's causal attention,
+for the all-gather and the Ulysses algorithms, grouped-query heads included."""
+
+import pytest
+
+CASES = [  # (ranks, mode, query heads, key/value heads)
+    (2, "allgather", 4, 2), (2, "ulysses", 4, 2), (2, "ulysses", 4, 1),
+    (4, "allgather", 4, 2), (4, "ulysses", 4, 2), (4, "ulysses", 8, 4),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_context_parallel_attention_matches_one_device(worlds):
+    for ranks, mode, heads, kv_heads in CASES:
+        for dtype, bound in (("float64", 1e-12), ("float32", 1e-5)):
+            errors = worlds(ranks).run(
+                "context_parallel_cases:attention_matches_one_device", mode, heads, kv_heads, dtype
+            )
+            print(f"\ncp={ranks} {mode} heads {heads}/{kv_heads} {dtype}: {max(errors):.1e}")
+            assert max(errors) < bound, (ranks, mode, heads, kv_heads, dtype, errors)
