@@ -27,8 +27,11 @@ from lightning_dist.parallel.replica_groups import GROUP_ENV, LIGHTHOUSE_ENV
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lightning_dist.launch replicas",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dist.launch replicas",
+        description="Start a strategy=ft_hsdp job on this machine: torchft's Lighthouse and one "
+        "torchrun per replica group (docs/MULTINODE.md, live healing).",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. model=llama_debug")
     parser.add_argument("--groups", type=int, default=2, help="replica groups (default 2)")
     parser.add_argument("--nproc-per-group", type=int, default=1, help="ranks in each group")
