@@ -120,7 +120,13 @@ def _kernel_groups_heads(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with rotary positions."""
+    """Causal grouped-query self-attention with rotary positions.
+
+    `attend`, None here, is where a parallel wrapper puts its own attention step (context
+    parallelism, `parallel/context_parallel.py`): called as `attend(q, k, v)` on
+    [b, heads, s, head_dim] tensors after the rotary step, it returns the attention output."""
+
+    attend = None
 
     def __init__(self, args: LlamaShape):
         super().__init__()
@@ -140,6 +146,8 @@ class Attention(nn.Module):
         q = apply_rope(q, rope_cos[:seqlen], rope_sin[:seqlen])
         k = apply_rope(k, rope_cos[:seqlen], rope_sin[:seqlen])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, head_dim]
+        if self.attend is not None:
+            return self.wo(self.attend(q, k, v).transpose(1, 2).reshape(bsz, seqlen, -1))
         # Query head i reads kv head i // repeats: the grouping of the Llama reference and
         # Hugging Face, which also holds per tensor-parallel shard of contiguous heads.
         grouped = q.shape[1] != k.shape[1]
@@ -268,15 +276,20 @@ class Transformer(nn.Module):
             self.to_empty(device=device)
             self.init_weights()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [b, s] to logits [b, s, vocab].
 
         On a pipeline stage without `tok_embeddings` the input is hidden states [b, s, dim];
-        on one without `norm`/`output` the hidden states are returned as they are.
+        on one without `norm`/`output` the hidden states are returned as they are. `positions`
+        [s] are the tokens' places in their sequence when they are not 0 .. s-1 (a context-
+        parallel rank's chunks).
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        cos, sin = self.rope_cos, self.rope_sin
+        if positions is not None:
+            cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -140,3 +140,21 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = (_seq_to_heads(t, cp, group).index_select(2, order) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.size(1) != k.size(1))
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
+
+
+def attach_context_parallel(model: torch.nn.Module, mode: str, group=None) -> None:
+    """Route every attention module of `model` (those with an `attend` slot) through `mode`
+    ("allgather" or "ulysses") over `group`; the model is then called with this rank's tokens
+    and their `positions` (`chunk_positions`). ValueError for another mode."""
+    attend = {"allgather": allgather_attention, "ulysses": ulysses_attention}.get(mode)
+    if attend is None:
+        raise ValueError(f"strategy.cp_mode={mode!r} is not one of allgather, ulysses")
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        positions = chunk_positions(q.size(2) * cp, cp, rank).to(q.device)
+        return attend(q, k, v, positions, group)
+
+    for module in model.modules():
+        if hasattr(type(module), "attend"):
+            module.attend = step

@@ -45,3 +45,52 @@ def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype
         want = want.index_select(2, positions)
         worst = max(worst, float((got - want).abs().max() / want.abs().max()))
     return worst
+
+
+def model_matches_one_device(mode: str, dtype: str) -> dict:
+    """Our Transformer (llama_debug's shape, 64 tokens) under context parallelism over every
+    rank of the world: the loss (mean over ranks of their chunks' mean) and the gradients
+    (summed over ranks, divided by their number) against one device's full sequence."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from world import init_group
+
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.parallel.context_parallel import (
+        attach_context_parallel,
+        chunk_positions,
+    )
+
+    init_group()
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    kind = getattr(torch, dtype)
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
+                     ffn_hidden_size=128, max_seq_len=64)  # fmt: skip
+    torch.manual_seed(0)
+    full = args.build().to(kind)
+    torch.manual_seed(0)
+    mine = args.build().to(kind)
+    attach_context_parallel(mine, mode)
+    tokens = torch.randint(0, 128, (2, 65), generator=torch.Generator().manual_seed(1))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def loss_of(model, x, y, positions=None):
+        logits = model(x, positions) if positions is not None else model(x)
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    reference = loss_of(full, inputs, targets)
+    reference.backward()
+    positions = chunk_positions(64, cp, rank)
+    local = loss_of(mine, inputs[:, positions], targets[:, positions], positions)
+    local.backward()
+    loss = local.detach().clone()
+    dist.all_reduce(loss)
+    loss /= cp
+    worst = 0.0
+    for p, q in zip(full.parameters(), mine.parameters(), strict=True):
+        grad = q.grad.clone()
+        dist.all_reduce(grad)
+        grad /= cp
+        worst = max(worst, float((grad - p.grad).abs().max() / p.grad.abs().max()))
+    return {"loss": abs(float(loss) - float(reference)) / abs(float(reference)), "grads": worst}

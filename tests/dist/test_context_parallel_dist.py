@@ -19,3 +19,19 @@ def test_context_parallel_attention_matches_one_device(worlds):
             )
             print(f"\ncp={ranks} {mode} heads {heads}/{kv_heads} {dtype}: {max(errors):.1e}")
             assert max(errors) < bound, (ranks, mode, heads, kv_heads, dtype, errors)
+
+
+@pytest.mark.slow
+def test_the_model_under_context_parallelism_matches_one_device(worlds):
+    """Our Transformer with its attention routed through each algorithm, rotary positions of
+    each rank's chunks: the loss and gradients equal one device's (to float32 rounding even in
+    float64: the rotary step and the norms compute in float32, and their weight gradients sum
+    the tokens in another order)."""
+    for ranks in (2, 4):
+        for mode in ("allgather", "ulysses"):
+            for dtype, bound in (("float64", 1e-6), ("float32", 1e-5)):
+                out = worlds(ranks).run(
+                    "context_parallel_cases:model_matches_one_device", mode, dtype
+                )
+                print(f"\nmodel cp={ranks} {mode} {dtype}: {out[0]}")
+                assert max(out[0].values()) < bound, (ranks, mode, dtype, out)
