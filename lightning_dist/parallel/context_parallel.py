@@ -142,19 +142,27 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
 
 
+class ContextParallelAttention:
+    """An attention step for a model's `attend` slot: `mode`'s algorithm over `group`, the
+    positions those of this rank's chunks."""
+
+    def __init__(self, mode: str, group=None) -> None:
+        algorithms = {"allgather": allgather_attention, "ulysses": ulysses_attention}
+        if mode not in algorithms:
+            raise ValueError(f"strategy.cp_mode={mode!r} is not one of allgather, ulysses")
+        self.attend, self.group = algorithms[mode], group
+        self.cp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        positions = chunk_positions(q.size(2) * self.cp, self.cp, self.rank).to(q.device)
+        return self.attend(q, k, v, positions, self.group)
+
+
 def attach_context_parallel(model: torch.nn.Module, mode: str, group=None) -> None:
     """Route every attention module of `model` (those with an `attend` slot) through `mode`
     ("allgather" or "ulysses") over `group`; the model is then called with this rank's tokens
     and their `positions` (`chunk_positions`). ValueError for another mode."""
-    attend = {"allgather": allgather_attention, "ulysses": ulysses_attention}.get(mode)
-    if attend is None:
-        raise ValueError(f"strategy.cp_mode={mode!r} is not one of allgather, ulysses")
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
-
-    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        positions = chunk_positions(q.size(2) * cp, cp, rank).to(q.device)
-        return attend(q, k, v, positions, group)
-
+    step = ContextParallelAttention(mode, group)
     for module in model.modules():
         if hasattr(type(module), "attend"):
             module.attend = step
