@@ -63,19 +63,21 @@ class _GatherSequence(torch.autograd.Function):
         return grad.narrow(2, start, ctx.local).contiguous(), None
 
 
-def _gather_positions(positions: torch.Tensor, group) -> torch.Tensor:
-    positions = positions.contiguous()
-    parts = [torch.empty_like(positions) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, positions, group=group)
-    return torch.cat(parts)
+def _positions(local_len: int, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's token positions, every rank's in rank order) for a sequence whose chunks
+    are laid out by `chunk_positions`: derived here, not exchanged."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    seq_len = local_len * cp
+    every = torch.cat([chunk_positions(seq_len, cp, r) for r in range(cp)])
+    return every[rank * local_len : (rank + 1) * local_len], every
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        positions: torch.Tensor, group=None) -> torch.Tensor:  # fmt: skip
-    """Causal attention of this rank's queries ([B, Hq, S_local, D], at `positions`) over
-    the whole sequence's keys and values, gathered from the group."""
+                        group=None) -> torch.Tensor:  # fmt: skip
+    """Causal attention of this rank's queries ([B, Hq, S_local, D], the tokens of its
+    `chunk_positions`) over the whole sequence's keys and values, gathered from the group."""
     keys, values = _GatherSequence.apply(k, group), _GatherSequence.apply(v, group)
-    key_positions = _gather_positions(positions, group)
+    positions, key_positions = (p.to(q.device) for p in _positions(q.size(2), group))
     mask = key_positions[None, :] <= positions[:, None]
     return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1)
@@ -129,33 +131,31 @@ def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int) -> None:
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      positions: torch.Tensor, group=None) -> torch.Tensor:  # fmt: skip
+                      group=None) -> torch.Tensor:  # fmt: skip
     """Causal attention by head shards: the same result as `allgather_attention`."""
     cp = dist.get_world_size(group)
     check_ulysses_heads(q.size(1), k.size(1), cp)
     if k.size(1) < cp:  # fewer key/value heads than ranks: one (repeated) head per rank
         k = k.repeat_interleave(cp // k.size(1), dim=1)
         v = v.repeat_interleave(cp // v.size(1), dim=1)
-    order = torch.argsort(_gather_positions(positions, group))  # rank order -> true order
+    order = torch.argsort(_positions(q.size(2), group)[1]).to(q.device)  # rank -> true order
     q, k, v = (_seq_to_heads(t, cp, group).index_select(2, order) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.size(1) != k.size(1))
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
 
 
 class ContextParallelAttention:
-    """An attention step for a model's `attend` slot: `mode`'s algorithm over `group`, the
-    positions those of this rank's chunks."""
+    """An attention step for a model's `attend` slot: `mode`'s algorithm over `group` (the
+    model is fed this rank's `chunk_positions` tokens)."""
 
     def __init__(self, mode: str, group=None) -> None:
         algorithms = {"allgather": allgather_attention, "ulysses": ulysses_attention}
         if mode not in algorithms:
             raise ValueError(f"strategy.cp_mode={mode!r} is not one of allgather, ulysses")
         self.attend, self.group = algorithms[mode], group
-        self.cp, self.rank = dist.get_world_size(group), dist.get_rank(group)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        positions = chunk_positions(q.size(2) * self.cp, self.cp, self.rank).to(q.device)
-        return self.attend(q, k, v, positions, self.group)
+        return self.attend(q, k, v, self.group)
 
 
 def attach_context_parallel(model: torch.nn.Module, mode: str, group=None) -> None:

@@ -36,7 +36,7 @@ def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype
     positions = chunk_positions(seq, cp, rank)
     mine = [t.index_select(2, positions).clone().requires_grad_() for t in (q, k, v)]
     attend = allgather_attention if mode == "allgather" else ulysses_attention
-    local = attend(*mine, positions)
+    local = attend(*mine)
     (local * grad_out.index_select(2, positions)).sum().backward()
 
     pairs = [(local, out)] + [(m.grad, f.grad) for m, f in zip(mine, full, strict=True)]
