@@ -22,6 +22,7 @@ Gradient accumulation is refused (a retried step reruns only its last micro-batc
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from typing import Any
@@ -55,7 +56,6 @@ class FTHSDPStrategy(Parallel3DStrategy):
         self._replicas: ReplicaGroups | None = None
         self._quorum_ready = False  # the next step's quorum was formed in setup()
         self._in_setup = False
-        self._healed_from: dict[str, Any] | None = None
         self._loss_across = torch.zeros(())
         self.groups_per_step: list[int] = []
         self.healed_at_step: int | None = None
@@ -65,6 +65,11 @@ class FTHSDPStrategy(Parallel3DStrategy):
     @property
     def group_count(self) -> int:
         return self.options.replicas.replica_groups
+
+    @functools.cached_property
+    def group_id(self) -> int:
+        """This process's replica group, from the launcher's environment (read once)."""
+        return replica_group_id(self.group_count)
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         layout = super().layout_for(devices, num_nodes)
@@ -112,10 +117,9 @@ class FTHSDPStrategy(Parallel3DStrategy):
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         layout = self.layout
-        group = replica_group_id(self.group_count)
         return {
             "num_replicas": self.group_count * layout.dp,
-            "rank": group * layout.dp + layout.dp_rank(self.global_rank),
+            "rank": self.group_id * layout.dp + layout.dp_rank(self.global_rank),
         }
 
     # --- quorum, healing ----------------------------------------------------------------------
@@ -135,7 +139,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
             )
         opts = self.options.replicas
         self._replicas = ReplicaGroups(
-            group_id=replica_group_id(opts.replica_groups), groups=opts.replica_groups,
+            group_id=self.group_id, groups=opts.replica_groups,
             min_groups=opts.min_replica_groups, timeout_s=opts.ft_timeout_s,
             state_fn=self._state, load_fn=self._load,
         )  # fmt: skip
@@ -236,7 +240,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
     def summary_fields(self) -> dict[str, Any]:
         """summary.json keys: the group, the groups present at each step, and where it healed."""
         return {
-            "replica_group": None if self._replicas is None else self._replicas.group_id,
+            "replica_group": self.group_id,  # the manager is gone by then (teardown)
             "replica_groups": self.group_count,
             "replica_groups_per_step": list(self.groups_per_step),
             "healed_at_step": self.healed_at_step,

@@ -49,6 +49,7 @@ def test_a_killed_group_drops_out_heals_from_its_peer_and_the_losses_stay_exact(
     # until group 1 is back, by step 10 at the latest.
     groups = first["replica_groups_per_step"]
     assert first["steps"] == STEPS and len(groups) == STEPS and first["healed_at_step"] is None
+    assert (first["replica_group"], second["replica_group"]) == (0, 1)
     out = [i for i, n in enumerate(groups) if n == 1]
     assert out and out[0] == 3 and out == list(range(3, out[-1] + 1)), groups
     back = out[-1] + 1
