@@ -53,7 +53,8 @@ def fix_hydra_child_command() -> None:
 
     _before_launch.clear()
     _before_launch.update({name: os.environ.get(name) for name in LAUNCHER_VARIABLES})
-    os.environ[LAUNCHER_PID] = str(os.getpid())
+    if not started_by_rank_zero():  # a rank Lightning started keeps its launcher's pid
+        os.environ[LAUNCHER_PID] = str(os.getpid())
     replace_hydra_child_command(_child_command)
 
 
