@@ -30,7 +30,7 @@ def main(cfg) -> None:
     except ConfigError as e:
         report_config_error(e)
     from lightning_dist.callbacks.nan_guard import NonFiniteError
-    from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE
+    from lightning_dist.callbacks.preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
     from lightning_dist.train import train
 
@@ -52,7 +52,8 @@ def main(cfg) -> None:
     if result.get("status") == "preempted":
         from lightning_dist.strategies.launch import rank_exit_code
 
-        sys.exit(rank_exit_code(PREEMPTED_EXIT_CODE))
+        ctrl_c = result.get("signal") == "SIGINT"
+        sys.exit(rank_exit_code(INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE))
 
 
 if __name__ == "__main__":

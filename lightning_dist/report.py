@@ -1,6 +1,6 @@
 """Turn a finished run into PNG plots and a markdown summary, without W&B.
 
-    python -m lightning_dist.report outputs/2026-11-30/12-00-00
+    python -m lightning_dist.report outputs/tiny-ddp-cpu
 
 reads the run directory's `metrics/metrics.csv` and `summary.json` and writes `report/*.png` and
 `report/README.md` into it (or into `--out`). Every plot's title names the run, and its x axis

@@ -37,7 +37,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if plan.spec.plan.dry_run:  # the real code at full scale, in this one process
             return dry_run_and_print(plan)
         check_launch(plan)
-    run = build_run(plan)
+    run = build_run(plan, started)
     start_record(plan, run)
     fit(run, ckpt_path=plan.ckpt_path)
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)

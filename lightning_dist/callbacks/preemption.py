@@ -1,11 +1,14 @@
-"""Preemption: SIGTERM or SIGUSR1 on any rank checkpoints every rank and stops the run cleanly.
+"""Preemption: SIGTERM, SIGUSR1 or a first Ctrl-C (SIGINT) on any rank checkpoints every rank
+and stops the run cleanly; a second Ctrl-C stops at once.
 
 The signal handler only sets a flag; it never touches a collective (Lightning's own SIGTERM
 handler broadcasts from inside the handler, which deadlocks against a collective that the
 interrupted rank is waiting in). At the end of every optimizer step the ranks OR their flags in
 one all-reduce, so they all see the signal at the same step boundary; then every rank saves
-`step<N>.ckpt` into the checkpoint folder and the fit stops. `train()` writes summary.json with
-`"status": "preempted"` and exits with `PREEMPTED_EXIT_CODE`; `trainer.resume=auto` continues.
+`step<N>.ckpt` into the checkpoint folder, rank 0 prints the command that continues the run, and
+the fit stops without the validation Lightning would run on an early stop. `train()` writes
+summary.json with `"status": "preempted"` (and `"signal"`) and exits with `PREEMPTED_EXIT_CODE`
+(130, as a shell reports Ctrl-C, for SIGINT); `trainer.resume=auto` continues.
 Under SLURM, SIGUSR1 (the warning signal of `--signal=USR1@...`) also requeues the job: rank 0
 runs `scontrol requeue`, or, in the job scripts of `python -m lightning_dist.launch slurm`, the
 script does once srun has returned (summary.json then says `"requeue": true`).
@@ -30,11 +33,13 @@ log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75
 """EX_TEMPFAIL: the run stopped on request and can be resumed; not a failure of the run."""
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+"""A run stopped by Ctrl-C: checkpointed like a preemption, but not one to requeue."""
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Preemption(Callback):
-    """Turns SIGTERM/SIGUSR1 into a checkpoint at the next step boundary and a clean stop."""
+    """Turns SIGTERM/SIGUSR1/SIGINT into a checkpoint at the next step boundary and a clean stop."""
 
     def __init__(self, dirpath: str | Path) -> None:
         self.dirpath = Path(dirpath)
@@ -46,6 +51,8 @@ class Preemption(Callback):
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self.received = signum  # nothing else here: the main thread may be inside a collective
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -74,10 +81,18 @@ class Preemption(Callback):
         step = trainer.global_step
         self.preempted_at = step
         self.checkpoint = self.dirpath / f"step{step}.ckpt"
+        name = signal.Signals(self.received).name if self.received else "a signal on another rank"
         if trainer.is_global_zero:
-            print(f"preempted: saving {self.checkpoint} at step {step}", flush=True)
+            print(f"preempted ({name}): saving {self.checkpoint} at step {step}", flush=True)
         trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the whole state
         trainer.should_stop = True
+        trainer.limit_val_batches = (
+            0  # Lightning validates on an early stop: not in the warning window
+        )
+        if trainer.is_global_zero and self.received != signal.SIGUSR1:
+            from lightning_dist.runtime.record import command_line
+
+            print(f"continue this run with: {command_line(resume=True)}", flush=True)
         if self.received == signal.SIGUSR1 and trainer.is_global_zero:
             if os.environ.get(REQUEUE_BY_SCRIPT):
                 print("the job script requeues the job once every rank has exited", flush=True)
@@ -89,6 +104,7 @@ class Preemption(Callback):
             return {}
         return {"status": "preempted", "preempted_at_step": self.preempted_at,
                 "checkpoint": str(self.checkpoint),
+                "signal": signal.Signals(self.received).name if self.received else None,
                 "requeue": self.received == signal.SIGUSR1}  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
@@ -127,6 +128,7 @@ class RunCheckpoints:
     dirpath: Path
     every_n_train_steps: int | None = None
     save_last: bool = False
+    keep_last: int | None = None
     resume: str | None = None
     ckpt_path: str | None = None
     init_from: str | None = None
@@ -140,6 +142,7 @@ class RunCheckpoints:
             dirpath=Path(c.dirpath or Path(run_dir) / "checkpoints"),
             every_n_train_steps=c.every_n_train_steps,
             save_last=c.save_last,
+            keep_last=c.keep_last,
             resume=trainer.resume,
             ckpt_path=trainer.ckpt_path,
             init_from=trainer.init_from,
@@ -150,6 +153,11 @@ class RunCheckpoints:
         line saying what was found; ValueError for settings that contradict each other."""
         if self.resume not in (None, "auto"):
             raise ValueError(f"trainer.resume={self.resume!r} must be auto or null")
+        if self.keep_last is not None and (isinstance(self.keep_last, bool) or self.keep_last < 1):
+            raise ValueError(
+                f"trainer.checkpoint.keep_last={self.keep_last!r} must be 1 or more (null keeps "
+                "every checkpoint)"
+            )
         if self.resume == "auto":
             if self.ckpt_path:
                 raise ValueError(
@@ -238,14 +246,13 @@ class RunCheckpoints:
         """A ModelCheckpoint saving every `trainer.checkpoint.every_n_train_steps` steps (each
         kept as `step<N>.ckpt`, so the run can be resumed from any of them) and/or `last.ckpt`
         at the end; none when neither is set."""
-        from lightning.pytorch.callbacks import ModelCheckpoint
-
         every = self.every_n_train_steps
         if not (every or self.save_last):
             return self.fence_callbacks()
         return [
             *self.fence_callbacks(),
-            ModelCheckpoint(
+            RetainingCheckpoint(
+                self,
                 dirpath=self.dirpath,
                 filename="step{step}",
                 auto_insert_metric_name=False,
@@ -256,6 +263,30 @@ class RunCheckpoints:
                 enable_version_counter=False,
             ),
         ]
+
+    def prune(self) -> list[Path]:
+        """Delete the step<N>.ckpt folders older than the `keep_last` newest complete ones
+        (incomplete ones too: an interrupted save); never a newer incomplete one (a save in
+        progress) or a weights-only one. Returns what it deleted. Call on global rank 0."""
+        import shutil
+
+        if not self.keep_last or not self.dirpath.is_dir():
+            return []
+        steps = sorted(
+            (int(m.group(1)), entry)
+            for entry in self.dirpath.iterdir()
+            if (m := STEP_NAME.match(entry.name))
+        )
+        complete = [step for step, entry in steps if is_complete(entry)]
+        if len(complete) <= self.keep_last:
+            return []
+        oldest_kept = complete[-self.keep_last]
+        removed = []
+        for step, entry in steps:
+            if step < oldest_kept and not is_weights_only(entry):
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()
+                removed.append(entry)
+        return removed
 
     def fence_callbacks(self) -> list:
         """The fence that lets one world at a time write the folder (checkpoint/fence.py), for
@@ -279,6 +310,37 @@ class RunCheckpoints:
         from lightning_dist.checkpoint.init_from import InitFromCheckpoint
 
         return [InitFromCheckpoint(self.init_from)]
+
+
+class RetainingCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, and after each save one console line and the pruning of
+    older checkpoints (`RunCheckpoints.prune`). A ModelCheckpoint, so Lightning runs it after
+    the other callbacks: a preemption save at the same step is pruned too."""
+
+    def __init__(self, checkpoints: RunCheckpoints, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.checkpoints = checkpoints
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        before = self.best_model_path
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.is_global_zero and self.best_model_path != before:
+            print(saved_line(Path(self.best_model_path), self.checkpoints), flush=True)
+
+
+def saved_line(path: Path, checkpoints: RunCheckpoints) -> str:
+    """The console line of one save: where, how big, what pruning removed."""
+    if is_complete(path) or path.is_file():
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files) / 2**20
+        line = f"checkpoint saved: {path} ({size:,.1f} MiB)"
+    else:
+        line = f"checkpoint {path} is being written in the background"
+    removed = checkpoints.prune()
+    if removed:
+        names = ", ".join(p.name for p in removed)
+        line += f"; removed {names} (trainer.checkpoint.keep_last={checkpoints.keep_last})"
+    return line
 
 
 def verify_checkpoint(path: Path, model: Any) -> None:

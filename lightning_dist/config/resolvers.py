@@ -1,4 +1,5 @@
-"""OmegaConf resolvers that size `conf/hydra/launcher/submitit_slurm.yaml` from the run's
+"""OmegaConf resolvers: the run's name and home (`run_home`, used by conf/train.yaml's
+`hydra.run.dir`), and those that size `conf/hydra/launcher/submitit_slurm.yaml` from the run's
 hardware and strategy, the same way the sbatch script of `lightning_dist.launch.slurm` is sized:
 one task per rank, one GPU per task on GPUs, the node's CPUs shared among its tasks, and the
 hardware's `env` exported before srun.
@@ -10,6 +11,7 @@ is fine; sweeping `hardware.devices` is not).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -43,7 +45,32 @@ def setup_lines(env: Any) -> str:
     return "\n".join([*lines, "export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK"])
 
 
+RUN_NAME_CHARACTERS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")
+RUNS_FOLDER = "outputs"
+"""Where a run's home is made, relative to the working directory, unless `hydra.run.dir` is given."""
+
+
+def run_name(name: str | None, model: str, strategy: str, hardware: str) -> str:
+    """The run's name: `run_name` when set, else `<model>-<strategy>-<hardware>` from the
+    config choices (`tiny-ddp-cpu`). ValueError for a name that is not one folder name."""
+    if name is None or name == "":
+        return f"{model}-{strategy}-{hardware}".replace("/", "_")
+    name = str(name)
+    if not RUN_NAME_CHARACTERS.match(name):
+        raise ValueError(
+            f"run_name={name!r} must be one folder name: letters, digits and . _ = + - (128 at "
+            "most, not starting with a dot or dash); for example run_name=llama8b-fsdp-try2"
+        )
+    return name
+
+
+def run_home(name: str | None, model: str, strategy: str, hardware: str) -> str:
+    """`outputs/<run name>`: the folder every attempt of the run writes (conf/train.yaml)."""
+    return f"{RUNS_FOLDER}/{run_name(name, model, strategy, hardware)}"
+
+
 RESOLVERS = {
+    "run_home": run_home,
     "slurm_tasks_per_node": tasks_per_node,
     "slurm_gpus_per_node": gpus_per_node,
     "slurm_cpus_per_task": cpus_per_task,
@@ -51,7 +78,7 @@ RESOLVERS = {
 }
 
 
-def register_submitit_resolvers() -> None:
+def register_resolvers() -> None:
     """Register the resolvers; idempotent."""
     import warnings
 

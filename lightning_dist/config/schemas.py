@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist import options
-from lightning_dist.config.resolvers import register_submitit_resolvers
+from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs
 
@@ -151,6 +151,9 @@ class CheckpointSchema:
     """Where checkpoints go; null means <run dir>/checkpoints."""
     save_last: bool = False
     """Also save <dirpath>/last.ckpt when training ends."""
+    keep_last: int | None = 3
+    """Keep this many of the newest complete step<N>.ckpt; an older one is deleted only once a
+    newer one is complete (null: keep every one)."""
     async_save: bool = False
     """Write sharded checkpoints in the background (fsdp2 and 3d); the next save and the end of
     training wait for the previous one."""
@@ -244,9 +247,13 @@ class TrainSchema:
     debug: Any = None
     seed: int = 1234
     run_name: str | None = None
-    """Name of the run in the logger; null lets the logger choose."""
+    """The run's name, in the logger too; its home is outputs/<run name> (`hydra.run.dir`).
+    null: <model>-<strategy>-<hardware> from the config choices (`config/resolvers.run_name`)."""
     project: str = "lightning_dist"
     """W&B project (and CSV/TensorBoard sub-folder)."""
+    report: bool = True
+    """At the end of a run, write <run dir>/report/ (loss, memory and comm/compute plots and a
+    README.md; `python -m lightning_dist.report`), a few seconds on rank 0; false skips it."""
 
 
 def register_schemas() -> None:
@@ -279,7 +286,7 @@ SCHEMAS: dict[str, type] = {
 
 
 register_schemas()
-register_submitit_resolvers()  # for conf/hydra/launcher/submitit_slurm.yaml
+register_resolvers()  # conf/train.yaml's run home; conf/hydra/launcher/submitit_slurm.yaml
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:

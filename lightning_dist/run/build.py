@@ -28,14 +28,18 @@ class BuiltRun:
     logger: Any
     stats: Any
     """The `RunStats` callback: the shared step clock of throughput and MFU."""
+    history: Any
+    """The `RunHistory` callback: the run's losses and segments across its attempts."""
     context: RunContext
 
 
-def build_run(plan: RunPlan) -> BuiltRun:
+def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
     """Everything `trainer.fit` needs, in the order that keeps every rank's seeds and files
-    alike: the data, the run directory, the seed, the module, the callbacks, the loggers."""
+    alike: the data, the run directory, the seed, the module, the callbacks, the loggers.
+    `started`: when this process started (`time.perf_counter()`), for the run's segments."""
     import lightning as L
 
+    from lightning_dist.callbacks.run_history import RunHistory
     from lightning_dist.callbacks.run_stats import RunStats
     from lightning_dist.strategies.launch import fix_hydra_child_command
 
@@ -54,7 +58,8 @@ def build_run(plan: RunPlan) -> BuiltRun:
         seq_len=plan.batch.seq_len, global_batch_size=plan.batch.global_batch_size,
         flops_per_token=spec.model.train_flops_per_token(plan.batch.seq_len),
     )  # fmt: skip
-    callbacks = run_callbacks(plan, stats)
+    history = RunHistory(started)
+    callbacks = [*run_callbacks(plan, stats), history]
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(context)
@@ -62,7 +67,7 @@ def build_run(plan: RunPlan) -> BuiltRun:
     with config_errors():  # Lightning's own checks of its arguments (e.g. the precision name)
         trainer = build_trainer(plan, callbacks, logger)
     return BuiltRun(trainer=trainer, module=module, datamodule=datamodule, callbacks=callbacks,
-                    logger=logger, stats=stats, context=context)  # fmt: skip
+                    logger=logger, stats=stats, history=history, context=context)  # fmt: skip
 
 
 def build_module(plan: RunPlan):
@@ -116,9 +121,9 @@ def resilience_callbacks(trainer: Any, checkpoint_dir: Path, world_size: int) ->
 
 
 def logger_config(plan: RunPlan):
-    """The logger's config. Resuming in the same run directory, a logger that declares an `id`
-    gets the run id it saved there (W&B: `wandb_run_id`), so the resumed run continues the same
-    logged run."""
+    """The logger's config. A logger that declares a `name` left null gets the run's name;
+    resuming in the same run directory, one that declares an `id` gets the run id it saved
+    there (W&B: `wandb_run_id`), so the resumed run continues the same logged run."""
     from omegaconf import OmegaConf
 
     from lightning_dist.run.loggers import WANDB_RUN_ID_FILE
@@ -127,6 +132,8 @@ def logger_config(plan: RunPlan):
     saved = plan.spec.run_dir / WANDB_RUN_ID_FILE
     if plan.ckpt_path and "id" in node and not node.id and saved.is_file():
         node = OmegaConf.merge(node, {"id": saved.read_text().strip()})
+    if "name" in node and node.name is None and plan.spec.run_name:
+        node = OmegaConf.merge(node, {"name": plan.spec.run_name})
     return node
 
 
@@ -146,6 +153,7 @@ def build_trainer(plan: RunPlan, callbacks: list, logger: Any):
     from lightning_dist.run.loggers import metrics_logger
 
     t, accumulate, run_dir = plan.spec.trainer, plan.accumulate, plan.spec.run_dir
+    metrics = metrics_logger(str(run_dir), plan.resume_step)
     return L.Trainer(
         accelerator=plan.hardware.accelerator,
         devices=plan.devices,
@@ -163,7 +171,7 @@ def build_trainer(plan: RunPlan, callbacks: list, logger: Any):
         deterministic=t.deterministic,
         benchmark=t.benchmark,
         use_distributed_sampler=False,  # our sampler keeps the global batch layout-independent
-        logger=[lg for lg in (logger, metrics_logger(str(run_dir))) if lg is not None],
+        logger=[lg for lg in (logger, metrics) if lg is not None],
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO(), *slurm_environment()],
         default_root_dir=str(run_dir),

@@ -63,12 +63,19 @@ def report_config_error(error: BaseException | str) -> None:
 
 def guard_command_line(args: list[str] | None = None) -> None:
     """For `train.py`, before Hydra starts: refuse overrides that have Hydra itself run code,
-    and report Hydra's configuration errors (unknown keys and config names) in one line."""
+    check `run_name` (it names the run's folder), and report Hydra's configuration errors
+    (unknown keys and config names) in one line."""
     from lightning_dist._compat import wrap_hydra_errors
+    from lightning_dist.config.resolvers import run_name
     from lightning_dist.config.targets import check_hydra_overrides
 
+    args = sys.argv[1:] if args is None else args
     try:
-        check_hydra_overrides(sys.argv[1:] if args is None else args)
+        check_hydra_overrides(args)
+        for arg in args:  # the run's home is picked from it before any of our code runs
+            key, _, value = arg.partition("=")
+            if key.lstrip("+") == "run_name" and value not in ("", "null"):
+                run_name(value, "", "", "")
     except ValueError as e:
         report_config_error(e)
     wrap_hydra_errors(report_config_error)

@@ -33,15 +33,17 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     """The summary (written to <run dir>/summary.json and sent to the logger by rank 0, after
     every rank has left the job's process group, so that a multirun's next job starts anew)."""
     from lightning_dist.contract import contract_of
+    from lightning_dist.runtime.record import command_line
     from lightning_dist.runtime.redaction import redact_text
     from lightning_dist.strategies.launch import end_job
 
-    trainer, module = run.trainer, run.module
+    trainer = run.trainer
     summary = build_summary(plan, run, world_size=trainer.world_size, wall_seconds=wall_seconds)
-    # After a resume `losses` holds this run's steps only; `steps` counts every optimizer step.
-    summary["first_step"] = trainer.global_step - len(module.step_losses)
+    # `losses` holds every step from 1 when the checkpoint resumed carried them (RunHistory).
     summary["steps"] = trainer.global_step
+    summary.update(run.history.record(trainer.global_step))
     summary["status"] = "completed"
+    summary["command"] = command_line()
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(run.datamodule, "inputs", None)  # files, bytes, first paths
     placement = contract_of(trainer.strategy).placement
@@ -55,13 +57,27 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     # wait out rank 0's writing below).
     end_job(trainer)
     if trainer.is_global_zero:
+        removed = plan.checkpoints.prune()  # saves that completed in the background, preemption's
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            print(f"removed {names} (trainer.checkpoint.keep_last={plan.checkpoints.keep_last})")
         path = plan.spec.run_dir / "summary.json"
         path.write_text(redact_text(json.dumps(summary, indent=2, allow_nan=False)) + "\n")
         finish_logger(run.logger, summary)
         from lightning_dist.runtime.record import summary_block
 
         print(summary_block(summary, path), flush=True)
+        if plan.spec.report:
+            write_run_report(plan.spec.run_dir)
     return summary
+
+
+def write_run_report(run_dir) -> None:
+    """`python -m lightning_dist.report <run dir>` at the end of the run (`report=true`)."""
+    from lightning_dist.report import write_report
+
+    written = write_report(run_dir, run_dir / "report")
+    print(f"  report: {run_dir / 'report'} ({len(written)} plots)", flush=True)
 
 
 def run_config(resolved: dict[str, Any], layout: Layout) -> dict[str, Any]:

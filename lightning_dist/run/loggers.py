@@ -161,13 +161,11 @@ METRICS_CSV = "metrics/metrics.csv"
 """Where `metrics_logger` writes, relative to the run directory (`lightning_dist.report` reads it)."""
 
 
-def metrics_logger(run_dir: str):
-    """Lightning's CSVLogger writing every logged metric, from rank 0, to `<run_dir>/metrics/`,
-    whatever other logger runs: the record that `python -m lightning_dist.report` plots.
+def metrics_logger(run_dir: str, resume_step: int | None = None):
+    """The CSV record of every logged metric, written by rank 0 to `<run_dir>/metrics/metrics.csv`
+    whatever other logger runs: what `python -m lightning_dist.report` plots. A run that resumes
+    from optimizer step N keeps the rows of steps 1..N and appends, so the file holds the whole
+    run; any other run starts the file anew."""
+    from lightning_dist.run.metrics_csv import MetricsCSVLogger
 
-    Not the run directory itself: CSVLogger warns about (and clears) a non-empty folder, and the
-    run directory already holds Hydra's files.
-    """
-    from lightning.pytorch.loggers import CSVLogger
-
-    return CSVLogger(save_dir=run_dir, name="", version=os.path.dirname(METRICS_CSV))
+    return MetricsCSVLogger(Path(run_dir) / METRICS_CSV, resume_step)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,6 +40,8 @@ class RunPlan:
     """The checkpoint to resume from: trainer.ckpt_path, or the one trainer.resume=auto found."""
     resume_note: str | None = None
     """What trainer.resume=auto found, in one line."""
+    resume_step: int | None = None
+    """The optimizer step of `ckpt_path` (None: a fresh start, or a step no file records)."""
 
     @property
     def world_size(self) -> int:
@@ -96,16 +99,28 @@ def make_plan(spec: RunSpec) -> RunPlan:
             None,
             ("relaunched replica group: it heals from a running group, not from its checkpoint"),
         )
+    resume_step = None
     if ckpt_path:
         checkpoints.verify_resume(ckpt_path, spec.model)
+        resume_step = checkpoint_step(ckpt_path)
     layout = contract.layout_for(devices, num_nodes)
     shares = contract.data_shares(layout)
     _, accumulate = batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)
     return RunPlan(
         spec=spec, strategy=strategy, devices=devices, num_nodes=num_nodes, layout=layout,
         precision=precision, batch=batch, accumulate=accumulate, checkpoints=checkpoints,
-        ckpt_path=ckpt_path, resume_note=resume_note,
+        ckpt_path=ckpt_path, resume_note=resume_note, resume_step=resume_step,
     )  # fmt: skip
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The optimizer step a checkpoint was saved at (None where nothing records it)."""
+    from lightning_dist.checkpoint.weights import open_checkpoint
+
+    try:
+        return open_checkpoint(path).step
+    except (OSError, ValueError):
+        return None
 
 
 def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
@@ -184,7 +199,8 @@ def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: Hardwar
 def check_launch(plan: RunPlan) -> None:
     """The checks a run that trains adds to the plan (`plan.only` and the Slurm launcher skip
     them, so they run on any machine): the planner's prediction against the hardware's memory
-    (`plan.check`), this machine and its launcher, the checkpoint folder (a folder this user
+    (`plan.check`), this machine and its launcher, a fresh start's run directory (no earlier
+    run's records to overwrite), the checkpoint folder (a folder this user
     may write, with room for one checkpoint), then trainer.init_from's weights (last: it reads
     the checkpoint, which only the machines that train may see)."""
     from lightning_dist.planner.settings import checkpoint_bytes
@@ -194,8 +210,38 @@ def check_launch(plan: RunPlan) -> None:
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
+    if not plan.ckpt_path and plan.checkpoints.resume != "auto":
+        check_fresh_start(plan.spec.run_dir, plan.checkpoints.dirpath, plan.spec.run_name)
     plan.checkpoints.check_folder(
         checkpoint_bytes(plan.model.num_params(), plan.precision), num_nodes=plan.num_nodes
     )
     if plan.checkpoints.init_from and not plan.ckpt_path:
         plan.checkpoints.verify_init_from(plan.model)
+
+
+def check_fresh_start(run_dir: Any, checkpoint_dir: Any, run_name: str | None) -> None:
+    """A run that starts at step 0 (no trainer.resume=auto, no trainer.ckpt_path) must not write
+    over an earlier run's records (summary.json, the metrics CSV, step checkpoints): ValueError
+    naming what is there and the ways on (continue it, another name or folder, move it)."""
+    from lightning_dist.checkpoint.store import STEP_NAME
+    from lightning_dist.run.loggers import METRICS_CSV
+
+    run_dir, found = Path(run_dir), []
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        found.append(summary.name)
+    if (run_dir / METRICS_CSV).is_file():
+        found.append(METRICS_CSV)
+    folder = Path(checkpoint_dir)
+    steps = sorted(int(STEP_NAME.match(p.name).group(1)) for p in folder.iterdir()
+                   if STEP_NAME.match(p.name)) if folder.is_dir() else []  # fmt: skip
+    if steps:
+        found.append(f"checkpoints up to step{steps[-1]}.ckpt in {folder}")
+    if not found:
+        return
+    named = f" {run_name}" if run_name else ""
+    raise ValueError(
+        f"{run_dir} holds an earlier run{named} ({', '.join(found)}); continue it with "
+        "trainer.resume=auto, start a new one with another run_name=... (its own folder under "
+        "outputs/) or hydra.run.dir=..., or move that folder away"
+    )

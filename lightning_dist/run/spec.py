@@ -45,7 +45,11 @@ class RunSpec:
     """`paths.output_dir`: summary.json, logs and (by default) checkpoints go here."""
     seed: int
     run_name: str | None = None
+    """`run_name`, or its default from the config choices (`config/resolvers.run_name`); None
+    outside `@hydra.main` when not set."""
     logger: DictConfig | None = None
+    report: bool = False
+    """Write the run's report (plots, README.md) into its run directory at the end."""
     callbacks: tuple[DictConfig, ...] = ()
     """The configured callbacks that are not null, in the config's order."""
     choices: dict[str, str] = field(default_factory=dict)
@@ -66,6 +70,7 @@ class RunSpec:
     def of(cls, cfg: DictConfig, choices: dict[str, str] | None = None) -> RunSpec:
         """Convert a composed, checked `conf/train.yaml` (`run.checks.check_config`)."""
         data, hardware = cfg.data, hardware_spec(cfg)
+        choices = dict(_hydra_choices() if choices is None else choices)
         return cls(
             model=model_spec(cfg),
             hardware=hardware.this_round(),  # an elastic round: its own node count
@@ -78,10 +83,11 @@ class RunSpec:
             plan=OmegaConf.to_object(cfg.plan),
             run_dir=Path(cfg.paths.output_dir),
             seed=int(cfg.seed),
-            run_name=cfg.get("run_name"),
+            run_name=_run_name(cfg.get("run_name"), choices),
             logger=cfg.logger or None,
+            report=bool(cfg.get("report", False)),
             callbacks=tuple(c for c in (cfg.callbacks or {}).values() if c is not None),
-            choices=dict(_hydra_choices() if choices is None else choices),
+            choices=choices,
             source=cfg,
         )
 
@@ -90,3 +96,12 @@ def _hydra_choices() -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
     return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+
+
+def _run_name(name: str | None, choices: dict[str, str]) -> str | None:
+    from lightning_dist.config.resolvers import run_name
+
+    groups = [choices.get(group) for group in ("model", "strategy", "hardware")]
+    if name is None and not all(groups):
+        return None
+    return run_name(name, *(g or "" for g in groups))

@@ -62,4 +62,6 @@ def quiet_known_warnings() -> None:
     # Lightning asks for a resumable dataloader mid-epoch, but resume is exact without one: the
     # sampler restarts from the datamodule's saved step (the resume tests compare bit for bit).
     warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
+    # A resumed run saves into its own checkpoint folder, which holds its earlier saves.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     quiet_third_party()  # profiler USDT lines and repeated third-party tips, with or without callbacks

@@ -1,7 +1,8 @@
 """One record of a run: what the console, summary.json, the metrics CSV and W&B agree on.
 
 Steps are optimizer steps. The console's "step N" and summary.json's `losses[N - 1]` are the
-N-th step (`first_step` steps earlier after a resume). Lightning's loggers (the metrics CSV,
+N-th step: a resumed run's `losses` start at step 1 too (the checkpoint carried them,
+`callbacks/run_history.py`). Lightning's loggers (the metrics CSV,
 W&B's `trainer/global_step`) count the steps completed *before* a step, so their row
 `step = N - 1` holds the N-th step: `LOGGER_STEP_OFFSET`. `python -m lightning_dist.report`
 adds it back, so its plots use the console's numbering.
@@ -53,6 +54,27 @@ def log_at_this_step(trainer: Any, metrics: dict[str, float]) -> None:
         logger.log_metrics(metrics, step=step)
 
 
+RESUME_OVERRIDES = ("trainer.resume", "trainer.ckpt_path", "trainer.init_from")
+"""Overrides the command that continues a run replaces with `trainer.resume=auto`."""
+
+
+def command_line(resume: bool = False) -> str:
+    """This process's command as a user would type it (secrets redacted, as the run directory
+    has redacted `sys.argv` already); with `resume`, the one that continues the run from its
+    newest complete checkpoint."""
+    import shlex
+    import sys
+
+    from lightning_dist.runtime.redaction import redact_text
+
+    program = sys.argv[0]
+    args = [redact_text(a) for a in sys.argv[1:]]
+    if resume:
+        args = [a for a in args if a.partition("=")[0].lstrip("+") not in RESUME_OVERRIDES]
+        args.append("trainer.resume=auto")
+    return shlex.join(["python", program, *args])
+
+
 def _fmt(value: Any, spec: str, missing: str = "n/a") -> str:
     return missing if value is None else format(value, spec)
 
@@ -63,14 +85,23 @@ def summary_block(summary: dict[str, Any], path: Path | str | None = None) -> st
     wall = summary.get("wall_seconds")
     status = summary.get("status", "completed")
     ended = "run finished" if status == "completed" else f"run stopped ({status})"
+    first = summary.get("first_step") or 0
+    ran = f"{steps} steps" if not first else f"steps {first + 1}-{steps} (resumed at step {first})"
+    segments = summary.get("segments") or []
+    whole = ""
+    if len(segments) > 1:
+        whole = f", {len(segments)} attempts {_fmt(summary.get('total_wall_seconds'), '.0f')} s"
     head = (
-        f"{ended}: {steps} steps in {_fmt(wall, '.0f')} s | {summary.get('model')} | "
+        f"{ended}: {ran} in {_fmt(wall, '.0f')} s{whole} | {summary.get('model')} | "
         f"strategy={summary.get('strategy')} on {ranks} rank(s) of {summary.get('hardware')}"
     )
-    loss = f"  loss {_fmt(summary.get('final_loss'), '.4f')} at step {steps}"
     window = summary.get("smoothing_steps") or 0
-    if window > 1:
-        loss += f" (mean of the last {window} steps {_fmt(summary['final_loss_smoothed'], '.4f')})"
+    final = _fmt(summary.get("final_loss"), ".4f")
+    if window > 1:  # the mean first: one step's loss is noisy
+        loss = (f"  loss {_fmt(summary['final_loss_smoothed'], '.4f')} (mean of the last "
+                f"{window} steps; step {steps} alone {final})")  # fmt: skip
+    else:
+        loss = f"  loss {final} at step {steps}"
     if summary.get("final_val_loss") is not None:
         at = (summary.get("val_steps") or [None])[-1]
         loss += f" | validation loss {summary['final_val_loss']:.4f}"

@@ -122,3 +122,7 @@ def test_default_run_learns_on_real_text_and_prints_no_usdt_line_and_each_tip_on
     assert summary["val_losses"] and summary["val_losses"][-1] < summary["losses"][0]
     # One run directory: no per-rank Hydra output folders, no stray config copies.
     assert not (tmp_path / "outputs").exists()
+    # The report is made at the end (report=true by default), and the summary names the command.
+    assert sorted(p.name for p in (tmp_path / "report").iterdir())[0] == "README.md"
+    assert f"report: {tmp_path / 'report'}" in result.stdout
+    assert summary["command"].startswith("python ") and "trainer.max_steps=25" in summary["command"]

@@ -144,6 +144,11 @@ CASES = [
     Case("ckpt_path of another norm epsilon", fast("trainer.ckpt_path={tmp}/ckpts/step1.ckpt"),
          "was written for model.norm_eps=0.001, the configured model has 1e-05",
          prepare=lambda tmp: resumable_checkpoint(tmp / "ckpts", norm_eps=1e-3)),
+    # A run's home (issue 30): a fresh start never writes over an earlier run's records.
+    Case("fresh start over an earlier run", fast(), "holds an earlier run",
+         prepare=lambda tmp: write(tmp / "run" / "metrics" / "metrics.csv", "step\n0\n")),
+    Case("run name that leaves its folder", fast("run_name=../elsewhere"), "run_name='../elsewhere' must be one folder name"),
+    Case("keep no checkpoint", fast("trainer.checkpoint.keep_last=0"), "trainer.checkpoint.keep_last=0 must be 1 or more"),
     Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
     Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
     Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),

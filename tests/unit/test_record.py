@@ -32,10 +32,20 @@ def test_summary_block_says_loss_validation_speed_and_where():
     }  # fmt: skip
     text = summary_block(summary, "out/summary.json")
     assert "200 steps in 152 s" in text and "strategy=ddp on 2 rank(s) of cpu" in text
-    assert "loss 2.2647 at step 200 (mean of the last 10 steps 2.3100)" in text
+    assert "loss 2.3100 (mean of the last 10 steps; step 200 alone 2.2647)" in text
     assert "validation loss 2.4012 at step 200" in text
     assert "tokens/s 8,123 | MFU n/a | peak memory 1.00 GiB" in text
     assert text.endswith("summary: out/summary.json")
+    # A resumed attempt says which steps it ran, and what every attempt took together.
+    resumed = {
+        **summary,
+        "first_step": 10,
+        "wall_seconds": 52.0,
+        "total_wall_seconds": 104.4,
+        "segments": [{"first_step": 1, "last_step": 10}, {"first_step": 11, "last_step": 200}],
+    }
+    head = summary_block(resumed).splitlines()[0]
+    assert "steps 11-200 (resumed at step 10) in 52 s, 2 attempts 104 s" in head, head
 
 
 def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
