@@ -23,8 +23,13 @@ from lightning_dist.parity import (
 
 pytestmark = pytest.mark.slow
 
-FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.val_check_interval=null",
-        "report=false"]
+FAST = [
+    "model=llama_debug",
+    "data=synthetic",
+    "logger=none",
+    "trainer.val_check_interval=null",
+    "report=false",
+]
 
 
 def train_py(*overrides: str, env: dict | None = None, cwd: Path = REPO_ROOT, timeout=600):
