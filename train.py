@@ -3,6 +3,7 @@
 Thin on purpose: Hydra composes conf/train.yaml, `lightning_dist.train.train(cfg)` does the work.
 """
 
+import os
 import sys
 
 import hydra
@@ -30,7 +31,11 @@ def main(cfg) -> None:
     except ConfigError as e:
         report_config_error(e)
     from lightning_dist.callbacks.nan_guard import NonFiniteError
-    from lightning_dist.callbacks.preemption import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from lightning_dist.callbacks.preemption import (
+        INTERRUPTED_EXIT_CODE,
+        PREEMPTED_EXIT_CODE,
+        REQUEUE_BY_SCRIPT,
+    )
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
     from lightning_dist.train import train
 
@@ -52,6 +57,8 @@ def main(cfg) -> None:
     if result.get("status") == "preempted":
         from lightning_dist.strategies.launch import rank_exit_code
 
+        if result.get("requeue") and os.environ.get(REQUEUE_BY_SCRIPT):
+            sys.exit(0)  # the job script requeues (summary.json says so); srun sees no failure
         ctrl_c = result.get("signal") == "SIGINT"
         sys.exit(rank_exit_code(INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE))
 
