@@ -238,8 +238,9 @@ def test_sigusr1_requeues_the_job_and_it_finishes_bitwise(jobs, cluster):
     job = _wait_job(cluster, job_id)
     log = (root / f"requeue-{job_id}.out").read_text()
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", log[-4000:]
-    stopped = int(re.search(r"preempted: saving .* at step (\d+)", log).group(1))
+    stopped = int(re.search(r"preempted \(SIGUSR1\): saving .* at step (\d+)", log).group(1))
     assert f"requeueing SLURM job {job_id}" in log and 3 <= stopped < 8
+    assert "srun: error" not in log, log[-4000:]  # the ranks exit 0; the script requeues
     resumed, full = _summary(run_dir), _summary(root / "sbatch")
     assert resumed["status"] == "completed" and resumed["first_step"] == stopped
     assert resumed["steps"] == 8 and resumed["losses"] == full["losses"]
