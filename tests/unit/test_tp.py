@@ -121,6 +121,15 @@ def test_a_fused_split_stops_under_fsdp_sharding():
         check_tp(gpt(), 2, dp_shard=2)
 
 
+def test_the_3d_strategy_refuses_fsdp_sharding_of_a_fused_layer_before_launch():
+    from lightning_dist import Parallel3DStrategy
+
+    run = dict(devices=4, num_nodes=1, precision="32-true", accelerator="cpu", model=gpt())
+    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=1).check_run(**run)
+    with pytest.raises(ValueError, match=r"colwise_fused\(3\)', which does not .*dp_shard=2"):
+        Parallel3DStrategy(tp=2).check_run(**run)  # dp_shard: the remaining 2 ranks
+
+
 def test_plain_colwise_on_a_fused_name_warns_once(caplog):
     from lightning_dist.parallel import tp
     from tests.fused_gpt import UNFUSED_PLAN
