@@ -11,8 +11,9 @@ work with `Parallel3DStrategy` (see lightning_dist/models/protocol.py):
    materialises it (`to_empty` + your `init_weights()`), applies TP, FSDP2 and the pipeline cut,
    and returns this rank's part.
 2. **Tensor parallelism** reads `tp_plan`, a class attribute mapping module-name patterns (`*` is
-   one name segment) to styles: "embedding", "colwise", "rowwise", "output" (and "norm" and
-   "sp_input" for sequence parallelism). Attention must infer its local head count from shapes
+   one name segment) to styles: "embedding", "colwise", "colwise_fused(n)" (one Linear holding
+   n tensors, e.g. a fused qkv: never plain "colwise" there), "rowwise", "output" (and "norm"
+   and "sp_input" for sequence parallelism). Attention must infer its local head count from shapes
    (`view(b, s, -1, head_dim)`), since each rank holds `n_heads / tp` heads.
 3. **Pipeline parallelism** reads `pipeline_blocks` (the path of the ModuleList of repeated
    blocks; a stage keeps some of them and still iterates like a ModuleList), `pipeline_first`

@@ -50,6 +50,19 @@ def checkpoint_wrapper_api() -> tuple[Any, Any]:
     return module.apply_activation_checkpointing, module.checkpoint_wrapper
 
 
+def strided_shard_class() -> type:
+    """`torch.distributed.tensor.placement_types._StridedShard`: a DTensor placement in which each
+    rank holds every `split_factor`-th run of a dimension's shards, not one contiguous run.
+
+    Why private: it is the only placement that describes a fused projection split part by part
+    (`"colwise_fused(n)"`, parallel/tp.py), so that `full_tensor()` and DTensor's linear keep the
+    single-device order; FSDP2 itself places it over TP. torch has no public name for it (2.13).
+    """
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard
+
+
 def async_collective_tensor_class() -> type:
     """`torch.distributed._functional_collectives.AsyncCollectiveTensor`: the result of a
     collective still in flight, as tensor-parallel layers return their outputs.
@@ -476,6 +489,11 @@ _ENTRIES = (
            "lightning_dist.parallel.compile",
            "tells a tensor-parallel output still in flight from a plain tensor", TORCH,
            via="async_collective_tensor_class"),
+    _entry("torch.distributed.tensor.placement_types._StridedShard",
+           "torch.distributed.tensor.placement_types", "import",
+           ("lightning_dist.parallel.tp", "lightning_dist.checkpoint.pieces"),
+           "the one placement that describes a fused projection split part by part",
+           TORCH, via="strided_shard_class"),
     _entry(_MEM_TRACKER, "torch.distributed._tools.mem_tracker", "import",
            "lightning_dist.parallel.memory",
            "the only tracker splitting memory into params, grads, optimizer, activations",
@@ -563,6 +581,10 @@ _ENTRIES = (
     _entry("_partition_embedding_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
            "attribute", "lightning_dist.parallel.tp",
            "RowwiseParallel's own sharding of an embedding, reused for the same placements",
+           TORCH),
+    _entry("_prepare_input_fn", "torch.distributed.tensor.parallel.ColwiseParallel",
+           "attribute", "lightning_dist.parallel.tp",
+           "ColwiseParallel's own input preparation, reused by the fused column-parallel style",
            TORCH),
     _entry("_prepare_output_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
            "attribute", "lightning_dist.parallel.tp",

@@ -35,7 +35,10 @@ class AsyncSaves:
         self.wait()
         if self._group is None:
             self._group = dist.new_group(backend="gloo")
-        future = async_save(flatten(state), checkpoint_id=str(path), process_group=self._group)
+        from lightning_dist.checkpoint.pieces import PiecewiseSavePlanner
+
+        future = async_save(flatten(state), checkpoint_id=str(path), process_group=self._group,
+                            planner=PiecewiseSavePlanner())  # fmt: skip
         self._pending = (future, path, metadata, fields, rank0)
 
     def wait(self) -> None:

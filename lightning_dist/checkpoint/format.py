@@ -104,7 +104,10 @@ def save_state(state: dict[str, Any], path: Path, process_group=None) -> None:
     """Write `state` (from `gather_state`) as DCP files into `path` (collective)."""
     from torch.distributed.checkpoint import save
 
-    save(flatten(state), checkpoint_id=str(path), process_group=process_group)
+    from lightning_dist.checkpoint.pieces import PiecewiseSavePlanner
+
+    save(flatten(state), checkpoint_id=str(path), process_group=process_group,
+         planner=PiecewiseSavePlanner())  # fmt: skip
 
 
 def flatten(state: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from lightning_dist._compat import DCP_METADATA_RECORDS, dcp_metadata_path, dcp_set_element
+from lightning_dist.checkpoint.pieces import PiecewiseLoadPlanner
 
 
 class CheckpointError(ValueError):
@@ -91,8 +91,9 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, with non-tensor values read by `torch.load(weights_only=True)`."""
+class SafeLoadPlanner(PiecewiseLoadPlanner):
+    """DCP's default load planner, with non-tensor values read by `torch.load(weights_only=True)`
+    (and a fused projection's blocks read one by one, `checkpoint/pieces.py`)."""
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         try:

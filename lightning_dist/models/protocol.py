@@ -9,6 +9,11 @@ one name segment. The styles are
 
 - `"embedding"`: vocabulary-parallel embedding (rows split across tp ranks);
 - `"colwise"` / `"rowwise"`: Megatron's column- and row-parallel linear layers;
+- `"colwise_fused(n)"`: a fused projection, one `nn.Linear` whose output is n tensors side by
+  side (nanoGPT's `c_attn`/`qkv` = q, k, v: n=3; a `gate_up`: n=2). Each of the n parts is split
+  column-wise, so rank r holds the r-th slice of every part and the module's `.chunk(n, -1)`
+  gives this rank's slices of q, k and v. Plain `"colwise"` on such a layer is wrong math: it
+  splits the whole output, so a rank gets all of q and half of k instead of half of each;
 - `"output"`: vocabulary-parallel output projection (the logits stay split for the
   loss-parallel cross-entropy, or are gathered when loss parallelism is off);
 - `"norm"`: a norm run on sequence shards under sequence parallelism (ignored without it);
@@ -47,7 +52,9 @@ from typing import Protocol, runtime_checkable
 
 from torch import nn
 
-TP_STYLES = ("embedding", "colwise", "rowwise", "output", "norm", "sp_input")
+TP_STYLES = ("embedding", "colwise", "colwise_fused(n)", "rowwise", "output", "norm", "sp_input")
+"""The style names of a plan; `colwise_fused(n)` is written with its number of parts, e.g.
+`"colwise_fused(3)"`."""
 
 
 @runtime_checkable

@@ -279,7 +279,8 @@ class TensorParallelOptions:
 
     tp_plan: Any = knob(
         None, "{module pattern: style}; null uses the model's own plan. On the command line a key "
-        "cannot hold `*`: name modules exactly there, or write the plan in a YAML file.",
+        "cannot hold `*`: name modules exactly there, or write the plan in a YAML file; quote a "
+        "fused style there (`'strategy.tp_plan={blocks.0.attn.qkv:\"colwise_fused(3)\"}'`).",
         planner_ignores="the planner models the Megatron plan of a Llama block",
     )  # fmt: skip
     sequence_parallel: Any = knob(

@@ -110,6 +110,11 @@ def apply_fsdp(
             f"prefetch_forward={prefetch_forward} and prefetch_backward={prefetch_backward} "
             "must be 0 or more"
         )
+    from lightning_dist.parallel.tp import check_fused_fsdp, is_fused_param
+
+    for name, param in model.named_parameters():
+        if is_fused_param(param):
+            check_fused_fsdp(name, "colwise_fused", mesh.size(mesh.ndim - 1))
     if block_types is None:
         block_types = find_block_types(model)
     blocks = block_modules(model, block_types)

@@ -130,7 +130,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             layout.check_model(args)
         tp, auto_wrap = self.options.tp, self.options.sharding.auto_wrap
         if layout.tp > 1:
-            check_tp(model, layout.tp, plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel)
+            check_tp(model, layout.tp, plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
+                     dp_shard=layout.dp_shard)  # fmt: skip
         if layout.pp > 1:
             split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
         if auto_wrap is not None:

@@ -1,8 +1,11 @@
 """Tensor-parallel plans, on meta models and without a process group: ours and HF Llama's match
 every pattern (and every linear layer of ours), and errors name the problem: a pattern that
 matches nothing, an unknown style, a dimension not divisible by tp, sequence parallelism without
-norm entries, a model without a plan. (The collectives of a block under tp=2 are
-tests/dist/test_tp_dist.py.)"""
+norm entries, a model without a plan. A fused projection's style `"colwise_fused(n)"` is parsed
+and checked (n, each part divisible by tp, not under FSDP sharding), and plain `"colwise"` on a
+layer named like a fused one warns in one line. (The collectives of a block under tp=2 are
+tests/dist/test_tp_dist.py; a fused GPT's losses and checkpoints under tp and pp,
+tests/dist/test_fused_projection_dist.py.)"""
 
 import pytest
 import torch
@@ -66,3 +69,99 @@ def test_sequence_parallel_needs_norm_entries():
 def test_model_without_plan():
     with pytest.raises(ValueError, match="Sequential has no tp_plan"):
         plan_for(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+# --- fused projections: "colwise_fused(n)" ------------------------------------------------------
+
+
+def gpt(width: int = 32):
+    from tests.fused_gpt import FusedGPT
+
+    return meta(lambda: FusedGPT(width=width))
+
+
+def test_a_fused_style_is_parsed_and_checked():
+    from lightning_dist.models.protocol import TP_STYLES
+    from lightning_dist.parallel.tp import fused_parts
+
+    assert "colwise_fused(n)" in TP_STYLES
+    assert [fused_parts(s) for s in ("colwise_fused(3)", "colwise_fused( 2 )", "colwise")] == [
+        3, 2, None,
+    ]  # fmt: skip
+    matched = check_tp(gpt(), 2)
+    assert matched["blocks.3.attn.qkv"] == "colwise_fused(3)"
+    for style, message in [
+        ("colwise_fused(1)", r"'colwise_fused\(1\)' of 'blocks.\*.attn.qkv': .* n >= 2 parts"),
+        ("colwise_fused(n)", r"'colwise_fused\(n\)' of 'blocks.\*.attn.qkv' is not one of"),
+        ("colwise_fused", r"'colwise_fused' of 'blocks.\*.attn.qkv' is not one of"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_tp(gpt(), 2, plan={"blocks.*.attn.qkv": style})
+
+
+def test_a_fused_split_must_divide_each_part_by_tp():
+    # width 36: 108 output features, 3 parts of 36; 36 is divisible by tp=2, not by tp=8.
+    check_tp(gpt(36), 2, plan={"blocks.*.attn.qkv": "colwise_fused(3)"})
+    message = (
+        r"^blocks.0.attn.qkv is 'colwise_fused\(3\)' but its 108 output features do not split "
+        r"into 3 equal parts each divisible by tp=8$"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_tp(gpt(36), 8, plan={"blocks.*.attn.qkv": "colwise_fused(3)"})
+    with pytest.raises(ValueError, match=r"output features do not split into 5 equal parts"):
+        check_tp(gpt(36), 2, plan={"blocks.*.attn.qkv": "colwise_fused(5)"})
+    with pytest.raises(ValueError, match=r"of blocks.0.ln_1 needs an nn.Linear, got LayerNorm"):
+        check_tp(gpt(), 2, plan={"blocks.*.ln_1": "colwise_fused(2)"})
+
+
+def test_a_fused_split_stops_under_fsdp_sharding():
+    check_tp(gpt(), 2, dp_shard=1)
+    with pytest.raises(ValueError, match=r"^blocks.0.attn.qkv is 'colwise_fused\(3\)', which does "
+                       r"not run under FSDP sharding yet \(dp_shard=2\).*use dp_replicate"):  # fmt: skip
+        check_tp(gpt(), 2, dp_shard=2)
+
+
+def test_the_3d_strategy_refuses_fsdp_sharding_of_a_fused_layer_before_launch():
+    from lightning_dist import Parallel3DStrategy
+
+    run = dict(devices=4, num_nodes=1, precision="32-true", accelerator="cpu", model=gpt())
+    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=1).check_run(**run)
+    with pytest.raises(ValueError, match=r"colwise_fused\(3\)', which does not .*dp_shard=2"):
+        Parallel3DStrategy(tp=2).check_run(**run)  # dp_shard: the remaining 2 ranks
+
+
+def test_plain_colwise_on_a_fused_name_warns_once(caplog):
+    from lightning_dist.parallel import tp
+    from tests.fused_gpt import UNFUSED_PLAN
+
+    tp._warned.clear()
+    with caplog.at_level("WARNING", logger="lightning_dist.parallel.tp"):
+        check_tp(gpt(), 2, plan=UNFUSED_PLAN)
+        check_tp(gpt(), 2, plan=UNFUSED_PLAN)  # the strategy checks twice: one line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("TP plan: blocks.0.attn.qkv (and 3 more like it) is 'colwise'")
+    assert "use 'colwise_fused(3)'" in lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lightning_dist.parallel.tp"):
+        check_tp(gpt(), 2)  # fused: nothing to say
+        check_tp(meta(DEBUG.build), 2)  # wq, wk, wv, w1...: not fused names
+    assert not caplog.records
+    # Other fused names and the part counts suggested for them.
+    for leaf, parts in [("c_attn", "3"), ("gate_up_proj", "2"), ("Wqkv", "3"), ("fused_in", "n")]:
+        model = torch.nn.Module()
+        model.add_module(leaf, torch.nn.Linear(4, 12))
+        tp._warned.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lightning_dist.parallel.tp"):
+            check_tp(model, 2, plan={leaf: "colwise"})
+        assert f"TP plan: {leaf} is 'colwise'" in caplog.text, leaf
+        assert f"use 'colwise_fused({parts})'" in caplog.text, leaf
+
+
+def test_runs_of_a_local_index():
+    from lightning_dist.checkpoint.pieces import _runs
+
+    # tp=2 rank 1 of a fused (3 parts of 4 rows) weight: rows 2-3, 6-7, 10-11.
+    assert _runs([2, 3, 6, 7, 10, 11]) == [(0, 2, 2), (2, 6, 2), (4, 10, 2)]
+    assert _runs([4, 5, 6]) == [(0, 4, 3)] and _runs([]) == []

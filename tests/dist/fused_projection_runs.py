@@ -1,0 +1,148 @@
+"""A GPT with a fused q/k/v projection (tests/fused_gpt.py) under Parallel3DStrategy, on 4 ranks.
+
+`main(out_dir)` runs in every rank of a started world of 4 (tests/dist/world.py), each run a
+Lightning `Trainer.fit` of 10 fp32 steps on the same fixed global batches of 8:
+
+- `tp2_pp2`: tp=2 x pp=2 with `"colwise_fused(3)"`; saves `tp2_pp2.ckpt` at step 10;
+- `tp2`: dp_replicate=2 x tp=2 (two TP groups of 2 ranks, each reading half of every batch);
+- `resumed`: the `tp2` layout resuming from `tp2_pp2.ckpt` for steps 11 and 12;
+- `unfused_tp2_pp2`: tp=2 x pp=2 with plain `"colwise"` on the fused projection.
+
+Each rank also trains the model on its own, one device, plain PyTorch (12 steps): the
+reference. Rank 0 returns {run: [loss per step]}, the reference, and the largest difference
+between the checkpoint's weights and the reference's after step 10.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from byo_runs import StepLosses  # noqa: E402
+
+from lightning_dist import Parallel3DStrategy  # noqa: E402
+from lightning_dist.models.materialize import materialize  # noqa: E402
+from tests.fused_gpt import UNFUSED_PLAN, FusedGPT  # noqa: E402
+
+STEPS, GLOBAL_BATCH, SEQ_LEN, VOCAB, LR = 10, 8, 16, 64, 1e-2
+
+
+def batches(steps: int) -> torch.Tensor:
+    """`steps` global batches of counting sequences (learnable), batch k = rows 8k..8k+7."""
+    g = torch.Generator().manual_seed(1)
+    start = torch.randint(0, VOCAB, (steps * GLOBAL_BATCH, 1), generator=g)
+    return (start + torch.arange(SEQ_LEN + 1)) % VOCAB
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def reference(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One device, no Lightning: the losses of `steps` steps and the weights after STEPS."""
+    with torch.device("meta"):
+        model = FusedGPT(vocab=VOCAB, seq_len=SEQ_LEN)
+    model = materialize(model, torch.device("cpu"), seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, weights = [], {}
+    for batch in batches(steps).split(GLOBAL_BATCH):
+        loss = loss_fn(model(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if len(losses) == STEPS:
+            weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, weights
+
+
+class FusedLM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: nn.Module | None = None
+
+    def configure_model(self) -> None:
+        if self.model is None:
+            with torch.device("meta"):
+                model = FusedGPT(vocab=VOCAB, seq_len=SEQ_LEN)
+            self.model = self.trainer.strategy.parallelize_model(model, init_seed=0)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        if getattr(self.model, "computes_loss", False):  # pipeline parallelism
+            loss = self.model(inputs, targets, loss_fn)
+        else:
+            loss = loss_fn(self.model(inputs), targets)
+        self.log("loss", loss, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=LR)
+
+
+class FixedBatches(L.LightningDataModule):
+    """Global batch k at step k + 1 whatever the layout; each data-parallel rank reads its share
+    of it. A run resumed at step `first` reads its loader from the start again (it is not
+    resumable) and stops at the epoch's length: its loader starts at batch `first`."""
+
+    def __init__(self, steps: int, first: int = 0) -> None:
+        super().__init__()
+        self.steps, self.first = steps, first
+
+    def train_dataloader(self) -> DataLoader:
+        data = batches(self.steps).roll(-self.first * GLOBAL_BATCH, dims=0)
+        shard = self.trainer.strategy.distributed_sampler_kwargs
+        sampler = DistributedSampler(data, shuffle=False, **shard)
+        return DataLoader(data, batch_size=GLOBAL_BATCH // shard["num_replicas"], sampler=sampler)
+
+
+def fit(strategy: Parallel3DStrategy, *, steps: int = STEPS, ckpt_path=None,
+        save_to: Path | None = None) -> list[float]:  # fmt: skip
+    logger = StepLosses()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=4, strategy=strategy, max_steps=steps, logger=logger,
+        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, precision="32-true", use_distributed_sampler=False,
+    )  # fmt: skip
+    first = STEPS if ckpt_path else 0
+    trainer.fit(FusedLM(), datamodule=FixedBatches(steps, first), ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    return logger.losses
+
+
+def main(out_dir: str) -> dict:
+    from lightning_dist.checkpoint.format import WEIGHTS, read_full_state
+
+    out, started = Path(out_dir), time.perf_counter()
+    ref_losses, ref_weights = reference(STEPS + 2)
+    ckpt = out / "tp2_pp2.ckpt"
+    tp2 = dict(tp=2, dp_replicate=2, dp_shard=1)  # two TP groups, each half of every batch
+    runs = {
+        "tp2_pp2": fit(Parallel3DStrategy(tp=2, pp=2), save_to=ckpt),
+        "tp2": fit(Parallel3DStrategy(**tp2)),
+        "resumed": fit(Parallel3DStrategy(**tp2), steps=STEPS + 2, ckpt_path=ckpt),
+        "unfused_tp2_pp2": fit(Parallel3DStrategy(tp=2, pp=2, tp_plan=UNFUSED_PLAN)),
+    }
+    result = {"reference": ref_losses, **runs, "seconds": time.perf_counter() - started}
+    if torch.distributed.get_rank() == 0:
+        # The checkpoint's weights, read whole in one process, against the reference's after
+        # the same 10 steps: each tensor's largest difference (a fused bias by part, q, k, v).
+        saved = read_full_state(ckpt, WEIGHTS)
+        result["weights"] = sorted(k.removeprefix(WEIGHTS) for k in saved)
+        result["weight_diff"] = {}
+        for name, value in ref_weights.items():
+            diff = (saved[WEIGHTS + name] - value).abs()
+            parts = diff.chunk(3) if name.endswith("qkv.bias") else [diff]
+            result["weight_diff"][name] = [part.max().item() for part in parts]
+    return result
