@@ -228,7 +228,7 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int) -> list[_Famil
         return [_Family(f"tp={tp} pp={pp} dp={dp}", problem=reason)]
     return [
         _Family(
-            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s} {mode}",
+            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s}" + (f" {mode}" if s > 1 else ""),
             layout_makers(search.model, pp, r, s, tp, search.schedules),
             mode,
             gbs // dp,
