@@ -143,4 +143,5 @@ def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision:
         "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
     }
-    return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe()
+    # Named as what runs it: the 3d strategy, whatever strategy the same layout would take alone.
+    return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe("3d")
