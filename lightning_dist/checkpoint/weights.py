@@ -85,10 +85,14 @@ def open_checkpoint(path: str | Path) -> CheckpointInfo:
 def require_args(info: CheckpointInfo) -> ModelArgs:
     """The model args, or CheckpointError saying where they were looked for."""
     if info.args is None:
-        raise CheckpointError(
-            f"{info.path} describes no lightning_dist Transformer: no model in {MANIFEST}, and no "
-            ".hydra/config.yaml of a run with a model=<ModelArgs config> beside it"
+        where = (
+            f"its {MANIFEST} records another model (model=hf_llama keeps the Hugging Face "
+            "names, under hf_model.; `consolidate` writes them to one file)"
+            if info.manifest
+            else "it has no manifest.json, and no .hydra/config.yaml of a run with a "
+            "model=<ModelArgs config> beside it"
         )
+        raise CheckpointError(f"{info.path} holds no lightning_dist Transformer: {where}")
     return info.args
 
 

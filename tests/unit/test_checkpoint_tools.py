@@ -126,6 +126,38 @@ def test_inspect_shows_model_layout_step_and_sizes(imported, capsys):
     assert len(text.splitlines()) == 8
 
 
+def test_inspect_reads_the_manifest_of_a_model_that_is_not_ours(imported, tmp_path, capsys):
+    """A checkpoint of model=hf_llama records the HF spec in its manifest.json, not ModelArgs:
+    inspect described it as "unknown (no manifest, no run config)". The manifest is what the
+    strategies write (`checkpoint_hooks._model_args`)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from lightning_dist.checkpoint.manifest import MANIFEST, read_manifest, write_manifest
+    from lightning_dist.models.hf import HFModelSpec
+    from lightning_dist.strategies.checkpoint_hooks import _model_args
+
+    ckpt = tmp_path / "step5.ckpt"
+    shutil.copytree(imported["llama"][1], ckpt)
+    fields = {k: v for k, v in read_manifest(ckpt).items() if k not in ("format", "version")}
+    spec = HFModelSpec(config={"model_type": "llama", **TINY_HF})
+    for model, shown in [
+        (_model_args(SimpleNamespace(model_spec=spec)),
+         "Hugging Face llama hidden_size=64 num_hidden_layers=4 num_attention_heads=4 "
+         "num_key_value_heads=2 intermediate_size=128 vocab_size=512 "
+         "max_position_embeddings=256 (model=hf_llama, manifest.json)"),
+        ({}, "not recorded in manifest.json (a model without a lightning_dist model_spec)"),
+    ]:  # fmt: skip
+        (ckpt / MANIFEST).unlink()
+        write_manifest(ckpt, {**fields, "model": model})
+        assert main(["inspect", str(ckpt)]) == 0
+        text = capsys.readouterr().out
+        assert f"model       {shown}\n" in text and "no manifest" not in text, text
+    assert main(["export", str(ckpt), "--to", "hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no lightning_dist Transformer: its manifest.json records another" in err, err
+
+
 def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_resumable(
     imported, tmp_path, capsys
 ):
