@@ -69,3 +69,35 @@ def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
     write_comparison(tmp_path)
     assert (tmp_path / "comparison.md").read_text().count("\n| ") == 5  # header, rule, 3 jobs
     assert len(json.loads((tmp_path / "comparison.json").read_text())) == 3
+
+
+def test_the_readmes_sweep_table_is_what_the_sweep_writes(tmp_path):
+    """README.md's comparison table (a real `python train.py -m ... debug=fast`), rebuilt from
+    summary.json files holding its numbers: the columns, their order and formats are the ones
+    `lightning_dist.sweep` writes today, so a change there shows here."""
+    from pathlib import Path
+
+    from lightning_dist.sweep import COLUMNS, GIB
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("| job | overrides |"))
+    shown = readme[
+        start : next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
+    ]
+    header = [h for h, _, _ in COLUMNS]
+    for line in shown[2:]:
+        cells = dict(zip(header, [c.strip() for c in line.strip("|").split("|")], strict=True))
+        value = {k: None if v == "-" else float(v.rstrip("%").replace(",", "")) for k, v in cells.items()
+                 if k not in ("job", "overrides", "ranks", "steps")}  # fmt: skip
+        job = tmp_path / cells["job"]
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- {cells['overrides']}\n- debug=fast\n")
+        (job / "summary.json").write_text(json.dumps({
+            "world_size": int(cells["ranks"]), "steps": int(cells["steps"]),
+            "final_loss": value["final loss"], "final_loss_smoothed": value["smoothed"],
+            "final_val_loss": value["val loss"], "tokens_per_sec": value["tokens/s"],
+            "peak_memory_bytes": [value["peak GiB"] * GIB],
+            "mfu": None if value["MFU"] is None else value["MFU"] / 100,
+            "wall_seconds": value["wall s"],
+        }))  # fmt: skip
+    assert write_comparison(tmp_path).splitlines() == shown
