@@ -1,6 +1,7 @@
 """What a user sees, the record's pieces in one process: the smoothed final loss, the console's
-closing summary, and the multirun comparison table, which names jobs by the overrides that differ
-(a job without a summary included). (The train.py runs are tests/e2e/test_record_e2e.py.)"""
+closing summary, the multirun comparison table, which names jobs by the overrides that differ
+(a job without a summary included) and is the README's, and the report's file modes. (The
+train.py runs are tests/e2e/test_record_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -101,3 +102,31 @@ def test_the_readmes_sweep_table_is_what_the_sweep_writes(tmp_path):
             "wall_seconds": value["wall s"],
         }))  # fmt: skip
     assert write_comparison(tmp_path).splitlines() == shown
+
+
+def test_the_report_is_as_private_as_the_run_directory(tmp_path):
+    """`python -m lightning_dist.report` under the usual umask (022): in a private run directory
+    (paths.private: 0700) the report folder is 0700 and its files 0600, a report written before
+    included; in an open one they follow the umask."""
+    import os
+    import stat
+
+    from lightning_dist.report import main
+
+    summary = {"losses": [3.0, 2.0], "strategy": "ddp", "model": "tiny"}
+    umask = os.umask(0o022)
+    try:
+        for mode, folder_mode, file_mode in ((0o700, 0o700, 0o600), (0o755, 0o755, 0o644)):
+            run = tmp_path / f"run{mode:o}"
+            run.mkdir()
+            run.chmod(mode)
+            (run / "summary.json").write_text(json.dumps(summary))
+            (run / "report").mkdir()  # an earlier report's, under the umask
+            (run / "report" / "README.md").write_text("an earlier report\n")
+            assert main([str(run)]) == 0
+            files = list((run / "report").iterdir())
+            assert sorted(p.name for p in files) == ["README.md", "loss.png"]
+            assert stat.S_IMODE((run / "report").stat().st_mode) == folder_mode
+            assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {file_mode}
+    finally:
+        os.umask(umask)
