@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from lightning_dist.layout import Batch
+from lightning_dist.planner.labels import batch_line, format_seconds
 
 LEGEND = """legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
   pipeline), as in `python train.py strategy=...` (--command N prints row N's command).
@@ -141,7 +142,7 @@ def strategy_overrides(candidate) -> list[str]:
     """The `strategy=...` and `data.per_rank_batch_size` overrides that make train.py run this
     candidate's layout and settings: the strategy its label names (`Candidate.strategy`) and the
     degrees that preset does not fill by itself (`3d` runs every layout, CPU offload included)."""
-    from lightning_dist.planner.estimate import COMMAND_STRATEGIES
+    from lightning_dist.planner.labels import COMMAND_STRATEGIES
 
     lay, st = candidate.layout, candidate.settings
     name = candidate.strategy if candidate.strategy in COMMAND_STRATEGIES else "3d"
@@ -225,39 +226,6 @@ def config_choice(overrides: list[str], group: str) -> str:
 
 def _size(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-
-
-def format_seconds(seconds: float) -> str:
-    """A predicted time with three significant digits in s, ms or µs: '12.3 s', '4.56 ms',
-    '186 µs' (a tiny model's step is no '0.000 s')."""
-    if seconds >= 100:
-        return f"{seconds:,.0f} s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-6:.3g} µs"
-
-
-def batch_line(candidate) -> str:
-    """The batch one rank runs in a candidate (`planner.Candidate`): the same words in train.py's
-    plan.only and under the planner's choice."""
-    lay, st = candidate.layout, candidate.settings
-    per_rank = st.global_batch_size // lay.dp
-    n, mbs = candidate.grad_accumulation, st.micro_batch_size
-    if lay.pp > 1:
-        split = f"{n} pipeline microbatches of {mbs}"
-    elif n > 1:
-        split = f"{n} accumulated micro-batches of {mbs}"
-    else:
-        split = "one forward"
-    return (
-        f"per-rank batch: {_count(per_rank, 'sequence')} x {st.seq_len} tokens ({split}); "
-        f"global batch {st.global_batch_size} over {_count(lay.dp, 'data-parallel rank')}"
-    )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _config_params(name: str) -> int:

@@ -21,13 +21,13 @@ from lightning_dist.planner.estimate import (
     NoLayoutFitsError,
     as_model_args,
     batch_problem,
-    describe,
     fit_problem,
     float8_problem,
     pp_problem,
     tp_problem,
 )
 from lightning_dist.planner.inputs import SearchInputs
+from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import memory_per_device
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (

@@ -69,14 +69,8 @@ def check_fits(plan: Any) -> None:
 def print_prediction(plan: Any) -> bool:
     """Print the prediction for the planned run (a `run.plan.RunPlan`) and the planner's best;
     return whether it fits."""
-    from lightning_dist.plan import (
-        assumptions,
-        batch_line,
-        config_choice,
-        format_seconds,
-        hydra_task_overrides,
-        plan_notes,
-    )
+    from lightning_dist.plan import assumptions, config_choice, hydra_task_overrides, plan_notes
+    from lightning_dist.planner.labels import batch_line, format_seconds
 
     batch, spec, hardware, precision = plan.batch, plan.model, plan.hardware, plan.precision
     strategy_cfg = plan.spec.strategy

@@ -231,7 +231,7 @@ def test_a_cpu_model_on_gpus_is_warned_about(overrides, warned):
 
 
 def test_step_times_keep_three_significant_digits():
-    from lightning_dist.plan import format_seconds
+    from lightning_dist.planner.labels import format_seconds
 
     assert [format_seconds(s) for s in (1.86e-4, 0.0744, 1.03, 9.55, 1234.5)] == [
         "186 µs", "74.4 ms", "1.03 s", "9.55 s", "1,234 s"]  # fmt: skip
@@ -240,7 +240,7 @@ def test_step_times_keep_three_significant_digits():
 def test_labels_name_the_strategy_and_fsdp_modes_only_where_fsdp_runs():
     from lightning_dist.layout import Layout
     from lightning_dist.planner import TrainSettings, describe
-    from lightning_dist.planner.estimate import strategy_name
+    from lightning_dist.planner.labels import strategy_name
 
     base = TrainSettings.of(global_batch_size=16, seq_len=256, micro_batch_size=2)
     ddp = replace(base, sharding="NO_SHARD")
