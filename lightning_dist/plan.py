@@ -22,18 +22,22 @@ import sys
 from typing import Any
 
 from lightning_dist.layout import Batch
+from lightning_dist.planner.labels import batch_line, format_seconds
 
-LEGEND = """legend: dp_replicate = data-parallel replicas; dp_shard = data-parallel ranks that shard the model
-  states (FSDP); tp = tensor-parallel ranks; pp = pipeline stages, with their schedule (v = virtual
-  stages per rank). NO_SHARD, FULL_SHARD, SHARD_GRAD_OP (parameters stay gathered from forward to
-  backward), HYBRID_SHARD (FULL_SHARD inside dp_shard, replicated over dp_replicate): FSDP modes.
+LEGEND = """legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
+  pipeline), as in `python train.py strategy=...` (--command N prints row N's command).
+  dp_replicate = data-parallel replicas; dp_shard = data-parallel ranks that shard the model states
+  (FSDP); tp = tensor-parallel ranks; pp = pipeline stages, with their schedule (v = virtual stages
+  per rank). Where FSDP shards (dp_shard > 1), its mode: FULL_SHARD, SHARD_GRAD_OP (parameters stay
+  gathered from forward to backward; fsdp2's reshard_after_forward=false), HYBRID_SHARD (FULL_SHARD
+  inside dp_shard, replicated over dp_replicate).
   mbs = micro-batch: the sequences one rank runs through one forward (one pipeline microbatch
   under pp); the rest of the global batch is gradient accumulation or further microbatches.
   ac = activation checkpointing: ac=full (every block keeps only its input), ac=n (every n-th
   block in full), ac=op (every block keeps its matmul outputs, recomputes the pointwise ops);
   compile = per-block torch.compile; offload = parameters, gradients and optimizer state live in
   host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
-  GiB/dev = predicted peak per device; step s, tok/s, MFU = predicted; comm/comp = communication
+  GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd_momentum": "SGD+momentum", "sgd": "SGD"}
@@ -42,6 +46,16 @@ LARGE_MODEL_PARAMS = 1e9
 """From this size on, a global batch of under `REALISTIC_TOKENS_PER_STEP / 4` tokens is noted."""
 REALISTIC_TOKENS_PER_STEP = 2**21
 """About what models of 1B parameters and more train with per optimizer step (2M tokens)."""
+
+
+CPU_MODELS = ("tiny", "llama_debug")
+"""The model configs made for CPUs and tests (`tiny` is train.py's default)."""
+SMALL_MODEL_PARAMS = 100e6
+"""Below this many parameters a model planned on GPUs is warned about (GPT-2 small has 124M)."""
+GPU_MODELS = ("llama3_8b", "llama3_1b")
+"""What the warning suggests instead: the first whose weights, gradients and AdamW states fill at
+most `GPU_MODEL_MEMORY_SHARE` of all the devices' memory."""
+GPU_MODEL_MEMORY_SHARE = 0.5
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -126,10 +140,18 @@ def _flag(value: Any) -> str:
 
 def strategy_overrides(candidate) -> list[str]:
     """The `strategy=...` and `data.per_rank_batch_size` overrides that make train.py run this
-    candidate's layout and settings (the 3d strategy runs every layout, CPU offload included)."""
+    candidate's layout and settings: the strategy its label names (`Candidate.strategy`) and the
+    degrees that preset does not fill by itself (`3d` runs every layout, CPU offload included)."""
+    from lightning_dist.planner.labels import COMMAND_STRATEGIES
+
     lay, st = candidate.layout, candidate.settings
+    name = candidate.strategy if candidate.strategy in COMMAND_STRATEGIES else "3d"
     zero2 = lay.dp_shard > 1 and st.sharding == "SHARD_GRAD_OP"
-    out = ["strategy=3d"] + [f"strategy.{k}={v}" for k, v in lay.degrees().items()]
+    out = [f"strategy={name}"]
+    if name == "fsdp2":  # its dp_replicate default is one group per node; dp_shard the rest
+        out.append(f"strategy.dp_replicate={lay.dp_replicate}")
+    elif name == "3d":  # dp_shard (-1) takes the ranks the others leave
+        out += [f"strategy.{k}={v}" for k, v in lay.degrees().items() if k != "dp_shard" and v > 1]
     if lay.pp > 1:
         out += [f"strategy.schedule={lay.schedule}",
                 f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
@@ -206,6 +228,46 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
+def _config_params(name: str) -> int:
+    """Parameters of the model config `conf/model/<name>.yaml` (our ModelArgs flavors)."""
+    from omegaconf import OmegaConf
+
+    from lightning_dist.config import CONF_DIR
+    from lightning_dist.models.args import ModelArgs
+
+    fields = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    fields = {k: v for k, v in fields.items() if k not in ("defaults", "_target_")}
+    return ModelArgs(**fields).num_params()
+
+
+def gpu_model_suggestion(hardware) -> str:
+    """The model config to plan on this GPU hardware instead of a CPU one (GPU_MODELS)."""
+    from lightning_dist.planner.settings import state_bytes
+
+    if not hardware.memory_gib:
+        return GPU_MODELS[-1]
+    devices = hardware.resolved_devices() * hardware.num_nodes
+    budget = GPU_MODEL_MEMORY_SHARE * hardware.memory_gib * 2**30 * devices
+    per_param = sum(state_bytes("bf16-mixed", "adamw"))
+    return next((m for m in GPU_MODELS if _config_params(m) * per_param <= budget), GPU_MODELS[-1])
+
+
+def model_warning(model, hardware, model_name: str) -> str | None:
+    """One line when a CPU model (CPU_MODELS, or under SMALL_MODEL_PARAMS parameters) is planned
+    on GPU hardware, whose plan says little about training anything real, with the fix."""
+    args = model.to_model_args() if hasattr(model, "to_model_args") else model
+    params = args.num_params()
+    if hardware.accelerator != "gpu" or (
+        model_name not in CPU_MODELS and params >= SMALL_MODEL_PARAMS
+    ):
+        return None
+    suggestion = gpu_model_suggestion(hardware)
+    return (
+        f"warning: model={model_name} ({_size(params)} parameters) is a CPU model, not one to "
+        f"train on {hardware.name}; plan with model={suggestion}"
+    )
+
+
 def compile_note(strategy: Any) -> str:
     """One line: whether the plan times the blocks compiled, with which backend and speedup."""
     from lightning_dist.planner.settings import COMPILE_SPEEDUP
@@ -234,6 +296,14 @@ def assumptions(batch: Batch, precision: str | None, strategy: Any, model, hardw
         compile_note(strategy),
         f"hardware {hardware.name}: {hardware.num_nodes} node(s) x {per_node} devices, {memory}",
     ]
+
+
+def plan_notes(batch: Batch, model, hardware, overrides: list[str]) -> list[str]:
+    """The warnings under the assumptions, alike in train.py's plan.only and the planner CLI:
+    a CPU model on GPUs (`model_warning`), a large model's tiny batch (`batch_note`)."""
+    model_name = config_choice(overrides, "model")
+    notes = (model_warning(model, hardware, model_name), batch_note(batch, model, overrides))
+    return [note for note in notes if note]
 
 
 def batch_note(batch: Batch, model, overrides: list[str]) -> str | None:
@@ -275,9 +345,8 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     for line in assumptions(batch, precision, strategy, model, hardware,
                             config_choice(overrides, "model")):  # fmt: skip
         console.print(line, highlight=False)
-    note = batch_note(batch, model, overrides)
-    if note:
-        console.print(f"[yellow]{note}[/]", highlight=False)
+    for note in plan_notes(batch, model, hardware, overrides):  # a warning is one line
+        console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=note.startswith("warn"))
     if hardware.peak_tflops_bf16 is None or hardware.intra_node_gbytes_per_sec is None:
         console.print(
             "[yellow]this hardware spec has no peak FLOP/s or link bandwidth: times use nominal "
@@ -289,7 +358,7 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("layout", justify="left", overflow="fold")
     categories = ("params", "grads", "optim", "acts", "buffers") if details else ()
-    numbers = (*categories, "GiB/dev", *(("host GiB",) if host else ()), "step s", "tok/s", "MFU",
+    numbers = (*categories, "GiB/dev", *(("host GiB",) if host else ()), "step", "tok/s", "MFU",
                "comm/comp", "bubble")  # fmt: skip
     for name in numbers:
         table.add_column(name, justify="right", no_wrap=True)
@@ -302,7 +371,7 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
             *(_gib(x) for x in by_category[: len(categories)]),
             _gib(mem.total) + ("" if cand.fits else " !"),
             *((_gib(mem.host),) if host else ()),
-            f"{t.step_seconds:.3g}",
+            format_seconds(t.step_seconds),
             f"{t.tokens_per_sec:,.0f}",
             "-" if t.mfu is None else f"{t.mfu:.1%}",
             f"{t.comm_compute_ratio:.2f}",
@@ -313,12 +382,14 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     if result.chosen is not None:
         best = result.best()
         console.print(f"chosen: [bold green]{best.describe()}[/]", highlight=False)
+        console.print(batch_line(best), highlight=False)
         command = train_command(overrides, best)
         console.print(f"run it: {_wrapped(command)}", highlight=False,
                       soft_wrap=True)  # fmt: skip
         console.print("(the command of row N: --command N; of every row: --command all)")
     if result.rejected:
-        console.print(f"{len(result.rejected)} families rejected, e.g.:")
+        n = len(result.rejected)
+        console.print(f"{n} {'family' if n == 1 else 'families'} rejected, e.g.:")
         for item in result.rejected[:5]:
             console.print(f"  {item['family']}: {item['reason']}", highlight=False)
 

@@ -5,15 +5,19 @@
 reads the run directory's `metrics/metrics.csv` and `summary.json` and writes `report/*.png` and
 `report/README.md` into it (or into `--out`). Every plot's title names the run, and its x axis
 counts optimizer steps as the console and summary.json do (the CSV's Lightning step + 1, see
-`lightning_dist.runtime.record`).
+`lightning_dist.runtime.record`). The report is as private as the run directory: of a private
+one (`paths.private=true`, mode 0700) its folder is 0700 and its files 0600, whatever the umask.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +127,42 @@ def _comm_ratio_plot(path: Path, title: str, metrics: dict, warn_ratio: float) -
     return True
 
 
+def is_private(run_dir: Path) -> bool:
+    """Is the run directory its owner's alone (no group or other permission: `paths.private`,
+    `lightning_dist/run/run_dir.py`)?"""
+    return not run_dir.stat().st_mode & 0o077
+
+
+@contextlib.contextmanager
+def private_files(private: bool) -> Iterator[None]:
+    """Create files and folders as the private run directory's own (0600/0700: the umask of
+    `run.run_dir.PRIVATE_UMASK`) while inside, when `private`."""
+    if not private:
+        yield
+        return
+    from lightning_dist.run.run_dir import PRIVATE_UMASK
+
+    umask = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(umask)
+
+
 def write_report(run_dir: Path, out: Path) -> list[Path]:
-    """Write every plot the run has data for; return the PNG paths."""
+    """Write every plot the run has data for, as private as the run directory; return the PNG
+    paths."""
+    private = is_private(run_dir)
+    with private_files(private):
+        written = _write_report(run_dir, out)
+    if private:  # a report folder or file that existed before keeps its mode otherwise
+        out.chmod(0o700)
+        for path in [*written, out / "README.md"]:
+            path.chmod(0o600)
+    return written
+
+
+def _write_report(run_dir: Path, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,7 +1,8 @@
 """`python -m lightning_dist.checkpoint inspect|export|import|consolidate ...`.
 
     inspect      <ckpt>                     model, layout, step, sizes, in one screen
-    export       <ckpt> --to hf <dir>       a Hugging Face model directory (config + safetensors)
+    export       <ckpt> --to hf <dir>       a Hugging Face model directory (config, safetensors,
+                                            the tokenizer's files)
     import       <hf_dir> <ckpt>            an HF Llama/Mistral directory as a step-0 checkpoint
     consolidate  <ckpt> <file.safetensors>  every weight in one file, by our parameter names
 
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=["hf"], required=True, help="target format")
     p.add_argument("out", type=Path, help="new directory for config.json + model.safetensors")
     p.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
+    p.add_argument("--tokenizer", metavar="byte|none|PATH",
+                   help="the tokenizer the model was trained with: byte, a tokenizer.json, or none "
+                   "(default: the writing run's data.tokenizer, from its .hydra/config.yaml)")  # fmt: skip
     p = commands.add_parser("import", help="an HF Llama/Mistral directory -> a checkpoint")
     p.add_argument("hf_dir", type=Path)
     p.add_argument("out", type=Path, help="new checkpoint folder, e.g. imported/step0.ckpt")
@@ -61,19 +65,52 @@ def inspect_command(args: argparse.Namespace) -> None:
 def export_command(args: argparse.Namespace) -> None:
     from safetensors.torch import save_file
 
-    from lightning_dist.checkpoint.hf import hf_config, to_hf
+    from lightning_dist.checkpoint.hf import hf_config, hf_tokenizer_files, to_hf, token_ids
     from lightning_dist.checkpoint.weights import open_checkpoint, read_weights, require_args
 
     info = open_checkpoint(args.checkpoint)
     model_args = require_args(info)
+    tokenizer, origin = export_tokenizer(info.path, args.tokenizer)
+    if tokenizer is not None and tokenizer.vocab_size > model_args.vocab_size:
+        raise ValueError(f"the tokenizer ({origin}) has {tokenizer.vocab_size} ids, the model's "
+                         f"vocabulary {model_args.vocab_size}; give --tokenizer")  # fmt: skip
     _new_path(args.out)
     state = to_hf(read_weights(info, DTYPES.get(args.dtype)), model_args)
     args.out.mkdir(parents=True)
     dtype = next(iter(state.values())).dtype
     save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
-    config = hf_config(model_args, dtype)
-    (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    print(f"exported step {info.step} of {info.path} to {args.out} (LlamaForCausalLM, {dtype})")
+    files = {"config.json": hf_config(model_args, dtype, tokenizer),
+             "generation_config.json": token_ids(tokenizer)}  # fmt: skip
+    files = {name: json.dumps(value, indent=2) + "\n" for name, value in files.items()}
+    if tokenizer is not None:
+        files.update(hf_tokenizer_files(tokenizer, model_args.max_seq_len))
+    for name, text in files.items():
+        (args.out / name).write_text(text, encoding="utf-8")
+    print(f"exported step {info.step} of {info.path} to {args.out} (LlamaForCausalLM, {dtype}); "
+          + (f"tokenizer: {origin}" if tokenizer is not None else
+             f"no tokenizer files ({origin}; --tokenizer byte|PATH adds them)"))  # fmt: skip
+
+
+def export_tokenizer(checkpoint: Path, choice: str | None):
+    """(tokenizer, where it came from) for `export`: `--tokenizer` (byte, a tokenizer.json, none),
+    else the writing run's `data.tokenizer` (None, byte-level, for text data), else none (synthetic
+    data, or no run config: an imported checkpoint)."""
+    from lightning_dist.checkpoint.weights import writing_run_config
+    from lightning_dist.lm.tokenizer import describe, load_tokenizer
+
+    where = "--tokenizer"
+    if choice is None:
+        data = (writing_run_config(checkpoint) or {}).get("data") or {}
+        if "tokenizer" not in data:
+            return None, "the run that wrote it names no tokenizer"
+        choice, where = data["tokenizer"], "the run's data.tokenizer"
+    elif choice.lower() == "none":
+        return None, "--tokenizer none"
+    try:
+        tokenizer = load_tokenizer(choice)
+    except FileNotFoundError as err:  # a relative path of the run's, read from elsewhere
+        raise FileNotFoundError(f"{err} ({where}); give --tokenizer PATH, or none") from None
+    return tokenizer, f"{describe(tokenizer)} ({where})"
 
 
 def import_command(args: argparse.Namespace) -> None:

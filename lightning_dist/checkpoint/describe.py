@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from lightning_dist.checkpoint.manifest import MANIFEST
 from lightning_dist.checkpoint.weights import CheckpointInfo
 
 SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -34,21 +35,45 @@ def describe(info: CheckpointInfo) -> str:
 
 def _format(info: CheckpointInfo) -> str:
     if info.manifest:
-        return f"{info.manifest['format']} v{info.manifest.get('version')} (manifest.json)"
+        return f"{info.manifest['format']} v{info.manifest.get('version')} ({MANIFEST})"
     source = "the run's .hydra/config.yaml" if info.run_config else "nothing"
-    return f"DCP folder without manifest.json; model and layout read from {source}"
+    return f"DCP folder without {MANIFEST}; model and layout read from {source}"
+
+
+HF_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "intermediate_size", "vocab_size",
+                  "max_position_embeddings")  # fmt: skip
+"""What `inspect` shows of a Hugging Face model's config."""
 
 
 def _model(info: CheckpointInfo) -> str:
     a = info.args
     if a is None:
-        return "unknown (no manifest, no run config)"
+        return _other_model(info)
     tied = ", tied embeddings" if a.tie_embeddings else ""
     return (
         f"Transformer dim={a.dim} n_layers={a.n_layers} n_heads={a.n_heads} "
         f"n_kv_heads={a.kv_heads} ffn_hidden_size={a.hidden_dim} vocab_size={a.vocab_size} "
         f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g} norm_eps={a.norm_eps:g}{tied}"
     )
+
+
+def _other_model(info: CheckpointInfo) -> str:
+    """A model that is no lightning_dist Transformer, as its manifest (or, without one, its run's
+    config) records it: a Hugging Face model's spec (`model=hf_llama`), or nothing."""
+    source = (
+        MANIFEST if info.manifest else "the run's .hydra/config.yaml" if info.run_config else ""
+    )
+    if not source:
+        return f"unknown (no {MANIFEST}, no run config)"
+    model = (info.manifest or info.run_config or {}).get("model") or {}
+    if not {"config", "pretrained_path"} & set(model):
+        return f"not recorded in {source} (a model without a lightning_dist model_spec)"
+    config = model.get("config") or {}
+    fields = " ".join(f"{k}={config[k]}" for k in HF_CONFIG_KEYS if k in config)
+    origin = f" from {model['pretrained_path']}" if model.get("pretrained_path") else ""
+    kind = config.get("model_type", "llama") if config else "model"
+    return f"Hugging Face {kind}{origin} {fields}".rstrip() + f" (model=hf_llama, {source})"
 
 
 def _parameters(info: CheckpointInfo) -> str:

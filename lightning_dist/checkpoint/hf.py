@@ -104,8 +104,9 @@ def from_hf(hf_state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
     return out
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
-    """The config.json of the LlamaForCausalLM equal to our `Transformer(args)`."""
+def hf_config(args: ModelArgs, dtype: torch.dtype, tokenizer=None) -> dict[str, Any]:
+    """The config.json of the LlamaForCausalLM equal to our `Transformer(args)`, with the special
+    token ids of the `tokenizer` it was trained with (`token_ids`)."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -126,7 +127,77 @@ def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "dtype": str(dtype).removeprefix("torch."),
+        **token_ids(tokenizer),
     }
+
+
+# --- the tokenizer ---------------------------------------------------------------------------
+
+BYTE_EOS_TOKEN = "<|endoftext|>"
+"""The byte tokenizer's end-of-document id (256) as a Hugging Face token: the first of
+`lm.tokenizer.EOS_CANDIDATES`, so the exported tokenizer.json read back as `data.tokenizer` has
+the same end of document."""
+
+
+def _byte_to_char() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, what the `ByteLevel` pre-tokenizer maps to."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    rest = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
+
+
+def byte_tokenizer_json() -> str:
+    """`lm.tokenizer.ByteTokenizer` as a `tokenizers` tokenizer.json: byte b is id b (a BPE over
+    the 256 byte symbols with no merges), end of document is id 256."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in _byte_to_char().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(BYTE_EOS_TOKEN, special=True, normalized=False)])
+    return tokenizer.to_str()
+
+
+def hf_tokenizer_files(tokenizer, model_max_length: int) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json that
+    `transformers.AutoTokenizer` loads as a tokenizer encoding text to the ids our `tokenizer`
+    (`lm.tokenizer.ByteTokenizer` or `HFTokenizer`) gave the model in training. A tokenizer.json
+    is copied without its post-processor: training added no special tokens (no BOS)."""
+    from tokenizers import Tokenizer
+
+    if getattr(tokenizer, "path", None) is None:
+        text, eos = byte_tokenizer_json(), BYTE_EOS_TOKEN
+    else:
+        raw = json.loads(tokenizer.path.read_text(encoding="utf-8"))
+        raw["post_processor"] = None
+        text = json.dumps(raw, ensure_ascii=False)
+        eos = (
+            None
+            if tokenizer.eos_id is None
+            else Tokenizer.from_str(text).id_to_token(tokenizer.eos_id)
+        )
+    special = {"eos_token": eos} if eos is not None else {}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,  # decode returns the text as encoded
+    }
+    return {
+        "tokenizer.json": text,
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+        "special_tokens_map.json": json.dumps(special, indent=2) + "\n",
+    }
+
+
+def token_ids(tokenizer) -> dict[str, int | None]:
+    """config.json's and generation_config.json's special token ids: our tokenizer's end of
+    document, and no BOS (training adds none). Unknown (no tokenizer): both None, not
+    LlamaConfig's defaults of 1 and 2."""
+    eos = None if tokenizer is None else tokenizer.eos_id
+    return {"bos_token_id": None, "eos_token_id": eos}
 
 
 def model_args_from_hf(hf_dir: Path) -> ModelArgs:

@@ -70,7 +70,7 @@ def open_checkpoint(path: str | Path) -> CheckpointInfo:
     manifest = open_manifest(path) if (path / MANIFEST).is_file() else None
     metadata = storage_reader(path).read_metadata()
     keys = [k for k in metadata.state_dict_metadata if k.startswith(WEIGHTS)]
-    run_config = None if manifest else _run_config(path)
+    run_config = None if manifest else writing_run_config(path)
     return CheckpointInfo(
         path=path,
         metadata=metadata,
@@ -85,10 +85,14 @@ def open_checkpoint(path: str | Path) -> CheckpointInfo:
 def require_args(info: CheckpointInfo) -> ModelArgs:
     """The model args, or CheckpointError saying where they were looked for."""
     if info.args is None:
-        raise CheckpointError(
-            f"{info.path} describes no lightning_dist Transformer: no model in {MANIFEST}, and no "
-            ".hydra/config.yaml of a run with a model=<ModelArgs config> beside it"
+        where = (
+            f"its {MANIFEST} records another model (model=hf_llama keeps the Hugging Face "
+            "names, under hf_model.; `consolidate` writes them to one file)"
+            if info.manifest
+            else "it has no manifest.json, and no .hydra/config.yaml of a run with a "
+            "model=<ModelArgs config> beside it"
         )
+        raise CheckpointError(f"{info.path} holds no lightning_dist Transformer: {where}")
     return info.args
 
 
@@ -163,8 +167,9 @@ def _is_tied_copy(name: str, args: ModelArgs) -> bool:
     return args.tie_embeddings and name == "output.weight"
 
 
-def _run_config(path: Path) -> dict[str, Any] | None:
-    # Checkpoints go to <run dir>/checkpoints/step<N>.ckpt by default.
+def writing_run_config(path: Path) -> dict[str, Any] | None:
+    """The `.hydra/config.yaml` of the run that wrote the checkpoint folder `path`, unresolved,
+    or None. Checkpoints go to <run dir>/checkpoints/step<N>.ckpt by default."""
     for run_dir in (path.parent.parent, path.parent):
         config = run_dir / ".hydra" / "config.yaml"
         if config.is_file():

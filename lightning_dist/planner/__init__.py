@@ -8,9 +8,9 @@ from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,
     check_layout,
-    describe,
     estimate,
 )
+from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import MemoryBreakdown, memory_per_device
 from lightning_dist.planner.search import PlanResult, plan_layouts
 from lightning_dist.planner.settings import TrainSettings, state_bytes

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from lightning_dist.layout import Layout, tp_split_problem
 from lightning_dist.options import StrategyOptions
+from lightning_dist.planner.labels import describe, runs_fsdp, strategy_name
 from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
@@ -44,9 +45,16 @@ class Candidate:
         """Microbatches per step on each rank (gradient accumulation steps when pp == 1)."""
         return self.settings.global_batch_size // self.layout.dp // self.settings.micro_batch_size
 
-    def describe(self) -> str:
-        """A short human label, e.g. 'tp=8 pp=4 dp_shard=16 1F1B FULL_SHARD mbs=1 ac=op'."""
-        return describe(self.layout, self.settings)
+    @property
+    def strategy(self) -> str:
+        """The `strategy=` name that runs this candidate (`strategy_name`)."""
+        return strategy_name(self.layout, self.settings)
+
+    def describe(self, strategy: str | None = None) -> str:
+        """A short human label, e.g. '3d pp=4 dp_shard=16 tp=8 1F1B FULL_SHARD mbs=1 ac=op';
+        `strategy` names the strategy that runs it when it is not `strategy_name`'s (a user's
+        configured one)."""
+        return describe(self.layout, self.settings, strategy)
 
     def as_dict(self) -> dict:
         """The JSON form used by `python -m lightning_dist.plan --json`."""
@@ -66,7 +74,8 @@ class Candidate:
             "mfu": t.mfu,
             "comm_compute_ratio": t.comm_compute_ratio,
             "bubble_fraction": t.bubble_fraction,
-            "sharding": st.sharding if lay.dp_shard > 1 else "NO_SHARD",
+            "strategy": self.strategy,
+            "sharding": st.sharding if runs_fsdp(lay, st) else None,
             "activation_checkpointing": st.activation_checkpointing.label,
             "compile": st.compile_backend if st.compile else None,
             "offload": st.offload,
@@ -75,27 +84,6 @@ class Candidate:
             "precision": st.precision,
             "label": self.describe(),
         }
-
-
-def describe(layout: Layout, settings: TrainSettings) -> str:
-    """A short human label of a layout and its settings."""
-    parts = [f"{k}={v}" for k, v in layout.degrees().items() if v > 1] or ["single device"]
-    if layout.pp > 1:
-        v = layout.virtual_stages
-        parts.append(layout.schedule + (f"(v={v})" if v > 1 else ""))
-    if layout.dp_shard > 1 and settings.sharding in SHARDED_MODES:
-        parts.append(settings.sharding)
-    elif layout.dp > 1:
-        parts.append("NO_SHARD")
-    parts.append(f"mbs={settings.micro_batch_size}")
-    if settings.activation_checkpointing.enabled:
-        # The strategy's own value: ac=full, ac=op, ac=2 (every 2nd block).
-        parts.append(f"ac={settings.activation_checkpointing.setting}")
-    if settings.compile:
-        backend = settings.compile_backend
-        parts.append("compile" if backend == "inductor" else f"compile={backend}")
-    parts += ["offload"] * settings.offload
-    return " ".join(parts)
 
 
 def as_model_args(model):

@@ -21,13 +21,13 @@ from lightning_dist.planner.estimate import (
     NoLayoutFitsError,
     as_model_args,
     batch_problem,
-    describe,
     fit_problem,
     float8_problem,
     pp_problem,
     tp_problem,
 )
 from lightning_dist.planner.inputs import SearchInputs
+from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import memory_per_device
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
@@ -228,7 +228,7 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int) -> list[_Famil
         return [_Family(f"tp={tp} pp={pp} dp={dp}", problem=reason)]
     return [
         _Family(
-            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s} {mode}",
+            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s}" + (f" {mode}" if s > 1 else ""),
             layout_makers(search.model, pp, r, s, tp, search.schedules),
             mode,
             gbs // dp,

@@ -69,7 +69,8 @@ def check_fits(plan: Any) -> None:
 def print_prediction(plan: Any) -> bool:
     """Print the prediction for the planned run (a `run.plan.RunPlan`) and the planner's best;
     return whether it fits."""
-    from lightning_dist.plan import assumptions, batch_note, config_choice, hydra_task_overrides
+    from lightning_dist.plan import assumptions, config_choice, hydra_task_overrides, plan_notes
+    from lightning_dist.planner.labels import batch_line, format_seconds
 
     batch, spec, hardware, precision = plan.batch, plan.model, plan.hardware, plan.precision
     strategy_cfg = plan.spec.strategy
@@ -81,18 +82,18 @@ def print_prediction(plan: Any) -> bool:
     for line in assumptions(batch, plan.spec.trainer.precision, strategy_cfg, spec, hardware,
                             model_name):  # fmt: skip
         print(line)
-    note = batch_note(batch, spec, overrides)
-    if note:
+    for note in plan_notes(batch, spec, hardware, overrides):
         print(note)
     print(f"plan for strategy={plan.spec.strategy_name} on {hardware.name} "
           f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):")  # fmt: skip
-    print(f"  layout: {candidate.describe()}")
+    print(f"  layout: {candidate.describe(plan.spec.strategy_name)}")
+    print(f"  {batch_line(candidate)}")
     print("  memory per device (GiB): "
           + ", ".join(f"{k} {v:.2f}" for k, v in gib.items()))  # fmt: skip
     step = memory.get("step_seconds")
     if step:
         mfu = memory.get("mfu")
-        print(f"  step {step:.3f} s, {memory['tokens_per_sec']:,.0f} tokens/s, "
+        print(f"  step {format_seconds(step)}, {memory['tokens_per_sec']:,.0f} tokens/s, "
               f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
               f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
@@ -136,4 +137,5 @@ def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision:
         "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
     }
-    return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe()
+    # Named as what runs it: the 3d strategy, whatever strategy the same layout would take alone.
+    return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe("3d")

@@ -97,6 +97,55 @@ def test_export_gives_our_logits(tmp_path):
     assert name == "LlamaForCausalLM" and diff <= TOLERANCE
 
 
+TEXT = "def f(x):\n\treturn x  + 1  # héllo ☃ 𝄞\n"
+
+
+def test_export_writes_the_tokenizer_the_model_trained_with(tmp_path, capsys):
+    """A checkpoint of a run on text (data.tokenizer null: bytes) exports tokenizer files that
+    transformers.AutoTokenizer loads and that give our tokenizer's ids, and the end-of-document
+    id in config.json and generation_config.json; a tokenizer.json given by --tokenizer too."""
+    from omegaconf import OmegaConf
+
+    from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer
+    from tests.unit.test_data import make_hf_tokenizer
+
+    args = ModelArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=320,
+                     ffn_hidden_size=64, max_seq_len=64)  # fmt: skip
+    ckpt = tmp_path / "run" / "checkpoints" / "step0.ckpt"
+    write_weights_checkpoint(args.build().state_dict(), args, ckpt, "test")
+    (tmp_path / "run" / ".hydra").mkdir()
+    OmegaConf.save({"data": {"tokenizer": None}}, tmp_path / "run" / ".hydra" / "config.yaml")
+    assert main(["export", str(ckpt), "--to", "hf", str(tmp_path / "hf")]) == 0
+    assert "tokenizer: byte-level (the run's data.tokenizer)" in capsys.readouterr().out
+    ours = ByteTokenizer()
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = hf(TEXT)["input_ids"]
+    assert ids == ours.encode(TEXT).tolist() and hf.eos_token_id == ours.eos_id == 256
+    assert hf.decode([*ids, 256], skip_special_tokens=True) == ours.decode([*ids, 256]) == TEXT
+    # Read back as data.tokenizer, the exported file is the byte tokenizer again.
+    again = HFTokenizer(tmp_path / "hf" / "tokenizer.json")
+    assert again.encode(TEXT).tolist() == ids and again.eos_id == 256
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert config["eos_token_id"] == generation["eos_token_id"] == 256
+    assert config["bos_token_id"] is None  # none in training, not LlamaConfig's default of 1
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "hf").eos_token_id == 256
+    # A Hugging Face tokenizer.json, given on the command line.
+    words = make_hf_tokenizer(tmp_path / "tokenizer.json")
+    out = tmp_path / "hf_words"
+    assert main(["export", str(ckpt), "--to", "hf", str(out), "--tokenizer", str(words)]) == 0
+    ours, hf = HFTokenizer(words), transformers.AutoTokenizer.from_pretrained(out)
+    assert hf("the lazy fox")["input_ids"] == ours.encode("the lazy fox").tolist()
+    assert hf.eos_token == "<|endoftext|>" and hf.eos_token_id == ours.eos_id
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == ours.eos_id
+    assert (
+        main(["export", str(ckpt), "--to", "hf", str(tmp_path / "x"), "--tokenizer", "nope"]) == 2
+    )
+    assert "'nope' does not exist (--tokenizer); give --tokenizer PATH, or none" in (
+        capsys.readouterr().err
+    )
+
+
 def test_consolidate_writes_the_model_state(imported, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -124,6 +173,38 @@ def test_inspect_shows_model_layout_step_and_sizes(imported, capsys):
     assert "none (weights only)" in text
     assert "__0_0.distcp" in text
     assert len(text.splitlines()) == 8
+
+
+def test_inspect_reads_the_manifest_of_a_model_that_is_not_ours(imported, tmp_path, capsys):
+    """A checkpoint of model=hf_llama records the HF spec in its manifest.json, not ModelArgs:
+    inspect described it as "unknown (no manifest, no run config)". The manifest is what the
+    strategies write (`checkpoint_hooks._model_args`)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from lightning_dist.checkpoint.manifest import MANIFEST, read_manifest, write_manifest
+    from lightning_dist.models.hf import HFModelSpec
+    from lightning_dist.strategies.checkpoint_hooks import _model_args
+
+    ckpt = tmp_path / "step5.ckpt"
+    shutil.copytree(imported["llama"][1], ckpt)
+    fields = {k: v for k, v in read_manifest(ckpt).items() if k not in ("format", "version")}
+    spec = HFModelSpec(config={"model_type": "llama", **TINY_HF})
+    for model, shown in [
+        (_model_args(SimpleNamespace(model_spec=spec)),
+         "Hugging Face llama hidden_size=64 num_hidden_layers=4 num_attention_heads=4 "
+         "num_key_value_heads=2 intermediate_size=128 vocab_size=512 "
+         "max_position_embeddings=256 (model=hf_llama, manifest.json)"),
+        ({}, "not recorded in manifest.json (a model without a lightning_dist model_spec)"),
+    ]:  # fmt: skip
+        (ckpt / MANIFEST).unlink()
+        write_manifest(ckpt, {**fields, "model": model})
+        assert main(["inspect", str(ckpt)]) == 0
+        text = capsys.readouterr().out
+        assert f"model       {shown}\n" in text and "no manifest" not in text, text
+    assert main(["export", str(ckpt), "--to", "hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no lightning_dist Transformer: its manifest.json records another" in err, err
 
 
 def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_resumable(

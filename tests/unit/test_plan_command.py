@@ -4,6 +4,7 @@ memory column for offload, and for every row the `python train.py ...` command t
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -93,6 +94,8 @@ def test_command_prints_one_runnable_line(capsys):
          "data.global_batch_size=512", "data.seq_len=4096"],
         ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
          "data.global_batch_size=64", "data.seq_len=4096"],
+        ["model=tiny", "hardware=dgx_h100"],  # strategy=ddp rows (tp, pp: llama3_1b above)
+        ["model=tiny", "hardware=cpu", "hardware.devices=1"],  # strategy=single
     ],
 )  # fmt: skip
 def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):
@@ -154,3 +157,106 @@ def test_the_plan_command_refuses_what_train_py_refuses(override, message, capsy
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
     assert message in err, err
+
+
+# --- the headline command tells the truth (issue 30) -------------------------------------------
+
+HEADLINE = ["strategy=fsdp", "hardware=dgx_h100"]
+
+
+def _readme_block(command: str) -> list[str]:
+    """The lines README.md shows under `$ <command>`, up to the next `$` or the block's end."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    start = lines.index(f"$ {command}") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(("$ ", "```")))
+    return lines[start:end]
+
+
+def test_plan_only_names_the_model_its_batch_and_warns_about_a_cpu_model(tmp_path, capsys,
+                                                                          monkeypatch):  # fmt: skip
+    """`python train.py strategy=fsdp hardware=dgx_h100 plan.only=true`, as the README shows it:
+    the model and its size, a one-line warning naming the fix, the per-rank batch, a step time
+    that is no "0.000 s", and the users' strategy names (no NO_SHARD for plain DDP)."""
+    import lightning_dist.plan as plan_cli
+    from lightning_dist.train import train
+
+    monkeypatch.setattr(plan_cli, "hydra_task_overrides", lambda: [*HEADLINE, "plan.only=true"])
+    cfg = compose_config([*HEADLINE, "plan.only=true", f"paths.output_dir={tmp_path}"])
+    assert train(cfg) == {"plan_only": True, "fits": True}
+    out = capsys.readouterr().out.splitlines()
+    assert out == _readme_block("python train.py strategy=fsdp hardware=dgx_h100 plan.only=true")
+    warnings = [line for line in out if line.startswith("warning:")]
+    assert warnings == ["warning: model=tiny (3.3M parameters) is a CPU model, not one to train "
+                        "on dgx_h100; plan with model=llama3_8b"]  # fmt: skip
+    assert "  layout: fsdp dp_shard=8 SHARD_GRAD_OP mbs=2" in out
+    assert "  per-rank batch: 2 sequences x 256 tokens (one forward); global batch 16 over 8 " \
+           "data-parallel ranks" in out  # fmt: skip
+    assert any(line.startswith("  step 186 µs, ") for line in out)
+    assert "NO_SHARD" not in "\n".join(out) and "0.000 s" not in "\n".join(out)
+    assert out[-1].startswith("  the planner suggests: ddp dp_replicate=8 mbs=2; run it: python "
+                              "train.py hardware=dgx_h100 strategy=ddp")  # fmt: skip
+
+
+def test_the_planner_cli_uses_the_same_words(capsys):
+    assert main([*HEADLINE, "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("warning: model=tiny (3.3M parameters) is a CPU model")
+    assert "NO_SHARD" not in "\n".join(lines)
+    rows = [line.split() for line in lines if line[:3].strip() in ("*", "1", "2")]
+    assert [r[1] for r in rows] == ["ddp", "fsdp2", "3d"] and rows[0][-6:-4] == ["160", "µs"]
+    chosen = lines.index("chosen: ddp dp_replicate=8 mbs=2")
+    assert lines[chosen + 1].startswith("per-rank batch: 2 sequences x 256 tokens (one forward)")
+    assert lines[chosen + 2] == "run it: python train.py hardware=dgx_h100 strategy=ddp"
+
+
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        (["hardware=dgx_h100"], "model=llama3_8b"),  # tiny: the CPU default
+        (["hardware=rtx4090_x4", "model=llama_debug"], "model=llama3_1b"),  # 8B's states: 128 GB
+        (["hardware=gpu", "model=tiny"], "model=llama3_1b"),  # unknown memory
+        (["hardware=dgx_h100", "model=gpt2_small"], None),  # 124M parameters
+        (["hardware=cpu"], None),  # a CPU model on CPUs
+    ],
+)
+def test_a_cpu_model_on_gpus_is_warned_about(overrides, warned):
+    from lightning_dist.plan import model_warning
+
+    cfg = compose_config(overrides)
+    name = next((o.split("=")[1] for o in overrides if o.startswith("model=")), "tiny")
+    line = model_warning(model_spec(cfg), hardware_spec(cfg), name)
+    assert (line is None) if warned is None else line.endswith(f"plan with {warned}"), line
+
+
+def test_step_times_keep_three_significant_digits():
+    from lightning_dist.planner.labels import format_seconds
+
+    assert [format_seconds(s) for s in (1.86e-4, 0.0744, 1.03, 9.55, 1234.5)] == [
+        "186 µs", "74.4 ms", "1.03 s", "9.55 s", "1,234 s"]  # fmt: skip
+
+
+def test_labels_name_the_strategy_and_fsdp_modes_only_where_fsdp_runs():
+    from lightning_dist.layout import Layout
+    from lightning_dist.planner import TrainSettings, describe
+    from lightning_dist.planner.labels import strategy_name
+
+    base = TrainSettings.of(global_batch_size=16, seq_len=256, micro_batch_size=2)
+    ddp = replace(base, sharding="NO_SHARD")
+    cases = [
+        (Layout(), ddp, "single mbs=2"),
+        (Layout(dp_replicate=8), ddp, "ddp dp_replicate=8 mbs=2"),
+        (Layout(dp_replicate=8), ddp.with_knobs(activation_checkpointing="op"),
+         "fsdp2 dp_replicate=8 mbs=2 ac=op"),
+        (Layout(dp_shard=8), base, "fsdp2 dp_shard=8 FULL_SHARD mbs=2"),
+        (Layout(tp=8), ddp, "tp tp=8 mbs=2"),
+        (Layout(pp=8, microbatches=8), ddp, "pp pp=8 1F1B mbs=2"),
+        (Layout(dp_replicate=4, tp=2), ddp, "3d dp_replicate=4 tp=2 mbs=2"),
+        (Layout(dp_shard=8), base.with_knobs(sharding_strategy="FULL_SHARD"),
+         "fsdp dp_shard=8 FULL_SHARD mbs=2"),  # FSDP1's options: strategy=fsdp
+    ]  # fmt: skip
+    for layout, settings, label in cases:
+        assert describe(layout, settings) == label
+        assert label.startswith(strategy_name(layout, settings) + " ")
+    assert describe(Layout(dp_replicate=8), ddp, "toy") == "toy dp_replicate=8 mbs=2"

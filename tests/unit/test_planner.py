@@ -419,7 +419,7 @@ def test_rejections_name_the_numbers():
     ddp = next(
         r["reason"]
         for r in result.rejected
-        if r["family"].startswith("tp=1 pp=1") and "NO_SHARD" in r["family"]
+        if r["family"].startswith("tp=1 pp=1") and r["family"].endswith("dp_shard=1")
     )
     assert "GiB/device, has 80 (72.0 usable at 90%)" in ddp
 

@@ -1,6 +1,7 @@
 """What a user sees, the record's pieces in one process: the smoothed final loss, the console's
-closing summary, and the multirun comparison table, which names jobs by the overrides that differ
-(a job without a summary included). (The train.py runs are tests/e2e/test_record_e2e.py.)"""
+closing summary, the multirun comparison table, which names jobs by the overrides that differ
+(a job without a summary included) and is the README's, and the report's file modes. (The
+train.py runs are tests/e2e/test_record_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -69,3 +70,63 @@ def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
     write_comparison(tmp_path)
     assert (tmp_path / "comparison.md").read_text().count("\n| ") == 5  # header, rule, 3 jobs
     assert len(json.loads((tmp_path / "comparison.json").read_text())) == 3
+
+
+def test_the_readmes_sweep_table_is_what_the_sweep_writes(tmp_path):
+    """README.md's comparison table (a real `python train.py -m ... debug=fast`), rebuilt from
+    summary.json files holding its numbers: the columns, their order and formats are the ones
+    `lightning_dist.sweep` writes today, so a change there shows here."""
+    from pathlib import Path
+
+    from lightning_dist.sweep import COLUMNS, GIB
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("| job | overrides |"))
+    shown = readme[
+        start : next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
+    ]
+    header = [h for h, _, _ in COLUMNS]
+    for line in shown[2:]:
+        cells = dict(zip(header, [c.strip() for c in line.strip("|").split("|")], strict=True))
+        value = {k: None if v == "-" else float(v.rstrip("%").replace(",", "")) for k, v in cells.items()
+                 if k not in ("job", "overrides", "ranks", "steps")}  # fmt: skip
+        job = tmp_path / cells["job"]
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- {cells['overrides']}\n- debug=fast\n")
+        (job / "summary.json").write_text(json.dumps({
+            "world_size": int(cells["ranks"]), "steps": int(cells["steps"]),
+            "final_loss": value["final loss"], "final_loss_smoothed": value["smoothed"],
+            "final_val_loss": value["val loss"], "tokens_per_sec": value["tokens/s"],
+            "peak_memory_bytes": [value["peak GiB"] * GIB],
+            "mfu": None if value["MFU"] is None else value["MFU"] / 100,
+            "wall_seconds": value["wall s"],
+        }))  # fmt: skip
+    assert write_comparison(tmp_path).splitlines() == shown
+
+
+def test_the_report_is_as_private_as_the_run_directory(tmp_path):
+    """`python -m lightning_dist.report` under the usual umask (022): in a private run directory
+    (paths.private: 0700) the report folder is 0700 and its files 0600, a report written before
+    included; in an open one they follow the umask."""
+    import os
+    import stat
+
+    from lightning_dist.report import main
+
+    summary = {"losses": [3.0, 2.0], "strategy": "ddp", "model": "tiny"}
+    umask = os.umask(0o022)
+    try:
+        for mode, folder_mode, file_mode in ((0o700, 0o700, 0o600), (0o755, 0o755, 0o644)):
+            run = tmp_path / f"run{mode:o}"
+            run.mkdir()
+            run.chmod(mode)
+            (run / "summary.json").write_text(json.dumps(summary))
+            (run / "report").mkdir()  # an earlier report's, under the umask
+            (run / "report" / "README.md").write_text("an earlier report\n")
+            assert main([str(run)]) == 0
+            files = list((run / "report").iterdir())
+            assert sorted(p.name for p in files) == ["README.md", "loss.png"]
+            assert stat.S_IMODE((run / "report").stat().st_mode) == folder_mode
+            assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {file_mode}
+    finally:
+        os.umask(umask)
