@@ -220,6 +220,16 @@ def set_module_device_mesh(module: Any, mesh: Any) -> None:
     module._device_mesh = mesh
 
 
+def flatten_mesh(mesh: Any, dims: tuple[str, ...], name: str) -> Any:
+    """The 1-D DeviceMesh over `mesh`'s dimensions `dims` (`mesh[dims]._flatten(name)`),
+    registered in the root mesh under `name`; the same mesh again on later calls.
+
+    FSDP2 shards over dp_shard x cp (context parallelism) as one dimension, and it composes with
+    TP only over a mesh of the same root; torch has no public flattening (2.13).
+    """
+    return mesh[dims]._flatten(name)
+
+
 def drop_wandb_anonymous(logger: Any) -> None:
     """Leave `anonymous` out of the arguments a WandbLogger passes to `wandb.init`.
 
@@ -612,6 +622,10 @@ _ENTRIES = (
            "lightning_dist.strategies.parallel3d",
            "the `device_mesh` properties read it and have no setter; our setup_environment "
            "builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
+    _entry("_flatten", "torch.distributed.device_mesh.DeviceMesh", "attribute",
+           "lightning_dist.parallel.parallelize",
+           "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp; no "
+           "public flattening", TORCH, via="flatten_mesh"),
     _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
            "attribute", "lightning_dist.strategies.parallel3d",
            "ModelParallelStrategy's process-group setup, kept while its setup_environment is "
