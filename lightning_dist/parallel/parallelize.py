@@ -17,6 +17,7 @@ model it allocates nothing; the caller materialises each stage (see `model_parts
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -50,7 +51,11 @@ def dp_mesh(mesh, layout: Layout):
         if layout.dp_replicate == 1:
             return flat
     if layout.dp_replicate > 1:
-        return mesh["dp_replicate", shard]
+        with warnings.catch_warnings():
+            # torch 2.13 warns that slicing a flattened dimension from the root will be
+            # deprecated; it has no other public way to pair it with dp_replicate for HSDP.
+            warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
+            return mesh["dp_replicate", shard]
     return mesh[shard]
 
 
