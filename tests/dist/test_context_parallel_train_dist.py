@@ -2,7 +2,7 @@
 ranks of started worlds (tests/dist/world.py): each layout against one process's stored
 reference (tests/dist/baselines.py `llama_debug_val5_clip_eps`: llama_debug, synthetic data of
 128 tokens, fp32, 10 steps, validation after steps 5 and 10). Every step's train loss and both
-validation losses agree within 1e-4 relative, and summary.json shows that each rank's attention
+validation losses agree within 1e-5 relative, and summary.json shows that each rank's attention
 ran through the context-parallel step (so the match is not one of whole sequences)."""
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from lightning_dist.parity import max_relative_difference
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = 1e-4
+TOLERANCE = 1e-5
+"""Tighter than the issue's 1e-4 (the runs match to 2.3e-7): a rank that attends at the wrong
+rotary positions (its chunks fed as positions 0 .. s/cp - 1) drifts from one device by 9.8e-5
+in these 10 steps (measured), which 1e-4 would let pass."""
 # The reference `llama_debug_val5_clip_eps`: a learning rate at which the model learns within
 # 10 steps (at the default one a rank attending at the wrong rotary positions still matches
 # one device to 5e-6, measured), and hard clipping with an Adam eps large enough that the
