@@ -115,10 +115,7 @@ class CausalLM(L.LightningModule):
 
     def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        if getattr(self.model, "computes_loss", False):
-            # A pipeline: the stages run forward (and backward, in training) over microbatches
-            # and return the batch's mean loss on every rank; no rank has the whole logits.
-            return self.model(inputs, targets, self.loss_fn), None, targets
+        extra = ()
         if self._context is not None:
             # Context parallelism: this rank's chunks of every sequence, inputs and targets
             # alike, at their true positions. Every rank has as many tokens, so the mean over
@@ -126,9 +123,12 @@ class CausalLM(L.LightningModule):
             # gradients over dp_shard x cp is one device's gradient.
             positions = self._context.positions(inputs.size(1), inputs.device)
             inputs, targets = inputs.index_select(1, positions), targets.index_select(1, positions)
-            logits = self.model(inputs, positions)
-        else:
-            logits = self.model(inputs)
+            extra = (positions,)
+        if getattr(self.model, "computes_loss", False):
+            # A pipeline: the stages run forward (and backward, in training) over microbatches
+            # and return the batch's mean loss on every rank; no rank has the whole logits.
+            return self.model(inputs, targets, self.loss_fn, *extra), None, targets
+        logits = self.model(inputs, *extra)
         # With a chunked loss these are hidden states, not logits: no perplexity from them.
         return self.loss_fn(logits, targets), None if self._heads else logits, targets
 

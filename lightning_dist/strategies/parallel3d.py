@@ -338,11 +338,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
 def _check_context_parallel(model: nn.Module, layout: Layout, mode: str, args) -> None:
     """ValueError in one line unless `model` runs under `layout`'s cp in `mode`."""
-    if layout.pp > 1:
-        raise ValueError(
-            f"strategy.cp={layout.cp} with strategy.pp={layout.pp} is not supported yet (the "
-            "pipeline stages do not pass each chunk's positions); use pp=1 or cp=1"
-        )
     heads = (None, None) if args is None else (args.n_heads, args.kv_heads)
     check_context_parallel(
         model, layout.cp, mode, n_heads=heads[0], n_kv_heads=heads[1], tp=layout.tp

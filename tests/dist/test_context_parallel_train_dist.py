@@ -35,6 +35,8 @@ CASES = {  # name: (overrides, the layout summary.json must show)
     ),
     "dp2xcp2": ([*CP2, "hardware.devices=4"], {"dp_shard": 2, "cp": 2, "tp": 1}),
     "cp2xtp2": ([*CP2, "strategy.tp=2", "hardware.devices=4"], {"dp_shard": 1, "cp": 2, "tp": 2}),
+    # Each pipeline stage takes the chunks' positions (whole in each of the 4 microbatches).
+    "cp2xpp2": ([*CP2, "strategy.pp=2", "hardware.devices=4"], {"pp": 2, "dp_shard": 1, "cp": 2}),
     # HSDP: FSDP over dp_shard x cp = 2 ranks, replicated over dp_replicate = 2.
     "hsdp2xcp2": (
         [*CP2, "strategy.dp_replicate=2", "hardware.devices=4"],

@@ -207,8 +207,6 @@ CASES = [
          "strategy.cp_mode='ring' is not one of allgather, ulysses"),
     Case('cp: hf model', fast('model=hf_llama', 'strategy.cp=2', 'hardware.devices=2', strategy='3d'),
          'strategy.cp=2 needs attention modules with an `attend` slot'),
-    Case('cp: with pp', fast('strategy.cp=2', 'strategy.pp=2', 'hardware.devices=4', strategy='3d'),
-         'strategy.cp=2 with strategy.pp=2 is not supported yet'),
     Case('float8: all-gather with rowwise', fast('strategy.float8=rowwise', 'strategy.float8_all_gather=true', strategy='fsdp2'),
          'strategy.float8_all_gather=true needs strategy.float8=tensorwise (torchao gathers float8 weights only with one scale per tensor)'),
     Case('float8: recipe', fast('strategy.float8=fp4'),
