@@ -640,8 +640,9 @@ _ENTRIES = (
            "the `device_mesh` properties read it and have no setter; our setup_environment "
            "builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
     _entry("_flatten", "torch.distributed.device_mesh.DeviceMesh", "attribute",
-           "lightning_dist.parallel.parallelize",
-           "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp; no "
+           ("lightning_dist.parallel.parallelize", "lightning_dist.callbacks.comm"),
+           "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp (and "
+           "the comm monitor names its group); no "
            "public flattening", TORCH, via="flatten_mesh"),
     _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
            "attribute", "lightning_dist.strategies.parallel3d",

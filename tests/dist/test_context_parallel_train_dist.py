@@ -50,6 +50,8 @@ def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
     failures = []
     for name, (overrides, degrees) in CASES.items():
         run = [*BASE, *overrides, "report=false"]  # the report changes no loss
+        if name == "dp2xcp2":  # with the comm monitor: FSDP's and CP's traffic each named
+            run = [o for o in run if o not in baselines.QUIET]
         summary = train_in(run, tmp_path_factory.mktemp(name))
         diff = max_relative_difference(reference["losses"], summary["losses"])
         val_diff = max_relative_difference(reference["val_losses"], summary["val_losses"])
@@ -59,6 +61,11 @@ def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
         mode = "ulysses" if "strategy.cp_mode=ulysses" in overrides else "allgather"
         if layout != degrees or cp.get("mode") != mode or not cp.get("attention_calls"):
             failures.append((name, summary["layout"], cp))
+        if name == "dp2xcp2":
+            by_dim = summary["comm"]["comm_compute_ratio_by_dim"]
+            print(f"  comm/compute by dim: {by_dim}")
+            if not (by_dim.get("cp", 0) > 0 and by_dim.get("dp_shard_cp", 0) > 0):
+                failures.append((name, by_dim))
         if len(summary["losses"]) != 10 or diff > TOLERANCE or val_diff > TOLERANCE:
             failures.append((name, diff, val_diff, summary["losses"], summary["val_losses"]))
     assert not failures, failures
