@@ -45,14 +45,27 @@ CASES = {  # name: (overrides, the layout summary.json must show)
 }  # fmt: skip
 
 
+_runs: dict[str, tuple[dict, object]] = {}
+
+
+def _train(name: str, train_in, tmp_path_factory) -> tuple[dict, object]:
+    """(summary, run folder) of case `name`, trained once in this module."""
+    if name not in _runs:
+        run = [*BASE, *CASES[name][0], "report=false"]  # the report changes no loss
+        if name == "dp2xcp2":  # with the comm monitor (FSDP's and CP's traffic each named)
+            # and a checkpoint after step 5 for the resume test below
+            run = [o for o in run if o not in baselines.QUIET]
+            run.append("trainer.checkpoint.every_n_train_steps=5")
+        folder = tmp_path_factory.mktemp(name)
+        _runs[name] = train_in(run, folder), folder
+    return _runs[name]
+
+
 def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
     reference = baselines.reference([*BASE, "strategy=single", "hardware.devices=1"])
     failures = []
     for name, (overrides, degrees) in CASES.items():
-        run = [*BASE, *overrides, "report=false"]  # the report changes no loss
-        if name == "dp2xcp2":  # with the comm monitor: FSDP's and CP's traffic each named
-            run = [o for o in run if o not in baselines.QUIET]
-        summary = train_in(run, tmp_path_factory.mktemp(name))
+        summary, _ = _train(name, train_in, tmp_path_factory)
         diff = max_relative_difference(reference["losses"], summary["losses"])
         val_diff = max_relative_difference(reference["val_losses"], summary["val_losses"])
         cp = summary.get("context_parallel") or {}
@@ -68,4 +81,22 @@ def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
                 failures.append((name, by_dim))
         if len(summary["losses"]) != 10 or diff > TOLERANCE or val_diff > TOLERANCE:
             failures.append((name, diff, val_diff, summary["losses"], summary["val_losses"]))
+    assert not failures, failures
+
+
+def test_a_dp2_cp2_checkpoint_resumes_under_one_process_and_tp2(train_in, tmp_path_factory):
+    """The step-5 checkpoint of dp2 x cp2 (parameters sharded over dp_shard x cp) resumed by
+    one process and by tp2: steps 6 to 10 give the reference's losses."""
+    reference = baselines.reference([*BASE, "strategy=single", "hardware.devices=1"])
+    _, folder = _train("dp2xcp2", train_in, tmp_path_factory)
+    checkpoint = folder / "checkpoints" / "step5.ckpt"
+    failures = []
+    for name, layout in (("single", ["strategy=single", "hardware.devices=1"]),
+                         ("tp2", ["strategy=tp", "hardware.devices=2"])):  # fmt: skip
+        run = [*BASE, *layout, "report=false", f"trainer.ckpt_path={checkpoint}"]
+        resumed = train_in(run, tmp_path_factory.mktemp(f"resume_{name}"))
+        diff = max_relative_difference(reference["losses"][5:], resumed["losses"][5:])
+        print(f"RESUME dp2xcp2 -> {name}: steps 6-10 {diff:.3e}")
+        if len(resumed["losses"]) != 10 or diff > TOLERANCE:
+            failures.append((name, diff, resumed["losses"]))
     assert not failures, failures
