@@ -55,7 +55,7 @@ from lightning_dist.strategies.user_path import explain_stage_errors
 
 
 class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
-    """Data (FSDP2/HSDP) x tensor x pipeline parallelism for any LightningModule.
+    """Data (FSDP2/HSDP) x context x tensor x pipeline parallelism for any LightningModule.
 
     Every knob is a keyword argument named as in `conf/strategy/3d.yaml` (`tp=2`,
     `activation_checkpointing="op"`, `prefetch_forward=2`, ...): the option classes of
