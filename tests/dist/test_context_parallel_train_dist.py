@@ -30,8 +30,11 @@ BASE = [
 CP2 = ["strategy=3d", "strategy.cp=2"]
 CASES = {  # name: (overrides, the layout summary.json must show)
     "cp2_allgather": ([*CP2, "hardware.devices=2"], {"dp_shard": 1, "cp": 2, "tp": 1}),
-    "cp2_ulysses": (
-        [*CP2, "strategy.cp_mode=ulysses", "hardware.devices=2"], {"dp_shard": 1, "cp": 2, "tp": 1}
+    # Ulysses under op-level activation checkpointing (the recomputed forward exchanges again).
+    "cp2_ulysses_ac_op": (
+        [*CP2, "strategy.cp_mode=ulysses", "strategy.activation_checkpointing=op",
+         "hardware.devices=2"],
+        {"dp_shard": 1, "cp": 2, "tp": 1},
     ),
     "dp2xcp2": ([*CP2, "hardware.devices=4"], {"dp_shard": 2, "cp": 2, "tp": 1}),
     "cp2xtp2": ([*CP2, "strategy.tp=2", "hardware.devices=4"], {"dp_shard": 1, "cp": 2, "tp": 2}),
