@@ -509,7 +509,8 @@ _ENTRIES = (
     _entry("torch.distributed.pipelining.microbatch._Replicate",
            "torch.distributed.pipelining.microbatch", "import", "lightning_dist.parallel.pipeline",
            "the positions every microbatch of a context-parallel pipeline receives whole; no "
-           "public replicate chunk spec", TORCH, via="pipeline_replicated_input"),
+           "public replicate chunk spec", "torch 2.13.0 (2.11 not checked)",
+           via="pipeline_replicated_input"),
     _entry("torch.distributed.pipelining.schedules._ComputationType",
            "torch.distributed.pipelining.schedules", "import", "lightning_dist.parallel.pipeline",
            "the action kinds of pipeline_order_with_comms; no public enum", TORCH,
@@ -643,7 +644,7 @@ _ENTRIES = (
            ("lightning_dist.parallel.parallelize", "lightning_dist.callbacks.comm"),
            "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp (and "
            "the comm monitor names its group); no "
-           "public flattening", TORCH, via="flatten_mesh"),
+           "public flattening", "torch 2.13.0 (2.11 not checked)", via="flatten_mesh"),
     _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
            "attribute", "lightning_dist.strategies.parallel3d",
            "ModelParallelStrategy's process-group setup, kept while its setup_environment is "
