@@ -210,6 +210,19 @@ def pipeline_action_types() -> Any:
     return _ComputationType
 
 
+def pipeline_replicated_input() -> Any:
+    """An instance of `torch.distributed.pipelining.microbatch._Replicate`: the chunk spec of a
+    schedule input that every microbatch receives whole.
+
+    Why: under context parallelism each stage is called with this rank's token positions,
+    the same for every microbatch; torch's default spec would cut the tensor along dim 0, and
+    `TensorChunkSpec` (the only public spec) always cuts. No public replicate spec (2.13).
+    """
+    from torch.distributed.pipelining.microbatch import _Replicate
+
+    return _Replicate()
+
+
 def replace_hydra_child_command(child_command: Any) -> None:
     """Replace Lightning's `_hydra_subprocess_cmd` in both launcher modules.
 
@@ -231,6 +244,16 @@ def set_module_device_mesh(module: Any, mesh: Any) -> None:
     in its `setup_environment`, which ours replace; the property has no public setter.
     """
     module._device_mesh = mesh
+
+
+def flatten_mesh(mesh: Any, dims: tuple[str, ...], name: str) -> Any:
+    """The 1-D DeviceMesh over `mesh`'s dimensions `dims` (`mesh[dims]._flatten(name)`),
+    registered in the root mesh under `name`; the same mesh again on later calls.
+
+    FSDP2 shards over dp_shard x cp (context parallelism) as one dimension, and it composes with
+    TP only over a mesh of the same root; torch has no public flattening (2.13).
+    """
+    return mesh[dims]._flatten(name)
 
 
 def drop_wandb_anonymous(logger: Any) -> None:
@@ -501,6 +524,11 @@ _ENTRIES = (
     _entry("torch.distributed.pipelining._schedule_visualizer.get_schedule_ops",
            "torch.distributed.pipelining._schedule_visualizer", "import", "bench.schedules",
            "a schedule's action table without a process group", TORCH, via="schedule_ops_api"),
+    _entry("torch.distributed.pipelining.microbatch._Replicate",
+           "torch.distributed.pipelining.microbatch", "import", "lightning_dist.parallel.pipeline",
+           "the positions every microbatch of a context-parallel pipeline receives whole; no "
+           "public replicate chunk spec", "torch 2.13.0 (2.11 not checked)",
+           via="pipeline_replicated_input"),
     _entry("torch.distributed.pipelining.schedules._ComputationType",
            "torch.distributed.pipelining.schedules", "import", "lightning_dist.parallel.pipeline",
            "the action kinds of pipeline_order_with_comms; no public enum", TORCH,
@@ -634,6 +662,11 @@ _ENTRIES = (
            "lightning_dist.strategies.parallel3d",
            "the `device_mesh` properties read it and have no setter; our setup_environment "
            "builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
+    _entry("_flatten", "torch.distributed.device_mesh.DeviceMesh", "attribute",
+           ("lightning_dist.parallel.parallelize", "lightning_dist.callbacks.comm"),
+           "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp (and "
+           "the comm monitor names its group); no "
+           "public flattening", "torch 2.13.0 (2.11 not checked)", via="flatten_mesh"),
     _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
            "attribute", "lightning_dist.strategies.parallel3d",
            "ModelParallelStrategy's process-group setup, kept while its setup_environment is "

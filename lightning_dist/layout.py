@@ -1,4 +1,5 @@
-"""Layout: the one description of how ranks are split into data, tensor and pipeline groups.
+"""Layout: the one description of how ranks are split into data, context, tensor and pipeline
+groups.
 
 The strategies, the planner and the telemetry all read it. It validates itself on construction
 and names the offending numbers; building the DeviceMesh is the only part that needs
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 # Mesh dimensions from outermost (slowest links, across nodes) to innermost (NVLink).
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 INTERLEAVED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
@@ -29,6 +30,8 @@ class Layout:
     """Data-parallel replicas (DDP, or the replicate dimension of HSDP)."""
     dp_shard: int = 1
     """Data-parallel ranks that shard parameters (FSDP)."""
+    cp: int = 1
+    """Context-parallel ranks, which split each sequence (and shard parameters with dp_shard)."""
     tp: int = 1
     """Tensor-parallel ranks, which split each layer (keep within one node)."""
     schedule: str = "1F1B"
@@ -86,6 +89,12 @@ class Layout:
     def dp(self) -> int:
         """Data-parallel size: the number of different batches processed at once."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks FSDP shards parameters over: dp_shard x cp (context-parallel ranks hold the
+        same weights, so they shard them too)."""
+        return self.dp_shard * self.cp
 
     @property
     def world_size(self) -> int:
@@ -195,6 +204,16 @@ class Layout:
                 f"data.per_rank_batch_size={micro_batch_size} (one rank's batch, which pp cuts "
                 f"into its microbatches) is not divisible by microbatches={m}; "
                 f"{nearest_valid(micro_batch_size, valid, 'data.per_rank_batch_size')}"
+            )
+
+    def check_sequence(self, seq_len: int) -> None:
+        """Raise ValueError unless context parallelism can cut `seq_len` into 2 x cp equal
+        chunks (each rank holds a head and a tail chunk)."""
+        if self.cp > 1 and seq_len % (2 * self.cp):
+            step = 2 * self.cp
+            raise ValueError(
+                f"data.seq_len={seq_len} does not split into 2 x strategy.cp = {step} equal "
+                f"chunks; {nearest_multiples(seq_len, step, 'data.seq_len')}"
             )
 
     def check_nodes(self, devices_per_node: int, num_nodes: int) -> None:

@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from lightning_dist._compat import flatten_mesh
 from lightning_dist.callbacks.context import RunContext, StepClock, step_clock
 from lightning_dist.callbacks.intervals import subtract, union_length, union_of
 from lightning_dist.contract import contract_of
@@ -67,11 +68,14 @@ def _mesh_groups(strategy: Any) -> dict[str, Any]:
     mesh = getattr(strategy, "device_mesh", None)
     if mesh is None or not mesh.mesh_dim_names:
         return {"dp": None} if dist.is_initialized() and dist.get_world_size() > 1 else {}
-    return {
+    groups = {
         name: mesh.get_group(name)
         for name in mesh.mesh_dim_names
         if mesh.size(mesh.mesh_dim_names.index(name)) > 1
     }
+    if "cp" in groups:  # FSDP shards over dp_shard x cp, one flattened group (parallelize.py)
+        groups["dp_shard_cp"] = flatten_mesh(mesh, ("dp_shard", "cp"), "dp_shard_cp").get_group()
+    return groups
 
 
 def locate_process_groups(strategy: Any) -> dict[tuple[str, int], str]:

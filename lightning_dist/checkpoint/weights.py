@@ -120,7 +120,7 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
     fields = {
         "step": 0,
         "model": {**dataclasses.asdict(args), "parameters": n_params},
-        "layout": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1, "world_size": 1},
+        "layout": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "world_size": 1},
         "strategy": None,
         "data": None,
         "precision": str(dtype).removeprefix("torch."),

@@ -22,6 +22,7 @@ from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.contract import contract_of
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.materialize import materialize
+from lightning_dist.parallel.context_parallel import context_parallel_of
 
 
 class CausalLM(L.LightningModule):
@@ -62,6 +63,9 @@ class CausalLM(L.LightningModule):
         """Tokens per chunk of a loss that never holds the whole logits; 0: plain loss."""
         self._heads: list[torch.nn.Module] = []
         """The deferred output projection (a plain list: not registered as a submodule)."""
+        self._context = None
+        """The model's context-parallel attention step, if any: each rank then computes its
+        chunks of every sequence (`parallel/context_parallel.py`)."""
 
     # --- model --------------------------------------------------------------------------------
 
@@ -87,6 +91,7 @@ class CausalLM(L.LightningModule):
         if deferred:
             # After parallelisation: under PP the head is on the last stage (a copy or not).
             self._heads = [m for m in self.model.modules() if getattr(m, "defers_logits", False)]
+        self._context = context_parallel_of(self.model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """The model's output: logits, or the final hidden states under a chunked loss."""
@@ -110,11 +115,20 @@ class CausalLM(L.LightningModule):
 
     def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         inputs, targets = batch[:, :-1], batch[:, 1:]
+        extra = ()
+        if self._context is not None:
+            # Context parallelism: this rank's chunks of every sequence, inputs and targets
+            # alike, at their true positions. Every rank has as many tokens, so the mean over
+            # ranks of their mean losses is one device's loss, and FSDP's average of the
+            # gradients over dp_shard x cp is one device's gradient.
+            positions = self._context.positions(inputs.size(1), inputs.device)
+            inputs, targets = inputs.index_select(1, positions), targets.index_select(1, positions)
+            extra = (positions,)
         if getattr(self.model, "computes_loss", False):
             # A pipeline: the stages run forward (and backward, in training) over microbatches
             # and return the batch's mean loss on every rank; no rank has the whole logits.
-            return self.model(inputs, targets, self.loss_fn), None, targets
-        logits = self.model(inputs)
+            return self.model(inputs, targets, self.loss_fn, *extra), None, targets
+        logits = self.model(inputs, *extra)
         # With a chunked loss these are hidden states, not logits: no perplexity from them.
         return self.loss_fn(logits, targets), None if self._heads else logits, targets
 

@@ -20,6 +20,7 @@ then accepts it, from the command line and from Python.
 from lightning_dist.options.knobs import (
     BACKWARD_PREFETCH,
     COMPILE_BACKENDS,
+    CP_MODES,
     DTYPE_NAMES,
     FSDP1_HYBRID,
     FSDP1_SHARDING,
@@ -27,6 +28,7 @@ from lightning_dist.options.knobs import (
     CheckpointFormatOptions,
     CheckpointingOptions,
     CompileOptions,
+    ContextParallelOptions,
     DDPOptions,
     FSDP1Options,
     FSDP2Options,
@@ -55,7 +57,8 @@ from lightning_dist.options.presets import (
 __all__ = [
     "BACKWARD_PREFETCH", "COMPILE_BACKENDS", "DTYPE_NAMES", "FSDP1_HYBRID", "FSDP1_SHARDING",
     "GROUPS", "KNOB_GROUP", "LAYOUT_DOCS", "MESH_GROUPS", "PRESETS", "STATE_DICT_TYPES",
-    "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "DDPOptions",
+    "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "ContextParallelOptions",
+    "CP_MODES", "DDPOptions",
     "FSDP1Options", "FSDP2Options", "PipelineOptions", "PrecisionOptions", "Preset",
     "ProcessOptions", "ReplicaGroupOptions", "ShardingOptions", "StrategyOptions", "TensorParallelOptions", "group_knobs",
     "knob", "knob_doc", "knob_reference", "planner_ignores",

@@ -23,6 +23,7 @@ FSDP1_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_
 FSDP1_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "none")
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
+CP_MODES = ("allgather", "ulysses")
 
 
 def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_type: Any = None):
@@ -303,6 +304,26 @@ class TensorParallelOptions:
         if plan is not None and not isinstance(plan, dict):
             raise ValueError(f"strategy.tp_plan={plan!r} must be a mapping of module patterns")
         object.__setattr__(self, "tp_plan", dict(plan) if plan else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextParallelOptions:
+    """Context parallelism over the `cp` ranks (`parallel/context_parallel.py`)."""
+
+    cp_mode: str = knob(
+        "allgather", "allgather: each rank gathers the whole sequence's keys and values and "
+        "keeps its own queries (head and tail chunks, so causal work is even); ulysses: two "
+        "all-to-alls per attention move sequence shards to head shards and back (needs the "
+        "query heads per tp rank divisible by cp, and the key/value heads per tp rank "
+        "divisible by cp or dividing it; fewer are repeated up to cp). Only read when cp > 1.",
+        planner_ignores="the planner does not model context parallelism yet (cp > 1)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.cp_mode not in CP_MODES:
+            raise ValueError(
+                f"strategy.cp_mode={self.cp_mode!r} is not one of {', '.join(CP_MODES)}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -120,13 +120,15 @@ def _heads_to_seq(x: torch.Tensor, cp: int, group) -> torch.Tensor:
     return x.permute(1, 0, 2, 3, 4).reshape(b, cp * h, s // cp, d)
 
 
-def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int) -> None:
-    """ValueError unless Ulysses can split these heads over cp ranks."""
+def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> None:
+    """ValueError unless Ulysses can split these heads (those of one tensor-parallel rank of
+    `tp`) over cp ranks."""
     if n_heads % cp or (n_kv_heads % cp and cp % n_kv_heads):
+        per = f" per tp={tp} rank" if tp > 1 else ""
         raise ValueError(
             f"strategy.cp_mode=ulysses splits attention heads over strategy.cp={cp} ranks: "
-            f"the {n_heads} query heads must divide by it, and the {n_kv_heads} key/value "
-            "heads divide by it or divide it; use strategy.cp_mode=allgather"
+            f"the {n_heads} query heads{per} must divide by it, and the {n_kv_heads} key/value "
+            f"heads{per} divide by it or divide it; use strategy.cp_mode=allgather or another cp"
         )
 
 
@@ -146,16 +148,53 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 class ContextParallelAttention:
     """An attention step for a model's `attend` slot: `mode`'s algorithm over `group` (the
-    model is fed this rank's `chunk_positions` tokens)."""
+    model is fed this rank's `chunk_positions` tokens, `shard` cuts them)."""
 
     def __init__(self, mode: str, group=None) -> None:
         algorithms = {"allgather": allgather_attention, "ulysses": ulysses_attention}
         if mode not in algorithms:
             raise ValueError(f"strategy.cp_mode={mode!r} is not one of allgather, ulysses")
-        self.attend, self.group = algorithms[mode], group
+        self.mode, self.attend, self.group = mode, algorithms[mode], group
+        self.calls = 0
+        """Attention calls this rank ran through it (summary.json shows that CP ran)."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         return self.attend(q, k, v, self.group)
+
+    def positions(self, seq_len: int, device=None) -> torch.Tensor:
+        """This rank's token positions in a sequence of `seq_len` (`chunk_positions`)."""
+        cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        return chunk_positions(seq_len, cp, rank).to(device)
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of `x` along `dim` (inputs and targets alike)."""
+        return x.index_select(dim, self.positions(x.size(dim), x.device))
+
+
+def context_parallel_of(model: torch.nn.Module) -> ContextParallelAttention | None:
+    """The context-parallel step `attach_context_parallel` gave `model`, or None."""
+    for module in model.modules():
+        step = getattr(module, "attend", None)
+        if isinstance(step, ContextParallelAttention):
+            return step
+    return None
+
+
+def check_context_parallel(model: torch.nn.Module, cp: int, mode: str, *, n_heads: int | None,
+                           n_kv_heads: int | None, tp: int = 1) -> None:  # fmt: skip
+    """ValueError in one line unless `model` can run under context parallelism of degree `cp`
+    in `mode`: its attention modules need an `attend` slot, and Ulysses needs the model's
+    `n_heads` and `n_kv_heads` (None: unknown, not checked), per tensor-parallel rank of `tp`,
+    to split over cp."""
+    if not any(hasattr(type(m), "attend") for m in model.modules()):
+        raise ValueError(
+            f"strategy.cp={cp} needs attention modules with an `attend` slot (lightning_dist's "
+            f"Transformer); {type(model).__name__} has none (Hugging Face models are not "
+            "supported under context parallelism yet): use strategy.cp=1"
+        )
+    if mode == "ulysses" and n_heads is not None and n_kv_heads is not None:
+        check_ulysses_heads(n_heads // tp, n_kv_heads // tp, cp, tp)
 
 
 def attach_context_parallel(model: torch.nn.Module, mode: str, group=None) -> None:

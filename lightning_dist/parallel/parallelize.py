@@ -1,11 +1,12 @@
-"""`parallelize()`: apply a layout to a model, in the fixed order TP -> AC -> compile -> FSDP ->
-pipeline.
+"""`parallelize()`: apply a layout to a model, in the fixed order TP -> CP -> AC -> compile ->
+FSDP -> pipeline.
 
 The pipeline cut comes first in the code because every later step is applied to each stage
 module on its own (a stage is a copy of the model with the other layers removed), but it changes
-no parameter: within each stage the order is tensor parallelism over `tp`, activation
-checkpointing, per-block compilation (`parallel/compile.py`), then FSDP2 over the
-data-parallel ranks; the stages are then wrapped in `torch.distributed.pipelining` stages and a
+no parameter: within each stage the order is tensor parallelism over `tp`, context parallelism
+over `cp` (the attention step; `parallel/context_parallel.py`), activation checkpointing,
+per-block compilation (`parallel/compile.py`), then FSDP2 over the data-parallel and
+context-parallel ranks (dp_shard x cp, flattened); the stages are then wrapped in `torch.distributed.pipelining` stages and a
 schedule.
 
 Given a materialised model (the same full weights on every rank) each rank keeps exactly its
@@ -16,14 +17,17 @@ model it allocates nothing; the caller materialises each stage (see `model_parts
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import nn
 
+from lightning_dist._compat import flatten_mesh
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
+from lightning_dist.parallel.context_parallel import attach_context_parallel
 from lightning_dist.parallel.float8 import (
     apply_float8,
     check_float8_all_gather,
@@ -37,10 +41,22 @@ log = logging.getLogger(__name__)
 
 
 def dp_mesh(mesh, layout: Layout):
-    """The data-parallel sub-mesh: 1-D `dp_shard` (FSDP), or 2-D (replicate, shard) for HSDP."""
+    """The sub-mesh FSDP shards over: 1-D `dp_shard` (FSDP), or 2-D (replicate, shard) for
+    HSDP; under context parallelism the shard dimension is dp_shard x cp, flattened into
+    `dp_shard_cp` (the cp ranks hold the same weights, so they shard them too)."""
+    shard = "dp_shard"
+    if layout.cp > 1:
+        shard = "dp_shard_cp"
+        flat = flatten_mesh(mesh, ("dp_shard", "cp"), shard)
+        if layout.dp_replicate == 1:
+            return flat
     if layout.dp_replicate > 1:
-        return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp_shard"]
+        with warnings.catch_warnings():
+            # torch 2.13 warns that slicing a flattened dimension from the root will be
+            # deprecated; it has no other public way to pair it with dp_replicate for HSDP.
+            warnings.filterwarnings("ignore", "Slicing a flattened dim", UserWarning)
+            return mesh["dp_replicate", shard]
+    return mesh[shard]
 
 
 def parallelize(
@@ -75,7 +91,7 @@ def parallelize(
     else:
         parts = [(0, model)]
     tp = options.tp
-    gather_float8 = options.float8.float8_all_gather and layout.dp_shard > 1
+    gather_float8 = options.float8.float8_all_gather and layout.shard_size > 1
     for _, part in parts:
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
         # blocks whether or not they are checkpointed.
@@ -89,6 +105,9 @@ def parallelize(
                 sequence_parallel=uses_sequence_parallel(model, tp.sequence_parallel, tp.tp_plan),
                 strict=not pipelined,
             )  # fmt: skip
+        if layout.cp > 1:
+            attach_context_parallel(part, options.cp.cp_mode, mesh["cp"].get_group())
+            log.info("Applied context parallelism: cp=%d, %s", layout.cp, options.cp.cp_mode)
         apply_activation_checkpointing(
             part, blocks, every_n=options.checkpointing.activation_checkpointing
         )
@@ -96,9 +115,9 @@ def parallelize(
             apply_compile(
                 part, blocks, backend=options.compile.backend, tensor_parallel=layout.tp > 1
             )
-        if layout.dp > 1:
+        if layout.dp * layout.cp > 1:
             if gather_float8:
-                check_float8_all_gather(part, layout.dp_shard)
+                check_float8_all_gather(part, layout.shard_size)
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
             if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)
@@ -153,10 +172,11 @@ def init_shards(parts: list[nn.Module], layout: Layout, rank: int, *, device, se
     """Allocate and initialise each part's own shards on `device` (no full copy anywhere).
 
     One seed per distinct shard: the data-parallel replicas (dp_replicate) draw the same values,
-    every other rank different ones (or TP shards would repeat each other). The weights then
-    differ from a single process's; `init_sharded=false` keeps parity instead."""
+    every other rank different ones (or TP and CP shards would repeat each other). The weights
+    then differ from a single process's; `init_sharded=false` keeps parity instead."""
     c = layout.coordinate(rank)
-    shard_id = (c["pp"] * layout.dp_shard + c["dp_shard"]) * layout.tp + c["tp"]
+    shard = (c["pp"] * layout.dp_shard + c["dp_shard"]) * layout.cp + c["cp"]
+    shard_id = shard * layout.tp + c["tp"]
     for part in parts:
         part.to_empty(device=device)
         with torch.random.fork_rng(devices=[]), torch.no_grad():

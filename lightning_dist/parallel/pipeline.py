@@ -181,9 +181,12 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     """The torch schedule of `layout.schedule` over this rank's `PipelineStage`s.
 
     Gradients are not rescaled by the schedule (`scale_grads=False`): `loss_fn` divides each
-    microbatch's loss itself, which also stays right under gradient accumulation.
+    microbatch's loss itself, which also stays right under gradient accumulation. Under
+    context parallelism every stage also takes `positions`, whole in every microbatch.
     """
     from torch.distributed.pipelining import schedules
+
+    from lightning_dist._compat import pipeline_replicated_input
 
     cls = schedules.get_schedule_class(layout.schedule)
     single = issubclass(cls, schedules.PipelineScheduleSingle)
@@ -191,6 +194,7 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
         stages[0] if single else stages,
         n_microbatches=layout.num_microbatches,
         loss_fn=loss_fn,
+        kwargs_chunk_spec={"positions": pipeline_replicated_input()} if layout.cp > 1 else None,
         scale_grads=False,
     )
 
@@ -234,23 +238,27 @@ class PipelinedModel(nn.Module):
         return self._loss_fn(output, target) / self._loss_scale()
 
     def forward(
-        self, inputs: torch.Tensor, target: torch.Tensor, loss_fn: Callable
-    ) -> torch.Tensor:
+        self, inputs: torch.Tensor, target: torch.Tensor, loss_fn: Callable,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Run the batch `inputs` through the pipeline; `loss_fn(output, target)` gives the mean
-        loss of one microbatch on the last stage. Returns the batch's mean loss (no grad)."""
+        loss of one microbatch on the last stage. Returns the batch's mean loss (no grad).
+        `positions` (context parallelism: the tokens' places in their sequences) go to every
+        stage."""
         import torch.distributed as dist
 
         self._loss_fn = loss_fn
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
         target = target if self.is_last else None
+        extra = {} if positions is None else {"positions": positions}
         if torch.is_grad_enabled():
             # The marker lets the telemetry measure the bubble of the schedule alone.
             with torch.profiler.record_function(SCHEDULE_MARKER):
-                self.schedule.step(*args, target=target, losses=losses)
+                self.schedule.step(*args, target=target, losses=losses, **extra)
         else:
             with _forward_actions_only(self.schedule):
-                self.schedule.eval(*args, target=target, losses=losses)
+                self.schedule.eval(*args, target=target, losses=losses, **extra)
         if self.is_last:
             # A loss-parallel cross-entropy gives replicated DTensors; keep the plain values.
             values = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in losses]

@@ -152,10 +152,22 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
     return None
 
 
+def cp_problem(layout: Layout) -> str | None:
+    """Context parallelism is not modelled yet: its layouts get no prediction rather than one
+    that ignores the split sequences and the key/value exchange."""
+    if layout.cp > 1:
+        return (
+            f"the planner does not model context parallelism yet (cp={layout.cp}): no memory "
+            "or time prediction for this layout; plan it with cp=1"
+        )
+    return None
+
+
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
     problem = (
-        tp_problem(model, hardware.resolved_devices(), layout.tp)
+        cp_problem(layout)
+        or tp_problem(model, hardware.resolved_devices(), layout.tp)
         or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)

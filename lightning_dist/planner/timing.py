@@ -1,7 +1,8 @@
 """Time per step: compute, communication over the links each mesh dimension crosses, overlap
 and the pipeline bubble.
 
-The mesh is laid out in `MESH_DIMS` order (pp, dp_replicate, dp_shard, tp), outermost first,
+The mesh is laid out in `MESH_DIMS` order (pp, dp_replicate, dp_shard, cp, tp), outermost first
+(cp is always 1 here: the planner does not model context parallelism yet, `estimate.cp_problem`),
 so the ranks of a tp group are consecutive, a dp_shard group strides by tp, and so on; whether a
 group stays inside a node follows from that stride and the devices per node.
 """

@@ -161,7 +161,8 @@ def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout
 def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec, *,
                    devices: int, num_nodes: int, precision: str) -> None:  # fmt: skip
     """The strategy's own checks of the whole run: world size, precision, accelerator, batch
-    split, and the model's classes (built on the meta device)."""
+    split, the model's classes (built on the meta device), and the sequence's cut into
+    context-parallel chunks."""
     import torch
 
     with torch.device("meta"):
@@ -171,6 +172,7 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
         accelerator=hardware.accelerator, global_batch_size=batch.global_batch_size,
         micro_batch_size=batch.micro_batch_size,
     )  # fmt: skip
+    contract_of(strategy).layout_for(devices, num_nodes).check_sequence(batch.seq_len)
 
 
 def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,

@@ -97,7 +97,7 @@ class FormatCheckpointHooks:
             }
         layout_fields = {
             name: getattr(layout, name)
-            for name in ("dp_replicate", "dp_shard", "tp", "pp", "schedule", "virtual_stages")
+            for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "schedule", "virtual_stages")
         }
         return {
             "step": int(trainer.global_step),

@@ -1,15 +1,18 @@
-"""`strategy=3d` / `Trainer(strategy="parallel3d")`: data x tensor x pipeline parallelism.
+"""`strategy=3d` / `Trainer(strategy="parallel3d")`: data x context x tensor x pipeline
+parallelism.
 
 A thin layer over Lightning's ModelParallelStrategy (process group, launcher). What it adds:
 
-- the mesh of a `Layout` (pp, dp_replicate, dp_shard, tp; tp innermost so it stays in a node);
+- the mesh of a `Layout` (pp, dp_replicate, dp_shard, cp, tp; tp innermost so it stays in a
+  node), FSDP over dp_shard x cp;
 - `parallelize_model(model, init_seed=...)`, which the LightningModule calls in
   `configure_model()` and which applies `lightning_dist.parallel.parallelize`;
 - under pipeline parallelism the LightningModule's call `model(inputs, target, loss_fn)` runs
   the schedule (forward and backward), so Lightning's backward is a no-op;
 - the loss-parallel context around the steps and backward when the logits stay vocab-split;
 - gradient clipping by the norm over every mesh dimension;
-- the data sampler over the data-parallel ranks only;
+- the data sampler over the data-parallel ranks only (context-parallel peers read the same
+  batch, and the LightningModule cuts each sequence: `context_parallel_of`);
 - checkpoints in the one format of every strategy (`strategies/checkpoint_hooks.py`), with
   pipeline stages under their single-process names, optionally written in the background.
 """
@@ -31,6 +34,7 @@ from lightning_dist.models.materialize import materialize, materialize_with_rese
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
+from lightning_dist.parallel.context_parallel import check_context_parallel, context_parallel_of
 from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import (
     dp_mesh,
@@ -51,7 +55,7 @@ from lightning_dist.strategies.user_path import explain_stage_errors
 
 
 class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
-    """Data (FSDP2/HSDP) x tensor x pipeline parallelism for any LightningModule.
+    """Data (FSDP2/HSDP) x context x tensor x pipeline parallelism for any LightningModule.
 
     Every knob is a keyword argument named as in `conf/strategy/3d.yaml` (`tp=2`,
     `activation_checkpointing="op"`, `prefetch_forward=2`, ...): the option classes of
@@ -101,7 +105,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         layout = super().layout_for(devices, num_nodes)
         reshard = self.options.fsdp.reshard_after_forward
         if not isinstance(reshard, bool):
-            check_reshard(reshard, layout.dp_shard)
+            check_reshard(reshard, layout.shard_size)
         problem = float8_problem(self.options.float8.float8, layout.tp)  # the planner's own rule
         if problem:
             raise ValueError(problem)
@@ -121,8 +125,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     def check_model(self, model: nn.Module, layout: Layout | None = None) -> None:
         """Can `layout` split `model`? Head, FFN and vocabulary divisibility by tp, the TP plan's
-        patterns, the pipeline-layers contract, the layer count and split points, and the
-        block classes to shard."""
+        patterns, the pipeline-layers contract, the layer count and split points, the
+        attention slot and heads context parallelism needs, and the block classes to shard."""
         layout = layout or self.layout
         require_init_weights(model)
         args = _model_args(model)
@@ -134,6 +138,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
                      dp_shard=layout.dp_shard)  # fmt: skip
         if layout.pp > 1:
             split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
+        if layout.cp > 1:
+            _check_context_parallel(model, layout, self.options.cp.cp_mode, args)
         if auto_wrap is not None:
             sharding.check_auto_wrap(model, auto_wrap)
 
@@ -232,9 +238,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     def _require_data_parallel_only(self) -> None:
         layout = self.layout
-        if layout.tp > 1 or layout.pp > 1:
+        if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
             raise ValueError(
-                f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}: the LightningModule "
+                f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}, cp={layout.cp}: "
+                "the LightningModule "
                 "must build its model in configure_model() and pass it to "
                 "self.trainer.strategy.parallelize_model(model, init_seed=...) "
                 "(see docs/BRING_YOUR_OWN_MODEL.md)"
@@ -246,7 +253,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         # clip_grads_with_norm_ cannot scale DTensor gradients by a plain norm either. Replace
         # it, for this plugin instance only, by the norm over the whole model.
         plugin = self.precision_plugin
-        stage_size = self.layout.dp * self.layout.tp
+        stage_size = self.layout.dp * self.layout.cp * self.layout.tp
 
         def clip_grad_by_norm(optimizer, clip_val: float) -> None:
             clip_grad_norm_global(plugin.main_params(optimizer), clip_val, stage_size=stage_size)
@@ -299,6 +306,16 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             tensor = plain_tensor(tensor)
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
+    def summary_fields(self) -> dict[str, Any]:
+        """Under context parallelism: its degree, mode and this rank's attention calls
+        through it (zero would mean the model attended to whole sequences)."""
+        module = self.lightning_module
+        step = context_parallel_of(module) if module is not None else None
+        if step is None:
+            return {}
+        cp = {"cp": self.layout.cp, "mode": step.mode, "attention_calls": step.calls}
+        return {"context_parallel": cp}
+
     # --- checkpoints --------------------------------------------------------------------------
 
     def enable_async_save(self) -> None:  # the contract's
@@ -318,6 +335,14 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         strategy_registry.register(
             "parallel3d", cls, description="data x tensor x pipeline parallelism (lightning_dist)"
         )
+
+
+def _check_context_parallel(model: nn.Module, layout: Layout, mode: str, args) -> None:
+    """ValueError in one line unless `model` runs under `layout`'s cp in `mode`."""
+    heads = (None, None) if args is None else (args.n_heads, args.kv_heads)
+    check_context_parallel(
+        model, layout.cp, mode, n_heads=heads[0], n_kv_heads=heads[1], tp=layout.tp
+    )
 
 
 def _model_args(model: nn.Module):

@@ -48,6 +48,6 @@ def test_a_toy_strategy_gets_checks_planner_settings_and_telemetry(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["strategy"] == "toy" and summary["world_size"] == 2
-    assert summary["layout"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1}
+    assert summary["layout"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 1}
     assert summary["steps"] == 3 and summary["tokens_per_sec"] > 0
     assert len(summary["memory_by_category"]) == 2

@@ -128,6 +128,7 @@ def test_tuned_defaults_and_layouts():
         "pp": 1,
         "dp_replicate": 2,
         "dp_shard": 8,
+        "cp": 1,
         "tp": 1,
     }
     assert FSDP2Strategy(dp_replicate=2).layout.resolve(4).dp_shard == 2

@@ -10,7 +10,7 @@ DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, f
 
 def test_resolve_fills_the_free_degree_and_checks_the_product():
     assert Layout(dp_shard=-1, tp=2, pp=2).resolve(8).degrees() == {
-        "pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2,
+        "pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2,
     }  # fmt: skip
     with pytest.raises(ValueError, match="multiply to 4, but the world size is 8"):
         Layout(tp=2, pp=2).resolve(8)
@@ -44,11 +44,32 @@ def test_pipeline_defaults():
 
 def test_coordinates_follow_mesh_order_tp_innermost():
     layout = Layout(pp=2, dp_shard=2, tp=2)
-    assert layout.coordinate(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
-    assert layout.coordinate(5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert layout.coordinate(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0}
+    assert layout.coordinate(5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 1}
     assert layout.group_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.group_ranks("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_context_parallel_ranks_sit_between_dp_shard_and_tp_and_share_a_batch():
+    layout = Layout(dp_shard=2, cp=2, tp=2)
+    assert list(layout.degrees()) == ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
+    assert layout.group_ranks("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    # The cp peers of one dp coordinate read the same batch; FSDP shards over dp_shard x cp.
+    assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert layout.dp == 2 and layout.shard_size == 4 and layout.world_size == 8
+    assert Layout(dp_shard=-1, cp=2).resolve(8).dp_shard == 4
+
+
+def test_context_parallel_needs_two_chunks_per_rank():
+    Layout(cp=2).check_sequence(128)
+    Layout().check_sequence(127)
+    with pytest.raises(ValueError) as error:
+        Layout(cp=4).check_sequence(100)
+    assert str(error.value) == (
+        "data.seq_len=100 does not split into 2 x strategy.cp = 8 equal chunks; the nearest "
+        "valid values are data.seq_len=96 and data.seq_len=104"
+    )
 
 
 def test_two_dgx_nodes_keep_tp_inside_a_node():

@@ -24,6 +24,7 @@ VALUES = {
     "pp": ("2", 2, []),
     "dp_replicate": ("2", 2, []),
     "dp_shard": ("2", 2, ["strategy.tp=-1", "strategy.dp_shard=8"]),
+    "cp": ("2", 2, []),
     "tp": ("2", 2, []),
     "schedule": ("GPipe", "GPipe", ["strategy.pp=2"]),
     "microbatches": ("8", 8, ["strategy.pp=2"]),
@@ -43,6 +44,7 @@ VALUES = {
     "tp_plan": ("{output: colwise}", {"output": "colwise"}, ["strategy.tp=2"]),
     "sequence_parallel": ("false", False, ["strategy.tp=2"]),  # on (auto) by default
     "loss_parallel": ("false", False, ["strategy.tp=2"]),
+    "cp_mode": ("ulysses", "ulysses", ["strategy.cp=2"]),
     "split_points": ("[10]", [10], ["strategy.pp=2"]),
     "activation_checkpointing": ("op", "op", []),
     "compile": ("true", True, ["strategy.compile_backend=aot_eager"]),

@@ -173,9 +173,9 @@ def test_strategy_configs_compose_to_layouts(compose):
 
     cases = {
         ("strategy=3d", "strategy.tp=2", "strategy.pp=2", "hardware.devices=8"):
-            {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2},
-        ("strategy=tp", "hardware.devices=4"): {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 4},
-        ("strategy=pp", "hardware.devices=2"): {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1},
+            {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2},
+        ("strategy=tp", "hardware.devices=4"): {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 4},
+        ("strategy=pp", "hardware.devices=2"): {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1},
     }  # fmt: skip
     for overrides, degrees in cases.items():
         cfg = compose(*overrides)
