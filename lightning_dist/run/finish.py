@@ -73,8 +73,15 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
 
 
 def write_run_report(run_dir) -> None:
-    """`python -m lightning_dist.report <run dir>` at the end of the run (`report=true`)."""
+    """`python -m lightning_dist.report <run dir>` at the end of the run (`report=true`); one
+    line instead where matplotlib is not installed."""
+    import importlib.util
+
     from lightning_dist.report import write_report
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("  report: skipped (matplotlib is not installed; report=false hides this)")
+        return
 
     written = write_report(run_dir, run_dir / "report")
     print(f"  report: {run_dir / 'report'} ({len(written)} plots)", flush=True)

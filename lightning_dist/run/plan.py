@@ -212,11 +212,11 @@ def check_launch(plan: RunPlan) -> None:
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
-    if not plan.ckpt_path and plan.checkpoints.resume != "auto":
-        check_fresh_start(plan.spec.run_dir, plan.checkpoints.dirpath, plan.spec.run_name)
     plan.checkpoints.check_folder(
         checkpoint_bytes(plan.model.num_params(), plan.precision), num_nodes=plan.num_nodes
     )
+    if not plan.ckpt_path and plan.checkpoints.resume != "auto":
+        check_fresh_start(plan.spec.run_dir, plan.checkpoints.dirpath, plan.spec.run_name)
     if plan.checkpoints.init_from and not plan.ckpt_path:
         plan.checkpoints.verify_init_from(plan.model)
 
@@ -228,22 +228,18 @@ def check_fresh_start(run_dir: Any, checkpoint_dir: Any, run_name: str | None) -
     from lightning_dist.checkpoint.store import STEP_NAME
     from lightning_dist.run.loggers import METRICS_CSV
 
-    run_dir, found = Path(run_dir), []
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        found.append(summary.name)
-    if (run_dir / METRICS_CSV).is_file():
-        found.append(METRICS_CSV)
+    run_dir = Path(run_dir)
+    found = [str(f) for f in (run_dir / "summary.json", run_dir / METRICS_CSV) if f.is_file()]
     folder = Path(checkpoint_dir)
     steps = sorted(int(STEP_NAME.match(p.name).group(1)) for p in folder.iterdir()
                    if STEP_NAME.match(p.name)) if folder.is_dir() else []  # fmt: skip
     if steps:
-        found.append(f"checkpoints up to step{steps[-1]}.ckpt in {folder}")
+        found.append(f"checkpoints up to {folder / f'step{steps[-1]}.ckpt'}")
     if not found:
         return
     named = f" {run_name}" if run_name else ""
     raise ValueError(
-        f"{run_dir} holds an earlier run{named} ({', '.join(found)}); continue it with "
-        "trainer.resume=auto, start a new one with another run_name=... (its own folder under "
-        "outputs/) or hydra.run.dir=..., or move that folder away"
+        f"this run{named} would write over an earlier run ({', '.join(found)}); continue it "
+        "with trainer.resume=auto, start a new one with another run_name=... (its own folder "
+        "under outputs/) or hydra.run.dir=..., or move those files away"
     )

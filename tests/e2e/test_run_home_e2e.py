@@ -83,7 +83,7 @@ def test_stopped_run_resumes_in_its_home_with_its_whole_history(tmp_path):
                            env=ENV, timeout=600)  # fmt: skip
     assert again.returncode == 2, again.stderr[-2000:]
     error = [line for line in again.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and "holds an earlier run term" in error[0]
+    assert len(error) == 1 and "this run term would write over an earlier run" in error[0]
     assert "trainer.resume=auto" in error[0]
 
     resumed = {name: start(tmp_path, *COMMAND, f"run_name={name}", "trainer.resume=auto")

@@ -145,7 +145,7 @@ CASES = [
          "was written for model.norm_eps=0.001, the configured model has 1e-05",
          prepare=lambda tmp: resumable_checkpoint(tmp / "ckpts", norm_eps=1e-3)),
     # A run's home (issue 30): a fresh start never writes over an earlier run's records.
-    Case("fresh start over an earlier run", fast(), "holds an earlier run",
+    Case("fresh start over an earlier run", fast(), "would write over an earlier run (",
          prepare=lambda tmp: write(tmp / "run" / "metrics" / "metrics.csv", "step\n0\n")),
     Case("run name that leaves its folder", fast("run_name=../elsewhere"), "run_name='../elsewhere' must be one folder name"),
     Case("keep no checkpoint", fast("trainer.checkpoint.keep_last=0"), "trainer.checkpoint.keep_last=0 must be 1 or more"),
