@@ -328,6 +328,36 @@ def wandb_run_started(logger: Any) -> bool:
     return getattr(logger, "_experiment", None) is not None
 
 
+def wandb_netrc_has_key(url: str) -> bool:
+    """Whether the netrc file that `wandb login` writes holds an API key for the W&B server at
+    `url`, by wandb's own rule where it has one: `wandb.sdk.lib.wbauth.read_netrc_auth` (wandb
+    0.31) also takes the key of the W&B host behind a CoreWeave Forge host, so a key saved for
+    api.wandb.ai serves wandb 0.31's default https://api.forge.coreweave.com.
+
+    Why not public: `wandb.login(prompt=False)`, wandb's own advice, loads its process-wide
+    settings from the environment of the moment, says no in offline mode (`WANDB_MODE=offline`
+    while `logger.mode=online`) and may rewrite its settings file. Without the module (another
+    wandb): the netrc entry of `url`'s host.
+    """
+    import os
+    from urllib.parse import urlsplit
+
+    try:
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+    except ImportError:
+        import netrc
+
+        path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+        try:
+            return urlsplit(url).netloc in netrc.netrc(path).hosts
+        except (OSError, netrc.NetrcParseError):
+            return False
+    try:
+        return bool(read_netrc_auth(host=url))
+    except Exception:  # wandb's AuthenticationError: a key it would refuse is no key
+        return False
+
+
 DCP_METADATA_RECORDS = {
     "torch.distributed.checkpoint.metadata": (
         "Metadata",

@@ -50,3 +50,13 @@ def history(path: Path) -> list[dict]:
                 for item in record.history.item
             })  # fmt: skip
     return rows
+
+
+def run_metadata(path: Path) -> dict:
+    """What the run was started with: entity, project, group, job type, notes and tags."""
+    for record in records(path):
+        if record.WhichOneof("record_type") == "run":
+            run = record.run
+            return {"entity": run.entity, "project": run.project, "group": run.run_group,
+                    "job_type": run.job_type, "notes": run.notes, "tags": list(run.tags)}  # fmt: skip
+    raise AssertionError(f"{path} holds no run record")

@@ -167,7 +167,9 @@ class TrainerSchema:
     gradient_clip_val: float | None = 1.0
     val_check_interval: int | None = 100
     """Validate every this many optimizer steps; null validates only at the end."""
-    log_every_n_steps: int = 10
+    log_every_n_steps: int = 1
+    """Send the logged metrics to the loggers (the metrics CSV, W&B) every this many optimizer
+    steps; 1: every step's loss, however short the run."""
     num_sanity_val_steps: int = 0
     enable_checkpointing: bool = False
     checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)

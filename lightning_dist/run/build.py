@@ -63,7 +63,10 @@ def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(context)
-    logger = build(logger_config(plan), "logger") if spec.logger else None
+    with config_errors():  # e.g. a WANDB_BASE_URL that wandb refuses
+        logger = build(logger_config(plan), "logger") if spec.logger else None
+    if logger is None and spec.choices.get("debug"):
+        note_no_logger(spec.choices["debug"])
     with config_errors():  # Lightning's own checks of its arguments (e.g. the precision name)
         trainer = build_trainer(plan, callbacks, logger)
     return BuiltRun(trainer=trainer, module=module, datamodule=datamodule, callbacks=callbacks,
@@ -135,6 +138,17 @@ def logger_config(plan: RunPlan):
     if "name" in node and node.name is None and plan.spec.run_name:
         node = OmegaConf.merge(node, {"name": plan.spec.run_name})
     return node
+
+
+def note_no_logger(debug: str) -> None:
+    """One line, from the first process: a debug config's run logs to no experiment logger.
+    `debug=fast` sets `logger=none`: its runs are checks of a setup, seconds long, which would
+    otherwise each add a W&B run (online when logged in) and W&B's start-up to their time."""
+    from lightning_dist.run.checks import launch_rank_zero
+
+    if launch_rank_zero():
+        print(f"debug={debug}: no experiment logger, W&B is off; add logger=wandb to log this run",
+              flush=True)  # fmt: skip
 
 
 def slurm_environment() -> list:

@@ -116,6 +116,40 @@ def check_config(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
     """Every check of a composed config that needs nothing built."""
     check_config_text(cfg, choices)
     check_targets(cfg)
+    check_target_arguments(cfg)
+
+
+def check_target_arguments(cfg: DictConfig) -> None:
+    """Every key of the logger's and each callback's config is an argument of its `_target_`.
+    These groups have no schema, so `+logger.grup=x` composes, and Hydra would pass the key on
+    as an argument: a TypeError once the run has started. (A target that takes `**kwargs`, such
+    as Lightning's WandbLogger, takes any key.)"""
+    import inspect
+
+    from hydra.utils import get_object
+
+    from lightning_dist._compat import config_child, config_is_none
+
+    nodes = [("logger", config_child(cfg, "logger"))]
+    callbacks = config_child(cfg, "callbacks")
+    if isinstance(callbacks, DictConfig) and not config_is_none(callbacks):
+        nodes += [(f"callbacks.{name}", config_child(callbacks, name)) for name in callbacks]
+    for path, node in nodes:
+        if not isinstance(node, DictConfig) or config_is_none(node) or "_target_" not in node:
+            continue
+        try:
+            parameters = inspect.signature(get_object(node._target_)).parameters.values()
+        except (TypeError, ValueError):  # a callable without a signature Python can read
+            continue
+        if any(p.kind is p.VAR_KEYWORD for p in parameters):
+            continue
+        names = [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
+        for key in node:
+            if key not in names and not (key.startswith("_") and key.endswith("_")):
+                raise ValueError(
+                    f"unknown config key {path}.{key}: {node._target_} takes "
+                    f"{', '.join(names)}; check the spelling, or drop the override of {path}.{key}"
+                )
 
 
 def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None:

@@ -201,17 +201,20 @@ def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: Hardwar
 def check_launch(plan: RunPlan) -> None:
     """The checks a run that trains adds to the plan (`plan.only` and the Slurm launcher skip
     them, so they run on any machine): the planner's prediction against the hardware's memory
-    (`plan.check`), this machine and its launcher, a fresh start's run directory (no earlier
-    run's records to overwrite), the checkpoint folder (a folder this user
-    may write, with room for one checkpoint), then trainer.init_from's weights (last: it reads
-    the checkpoint, which only the machines that train may see)."""
+    (`plan.check`), this machine and its launcher, the experiment logger (W&B asked to log
+    online has a key and a server), the checkpoint folder (a folder this user may write, with
+    room for one checkpoint), a fresh start's records (no earlier run's to write over), then
+    trainer.init_from's weights (last: it reads the checkpoint, which only the machines
+    that train may see)."""
     from lightning_dist.planner.settings import checkpoint_bytes
     from lightning_dist.run.checks import check_machine
+    from lightning_dist.run.loggers import check_logger
     from lightning_dist.run.preflight import check_fits
 
     if plan.spec.plan.check:
         check_fits(plan)
     check_machine(plan)
+    check_logger(plan.spec.logger)
     plan.checkpoints.check_folder(
         checkpoint_bytes(plan.model.num_params(), plan.precision), num_nodes=plan.num_nodes
     )

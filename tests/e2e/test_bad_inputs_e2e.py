@@ -22,6 +22,7 @@ from tests.unit.test_bad_inputs import (
     CASES,
     ENV_SECRET,
     SECRET,
+    _environment,
     _overrides,
     fast,
     write,
@@ -41,17 +42,21 @@ def train_py(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), t
                           text=True, timeout=timeout, cwd=REPO_ROOT, env=full_env)  # fmt: skip
 
 
-E2E_CASES = ["strategy target", "hydra callback", "internal schema", "empty data file"]
+E2E_CASES = ["strategy target", "hydra callback", "internal schema", "empty data file",
+             "W&B online without a key", "W&B online with a closed server"]  # fmt: skip
 
 
 @pytest.mark.slow
 def test_errors_are_one_line_from_train_py(tmp_path):
     for case in [c for c in CASES if c.name in E2E_CASES]:
-        tmp = tmp_path / case.name.replace(" ", "_")
+        tmp = tmp_path / case.name.replace(" ", "_").replace("&", "")
         tmp.mkdir()
         if case.prepare:
             case.prepare(tmp)
-        result = train_py(*_overrides(case, tmp), f"hydra.run.dir={tmp / 'run'}", timeout=120)
+        env = _environment(case.env, tmp)
+        result = train_py(*_overrides(case, tmp), f"hydra.run.dir={tmp / 'run'}", timeout=120,
+                          env={k: v for k, v in env.items() if v is not None},
+                          unset=tuple(k for k, v in env.items() if v is None))  # fmt: skip
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2, f"{case.name}: {result.stderr[-2000:]}"
         assert len(lines) == 1 and case.expect in lines[0], f"{case.name}: {lines}"

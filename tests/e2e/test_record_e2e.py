@@ -41,24 +41,34 @@ def assert_quiet(output: str) -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
+WANDB_FIELDS = ["logger.entity=planted-team", "logger.group=sweep-a", "logger.job_type=train",
+                "logger.notes='a short run'", "logger.tags=[ddp,short]"]  # fmt: skip
+WANDB_METADATA = {"project": "lightning_dist", "entity": "planted-team", "group": "sweep-a",
+                  "job_type": "train", "notes": "a short run", "tags": ["ddp", "short"]}  # fmt: skip
+"""What the W&B run must start with, given `WANDB_FIELDS`."""
+
+
 @pytest.mark.slow
 def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path):
     """The console's `step N | loss X` is summary.json's losses[N-1], the metrics CSV's and
-    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET).
+    W&B's row at Lightning's logger step N-1 (lightning_dist.runtime.record.LOGGER_STEP_OFFSET),
+    for every step of a run shorter than any logging interval (trainer.log_every_n_steps is
+    left at its default).
 
     W&B is logged in (a planted API key) but its server is a closed port and WANDB_MODE is
     unset: the run says so in one warning line and logs offline, with the config, the metrics
-    and the summary in its transaction log and the key in no file of the run."""
-    from wandb_records import history
+    and the summary in its transaction log and the key in no file of the run. The run's entity,
+    group, job type, notes and tags are the `logger.*` overrides."""
+    from wandb_records import history, run_metadata
 
     from tests.unit.test_bad_inputs import _no_network
 
-    steps = 6
+    steps = 5
     network = _no_network()
     secret = network["WANDB_API_KEY"] = "planted0secret0key0value0000000000000000"
-    result = train_py(*FAST, "logger=wandb", f"trainer.max_steps={steps}",
-                      "trainer.log_every_n_steps=1", "callbacks.progress.plain_every_n_steps=1",
-                      f"hydra.run.dir={tmp_path}", env=network, unset=("WANDB_MODE",))  # fmt: skip
+    result = train_py(*FAST, "logger=wandb", f"trainer.max_steps={steps}", *WANDB_FIELDS,
+                      "callbacks.progress.plain_every_n_steps=1", f"hydra.run.dir={tmp_path}",
+                      env=network, unset=("WANDB_MODE",))  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "W&B server unreachable" in warnings[0], result.stderr[-3000:]
@@ -78,6 +88,7 @@ def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path)
     assert csv_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
 
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert run_metadata(log) == WANDB_METADATA
     wandb_loss = {r["trainer/global_step"]: r["train/loss"] for r in history(log)
                   if "train/loss" in r}  # fmt: skip
     assert wandb_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}

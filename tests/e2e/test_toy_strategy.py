@@ -51,3 +51,5 @@ def test_a_toy_strategy_gets_checks_planner_settings_and_telemetry(tmp_path):
     assert summary["layout"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 1}
     assert summary["steps"] == 3 and summary["tokens_per_sec"] > 0
     assert len(summary["memory_by_category"]) == 2
+    # debug=fast logs to no experiment logger, and says so once (run/build.py note_no_logger).
+    assert run.stdout.count("debug=fast: no experiment logger, W&B is off; add logger=wandb") == 1

@@ -3,10 +3,11 @@ step 1 (or one `warning:` line where noted); no code run from a config; no secre
 
 The table runs in this process, through the same `train()` and `report_config_error` as
 `train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
-trips it instead of training. Its "fsdp: " and "3d: " rows are the strategies' own checks. Also:
-the target allowlist, CPU capacity, what counts as a secret, the bf16 plan of fp16 on CPU,
-schemas that are not choices, data symlinks and W&B's offline fallback. (The real `train.py`
-processes are tests/e2e/test_bad_inputs_e2e.py.)
+trips it instead of training. Its "fsdp: " and "3d: " rows are the strategies' own checks; its
+"W&B" rows run with no W&B login and a closed local port for a server. Also: the target
+allowlist, CPU capacity, what counts as a secret, the bf16 plan of fp16 on CPU, schemas that are
+not choices, data symlinks, W&B's offline fallback and the server and key W&B would use. (The
+real `train.py` processes are tests/e2e/test_bad_inputs_e2e.py.)
 """
 
 from __future__ import annotations
@@ -85,6 +86,22 @@ class Case:
     warning: bool = False
     """A single warning and the run goes on, instead of an error."""
     prepare: Callable[[Path], None] | None = None
+    env: tuple[tuple[str, str | None], ...] = ()
+    """Environment variables to set (None: unset); `{tmp}` and `{closed_port}` are filled in."""
+    within: float | None = None
+    """Seconds the in-process run may take to stop or warn."""
+
+
+WANDB_OFFLINE_LOGIN = (
+    ("WANDB_API_KEY", None), ("WANDB_IDENTITY_TOKEN_FILE", None), ("WANDB_MODE", None),
+    ("NETRC", "{tmp}/netrc"), ("WANDB_CONFIG_DIR", "{tmp}/wandb_config"),
+    ("WANDB_BASE_URL", "http://127.0.0.1:{closed_port}"),
+)  # fmt: skip
+"""No W&B login anywhere (no key in the environment, no netrc file, no settings file: wandb's
+and ours read `NETRC` and `WANDB_CONFIG_DIR` before the home directory) and a W&B server that
+is a closed local port."""
+WANDB_KEY = (("WANDB_API_KEY", "fake" * 10),)
+"""A W&B key of a valid form (40 characters) that no server will ever see."""
 
 
 ATTACK = "'touch {marker}'"
@@ -221,6 +238,25 @@ CASES = [
     # Live healing (strategy=ft_hsdp): started by its launcher, no gradient accumulation.
     Case('ft_hsdp: not started by the launcher', fast('hardware.devices=2', strategy='ft_hsdp'),
          'strategy=ft_hsdp needs REPLICA_GROUP_ID and TORCHFT_LIGHTHOUSE in the environment: start the run with `python -m lightning_dist.launch replicas'),
+    # W&B (logger=wandb): asked to log online, it has a key and a server, or the run stops.
+    Case("W&B online without a key", fast("logger.mode=online", logger="wandb"),
+         "logger.mode=online, but W&B has no API key for http://127.0.0.1:", env=WANDB_OFFLINE_LOGIN,
+         within=10),
+    Case("W&B online by WANDB_MODE without a key", fast(logger="wandb"),
+         "WANDB_MODE=online, but W&B has no API key", env=(*WANDB_OFFLINE_LOGIN, ("WANDB_MODE", "online"))),
+    Case("W&B online with a closed server", fast(logger="wandb"),
+         "WANDB_MODE=online, but the W&B server does not answer (127.0.0.1:",
+         env=(*WANDB_OFFLINE_LOGIN, *WANDB_KEY, ("WANDB_MODE", "online")), within=10),
+    Case("W&B mode misspelt", fast("logger.mode=onlin", logger="wandb"),
+         "logger.mode=onlin is not a W&B mode: use online, offline or disabled"),
+    Case("W&B refuses its server address", fast(logger="wandb"), "wandb refuses its settings (base_url:",
+         env=(*WANDB_OFFLINE_LOGIN, ("WANDB_BASE_URL", "https://wandb.ai"), ("WANDB_MODE", "online"))),
+    Case("W&B without a key, default mode", fast(logger="wandb"),
+         "W&B has no API key for http://127.0.0.1:", warning=True, env=WANDB_OFFLINE_LOGIN, within=10),
+    Case("logger key misspelt", fast("+logger.grup=x", logger="wandb"),
+         "unknown config key logger.grup: lightning_dist.run.loggers.wandb_logger takes project"),
+    Case("callback key misspelt", fast("+callbacks.progress.every=1"),
+         "unknown config key callbacks.progress.every"),
     Case('ft_hsdp: gradient accumulation', fast('hardware.devices=2', 'data.global_batch_size=16', 'data.per_rank_batch_size=2', strategy='ft_hsdp'),
          'strategy=ft_hsdp takes no gradient accumulation: data.global_batch_size=16 over 4 data-parallel ranks (2 groups x 2) needs 2 micro-batches of 2; set data.per_rank_batch_size=4'),
 ]  # fmt: skip
@@ -233,6 +269,20 @@ class _Tripwire(Exception):
 def _overrides(case: Case, tmp: Path) -> list[str]:
     marker = tmp / "marker"
     return [o.format(tmp=tmp, marker=marker) for o in case.overrides]
+
+
+def _environment(env: tuple[tuple[str, str | None], ...], tmp: Path) -> dict[str, str | None]:
+    """A case's `env`, filled in; None: unset the variable."""
+    port = _closed_port()
+    return {k: v if v is None else v.format(tmp=tmp, closed_port=port) for k, v in env}
+
+
+def _set_environment(monkeypatch, env: tuple[tuple[str, str | None], ...], tmp: Path) -> None:
+    for name, value in _environment(env, tmp).items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
 
 
 def run_in_process(
@@ -275,9 +325,13 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
             return real_open(path, *args, **kwargs)
 
         monkeypatch.setattr(os, "open", refuse)
+    _set_environment(monkeypatch, case.env, tmp_path)
+    started = time.monotonic()
     status, lines = run_in_process(
         _overrides(case, tmp_path), tmp_path / "run", monkeypatch, capsys
     )
+    if case.within is not None:
+        assert time.monotonic() - started < case.within
     if case.warning:
         assert status == 0, lines
         assert len(lines) == 1 and lines[0].startswith("warning:"), lines
@@ -428,3 +482,26 @@ def test_wandb_falls_back_offline_within_seconds(tmp_path, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: W&B server unreachable"), lines
     assert "wandb sync" in lines[0]
+
+
+def test_wandb_server_is_wandbs_own(tmp_path, monkeypatch):
+    """The server and key wandb itself would use: its default host (not a host of ours), the
+    host `wandb login --host` saved in its settings file, `WANDB_BASE_URL` over both; a key
+    from the environment or from the netrc entry of that host."""
+    import wandb
+
+    from lightning_dist.run.loggers import WandbServer, wandb_server
+
+    _set_environment(monkeypatch, WANDB_OFFLINE_LOGIN, tmp_path)
+    monkeypatch.delenv("WANDB_BASE_URL")
+    assert wandb_server() == WandbServer(url=wandb.Settings().base_url, key_source=None)
+    # A key saved by an older wandb login, for api.wandb.ai, serves wandb 0.31's default host.
+    write(tmp_path / "netrc", f"machine api.wandb.ai\n  login user\n  password {'k' * 40}\n")
+    assert wandb_server().key_source == "netrc"
+    write(tmp_path / "wandb_config" / "settings", "[default]\nbase_url = http://127.0.0.1:9\n")
+    assert wandb_server() == WandbServer(url="http://127.0.0.1:9", key_source=None)
+    write(tmp_path / "netrc", f"machine 127.0.0.1:9\n  login user\n  password {'k' * 40}\n")
+    assert wandb_server().key_source == "netrc"
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:8")
+    monkeypatch.setenv("WANDB_API_KEY", "fake" * 10)
+    assert wandb_server() == WandbServer(url="http://127.0.0.1:8", key_source="WANDB_API_KEY")
