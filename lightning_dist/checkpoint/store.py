@@ -71,19 +71,24 @@ def is_complete(path: Path) -> bool:
     )
 
 
+def step_folders(dirpath: str | Path) -> list[tuple[int, Path]]:
+    """Every `step<N>.ckpt` in `dirpath` as (N, path), by N, complete or not (none if the
+    folder is missing)."""
+    folder = Path(dirpath)
+    if not folder.is_dir():
+        return []
+    matches = ((STEP_NAME.match(entry.name), entry) for entry in folder.iterdir())
+    return sorted((int(m.group(1)), entry) for m, entry in matches if m)
+
+
 def latest_checkpoint(dirpath: str | Path) -> ResumePoint:
     """The complete `step<N>.ckpt` with the largest N in `dirpath` (missing folder: none)."""
     found = ResumePoint()
-    folder = Path(dirpath)
-    if not folder.is_dir():
+    candidates = step_folders(dirpath)
+    if not candidates:
         return found
-    candidates = []
-    for entry in folder.iterdir():
-        match = STEP_NAME.match(entry.name)
-        if match:
-            candidates.append((int(match.group(1)), entry))
-    replaced_after = FolderFence(folder).replaced_after()
-    for step, entry in sorted(candidates, reverse=True):  # only those down to the resume point
+    replaced_after = FolderFence(Path(dirpath)).replaced_after()
+    for step, entry in reversed(candidates):  # only those down to the resume point
         if not is_complete(entry):
             (found.weights_only if is_weights_only(entry) else found.skipped).append(entry)
         elif step > replaced_after.get(_writer(entry), float("inf")):
@@ -270,13 +275,9 @@ class RunCheckpoints:
         progress) or a weights-only one. Returns what it deleted. Call on global rank 0."""
         import shutil
 
-        if not self.keep_last or not self.dirpath.is_dir():
+        if not self.keep_last:
             return []
-        steps = sorted(
-            (int(m.group(1)), entry)
-            for entry in self.dirpath.iterdir()
-            if (m := STEP_NAME.match(entry.name))
-        )
+        steps = step_folders(self.dirpath)
         complete = [step for step, entry in steps if is_complete(entry)]
         if len(complete) <= self.keep_last:
             return []
@@ -325,10 +326,12 @@ class RetainingCheckpoint(ModelCheckpoint):
         before = self.best_model_path
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if trainer.is_global_zero and self.best_model_path != before:
-            print(saved_line(Path(self.best_model_path), self.checkpoints), flush=True)
+            removed = self.checkpoints.prune()
+            print(saved_line(Path(self.best_model_path), removed, self.checkpoints.keep_last),
+                  flush=True)  # fmt: skip
 
 
-def saved_line(path: Path, checkpoints: RunCheckpoints) -> str:
+def saved_line(path: Path, removed: list[Path], keep_last: int | None) -> str:
     """The console line of one save: where, how big, what pruning removed."""
     if is_complete(path) or path.is_file():
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
@@ -336,10 +339,9 @@ def saved_line(path: Path, checkpoints: RunCheckpoints) -> str:
         line = f"checkpoint saved: {path} ({size:,.1f} MiB)"
     else:
         line = f"checkpoint {path} is being written in the background"
-    removed = checkpoints.prune()
     if removed:
         names = ", ".join(p.name for p in removed)
-        line += f"; removed {names} (trainer.checkpoint.keep_last={checkpoints.keep_last})"
+        line += f"; removed {names} (trainer.checkpoint.keep_last={keep_last})"
     return line
 
 

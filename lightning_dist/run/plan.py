@@ -228,16 +228,14 @@ def check_fresh_start(run_dir: Any, checkpoint_dir: Any, run_name: str | None) -
     """A run that starts at step 0 (no trainer.resume=auto, no trainer.ckpt_path) must not write
     over an earlier run's records (summary.json, the metrics CSV, step checkpoints): ValueError
     naming what is there and the ways on (continue it, another name or folder, move it)."""
-    from lightning_dist.checkpoint.store import STEP_NAME
+    from lightning_dist.checkpoint.store import step_folders
     from lightning_dist.run.loggers import METRICS_CSV
 
     run_dir = Path(run_dir)
     found = [str(f) for f in (run_dir / "summary.json", run_dir / METRICS_CSV) if f.is_file()]
-    folder = Path(checkpoint_dir)
-    steps = sorted(int(STEP_NAME.match(p.name).group(1)) for p in folder.iterdir()
-                   if STEP_NAME.match(p.name)) if folder.is_dir() else []  # fmt: skip
+    steps = step_folders(checkpoint_dir)
     if steps:
-        found.append(f"checkpoints up to {folder / f'step{steps[-1]}.ckpt'}")
+        found.append(f"checkpoints up to {steps[-1][1]}")
     if not found:
         return
     named = f" {run_name}" if run_name else ""
