@@ -42,6 +42,8 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.runtime.console import print_line
+
 STALLED_EXIT_CODE = 4
 VERDICT = "verdict"
 """The store key of the first stall seen: {rank, problem, beat, by}."""
@@ -177,8 +179,8 @@ class HangWatchdog(Callback):
             problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
             if self._exiting.locked():
                 if silent > self.stall_seconds + 4 * self.interval + 5:
-                    print(f"error: rank 0 stopped making progress: {problem}; rank {self._rank} "
-                          "stops the job", file=sys.stderr, flush=True)  # fmt: skip
+                    print_line(f"error: rank 0 stopped making progress: {problem}; rank "
+                               f"{self._rank} stops the job")  # fmt: skip
                     os._exit(STALLED_EXIT_CODE)
                 time.sleep(self.interval)
             elif silent > self.stall_seconds and self._rank != 0:
@@ -227,12 +229,10 @@ class HangWatchdog(Callback):
             f" at step {beat['step']} (phase: {beat['phase']}, host {beat['host']})" if beat else ""
         )
         seen = f" (seen by rank {seen_by})" if seen_by not in (None, self._rank) else ""
-        print(
+        print_line(
             f"error: rank {rank} stopped making progress{where}: {problem}{seen}; rank "
             f"{self._rank} stops the job (stall limit trainer.collective_timeout_s / 2 = "
-            f"{self.stall_seconds:.0f} s)",
-            file=sys.stderr,
-            flush=True,
+            f"{self.stall_seconds:.0f} s)"
         )
         if store_answers:
             self._acknowledge(rank)

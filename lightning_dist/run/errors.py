@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.redaction import redact_text
 
 
@@ -57,7 +58,7 @@ def report_config_error(error: BaseException | str) -> None:
     cause = getattr(error, "__cause__", None)
     if isinstance(cause, OmegaConfBaseException) and str(cause) not in text:
         text += "\n" + str(cause)  # Hydra's compose errors keep the details in their cause
-    print(f"error: {redact_text(one_line(text))}", file=sys.stderr, flush=True)
+    print_line(f"error: {redact_text(one_line(text))}")
     sys.exit(2)
 
 

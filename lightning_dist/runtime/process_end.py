@@ -34,6 +34,8 @@ import sys
 import threading
 from datetime import timedelta
 
+from lightning_dist.runtime.console import print_line
+
 THREAD_JOIN_S = 30.0
 """How long the end of a process waits for each non-daemon thread (Python would wait forever)."""
 
@@ -63,11 +65,9 @@ def end_barrier(timeout_s: float) -> bool:
         dist.monitored_barrier(group=group, timeout=timeout)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(
+        print_line(
             f"warning: rank {dist.get_rank()}: not every rank reached the end of the job within "
-            f"{timeout_s:.0f} s ({first}); this rank exits without waiting for them",
-            file=sys.stderr,
-            flush=True,
+            f"{timeout_s:.0f} s ({first}); this rank exits without waiting for them"
         )
         return False
     return True
