@@ -20,6 +20,14 @@ Four phases, one after another, each a `python -m pytest` of its own:
 4. ... and run alone last: they time something (a pipeline's bubble) that other processes'
    load would distort.
 
+Each parallel phase hands its workers whole test modules, heaviest first, by the seconds each
+module took in the last recorded run (tests/module_seconds.json; a module not listed there counts
+as heavy, `UNKNOWN_SECONDS`), with pytest-xdist's own reordering (by number of tests) off: a
+module of one two-minute test then starts first instead of last, when the other worker would
+idle while it runs (measured 2026-12-03 on the cluster phase: 433 s wall for 737 s of test time
+on two workers). `python scripts/run_tests.py --record-module-seconds` runs the whole suite and
+rewrites that file.
+
 `python -m pytest` runs the same tests one at a time (about 6 minutes longer). PYTEST_ARGS
 (`-x`, `-k EXPR`, `-m EXPR`, ...) go to every phase (an `-m EXPR` narrows each phase's
 own marker selection). At the end: each tier's tests and seconds, each
@@ -29,6 +37,7 @@ slowest tests. Exits 1 if any phase failed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,16 +48,18 @@ from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = [  # (name, pytest arguments, marker expression or None)
-    (
-        "e2e + unit + gpu, 3 workers",
-        ["-n", "3", "--dist", "loadfile", "tests/e2e", "tests/unit", "tests/gpu"],
-        None,
-    ),
-    ("cluster, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/cluster"], None),
-    ("dist, 2 workers", ["-n", "2", "--dist", "loadfile", "tests/dist"], "not quiet"),
-    ("quiet: timings, alone", ["tests/dist"], "quiet"),
+PHASES = [  # (name, pytest arguments, test folders, marker expression or None)
+    ("e2e + unit + gpu, 3 workers", ["-n", "3"], ["tests/e2e", "tests/unit", "tests/gpu"], None),
+    ("cluster, 2 workers", ["-n", "2"], ["tests/cluster"], None),
+    ("dist, 2 workers", ["-n", "2"], ["tests/dist"], "not quiet"),
+    ("quiet: timings, alone", [], ["tests/dist"], "quiet"),
 ]
+SCHEDULING = ["--dist", "loadfile", "--no-loadscope-reorder"]
+"""How a phase with workers hands them tests: whole modules, in the order given."""
+MODULE_SECONDS = ROOT / "tests" / "module_seconds.json"
+UNKNOWN_SECONDS = 60.0
+"""A module missing from MODULE_SECONDS (a new one) is scheduled as if it took this long."""
+RECORD_FLAG = "--record-module-seconds"
 SLOWEST = 25
 SLOWEST_FILES = 12
 
@@ -75,6 +86,22 @@ def slowest_files(cases: list[tuple[float, str, str]], top: int) -> list[tuple[f
     return sorted(((s, m) for m, s in by_file.items()), reverse=True)[:top]
 
 
+def heaviest_first(folders: list[str], seconds: dict[str, float]) -> list[str]:
+    """The test modules under `folders`, those that took longest first (ties and unknown
+    modules in folder and name order; an unknown one counts `UNKNOWN_SECONDS`)."""
+    files = [p.relative_to(ROOT).as_posix() for f in folders for p in sorted((ROOT / f).glob("test_*.py"))]  # fmt: skip
+    return sorted(files, key=lambda f: -seconds.get(_module(f), UNKNOWN_SECONDS))
+
+
+def _module(path: str) -> str:
+    """tests/dist/test_a.py -> tests.dist.test_a, the name junit files give a module."""
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def recorded_seconds() -> dict[str, float]:
+    return json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.exists() else {}
+
+
 def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
     """PYTEST_ARGS without their `-m EXPR` (or `-mEXPR`), and EXPR: each phase ANDs it with its
     own marker selection instead of pytest letting the last `-m` win."""
@@ -97,11 +124,21 @@ def main(args: list[str]) -> int:
         print("error: pytest-xdist is not installed; fix: pip install -e '.[dev]'",
               file=sys.stderr)  # fmt: skip
         return 2
+    record = RECORD_FLAG in args
+    if record and args != [RECORD_FLAG]:
+        print(f"error: {RECORD_FLAG} records the whole suite; it takes no other arguments "
+              f"(given: {' '.join(a for a in args if a != RECORD_FLAG)})", file=sys.stderr)  # fmt: skip
+        return 2
+    args = [a for a in args if a != RECORD_FLAG]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     args, asked = _marker_expression(args)
+    seconds = recorded_seconds()
     started, failed, walls, cases = time.perf_counter(), [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, paths, markers) in enumerate(PHASES):
+        for i, (name, workers, folders, markers) in enumerate(PHASES):
+            paths = (
+                [*workers, *SCHEDULING, *heaviest_first(folders, seconds)] if workers else folders
+            )
             junit = Path(tmp) / f"phase{i}.xml"
             print(f"== phase {i + 1} of {len(PHASES)}: {name}", flush=True)
             t0 = time.perf_counter()
@@ -126,6 +163,10 @@ def main(args: list[str]) -> int:
     print(f"{SLOWEST} slowest tests:")
     for seconds, _, test in sorted(cases, reverse=True)[:SLOWEST]:
         print(f"  {seconds:6.1f} s  {test}")
+    if record and not failed:
+        by_module = {m: round(t, 1) for t, m in slowest_files(cases, len(cases))}
+        MODULE_SECONDS.write_text(json.dumps(dict(sorted(by_module.items())), indent=1) + "\n")
+        print(f"wrote {MODULE_SECONDS.relative_to(ROOT)} ({len(by_module)} modules)")
     print(f"whole suite: {total:.0f} s of pytest ({total / 60:.1f} min), "
           f"{'FAILED: ' + ', '.join(failed) if failed else 'every phase passed'}")  # fmt: skip
     return 1 if failed else 0

@@ -39,11 +39,26 @@ def test_a_dangling_m_stops_with_one_line(run_tests):
 
 
 def test_the_quiet_tests_are_left_out_of_the_parallel_dist_phase_and_run_alone(run_tests):
-    phases = {name: (paths, markers) for name, paths, markers in run_tests.PHASES}
-    dist = [(paths, m) for paths, m in phases.values() if "tests/dist" in paths]
+    dist = [(workers, m) for _, workers, folders, m in run_tests.PHASES if "tests/dist" in folders]
     assert [m for _, m in dist] == ["not quiet", "quiet"]
-    alone = dist[1][0]
-    assert "-n" not in alone  # no xdist workers: the machine to itself
+    assert dist[1][0] == []  # no xdist workers: the machine to itself
+
+
+def test_workers_get_the_heaviest_modules_first_and_unknown_ones_count_as_heavy(run_tests):
+    recorded = {"tests.cluster.test_slurm": 199.0, "tests.cluster.test_elastic": 125.0,
+                "tests.cluster.test_process_ends": 35.0}  # fmt: skip
+    order = run_tests.heaviest_first(["tests/cluster"], recorded)
+    assert order[:2] == ["tests/cluster/test_slurm.py", "tests/cluster/test_elastic.py"]
+    assert order[-1] == "tests/cluster/test_process_ends.py"  # the only one under 60 s
+    assert sorted(order) == sorted(
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / "tests" / "cluster").glob("test_*.py")
+    )
+
+
+def test_recording_takes_no_other_arguments(run_tests, capsys):
+    assert run_tests.main(["--record-module-seconds", "-x"]) == 2
+    assert "takes no other arguments (given: -x)" in capsys.readouterr().err
 
 
 def test_the_slowest_files_sum_their_tests(run_tests):
