@@ -25,4 +25,7 @@ def test_a_line_and_its_newline_are_one_write(monkeypatch):
         report_config_error("bad value x; set y")
     except SystemExit as e:
         assert e.code == 2
-    assert stream.calls == ["error: rank 0 stopped making progress\n", "error: bad value x; set y\n"]
+    assert stream.calls == [
+        "error: rank 0 stopped making progress\n",
+        "error: bad value x; set y\n",
+    ]
