@@ -303,6 +303,22 @@ def tp_split_problem(args, tp: int) -> str | None:
     return None
 
 
+def ulysses_heads_problem(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> str | None:
+    """Why Ulysses context parallelism over `cp` ranks cannot split the attention heads of one
+    tensor-parallel rank of `tp` (`n_heads` and `n_kv_heads` are the model's), or None: the
+    query heads per tp rank must divide by cp, the key/value heads per tp rank divide by cp or
+    divide it (fewer are repeated up to cp). Shared by the strategy and the planner."""
+    q, kv = n_heads // tp, n_kv_heads // tp
+    if q % cp or (kv % cp and cp % kv):
+        per = f" per tp={tp} rank" if tp > 1 else ""
+        return (
+            f"strategy.cp_mode=ulysses splits attention heads over strategy.cp={cp} ranks: "
+            f"the {q} query heads{per} must divide by it, and the {kv} key/value "
+            f"heads{per} divide by it or divide it; use strategy.cp_mode=allgather or another cp"
+        )
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Batch:
     """The batch a run trains with: `data.global_batch_size` sequences of `data.seq_len` tokens

@@ -23,14 +23,17 @@ from typing import Any
 
 from lightning_dist.layout import Batch
 from lightning_dist.planner.labels import batch_line, format_seconds
+from lightning_dist.planner.space import CP_MIN_SEQ_LEN
 
-LEGEND = """legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
+LEGEND = f"""legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
   pipeline), as in `python train.py strategy=...` (--command N prints row N's command).
   dp_replicate = data-parallel replicas; dp_shard = data-parallel ranks that shard the model states
-  (FSDP); tp = tensor-parallel ranks; pp = pipeline stages, with their schedule (v = virtual stages
-  per rank). Where FSDP shards (dp_shard > 1), its mode: FULL_SHARD, SHARD_GRAD_OP (parameters stay
-  gathered from forward to backward; fsdp2's reshard_after_forward=false), HYBRID_SHARD (FULL_SHARD
-  inside dp_shard, replicated over dp_replicate).
+  (FSDP); cp = context-parallel ranks, each holding 1/cp of every sequence, with their mode
+  (allgather or ulysses; tried for sequences of {CP_MIN_SEQ_LEN} tokens or more); tp = tensor-parallel ranks;
+  pp = pipeline stages, with their schedule (v = virtual stages per rank). Where FSDP shards
+  (over dp_shard x cp > 1), its mode: FULL_SHARD, SHARD_GRAD_OP (parameters stay gathered from
+  forward to backward; fsdp2's reshard_after_forward=false), HYBRID_SHARD (FULL_SHARD inside the
+  shard group, replicated over dp_replicate).
   mbs = micro-batch: the sequences one rank runs through one forward (one pipeline microbatch
   under pp); the rest of the global batch is gradient accumulation or further microbatches.
   ac = activation checkpointing: ac=full (every block keeps only its input), ac=n (every n-th
@@ -157,6 +160,8 @@ def strategy_overrides(candidate) -> list[str]:
                 f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
         if lay.virtual_stages > 1:
             out.append(f"strategy.virtual_stages={lay.virtual_stages}")
+    if lay.cp > 1:
+        out.append(f"strategy.cp_mode={st.cp_mode}")
     if lay.tp > 1 and not st.sequence_parallel:  # on by default under TP
         out.append("strategy.sequence_parallel=false")
     if st.offload:

@@ -316,7 +316,6 @@ class ContextParallelOptions:
         "all-to-alls per attention move sequence shards to head shards and back (needs the "
         "query heads per tp rank divisible by cp, and the key/value heads per tp rank "
         "divisible by cp or dividing it; fewer are repeated up to cp). Only read when cp > 1.",
-        planner_ignores="the planner does not model context parallelism yet (cp > 1)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

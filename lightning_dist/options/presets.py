@@ -68,10 +68,7 @@ def knob_doc(group: str, f: dataclasses.Field) -> str:
     return LAYOUT_DOCS[f.name] if group == "layout" else f.metadata["doc"]
 
 
-LAYOUT_PLANNER_IGNORES = {
-    "cp": "the planner does not model context parallelism yet: a cp > 1 layout gets no "
-    "prediction (planner/estimate.py cp_problem), and the search keeps cp = 1",
-}
+LAYOUT_PLANNER_IGNORES: dict[str, str] = {}
 """The `Layout` knobs the planner does not model, and why."""
 
 
@@ -170,10 +167,10 @@ class StrategyOptions:
         return dataclasses.replace(self, **changes)
 
     def planner_sharding(self, layout: Layout) -> str:
-        """The planner's FSDP mode of `layout` under these options: NO_SHARD without dp_shard,
+        """The planner's FSDP mode of `layout` under these options: NO_SHARD without dp_shard or cp,
         SHARD_GRAD_OP when gathered parameters stay until backward (ZeRO-2), else FULL_SHARD,
         or HYBRID_SHARD when shard groups are replicated."""
-        if layout.dp_shard == 1:
+        if layout.shard_size == 1:  # dp_shard x cp: context-parallel ranks shard too
             return "NO_SHARD"
         if self.fsdp1 is not None:
             name = self.fsdp1.resolved_sharding(2 if layout.dp_replicate > 1 else 1)

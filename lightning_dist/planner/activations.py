@@ -167,3 +167,30 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     if settings.attention == "math":
         recomputed += model.n_heads * settings.seq_len * w / tp
     return recomputed
+
+
+def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSettings) -> float:
+    """Bytes per token one block keeps for backward under context parallelism of degree `cp`
+    beyond `layer_activation_bytes`, on one rank (a token of its 1/cp of the sequence; 0 when
+    cp = 1). From the ops of `parallel/context_parallel.py`, with w, kv = n_kv_heads x
+    head_dim and hd = head_dim:
+
+    - allgather: SDPA keeps the gathered keys and values of the whole sequence, cp times this
+      rank's share: 2 x kv x w x (cp - 1) / tp more, and the boolean mask of this rank's
+      queries against every key, one byte per (query, key) pair of the sequence: seq_len
+      bytes per token (a new mask in each block; on a GPU the memory-efficient kernel takes it
+      as an additive bias in the compute dtype, never measured);
+    - ulysses: `wo` reads the all-to-all's output, a tensor of its own (not a view of SDPA's
+      output), d x w / tp; key/value heads fewer than cp on a tp rank are repeated up to cp
+      before the exchange: 2 x (cp - kv_heads / tp) x hd x w more.
+
+    A block under activation checkpointing keeps none of this (its forward runs again in
+    backward, exchange included: `planner/timing.py` counts that traffic)."""
+    if cp == 1:
+        return 0.0
+    w, hd = settings.matmul_bytes, model.dim // model.n_heads
+    kv_heads = model.n_kv_heads or model.n_heads
+    if settings.cp_mode == "ulysses":
+        repeated = max(0, cp - kv_heads // tp)
+        return w * model.dim / tp + 2 * repeated * hd * w
+    return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len

@@ -117,11 +117,15 @@ def microbatch_compute(
     attention: str,
     float8_peak: float | None = None,
     float8_weight_share: float = 1.0,
+    masked: bool = False,
 ) -> MicrobatchCompute:
     """Seconds of a microbatch of `tokens` through `layers` blocks (and the output head) on one
     rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op"). With
     `float8_peak` (FLOP/s) the block projections run in float8, each rank casting
-    `float8_weight_share` of each weight."""
+    `float8_weight_share` of each weight. `tokens` are this rank's (a 1/cp share of each
+    sequence under context parallelism), each attending over up to `seq_len` keys; `masked`
+    attention (an explicit mask: the all-gather mode of context parallelism) runs in a kernel
+    that visits every key block instead of the causal half."""
     speed = peak * hardware.matmul_efficiency
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
@@ -131,7 +135,7 @@ def microbatch_compute(
     head_dim = model.head_dim
     if attention == "flash":  # the causal half, heads split over tp
         attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
-        attn *= 1.0 / shape_factor(seq_len, head_dim, head_dim)
+        attn *= (2.0 if masked else 1.0) / shape_factor(seq_len, head_dim, head_dim)
     else:
         attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth

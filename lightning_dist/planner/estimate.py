@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lightning_dist.layout import Layout, tp_split_problem
+from lightning_dist.layout import Layout, tp_split_problem, ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
 from lightning_dist.planner.labels import describe, runs_fsdp, strategy_name
 from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
@@ -152,25 +152,30 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
     return None
 
 
-def cp_problem(layout: Layout) -> str | None:
-    """Context parallelism is not modelled yet: its layouts get no prediction rather than one
-    that ignores the split sequences and the key/value exchange."""
-    if layout.cp > 1:
-        return (
-            f"the planner does not model context parallelism yet (cp={layout.cp}): no memory "
-            "or time prediction for this layout; plan it with cp=1"
-        )
+def cp_problem(model, layout: Layout, settings: TrainSettings) -> str | None:
+    """Why context parallelism of the layout's cp cannot split this model's sequences, or
+    None: the sequence must cut into 2 x cp equal chunks, Ulysses must split the heads of a tp
+    rank (`layout.ulysses_heads_problem`), and FSDP must shard (the code shards over
+    dp_shard x cp whenever cp > 1)."""
+    if layout.cp == 1:
+        return None
+    if settings.seq_len % (2 * layout.cp):
+        return f"seq_len={settings.seq_len} does not split into 2 x cp = {2 * layout.cp} chunks"
+    if settings.sharding not in SHARDED_MODES:
+        return f"cp={layout.cp} shards parameters over dp_shard x cp; sharding={settings.sharding} does not"
+    if settings.cp_mode == "ulysses":
+        return ulysses_heads_problem(model.n_heads, model.kv_heads, layout.cp, layout.tp)
     return None
 
 
 def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> None:
     """Raise ValueError naming the numbers when `layout` cannot exist on `hardware`."""
     problem = (
-        cp_problem(layout)
-        or tp_problem(model, hardware.resolved_devices(), layout.tp)
+        tp_problem(model, hardware.resolved_devices(), layout.tp)
         or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or batch_problem(layout, settings)
+        or cp_problem(model, layout, settings)
     )
     max_seq = getattr(model, "max_seq_len", None)
     if problem is None and max_seq is not None and settings.seq_len > max_seq:
@@ -178,9 +183,9 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
     if (
         problem is None
         and settings.offload
-        and not (settings.sharding in SHARDED_MODES and layout.dp_shard > 1)
+        and not (settings.sharding in SHARDED_MODES and layout.shard_size > 1)
     ):
-        problem = "offload needs a sharded FSDP mode with dp_shard > 1"
+        problem = "offload needs a sharded FSDP mode with dp_shard x cp > 1"
     if problem:
         raise ValueError(problem)
 

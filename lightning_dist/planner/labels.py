@@ -27,6 +27,8 @@ def strategy_name(layout: Layout, settings: TrainSettings) -> str:
         return "ft_hsdp"
     lay = layout
     checkpointed = settings.activation_checkpointing.enabled
+    if lay.cp > 1:
+        return "3d"  # the mesh strategy is the one with context parallelism
     if lay.tp == 1 and lay.pp == 1:
         if lay.dp_shard == 1 and not checkpointed and not settings.offload:
             if lay.dp_replicate == 1:
@@ -42,17 +44,21 @@ def strategy_name(layout: Layout, settings: TrainSettings) -> str:
 
 
 def runs_fsdp(layout: Layout, settings: TrainSettings) -> bool:
-    """Does FSDP shard (or, FSDP1, wrap) the model on this layout? Only then has it a mode."""
-    return layout.dp_shard > 1 or settings.options.fsdp1 is not None
+    """Does FSDP shard (or, FSDP1, wrap) the model on this layout? Only then has it a mode.
+    It shards over dp_shard x cp (`Layout.shard_size`)."""
+    return layout.shard_size > 1 or settings.options.fsdp1 is not None
 
 
 def describe(layout: Layout, settings: TrainSettings, strategy: str | None = None) -> str:
     """A short human label of a layout and its settings, in the words users type: the
     strategy (`strategy`, else `strategy_name`), the degrees above 1, the pipeline schedule,
-    the FSDP mode only where FSDP runs, e.g. 'ddp dp_replicate=8 mbs=2' or
-    '3d pp=4 dp_shard=16 tp=8 1F1B FULL_SHARD mbs=1 ac=op'."""
+    the context-parallel mode where cp > 1, the FSDP mode only where FSDP runs, e.g.
+    'ddp dp_replicate=8 mbs=2', '3d pp=4 dp_shard=16 tp=8 1F1B FULL_SHARD mbs=1 ac=op' or
+    '3d cp=4 tp=8 ulysses FULL_SHARD mbs=1 ac=full'."""
     parts = [strategy or strategy_name(layout, settings)]
     parts += [f"{k}={v}" for k, v in layout.degrees().items() if v > 1]
+    if layout.cp > 1:
+        parts.append(settings.cp_mode)
     if layout.pp > 1:
         v = layout.virtual_stages
         parts.append(layout.schedule + (f"(v={v})" if v > 1 else ""))

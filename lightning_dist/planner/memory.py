@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from lightning_dist.layout import Layout, run_lengths, stage_sizes
 from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
+    context_parallel_layer_bytes,
     layer_activation_bytes,
     recomputed_layer_bytes,
 )
@@ -173,10 +174,12 @@ def activation_bytes(
 ) -> float:
     """Peak activation bytes of one rank of one stage.
 
-    tokens = micro_batch_size x seq_len per microbatch; n = in-flight microbatches. Each block
+    tokens = micro_batch_size x seq_len / cp per microbatch (`TrainSettings.rank_tokens`); n =
+    in-flight microbatches. Each block
     keeps, per token, `layer_activation_bytes` without checkpointing and
     `checkpointed_layer_bytes` when checkpointed (its input in full; its matmul, attention and
-    collective outputs under 'op'); with every n-th block, a chunk of c blocks checkpoints
+    collective outputs under 'op'), and under context parallelism a block that is not
+    checkpointed (and the recomputed one) also `context_parallel_layer_bytes`; with every n-th block, a chunk of c blocks checkpoints
     ceil(c / n) of them. The peak is the larger of:
 
     - the turn from forward to backward: n x the stage's kept bytes, plus the logits;
@@ -191,11 +194,12 @@ def activation_bytes(
     (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s) rows of
     them, and none are kept for backward.
     """
-    tokens = settings.micro_batch_size * settings.seq_len
+    tokens = settings.rank_tokens(layout)
     tp, d = layout.tp, model.dim
     sp = tp if settings.sequence_parallel else 1
     residual, w = settings.residual_bytes, settings.matmul_bytes
-    plain = layer_activation_bytes(model, tp, settings) * tokens
+    exchange = context_parallel_layer_bytes(model, tp, layout.cp, settings)
+    plain = (layer_activation_bytes(model, tp, settings) + exchange) * tokens
     kept = checkpointed_layer_bytes(model, tp, settings) * tokens
     inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
@@ -218,7 +222,7 @@ def activation_bytes(
         # Blocks 0..last of the last chunk: last // n + 1 of them checkpointed.
         ahead = last // choice.every_n + 1
         before = stage_kept - chunk_kept(chunks[-1]) + ahead * kept + (last + 1 - ahead) * plain
-        recompute = recomputed_layer_bytes(model, tp, settings) * tokens
+        recompute = (recomputed_layer_bytes(model, tp, settings) + exchange) * tokens
         peak = max(peak, before + recompute)
     return (inflight - 1) * stage_kept + peak
 
@@ -228,15 +232,16 @@ def model_state_bytes(
 ) -> tuple[float, float, float, float]:
     """(params, grads, optimizer, host) bytes of one rank that persist between steps.
 
-    ZeRO accounting of the bytes per parameter, over the shard group N = dp_shard (NO_SHARD,
-    DDP: N = 1, everything replicated). Every sharded mode keeps all three states sharded at
+    ZeRO accounting of the bytes per parameter, over the shard group N = dp_shard x cp
+    (`Layout.shard_size`: context-parallel ranks shard too; NO_SHARD, DDP: N = 1, everything
+    replicated). Every sharded mode keeps all three states sharded at
     rest (HSDP replicates them over dp_replicate); the modes differ in how long the gathered
     parameters and unsharded gradients live within a step, which `buffer_bytes` counts:
     FSDP's SHARD_GRAD_OP reshards after backward, so unlike DeepSpeed's ZeRO-2 it holds no
     replicated parameters between steps. Offload moves the sharded states to host memory.
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
-    n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
+    n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
     device = [nbytes * shape.params / n for nbytes in (p_b, g_b, o_b)]
     if n > 1 and settings.offload:
         return 0.0, 0.0, 0.0, sum(device)
@@ -263,9 +268,9 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
       (FSDP's bf16 parameters make it unnecessary). DDP's buckets are views of the gradients
       (gradient_as_bucket_view=True) and cost nothing;
     - a pipeline stage receives each microbatch's input (a non-first stage) or output gradient
-      (a non-last one) into its own buffer, [mbs, seq_len, dim] each, kept for the step.
+      (a non-last one) into its own buffer, [mbs, seq_len / cp, dim] each, kept for the step.
     """
-    n = layout.dp_shard if settings.sharding in SHARDED_MODES else 1
+    n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
     # Gathered parameters and unsharded gradients are in the compute dtype.
     w = settings.gathered_param_bytes
     if n == 1:
@@ -282,7 +287,7 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
         # Each chunk on this rank receives both ways, but the model's first and last chunks.
         recvs = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
         residual = settings.residual_bytes
-        tokens = microbatches * settings.micro_batch_size * settings.seq_len
+        tokens = microbatches * settings.rank_tokens(layout)
         p2p = recvs * tokens * model.dim / sp * residual
     return gathered + p2p
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from lightning_dist.layout import ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.activation_checkpointing import (
     CheckpointChoice,
@@ -39,11 +40,13 @@ from lightning_dist.planner.settings import (
     with_knobs,
 )
 from lightning_dist.planner.space import (
+    cp_values,
     dp_splits,
     layout_makers,
     powers_dividing,
     powers_of_two,
     pp_values,
+    sharded_splits,
 )
 from lightning_dist.planner.timing import step_time
 
@@ -176,6 +179,8 @@ class _Family:
     mode: str = ""
     per_rank: int = 0
     problem: str | None = None
+    knobs: dict = field(default_factory=dict)
+    """Strategy knobs every variant of the family sets (`cp_mode` when cp > 1)."""
 
 
 @dataclass
@@ -211,29 +216,52 @@ def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
             if problem:
                 families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
                 break
-            dp = world // (tp * pp)
-            # One sequence per data-parallel rank, and 1F1B wants pp microbatches per pipeline.
-            min_batch = min(min_batch, dp * (pp if "GPipe" not in search.schedules else 1))
-            families += _dp_families(search, tp, pp, dp)
+            for cp in cp_values(world // (tp * pp), base.seq_len):
+                dp = world // (tp * pp * cp)
+                # One sequence per data-parallel rank; 1F1B wants pp microbatches per pipeline.
+                min_batch = min(min_batch, dp * (pp if "GPipe" not in search.schedules else 1))
+                for mode in _cp_modes(model, tp, cp):
+                    families += _dp_families(search, tp, pp, dp, cp, mode)
     return families, min_batch
 
 
-def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int) -> list[_Family]:
-    """The families of one (tp, pp): one per dp split and FSDP mode, or a single rejected one
-    when the global batch does not split over dp."""
+def _cp_modes(model, tp: int, cp: int) -> tuple[str | None, ...]:
+    """The `cp_mode`s a family of this cp tries: none at cp = 1, else allgather, and ulysses
+    where it can split the heads of a tp rank."""
+    if cp == 1:
+        return (None,)
+    if ulysses_heads_problem(model.n_heads, model.kv_heads, cp, tp):
+        return ("allgather",)
+    return ("allgather", "ulysses")
+
+
+def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
+                 cp_mode: str | None = None) -> list[_Family]:  # fmt: skip
+    """The families of one (tp, pp, cp, cp_mode): one per dp split and FSDP mode, or a single
+    rejected one when the global batch does not split over dp."""
     gbs = search.base.global_batch_size
+    degrees = f"tp={tp} pp={pp}" + (f" cp={cp} {cp_mode}" if cp > 1 else "")
     if gbs % dp:
         verb = "is smaller than" if gbs < dp else "is not divisible by"
         reason = f"global_batch_size={gbs} {verb} dp={dp}"
-        return [_Family(f"tp={tp} pp={pp} dp={dp}", problem=reason)]
+        return [_Family(f"{degrees} dp={dp}", problem=reason)]
+    shard_start = search.per_node // tp
+    if cp == 1:
+        splits = dp_splits(dp, pp, shard_start, search.sharding_modes)
+    else:  # FSDP shards over dp_shard x cp: no pure replication
+        splits = sharded_splits(
+            dp_splits(dp, pp, shard_start, SHARDING_MODES), search.sharding_modes
+        )
+    knobs = {"cp_mode": cp_mode} if cp > 1 else {}
     return [
         _Family(
-            f"tp={tp} pp={pp} dp_replicate={r} dp_shard={s}" + (f" {mode}" if s > 1 else ""),
-            layout_makers(search.model, pp, r, s, tp, search.schedules),
+            f"{degrees} dp_replicate={r} dp_shard={s}" + (f" {mode}" if s * cp > 1 else ""),
+            layout_makers(search.model, pp, r, s, tp, search.schedules, cp),
             mode,
             gbs // dp,
+            knobs=knobs,
         )
-        for r, s, mode in dp_splits(dp, pp, search.per_node // tp, search.sharding_modes)
+        for r, s, mode in splits
     ]
 
 
@@ -289,7 +317,7 @@ def _sweep_micro_batches(
     """Estimate one variant at each micro-batch size, smallest first, into `tally`; stop at the
     first that does not fit."""
     hardware = search.hardware
-    base = search.base.with_knobs(activation_checkpointing=ac, cpu_offload=offload)
+    base = search.base.with_knobs(activation_checkpointing=ac, cpu_offload=offload, **family.knobs)
     for mbs in search.micro_batch_sizes or powers_dividing(family.per_rank):
         settings = replace(base, micro_batch_size=mbs, sharding=family.mode)
         layout, problem = _build_layout(make_layout, family.per_rank, settings)
@@ -335,6 +363,7 @@ def _complexity(c: Candidate) -> int:
     return (
         (lay.tp > 1)
         + (lay.pp > 1)
+        + (lay.cp > 1)
         + (lay.dp_shard > 1)
         + hybrid
         + st.activation_checkpointing.enabled

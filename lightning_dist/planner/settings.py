@@ -121,7 +121,8 @@ class TrainSettings:
     micro_batch_size: int = 1
     """Sequences per rank per forward pass (a pipeline microbatch under PP)."""
     sharding: str = "FULL_SHARD"
-    """FSDP mode over `dp_shard`: NO_SHARD (DDP), SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD."""
+    """FSDP mode over dp_shard x cp (`Layout.shard_size`): NO_SHARD (DDP), SHARD_GRAD_OP,
+    FULL_SHARD or HYBRID_SHARD."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
     accelerator: str = "gpu"
@@ -223,6 +224,16 @@ class TrainSettings:
         if self.attention not in ("flash", "math"):
             raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
         state_bytes(self.precision, self.optimizer)  # validates the optimizer name
+
+    @property
+    def cp_mode(self) -> str:
+        """Context parallelism's algorithm (`strategy.cp_mode`); read when a layout's cp > 1."""
+        return self.options.cp.cp_mode
+
+    def rank_tokens(self, layout) -> float:
+        """Tokens of one microbatch on one rank: micro_batch_size x seq_len over the layout's
+        cp (a context-parallel rank holds 1/cp of every sequence)."""
+        return self.micro_batch_size * self.seq_len / layout.cp
 
     def microbatches(self, dp: int) -> int:
         """Microbatches one data-parallel rank runs per optimizer step (at least 1)."""

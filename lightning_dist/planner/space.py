@@ -2,8 +2,9 @@
 
 TP takes powers of two inside a node; PP takes the divisors of the remaining ranks that are
 powers of two or divide the layer count (uneven splits are allowed, the busiest stage sets the
-pace); DP is pure replication (DDP), pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a
-power-of-two shard group; interleaved schedules try 2, 4 and 8 chunks per rank.
+pace); CP takes powers of two for long sequences (`cp_values`); DP is pure replication (DDP),
+pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a power-of-two shard group; interleaved
+schedules try 2, 4 and 8 chunks per rank.
 """
 
 from __future__ import annotations
@@ -14,13 +15,21 @@ from lightning_dist.layout import Layout
 from lightning_dist.planner.estimate import pp_problem
 
 INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+CP_MIN_SEQ_LEN = 16384
+"""Sequences shorter than this are not split by context parallelism in a search: below it a
+rank's activations fit with TP, PP and checkpointing alone, and the key/value exchange only
+costs (Llama 3 trained at 8192 tokens without CP and added it for 131072). An explicit
+`strategy.cp` is estimated at any length."""
+CP_MIN_RANK_TOKENS = 4096
+"""The shortest share of a sequence a context-parallel rank is given in a search (cp at most
+seq_len / 4096): smaller shares make the exchange outweigh the attention it splits."""
 
 
-def layout_makers(model, pp, r, s, tp, schedules):
+def layout_makers(model, pp, r, s, tp, schedules, cp=1):
     """Functions from a microbatch count to a Layout, one per schedule (and interleaving
     depth v in 2, 4, 8 for the interleaved schedules, while pp x v <= n_layers)."""
     if pp == 1:
-        return [lambda m: Layout(pp=1, dp_replicate=r, dp_shard=s, tp=tp)]
+        return [lambda m: Layout(pp=1, dp_replicate=r, dp_shard=s, cp=cp, tp=tp)]
     makers = []
     for sched in schedules:
         depths = (2,) if sched == "ZBVZeroBubble" else (2, 4, 8) if sched in INTERLEAVED else (1,)
@@ -31,6 +40,7 @@ def layout_makers(model, pp, r, s, tp, schedules):
                         pp=pp,
                         dp_replicate=r,
                         dp_shard=s,
+                        cp=cp,
                         tp=tp,
                         schedule=sched,
                         microbatches=m,
@@ -54,6 +64,31 @@ def dp_splits(dp, pp, shard_start, modes):
             splits.append((dp // s, s, "HYBRID_SHARD"))
         s *= 2
     return [x for x in splits if x[2] in modes]
+
+
+def cp_values(ranks: int, seq_len: int) -> list[int]:
+    """Context-parallel degrees to try on `ranks` ranks: 1, and for sequences of at least
+    CP_MIN_SEQ_LEN tokens the powers of two dividing `ranks` that cut `seq_len` into 2 x cp
+    equal chunks of which each rank keeps at least CP_MIN_RANK_TOKENS."""
+    if seq_len < CP_MIN_SEQ_LEN:
+        return [1]
+    return [1] + [
+        c
+        for c in powers_dividing(ranks)[1:]
+        if seq_len % (2 * c) == 0 and seq_len // c >= CP_MIN_RANK_TOKENS
+    ]
+
+
+def sharded_splits(splits: list[tuple[int, int, str]], modes) -> list[tuple[int, int, str]]:
+    """`dp_splits` for cp > 1, where FSDP always shards (over dp_shard x cp): pure replication
+    becomes HSDP over the cp ranks (or FULL_SHARD with no data parallelism), in `modes`."""
+    out = []
+    for r, s, mode in splits:
+        if mode == "NO_SHARD":
+            mode = "HYBRID_SHARD" if r > 1 else "FULL_SHARD"
+        if mode in modes and (r, s, mode) not in out:
+            out.append((r, s, mode))
+    return out
 
 
 def pp_values(ranks: int, n_layers: int) -> list[int]:

@@ -1,10 +1,10 @@
 """Time per step: compute, communication over the links each mesh dimension crosses, overlap
 and the pipeline bubble.
 
-The mesh is laid out in `MESH_DIMS` order (pp, dp_replicate, dp_shard, cp, tp), outermost first
-(cp is always 1 here: the planner does not model context parallelism yet, `estimate.cp_problem`),
-so the ranks of a tp group are consecutive, a dp_shard group strides by tp, and so on; whether a
-group stays inside a node follows from that stride and the devices per node.
+The mesh is laid out in `MESH_DIMS` order (pp, dp_replicate, dp_shard, cp, tp), outermost first,
+so the ranks of a tp group are consecutive, a cp group strides by tp, FSDP's shard group
+(dp_shard x cp, flattened) by tp too, and so on; whether a group stays inside a node follows
+from that stride and the devices per node.
 """
 
 from __future__ import annotations
@@ -125,6 +125,8 @@ class StepTime:
     mfu: float | None
     comm_compute_ratio: float
     bubble_fraction: float
+    cp_comm_seconds: float = 0.0
+    """Context parallelism's key/value exchange (`cp_exchange`), exposed."""
 
 
 def _stage_flops_per_token(
@@ -156,7 +158,7 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
     return microbatch_compute(
         model, hardware, tp=layout.tp, layers=shape.layers, has_output=shape.has_output,
         checkpointed=checkpointed_blocks(layout, settings, shape), mode=mode,
-        tokens=settings.micro_batch_size * settings.seq_len, seq_len=settings.seq_len,
+        tokens=settings.rank_tokens(layout), seq_len=settings.seq_len,
         peak=peak, compiled=settings.compile and settings.compile_backend == "inductor",
         sequence_parallel=settings.sequence_parallel and layout.tp > 1,
         attention=settings.attention,
@@ -164,7 +166,8 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
         # float8 on a GPU spec with datasheet figures but no float8 peak: an A100)
         float8_peak=hardware.peak_tflops_fp8 * 1e12
         if settings.float8 and hardware.peak_tflops_fp8 else None,
-        float8_weight_share=1 / layout.dp_shard if settings.float8_all_gather else 1.0,
+        float8_weight_share=1 / layout.shard_size if settings.float8_all_gather else 1.0,
+        masked=layout.cp > 1 and settings.cp_mode == "allgather",
     )  # fmt: skip
 
 
@@ -195,7 +198,8 @@ def step_time(
 ) -> StepTime:
     """Time one step of `layout` (resolved) on `hardware`.
 
-    - compute, for each of the m = (global_batch / dp) / micro_batch microbatches: on a device
+    - compute, for each of the m = (global_batch / dp) / micro_batch microbatches (of
+      micro_batch x seq_len / cp tokens on a rank: `TrainSettings.rank_tokens`): on a device
       whose spec has `memory_gbytes_per_sec` and `matmul_efficiency` (and without an explicit
       `efficiency`), the busiest stage's matmuls by shape, attention and pointwise traffic
       (planner/compute.py); otherwise its FLOPs per token (recomputation included: a third more
@@ -208,12 +212,14 @@ def step_time(
       recomputed forward communicates again, 5 under SP; one for the embedding and one for the
       output projection), over the tp group's link, exposed;
     - PP: one activation forward and one gradient backward per microbatch and chunk, exposed;
+    - CP: the key/value exchange of every block (`cp_exchange`) over the cp group, exposed
+      (the attention step waits for it);
     - DP: see `dp_phases`; it hides under compute as `exposed_seconds` describes;
     - offload: host copies of the shards and a CPU optimizer step, exposed;
     - ring latency: (n-1) steps per ring all-gather/reduce-scatter, 2 log2 n per all-reduce.
     """
     tp, pp = layout.tp, layout.pp
-    b, s = settings.micro_batch_size, settings.seq_len
+    s = settings.seq_len
     m = settings.microbatches(layout.dp)
     eff = (
         efficiency if efficiency is not None else DEFAULT_EFFICIENCY.get(hardware.accelerator, 0.5)
@@ -240,7 +246,7 @@ def step_time(
             (_stage_flops_per_token(model, layout, settings, sh) for sh in shapes), key=sum
         )
         speed = (peak or NOMINAL_PEAK_FLOPS) * eff * compile_speedup
-        t_mb = (train + recompute) * b * s / tp / speed
+        t_mb = (train + recompute) * settings.rank_tokens(layout) / tp / speed
         # Forward is a third of the training FLOPs, less once backward recomputes some of it.
         fwd = t_mb * train / 3 / (train + recompute)
     compute = m * t_mb
@@ -248,7 +254,7 @@ def step_time(
     pipeline = compute / (1 - bubble)
     link = _links(hardware, layout)
     w = settings.matmul_bytes
-    act_bytes = b * s * model.dim * w  # one microbatch's hidden states
+    act_bytes = settings.rank_tokens(layout) * model.dim * w  # one microbatch's hidden states
 
     tp_comm = 0.0
     if tp > 1:
@@ -260,15 +266,20 @@ def step_time(
         bw, lat = link(layout.dp * tp, pp)
         sp = tp if settings.sequence_parallel else 1
         pp_comm = m * layout.virtual_stages * 2 * (act_bytes / sp / bw + lat)
+    cp_comm = 0.0
+    if layout.cp > 1:
+        bw, lat = link(tp, layout.cp)
+        volume, steps = max(cp_exchange(model, layout, settings, sh) for sh in shapes)
+        cp_comm = m * (volume / bw + steps * lat)
     phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
     dp_comm = sum(comm for comm, _ in phases)
-    exposed = tp_comm + pp_comm + exposed_seconds(phases, overlap, slowdown)
+    exposed = tp_comm + pp_comm + cp_comm + exposed_seconds(phases, overlap, slowdown)
     step = pipeline + exposed + offload
     tokens_per_sec = settings.global_batch_size * s / step
     mfu = None
     if peak:
         mfu = model.train_flops_per_token(s) * tokens_per_sec / (layout.world_size * peak)
-    ratio = (tp_comm + pp_comm + dp_comm) / compute
+    ratio = (tp_comm + pp_comm + cp_comm + dp_comm) / compute
     return StepTime(
         compute,
         pipeline,
@@ -282,6 +293,7 @@ def step_time(
         mfu,
         ratio,
         bubble,
+        cp_comm,
     )
 
 
@@ -303,7 +315,8 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
 
     DDP all-reduces the gradients once per step, under the last microbatch's backward. FSDP
     FULL_SHARD all-gathers in forward, all-gathers again and reduce-scatters in backward, for
-    every microbatch (FSDP does not skip gradient sync while accumulating), all but the last
+    every microbatch (FSDP does not skip gradient sync while accumulating) over its shard
+    group, dp_shard x cp (context-parallel ranks shard and reduce too), all but the last
     block (`parallel.fsdp.apply_fsdp` keeps it gathered); SHARD_GRAD_OP keeps the forward gather
     for backward. Under PP the stage stays gathered for the whole step: one
     all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
@@ -313,8 +326,8 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
     psi = shape.params
     units = max(sh.layers + len(sh.roots) for sh in shapes)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
-    tp, dp, n, r = layout.tp, layout.dp, layout.dp_shard, layout.dp_replicate
-    if dp == 1:
+    tp, dp, n, r = layout.tp, layout.dp, layout.shard_size, layout.dp_replicate
+    if dp * layout.cp == 1:
         return [], 0.0
     volume = dp_volumes(layout, settings, shape)
     if settings.sharding not in SHARDED_MODES or n == 1:
@@ -339,6 +352,40 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
             copied / (HOST_LINK_GBYTES_PER_SEC * 1e9) + psi / n / HOST_OPTIMIZER_PARAMS_PER_SEC
         )
     return phases, offload
+
+
+def cp_exchange(model, layout: Layout, settings: TrainSettings,
+                shape: StageShape) -> tuple[float, int]:  # fmt: skip
+    """(ring bytes, ring steps) one rank of the stage `shape` moves over its cp group in one
+    microbatch, by the ops of `parallel/context_parallel.py`, with w, kv = n_kv_heads x
+    head_dim per tp rank and b x s / cp tokens on a rank:
+
+    - allgather: each block all-gathers its keys and values in forward (2 x b x s x kv x w
+      gathered: (cp - 1) / cp of it received, cp - 1 ring steps) and all-reduces their
+      gradients in backward (twice that, 2 log2 cp steps; gloo has no reduce-scatter, so the
+      code all-reduces on every backend);
+    - ulysses: four all-to-alls a block in forward (queries, keys, values, the output) and four
+      in backward, each moving (cp - 1) / cp of this rank's tensor: b x s / cp tokens of d / tp
+      (queries, output) or of max(kv_heads / tp, cp) heads (keys and values, repeated up to cp);
+    - a checkpointed block's forward exchange runs again in its backward (full or op: the
+      op policy keeps no all-gather or all-to-all output).
+    """
+    cp, tp, w = layout.cp, layout.tp, settings.matmul_bytes
+    b, s, d = settings.micro_batch_size, settings.seq_len, model.dim
+    hd = d // model.n_heads
+    kv_heads = (model.n_kv_heads or model.n_heads) // tp
+    replayed = checkpointed_blocks(layout, settings, shape)
+    if settings.cp_mode == "ulysses":
+        local = b * s / cp * w * (2 * d / tp + 2 * max(kv_heads, cp) * hd)
+        forward = (cp - 1) / cp * local
+        volume = shape.layers * 2 * forward + replayed * forward
+        return volume, (shape.layers * 8 + replayed * 4) * (cp - 1)
+    gathered = 2 * b * s * kv_heads * hd * w
+    forward = allgather_volume(gathered, cp)
+    backward = allreduce_volume(gathered, cp)
+    volume = shape.layers * (forward + backward) + replayed * forward
+    steps = shape.layers * (cp - 1 + 2 * math.ceil(math.log2(cp))) + replayed * (cp - 1)
+    return volume, steps
 
 
 def tp_calls(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
@@ -380,7 +427,7 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DP
     """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`."""
     m = settings.microbatches(layout.dp)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
-    n, r, psi = layout.dp_shard, layout.dp_replicate, shape.params
+    n, r, psi = layout.shard_size, layout.dp_replicate, shape.params
     if settings.sharding not in SHARDED_MODES or n == 1:
         return DPVolumes(0.0, 0.0, 0.0, 0.0, allreduce_volume(g_b * psi, layout.dp), 1)
     full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
@@ -406,7 +453,7 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
     the rank sends: each microbatch's activations forward and gradients backward, for each of
     its chunks but the model's first and last ends."""
     m = settings.microbatches(layout.dp)
-    act_bytes = settings.micro_batch_size * settings.seq_len * model.dim * settings.matmul_bytes
+    act_bytes = settings.rank_tokens(layout) * model.dim * settings.matmul_bytes
     out: dict[str, float] = {}
     if layout.tp > 1:
         out["tp"] = m * tp_calls(layout, settings, shape) * allreduce_volume(act_bytes, layout.tp)
@@ -414,12 +461,15 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
         sp = layout.tp if settings.sequence_parallel else 1
         sends = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
         out["pp"] = m * sends * act_bytes / sp
-    if layout.dp > 1:
+    if layout.cp > 1:
+        out["cp"] = m * cp_exchange(model, layout, settings, shape)[0]
+    if layout.dp * layout.cp > 1:
         v = dp_volumes(layout, settings, shape)
         if v.all_reduce:
             out["dp"] = v.all_reduce
         else:
-            out["dp_shard"] = v.rounds * (v.gather + v.regather + v.reduce_scatter)
+            shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
+            out[shard_dim] = v.rounds * (v.gather + v.regather + v.reduce_scatter)
             if v.replicate_all_reduce:
                 out["dp_replicate"] = v.rounds * v.replicate_all_reduce
     return out

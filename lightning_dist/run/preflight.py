@@ -59,12 +59,6 @@ def check_fits(plan: Any) -> None:
     `run.plan.RunPlan`) does not fit."""
     if plan.hardware.memory_gib is None:
         return  # CPU ranks share host memory: nothing to check against
-    if plan.layout.cp > 1:
-        from lightning_dist.planner.estimate import cp_problem
-        from lightning_dist.run.checks import warn_once
-
-        warn_once(f"plan.check: {cp_problem(plan.layout)}; the run starts unchecked")
-        return
     args = plan.batch, plan.model, plan.hardware
     candidate = estimate_run(*args, plan.strategy, plan.layout, plan.precision)
     if not candidate.fits:

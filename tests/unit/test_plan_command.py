@@ -96,6 +96,8 @@ def test_command_prints_one_runnable_line(capsys):
          "data.global_batch_size=64", "data.seq_len=4096"],
         ["model=tiny", "hardware=dgx_h100"],  # strategy=ddp rows (tp, pp: llama3_1b above)
         ["model=tiny", "hardware=cpu", "hardware.devices=1"],  # strategy=single
+        ["model=llama3_8b", "hardware=dgx_h100", "hardware.num_nodes=4",
+         "data.seq_len=131072", "data.global_batch_size=32"],  # cp > 1 (strategy.cp, cp_mode)
     ],
 )  # fmt: skip
 def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):

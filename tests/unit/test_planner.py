@@ -628,16 +628,3 @@ def test_float8_times_the_projections_at_the_float8_peak_and_gathers_them_in_one
     )
     with pytest.raises(ValueError, match="dgx_a100 has no float8 matmuls"):
         run(hardware("dgx_a100"), float8="tensorwise")
-
-
-def test_context_parallel_layouts_get_no_prediction_rather_than_a_wrong_one():
-    """cp > 1 is not modelled yet (split sequences, the key/value exchange): estimate refuses it
-    in one line instead of predicting as if every rank held whole sequences."""
-    llama, h100 = model("llama3_8b"), hardware("dgx_h100")
-    estimate(llama, h100, Layout(tp=4, dp_shard=2), global_batch_size=8, seq_len=1024)
-    with pytest.raises(ValueError) as error:
-        estimate(llama, h100, Layout(tp=4, cp=2), global_batch_size=8, seq_len=1024)
-    assert str(error.value) == (
-        "the planner does not model context parallelism yet (cp=2): no memory or time "
-        "prediction for this layout; plan it with cp=1"
-    )
