@@ -210,19 +210,6 @@ def pipeline_action_types() -> Any:
     return _ComputationType
 
 
-def pipeline_replicated_input() -> Any:
-    """An instance of `torch.distributed.pipelining.microbatch._Replicate`: the chunk spec of a
-    schedule input that every microbatch receives whole.
-
-    Why: under context parallelism each stage is called with this rank's token positions,
-    the same for every microbatch; torch's default spec would cut the tensor along dim 0, and
-    `TensorChunkSpec` (the only public spec) always cuts. No public replicate spec (2.13).
-    """
-    from torch.distributed.pipelining.microbatch import _Replicate
-
-    return _Replicate()
-
-
 def replace_hydra_child_command(child_command: Any) -> None:
     """Replace Lightning's `_hydra_subprocess_cmd` in both launcher modules.
 
@@ -554,11 +541,6 @@ _ENTRIES = (
     _entry("torch.distributed.pipelining._schedule_visualizer.get_schedule_ops",
            "torch.distributed.pipelining._schedule_visualizer", "import", "bench.schedules",
            "a schedule's action table without a process group", TORCH, via="schedule_ops_api"),
-    _entry("torch.distributed.pipelining.microbatch._Replicate",
-           "torch.distributed.pipelining.microbatch", "import", "lightning_dist.parallel.pipeline",
-           "the positions every microbatch of a context-parallel pipeline receives whole; no "
-           "public replicate chunk spec", "torch 2.13.0 (2.11 not checked)",
-           via="pipeline_replicated_input"),
     _entry("torch.distributed.pipelining.schedules._ComputationType",
            "torch.distributed.pipelining.schedules", "import", "lightning_dist.parallel.pipeline",
            "the action kinds of pipeline_order_with_comms; no public enum", TORCH,

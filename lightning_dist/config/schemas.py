@@ -53,7 +53,19 @@ class HFModelSchema:
 
 
 @dataclass(kw_only=True)
-class TextDataSchema:
+class DocumentPackingSchema:
+    """The knob every data config has (conf/data/*)."""
+
+    pack_documents: bool = False
+    """Several documents per window, with rotary positions restarting at every document and
+    attention that never crosses one; the loss is one device's under every layout. data=text:
+    each file is a document, ended by the tokenizer's end-of-text token; data=synthetic:
+    random lengths of 1 to seq_len / 2 + 1 ids, each ended by id vocab_size - 1. Needs a model
+    that takes a document mask (ours; not Hugging Face models)."""
+
+
+@dataclass(kw_only=True)
+class TextDataSchema(DocumentPackingSchema):
     _target_: str = "lightning_dist.lm.data.TextDataModule"
     paths: list[str] | None = None
     """Files, directories or globs; null means the .py sources of Python's standard library."""
@@ -79,7 +91,7 @@ class TextDataSchema:
 
 
 @dataclass(kw_only=True)
-class SyntheticDataSchema:
+class SyntheticDataSchema(DocumentPackingSchema):
     _target_: str = "lightning_dist.lm.data.SyntheticDataModule"
     seq_len: int = 128
     global_batch_size: int = 8

@@ -165,6 +165,8 @@ class TextDataModule(LMDataModule):
 
     `paths` are files, directories or globs (see `resolve_files`; None means the standard
     library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
+    `pack_documents`: windows carry each token's document (a file; the tokenizer's end-of-text
+    id ends each) and attention stays inside documents (`datasets.packed_window`).
     `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
     Files are resolved here, so a bad glob fails before training; the cache is built in
     `prepare_data()` (once per node) and opened in `setup()` (on every rank).
@@ -186,6 +188,7 @@ class TextDataModule(LMDataModule):
         num_workers: int = 0,
         seed: int = 0,
         vocab_size: int | None = None,
+        pack_documents: bool = False,
     ):
         super().__init__(
             seq_len=seq_len,
@@ -198,6 +201,13 @@ class TextDataModule(LMDataModule):
         )
         self.tokenizer = load_tokenizer(tokenizer)
         self.tokenizer_vocab_size = self.tokenizer.vocab_size
+        if pack_documents and self.tokenizer.eos_id is None:
+            raise ValueError(
+                f"data.pack_documents=true needs an end-of-text token between documents, and "
+                f"tokenizer {describe(self.tokenizer)} has none; use a tokenizer with one (or "
+                "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
+            )
+        self.separator = self.tokenizer.eos_id if pack_documents else None
         if vocab_size is not None and self.tokenizer_vocab_size > vocab_size:
             raise ValueError(
                 f"tokenizer vocabulary {self.tokenizer_vocab_size} ({describe(self.tokenizer)}) "
@@ -268,12 +278,16 @@ class TextDataModule(LMDataModule):
         if self.cache is None:
             # Used without a Trainer, or the cache folder is not shared with local rank 0.
             self.prepare_data()
-        self.train_set = TokenWindows(self.cache.tokens("train"), self.seq_len, split="train")
-        self.val_set = TokenWindows(self.cache.tokens("val"), self.seq_len, split="val")
+        self.train_set, self.val_set = (
+            TokenWindows(self.cache.tokens(s), self.seq_len, split=s, separator=self.separator)
+            for s in ("train", "val")
+        )
 
 
 class SyntheticDataModule(LMDataModule):
-    """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks."""
+    """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks.
+    `pack_documents`: windows of several documents, each ended by id `vocab_size - 1`
+    (`datasets.SyntheticTokens`)."""
 
     def __init__(
         self,
@@ -288,6 +302,7 @@ class SyntheticDataModule(LMDataModule):
         val_batches: int = 4,
         seed: int = 0,
         num_workers: int = 0,
+        pack_documents: bool = False,
     ):
         super().__init__(
             seq_len=seq_len,
@@ -302,8 +317,12 @@ class SyntheticDataModule(LMDataModule):
         self.num_samples = num_samples
         self.val_samples = val_samples
         # Build the datasets now: they are cheap and their arguments get checked before training.
-        self.train_set = SyntheticTokens(num_samples, seq_len, vocab_size, seed)
-        self.val_set = SyntheticTokens(val_samples, seq_len, vocab_size, seed, offset=num_samples)
+        self.train_set = SyntheticTokens(
+            num_samples, seq_len, vocab_size, seed, documents=pack_documents
+        )
+        self.val_set = SyntheticTokens(
+            val_samples, seq_len, vocab_size, seed, offset=num_samples, documents=pack_documents
+        )
 
     def setup(self, stage: str | None = None) -> None:
         """Nothing to do: the datasets are built in __init__."""

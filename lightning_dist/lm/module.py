@@ -21,6 +21,7 @@ from lightning_dist._compat import attached_trainer
 from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.contract import contract_of
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.models.documents import document_positions
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.context_parallel import context_parallel_of
 
@@ -113,22 +114,31 @@ class CausalLM(L.LightningModule):
         # With loss parallelism the logits, and so the loss, are DTensors; hand on a plain one.
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
-    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        extra = ()
+    def _loss(self, batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        # A batch of packed documents (`data.pack_documents`) is a dict of the windows'
+        # "tokens" and their "documents" (ids); otherwise the token windows themselves.
+        tokens = batch["tokens"] if isinstance(batch, dict) else batch
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        extra = {}
+        if isinstance(batch, dict):  # rotary positions restart at every document
+            documents = batch["documents"][:, :-1]
+            extra = {"positions": document_positions(documents), "documents": documents}
         if self._context is not None:
             # Context parallelism: this rank's chunks of every sequence, inputs and targets
-            # alike, at their true positions. Every rank has as many tokens, so the mean over
-            # ranks of their mean losses is one device's loss, and FSDP's average of the
-            # gradients over dp_shard x cp is one device's gradient.
-            positions = self._context.positions(inputs.size(1), inputs.device)
-            inputs, targets = inputs.index_select(1, positions), targets.index_select(1, positions)
-            extra = (positions,)
+            # alike, at their true positions (and documents). Every rank has as many tokens,
+            # so the mean over ranks of their mean losses is one device's loss, and FSDP's
+            # average of the gradients over dp_shard x cp is one device's gradient.
+            chunks = self._context.positions(inputs.size(1), inputs.device)
+            inputs, targets = inputs.index_select(1, chunks), targets.index_select(1, chunks)
+            if extra:
+                extra = {key: value.index_select(1, chunks) for key, value in extra.items()}
+            else:
+                extra = {"positions": chunks}
         if getattr(self.model, "computes_loss", False):
             # A pipeline: the stages run forward (and backward, in training) over microbatches
             # and return the batch's mean loss on every rank; no rank has the whole logits.
-            return self.model(inputs, targets, self.loss_fn, *extra), None, targets
-        logits = self.model(inputs, *extra)
+            return self.model(inputs, targets, self.loss_fn, **extra), None, targets
+        logits = self.model(inputs, **extra)
         # With a chunked loss these are hidden states, not logits: no perplexity from them.
         return self.loss_fn(logits, targets), None if self._heads else logits, targets
 

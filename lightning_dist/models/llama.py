@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # The shape, not `ModelArgs` (args.py), which builds this module's Transformer: no import circle.
+from lightning_dist.models.documents import document_causal_mask
 from lightning_dist.models.shape import LlamaShape
 
 
@@ -45,11 +46,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate consecutive pairs (x[2i], x[2i+1]) of x [b, s, heads, head_dim] by position.
 
     This is the interleaved-pair convention of Meta's Llama reference code; `cos`/`sin` are
-    [s, head_dim // 2]. The rotation runs in float32 and the result is cast back to x's dtype.
+    [s, head_dim // 2], or [b, s, head_dim // 2] when each sequence has its own positions
+    (packed documents). The rotation runs in float32 and the result is cast back to x's dtype.
     """
     pairs = x.float().unflatten(-1, (-1, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = (t.unsqueeze(-2) if t.dim() == 3 else t[None, :, None, :] for t in (cos, sin))
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -120,11 +122,14 @@ def _kernel_groups_heads(q: torch.Tensor) -> bool:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with rotary positions.
+    """Causal grouped-query self-attention with rotary positions; given `documents` (the
+    document id of each token, [b, s]: packed documents), a token attends only to its own
+    document (`models/documents.py`).
 
     `attend`, None here, is where a parallel wrapper puts its own attention step (context
     parallelism, `parallel/context_parallel.py`): called as `attend(q, k, v)` on
-    [b, heads, s, head_dim] tensors after the rotary step, it returns the attention output."""
+    [b, heads, s, head_dim] tensors after the rotary step (with `documents=` when given), it
+    returns the attention output."""
 
     attend = None
 
@@ -137,17 +142,20 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, kv_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
+    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                documents: torch.Tensor | None = None):  # fmt: skip
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q = apply_rope(q, rope_cos[:seqlen], rope_sin[:seqlen])
-        k = apply_rope(k, rope_cos[:seqlen], rope_sin[:seqlen])
+        cos, sin = rope_cos[..., :seqlen, :], rope_sin[..., :seqlen, :]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, head_dim]
         if self.attend is not None:
-            return self.wo(self.attend(q, k, v).transpose(1, 2).reshape(bsz, seqlen, -1))
+            by_document = {} if documents is None else {"documents": documents}
+            out = self.attend(q, k, v, **by_document)
+            return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
         # Query head i reads kv head i // repeats: the grouping of the Llama reference and
         # Hugging Face, which also holds per tensor-parallel shard of contiguous heads.
         grouped = q.shape[1] != k.shape[1]
@@ -156,7 +164,13 @@ class Attention(nn.Module):
             k = k.repeat_interleave(repeats, dim=1)
             v = v.repeat_interleave(repeats, dim=1)
             grouped = False
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        mask = None
+        if documents is not None:
+            causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).tril()
+            mask = document_causal_mask(documents, documents, causal)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=grouped
+        )
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
 
@@ -202,8 +216,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.hidden_dim)
 
-    def forward(self, h: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
-        h = h + self.attention(self.attention_norm(h), rope_cos, rope_sin)
+    def forward(self, h: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                documents: torch.Tensor | None = None):  # fmt: skip
+        h = h + self.attention(self.attention_norm(h), rope_cos, rope_sin, documents)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, std: float, out_std: float) -> None:
@@ -252,6 +267,8 @@ class Transformer(nn.Module):
     pipeline_last = ("norm", "output")
     output_head = "output"
     """The output projection, which a chunked loss may apply itself (`lm.chunked_loss`)."""
+    takes_documents = True
+    """`forward` takes `documents` and keeps attention inside each (`data.pack_documents`)."""
 
     def __init__(self, args: LlamaShape):
         super().__init__()
@@ -276,20 +293,22 @@ class Transformer(nn.Module):
             self.to_empty(device=device)
             self.init_weights()
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Token ids [b, s] to logits [b, s, vocab].
 
         On a pipeline stage without `tok_embeddings` the input is hidden states [b, s, dim];
         on one without `norm`/`output` the hidden states are returned as they are. `positions`
-        [s] are the tokens' places in their sequence when they are not 0 .. s-1 (a context-
-        parallel rank's chunks).
+        ([s], or [b, s] per sequence) are the tokens' rotary positions when they are not
+        0 .. s-1 (a context-parallel rank's chunks, places in packed documents). `documents`
+        [b, s], each token's document id, keeps attention inside each document.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_cos, self.rope_sin
         if positions is not None:
-            cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
+            cos, sin = cos[positions], sin[positions]
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, documents)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -12,6 +12,10 @@ tail), so that under a causal mask every rank has the same attention work. Two a
   back. Needs the query heads divisible by cp; key/value heads are repeated up to cp when
   there are fewer than cp, and must otherwise divide by cp.
 
+With packed documents each also takes the document id of each of this rank's tokens and
+gathers the whole sequence's (a few integers per token, once per attention call), so a query
+attends only to keys of its own document (`models/documents.py`).
+
 Both run SDPA (`torch.nn.functional.scaled_dot_product_attention`), so the same code runs on
 CPUs and on GPUs' fused kernels (an explicit mask for the all-gather, which rules out the flash
 kernel there; never measured). torch's own `context_parallel` does not run on CPU (torch 2.13:
@@ -23,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from lightning_dist.models.documents import document_causal_mask
 
 
 def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
@@ -72,13 +78,24 @@ def _positions(local_len: int, group) -> tuple[torch.Tensor, torch.Tensor]:
     return every[rank * local_len : (rank + 1) * local_len], every
 
 
-def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        group=None) -> torch.Tensor:  # fmt: skip
+def _gather_documents(documents: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's document ids [B, S_local] of the group, in rank order: [B, cp x S_local]."""
+    documents = documents.contiguous()
+    parts = [torch.empty_like(documents) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, documents, group=group)
+    return torch.cat(parts, dim=1)
+
+
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
+                        documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention of this rank's queries ([B, Hq, S_local, D], the tokens of its
-    `chunk_positions`) over the whole sequence's keys and values, gathered from the group."""
+    `chunk_positions`) over the whole sequence's keys and values, gathered from the group;
+    with `documents` (this rank's tokens' document ids, [B, S_local]) only within each."""
     keys, values = _GatherSequence.apply(k, group), _GatherSequence.apply(v, group)
     positions, key_positions = (p.to(q.device) for p in _positions(q.size(2), group))
     mask = key_positions[None, :] <= positions[:, None]
+    if documents is not None:
+        mask = document_causal_mask(documents, _gather_documents(documents, group), mask)
     return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1)
     )
@@ -132,8 +149,8 @@ def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> 
         )
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      group=None) -> torch.Tensor:  # fmt: skip
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
+                      documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention by head shards: the same result as `allgather_attention`."""
     cp = dist.get_world_size(group)
     check_ulysses_heads(q.size(1), k.size(1), cp)
@@ -142,7 +159,14 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         v = v.repeat_interleave(cp // v.size(1), dim=1)
     order = torch.argsort(_positions(q.size(2), group)[1]).to(q.device)  # rank -> true order
     q, k, v = (_seq_to_heads(t, cp, group).index_select(2, order) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.size(1) != k.size(1))
+    mask = None
+    if documents is not None:  # the whole sequence's, in true order
+        documents = _gather_documents(documents, group).index_select(1, order)
+        causal = torch.ones(q.size(2), q.size(2), dtype=torch.bool, device=q.device).tril()
+        mask = document_causal_mask(documents, documents, causal)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.size(1) != k.size(1)
+    )
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
 
 
@@ -158,9 +182,10 @@ class ContextParallelAttention:
         self.calls = 0
         """Attention calls this rank ran through it (summary.json shows that CP ran)."""
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         self.calls += 1
-        return self.attend(q, k, v, self.group)
+        return self.attend(q, k, v, self.group, documents)
 
     def positions(self, seq_len: int, device=None) -> torch.Tensor:
         """This rank's token positions in a sequence of `seq_len` (`chunk_positions`)."""

@@ -181,12 +181,10 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     """The torch schedule of `layout.schedule` over this rank's `PipelineStage`s.
 
     Gradients are not rescaled by the schedule (`scale_grads=False`): `loss_fn` divides each
-    microbatch's loss itself, which also stays right under gradient accumulation. Under
-    context parallelism every stage also takes `positions`, whole in every microbatch.
+    microbatch's loss itself, which also stays right under gradient accumulation. Keyword
+    inputs of the stages (`positions`, `documents`) are cut along the batch like the tokens.
     """
     from torch.distributed.pipelining import schedules
-
-    from lightning_dist._compat import pipeline_replicated_input
 
     cls = schedules.get_schedule_class(layout.schedule)
     single = issubclass(cls, schedules.PipelineScheduleSingle)
@@ -194,7 +192,6 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
         stages[0] if single else stages,
         n_microbatches=layout.num_microbatches,
         loss_fn=loss_fn,
-        kwargs_chunk_spec={"positions": pipeline_replicated_input()} if layout.cp > 1 else None,
         scale_grads=False,
     )
 
@@ -239,19 +236,23 @@ class PipelinedModel(nn.Module):
 
     def forward(
         self, inputs: torch.Tensor, target: torch.Tensor, loss_fn: Callable,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Run the batch `inputs` through the pipeline; `loss_fn(output, target)` gives the mean
         loss of one microbatch on the last stage. Returns the batch's mean loss (no grad).
-        `positions` (context parallelism: the tokens' places in their sequences) go to every
-        stage."""
+        `positions` (the tokens' rotary positions: [s] or [b, s]) and `documents` (packed
+        documents' ids, [b, s]) go to every stage, each microbatch its rows."""
         import torch.distributed as dist
 
         self._loss_fn = loss_fn
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.is_first else ()
         target = target if self.is_last else None
-        extra = {} if positions is None else {"positions": positions}
+        extra = {}
+        if positions is not None:  # one row per sequence, so the schedule cuts it by rows
+            extra["positions"] = positions.expand(inputs.size(0), -1).contiguous()
+        if documents is not None:
+            extra["documents"] = documents
         if torch.is_grad_enabled():
             # The marker lets the telemetry measure the bubble of the schedule alone.
             with torch.profiler.record_function(SCHEDULE_MARKER):

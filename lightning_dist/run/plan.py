@@ -87,6 +87,8 @@ def make_plan(spec: RunSpec) -> RunPlan:
     num_nodes = 1 if contract.single_process else hardware.num_nodes
     if hardware.accelerator == "cpu" and not (spec.plan.only or spec.plan.dry_run):
         check_cpu_capacity(devices, spec.model.num_params())
+    if spec.data.get("pack_documents"):
+        check_packed_documents(spec.model)
     check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
                    precision=precision)  # fmt: skip
     if not contract.single_process and spec.strategy_name != "auto":  # auto plans each round
@@ -173,6 +175,21 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
         micro_batch_size=batch.micro_batch_size,
     )  # fmt: skip
     contract_of(strategy).layout_for(devices, num_nodes).check_sequence(batch.seq_len)
+
+
+def check_packed_documents(model: Any) -> None:
+    """ValueError in one line unless the model (built on the meta device) keeps attention
+    inside each packed document: its `forward` takes `documents` (`takes_documents`)."""
+    import torch
+
+    with torch.device("meta"):
+        built = model.build()
+    if not getattr(built, "takes_documents", False):
+        raise ValueError(
+            f"data.pack_documents=true needs a model that keeps attention inside each document "
+            f"(forward(tokens, positions, documents), as lightning_dist's Transformer); "
+            f"{type(built).__name__} takes no document mask: use data.pack_documents=false"
+        )
 
 
 def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,
