@@ -37,6 +37,11 @@ REFERENCES: dict[str, list[str]] = {
     "llama_debug_val5_clip_eps": [*LLAMA, "trainer.val_check_interval=5",
                                   "trainer.gradient_clip_val=0.05", "optim.eps=1e-3",
                                   "optim.warmup_steps=1", "optim.lr=3e-2", *SINGLE],
+    # tests/dist/test_context_parallel_train_dist.py: the same with packed documents.
+    "llama_debug_val5_clip_eps_packed": [*LLAMA, "trainer.val_check_interval=5",
+                                         "trainer.gradient_clip_val=0.05", "optim.eps=1e-3",
+                                         "optim.warmup_steps=1", "optim.lr=3e-2",
+                                         "data.pack_documents=true", *SINGLE],
     "llama_debug_val5_eps_unclipped": [*LLAMA, "trainer.val_check_interval=5", "optim.eps=1e-3",
                                        "optim.warmup_steps=1", "optim.lr=3e-2",
                                        "trainer.gradient_clip_val=null", *SINGLE],
