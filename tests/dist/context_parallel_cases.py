@@ -4,15 +4,18 @@ against one device's attention, forward and backward."""
 from __future__ import annotations
 
 
-def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype: str) -> float:
+def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype: str,
+                                 packed: bool = False) -> float:  # fmt: skip
     """The largest difference, relative to the largest value, between this rank's output and
     query/key/value gradients under `mode` and the same slices of one device's causal
-    attention over the whole sequence (every rank computes that reference itself)."""
+    attention over the whole sequence (every rank computes that reference itself); `packed`:
+    both under the mask of random documents of 1 to 8 tokens."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from world import init_group
 
+    from lightning_dist.models.documents import document_causal_mask
     from lightning_dist.parallel.context_parallel import (
         allgather_attention,
         chunk_positions,
@@ -30,13 +33,22 @@ def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype
 
     q, k, v, grad_out = draw(n_heads), draw(n_kv_heads), draw(n_kv_heads), draw(n_heads)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=n_heads != n_kv_heads)
+    documents, mask = None, None
+    if packed:  # a document starts where a draw of 1 in 4 says so
+        starts = torch.rand(batch, seq, generator=generator) < 0.25
+        documents = starts.long().cumsum(1)
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        mask = document_causal_mask(documents, documents, causal)
+    out = F.scaled_dot_product_attention(
+        *full, attn_mask=mask, is_causal=mask is None, enable_gqa=n_heads != n_kv_heads
+    )
     (out * grad_out).sum().backward()
 
     positions = chunk_positions(seq, cp, rank)
     mine = [t.index_select(2, positions).clone().requires_grad_() for t in (q, k, v)]
     attend = allgather_attention if mode == "allgather" else ulysses_attention
-    local = attend(*mine)
+    by_document = {} if documents is None else {"documents": documents[:, positions]}
+    local = attend(*mine, **by_document)
     (local * grad_out.index_select(2, positions)).sum().backward()
 
     pairs = [(local, out)] + [(m.grad, f.grad) for m, f in zip(mine, full, strict=True)]

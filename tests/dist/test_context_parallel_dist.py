@@ -1,6 +1,7 @@
 """Context-parallel attention (lightning_dist/parallel/context_parallel.py) on 2 and 4 gloo
 ranks: each rank's output and gradients equal the same slices of one device's causal attention,
-for the all-gather and the Ulysses algorithms, grouped-query heads included."""
+for the all-gather and the Ulysses algorithms, grouped-query heads included, and under a
+packed-documents mask."""
 
 import pytest
 
@@ -13,12 +14,15 @@ CASES = [  # (ranks, mode, query heads, key/value heads)
 @pytest.mark.slow
 def test_context_parallel_attention_matches_one_device(worlds):
     for ranks, mode, heads, kv_heads in CASES:
-        for dtype, bound in (("float64", 1e-12), ("float32", 1e-5)):
+        for dtype, bound, packed in (("float64", 1e-12, False), ("float32", 1e-5, False),
+                                     ("float64", 1e-12, True)):  # fmt: skip
             errors = worlds(ranks).run(
-                "context_parallel_cases:attention_matches_one_device", mode, heads, kv_heads, dtype
-            )
-            print(f"\ncp={ranks} {mode} heads {heads}/{kv_heads} {dtype}: {max(errors):.1e}")
-            assert max(errors) < bound, (ranks, mode, heads, kv_heads, dtype, errors)
+                "context_parallel_cases:attention_matches_one_device", mode, heads, kv_heads,
+                dtype, packed,
+            )  # fmt: skip
+            label = f"cp={ranks} {mode} heads {heads}/{kv_heads} {dtype}" + " packed" * packed
+            print(f"\n{label}: {max(errors):.1e}")
+            assert max(errors) < bound, (label, errors)
 
 
 @pytest.mark.slow
