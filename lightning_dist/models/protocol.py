@@ -41,6 +41,10 @@ final hidden states to logits. A chunked loss (`model.loss_chunk_tokens`,
 `lightning_dist.lm.chunked_loss`) makes it return its input and applies its weight itself, a
 chunk of tokens at a time; models without it keep the plain loss.
 
+**Packed documents** (`takes_documents`, optional): True when `forward(tokens, positions,
+documents)` takes each token's rotary position and document id ([b, s]) and keeps attention
+inside each document (`models/documents.py`); `data.pack_documents=true` refuses other models.
+
 **Initialisation** (`init_weights()`): a model built on the meta device gets its storage from
 `to_empty()` and its values from `init_weights()`, which must set every parameter and buffer in
 place (see `require_init_weights`).
