@@ -21,11 +21,16 @@ from lightning_dist.layout import Layout
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+from lightning_dist.parallel.context_parallel import attach_context_parallel, chunk_positions
 from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.memory import measure_step
 from lightning_dist.parallel.tp import apply_tp
 
 BATCH, SEQ, CHUNK = 4, 128, 256
+CP_CHUNK = 32
+"""The chunked loss's rows in the context-parallel comparison: one chunk's logits live at a
+time whatever the tokens, so a chunk far below a cp rank's 256 tokens keeps that fixed part
+from hiding the halving."""
 
 
 def args(n_layers: int) -> ModelArgs:
@@ -46,7 +51,15 @@ CHECKPOINTING = (0, "op", "full")
 
 
 def activations_per_block(
-    mesh, batch, checkpointing=0, precision="32-true", sequence_parallel=True, losses=None
+    mesh,
+    batch,
+    checkpointing=0,
+    precision="32-true",
+    sequence_parallel=True,
+    losses=None,
+    totals=None,
+    cp_mode=None,
+    chunk=CHUNK,
 ) -> float:
     """MemTracker's activations of 4 blocks less 2 blocks, per block and token: TP (with loss
     parallelism, and SP unless turned off) over `mesh`, or one process without a mesh;
@@ -56,16 +69,23 @@ def activations_per_block(
     checkpointing (a checkpointed block recomputes the casts in backward). Autocast runs
     without its weight cache here, which would otherwise hold the copies through forward
     whatever the checkpointing (under TP, from run to run, 10 to 100 bytes per token and block
-    in this shape): weight memory, not activations."""
+    in this shape): weight memory, not activations. With `cp_mode`, `mesh` is a context-parallel
+    group instead: each rank runs its head and tail chunks of every sequence in that mode, and
+    the tokens counted are its own. `totals` receives the 4-block step's activations."""
     measured = {}
     for n_layers in (2, 4):
         model, head = build(n_layers)
         blocks = find_block_types(model)
-        if mesh is not None:
+        positions = None
+        if cp_mode:  # `mesh` is a cp group: this rank's head and tail chunks of every sequence
+            attach_context_parallel(model, cp_mode, mesh.get_group())
+            positions = chunk_positions(batch.shape[1] - 1, mesh.size(), mesh.get_local_rank())
+        elif mesh is not None:
             apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=True)
         apply_activation_checkpointing(model, blocks, every_n=checkpointing)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step = step_fn(model, head, opt, batch, tp=mesh is not None, precision=precision)
+        step = step_fn(model, head, opt, batch, tp=mesh is not None and not cp_mode,
+                       precision=precision, positions=positions, chunk=chunk)  # fmt: skip
         step()
         # The median of three measured steps: one CI run in many saw a row off by one block
         # input; one odd step cannot move it. Always three, on every rank: a third step taken
@@ -75,11 +95,32 @@ def activations_per_block(
         measured[n_layers] = samples[1]
         if losses is not None and n_layers == 4:
             losses.extend(step.losses[:2])  # the 4-block model's first two steps
+    if totals is not None:
+        totals.append(measured[4])
     per_block = (measured[4] - measured[2]) / 2
     if precision == "bf16-mixed" and not checkpointing:
         tp = 1 if mesh is None else mesh.size()
         per_block -= 2 * (args(1).block_params() - 2 * args(1).dim) / tp
-    return per_block / (batch.shape[0] * (batch.shape[1] - 1))
+    tokens = batch.shape[0] * (batch.shape[1] - 1) // (mesh.size() if cp_mode else 1)
+    return per_block / tokens
+
+
+def context_parallel_rows(world: int, batch) -> list[dict]:
+    """Each rank's activations at cp=2 in each mode against one process's on the same batch
+    (fp32, no checkpointing): per block and token (of this rank's half of every sequence), and
+    the 4-block step's whole activations, as a share of one process's (issue 25: at most 0.55)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    single_total: list[float] = []
+    single = activations_per_block(None, batch, totals=single_total, chunk=CP_CHUNK)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    rows = []
+    for mode in ("allgather", "ulysses"):
+        total: list[float] = []
+        per_block = activations_per_block(mesh, batch, totals=total, cp_mode=mode, chunk=CP_CHUNK)
+        rows.append({"mode": mode, "per_block_token": per_block, "single_per_block_token": single,
+                     "share_of_single": total[0] / single_total[0]})  # fmt: skip
+    return rows
 
 
 def table(mesh, batch, tp2_losses: list | None = None) -> list[dict]:
@@ -98,7 +139,16 @@ def table(mesh, batch, tp2_losses: list | None = None) -> list[dict]:
     return rows
 
 
-def step_fn(model, head, opt, batch, tp: bool, precision: str = "32-true"):
+def step_fn(model, head, opt, batch, tp: bool, precision: str = "32-true", positions=None,
+            chunk=CHUNK):  # fmt: skip
+    """One training step; with `positions` (context parallelism) only those tokens of every
+    sequence, inputs and targets alike."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    extra = {}
+    if positions is not None:
+        inputs, targets = inputs[:, positions], targets[:, positions]
+        extra = {"positions": positions}
+
     def step():
         opt.zero_grad()
         autocast = torch.autocast(
@@ -106,8 +156,8 @@ def step_fn(model, head, opt, batch, tp: bool, precision: str = "32-true"):
         )
         with loss_parallel() if tp else torch.enable_grad():
             with autocast:
-                hidden = model(batch[:, :-1])
-                loss = chunked_cross_entropy(hidden, head.weight, batch[:, 1:], CHUNK)
+                hidden = model(inputs, **extra)
+                loss = chunked_cross_entropy(hidden, head.weight, targets, chunk)
             loss.backward()
         opt.step()
         step.losses.append(float(loss.full_tensor() if tp else loss.detach()))
@@ -122,6 +172,7 @@ def main(out: str) -> None:
     batch = torch.randint(0, 512, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     result = {"tokens": BATCH * SEQ, "tp2 losses 4": []}
     result["table"] = table(mesh, batch, result["tp2 losses 4"])
+    result["context_parallel"] = context_parallel_rows(dist.get_world_size(), batch)
     model, head = build(4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = step_fn(model, head, opt, batch, tp=False)
