@@ -98,8 +98,11 @@ def batch_line(candidate) -> str:
         split = f"{n} accumulated micro-batches of {mbs}"
     else:
         split = "one forward"
+    tokens = f"{st.seq_len} tokens"
+    if lay.cp > 1:
+        tokens += f", {st.seq_len // lay.cp} on each of cp={lay.cp} ranks"
     return (
-        f"per-rank batch: {_count(per_rank, 'sequence')} x {st.seq_len} tokens ({split}); "
+        f"per-rank batch: {_count(per_rank, 'sequence')} x {tokens} ({split}); "
         f"global batch {st.global_batch_size} over {_count(lay.dp, 'data-parallel rank')}"
     )
 

@@ -9,6 +9,7 @@ import pytest
 from lightning_dist.layout import Layout
 from lightning_dist.plan import strategy_overrides
 from lightning_dist.planner import estimate, plan_layouts
+from lightning_dist.planner.labels import batch_line
 from lightning_dist.planner.memory import stage_shapes
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
 from lightning_dist.planner.timing import traffic_by_dim
@@ -80,3 +81,7 @@ def test_the_search_tries_cp_only_for_long_sequences_and_picks_it_at_131072():
     words = strategy_overrides(best)
     assert "strategy=3d" in words and f"strategy.cp={best.layout.cp}" in words
     assert f"strategy.cp_mode={best.settings.cp_mode}" in words
+    assert (
+        f"x 131072 tokens, {131072 // best.layout.cp} on each of cp={best.layout.cp} ranks ("
+        in (batch_line(best))
+    )
