@@ -80,10 +80,8 @@ CASES = {
     "tp2_sp_float8": (FLOAT8, ["strategy=tp", "hardware.devices=2"]),
     "fsdp2_float8_all_gather": (FLOAT8, ["strategy=fsdp2", "hardware.devices=2",
                                          "strategy.float8_all_gather=true"]),
-    # Compile under tensor parallelism: without SP, and with SP (the default) and full
-    # checkpointing.
-    "tp2_compile": (BASE, ["strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=false",
-                           *SAC_COMPILE[1:]]),
+    # Compile under tensor parallelism with SP (the default) and full checkpointing (without SP
+    # it ran until 2026-12-03, cut for the suite's time: SP adds the hooks compile must trace).
     "tp2_sp_full_compile": (BASE, ["strategy=tp", "hardware.devices=2",
                                    "strategy.activation_checkpointing=full", *SAC_COMPILE[1:]]),
     # ... and with SP and op-level checkpointing.

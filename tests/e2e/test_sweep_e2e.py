@@ -15,11 +15,11 @@ from tests.e2e.test_record_e2e import FAST, assert_quiet, train_py
 def test_multirun_over_every_distributed_strategy(tmp_path):
     """Each job starts its own ranks: before, the second distributed job reused the first's
     finished process group and failed in gloo. Then one table compares them."""
-    strategies = ["ddp", "fsdp", "fsdp2", "3d"]
+    strategies = ["ddp", "fsdp2", "3d"]  # FSDP1 too until 2026-12-03 (suite time)
     result = train_py("-m", f"strategy={','.join(strategies)}", *FAST, "trainer.max_steps=3",
                       "hardware.devices=2", f"hydra.sweep.dir={tmp_path}", timeout=900)  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(4)]
+    summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(3)]
     assert [s["strategy"] for s in summaries] == strategies
     for s in summaries:
         assert s["steps"] == 3 and len(s["losses"]) == 3 and s["world_size"] == 2
