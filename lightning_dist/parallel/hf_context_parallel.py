@@ -15,6 +15,8 @@ transformers is imported only when an HF model is met; nothing here imports Ligh
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 HF_CONTEXT_PARALLEL = "lightning_dist_context_parallel"
@@ -49,8 +51,6 @@ def hf_context_parallel_attention(module: torch.nn.Module, query: torch.Tensor,
 def hf_models(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The outermost transformers `PreTrainedModel`s inside `model` ([] without transformers
     loaded or without one)."""
-    import sys
-
     transformers = sys.modules.get("transformers")
     if transformers is None:  # no transformers model can exist without its module loaded
         return []
