@@ -221,22 +221,26 @@ class HFCausalLM(nn.Module):
             self.to_empty(device=device)
             self.init_weights()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids [b, s] to logits [b, s, vocab] (a pipeline stage: see `_stage_forward`)."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [b, s] to logits [b, s, vocab] (a pipeline stage: see `_stage_forward`).
+        `positions` ([s] or [b, s]) are the tokens' rotary positions when they are not
+        0 .. s-1: a context-parallel rank's chunks (`parallel/hf_context_parallel.py`)."""
+        position_ids = None if positions is None else _position_ids(positions)
         if self._is_stage():
-            return self._stage_forward(tokens)
-        return self.hf_model(input_ids=tokens, use_cache=False).logits
+            return self._stage_forward(tokens, position_ids)
+        return self.hf_model(input_ids=tokens, position_ids=position_ids, use_cache=False).logits
 
     def _is_stage(self) -> bool:
         # Pipeline splitting replaces the ModuleList of layers by a ModuleDict of the kept ones.
         return not isinstance(self.hf_model.model.layers, nn.ModuleList)
 
-    def _stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _stage_forward(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         """What a pipeline stage keeps of the Llama forward: token ids or hidden states in,
         hidden states or logits out. Causal attention without padding, as in training."""
         core = self.hf_model.model
         h = core.embed_tokens(x) if core.embed_tokens is not None else x
-        positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        if positions is None:
+            positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         rope = core.rotary_emb(h, position_ids=positions)
         for layer in core.layers.values():
             h = layer(h, attention_mask=None, position_ids=positions, position_embeddings=rope)
@@ -283,3 +287,8 @@ class HFCausalLM(nn.Module):
             dtype=next(self.hf_model.parameters()).dtype,
         )
         self.hf_model.load_state_dict(source.state_dict())
+
+
+def _position_ids(positions: torch.Tensor) -> torch.Tensor:
+    """transformers' `position_ids` ([b, s] or [1, s]) from positions [s] or [b, s]."""
+    return positions.unsqueeze(0) if positions.dim() == 1 else positions

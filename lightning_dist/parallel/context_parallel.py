@@ -29,6 +29,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lightning_dist.models.documents import document_causal_mask
+from lightning_dist.parallel.hf_context_parallel import (
+    attach_hf_context_parallel,
+    check_hf_context_parallel,
+)
 
 
 def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
@@ -87,17 +91,19 @@ def _gather_documents(documents: torch.Tensor, group) -> torch.Tensor:
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
-                        documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                        documents: torch.Tensor | None = None,
+                        scale: float | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention of this rank's queries ([B, Hq, S_local, D], the tokens of its
     `chunk_positions`) over the whole sequence's keys and values, gathered from the group;
-    with `documents` (this rank's tokens' document ids, [B, S_local]) only within each."""
+    with `documents` (this rank's tokens' document ids, [B, S_local]) only within each.
+    `scale`: of the scores, SDPA's 1/sqrt(D) when None."""
     keys, values = _GatherSequence.apply(k, group), _GatherSequence.apply(v, group)
     positions, key_positions = (p.to(q.device) for p in _positions(q.size(2), group))
     mask = key_positions[None, :] <= positions[:, None]
     if documents is not None:
         mask = document_causal_mask(documents, _gather_documents(documents, group), mask)
     return F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=q.size(1) != k.size(1)
+        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.size(1) != k.size(1)
     )
 
 
@@ -150,7 +156,8 @@ def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> 
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
-                      documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                      documents: torch.Tensor | None = None,
+                      scale: float | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention by head shards: the same result as `allgather_attention`."""
     cp = dist.get_world_size(group)
     check_ulysses_heads(q.size(1), k.size(1), cp)
@@ -164,8 +171,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=N
         documents = _gather_documents(documents, group).index_select(1, order)
         causal = torch.ones(q.size(2), q.size(2), dtype=torch.bool, device=q.device).tril()
         mask = document_causal_mask(documents, documents, causal)
+    gqa = q.size(1) != k.size(1)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.size(1) != k.size(1)
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
     )
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
 
@@ -183,9 +191,10 @@ class ContextParallelAttention:
         """Attention calls this rank ran through it (summary.json shows that CP ran)."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                 documents: torch.Tensor | None = None,
+                 scale: float | None = None) -> torch.Tensor:  # fmt: skip
         self.calls += 1
-        return self.attend(q, k, v, self.group, documents)
+        return self.attend(q, k, v, self.group, documents, scale)
 
     def positions(self, seq_len: int, device=None) -> torch.Tensor:
         """This rank's token positions in a sequence of `seq_len` (`chunk_positions`)."""
@@ -209,24 +218,28 @@ def context_parallel_of(model: torch.nn.Module) -> ContextParallelAttention | No
 def check_context_parallel(model: torch.nn.Module, cp: int, mode: str, *, n_heads: int | None,
                            n_kv_heads: int | None, tp: int = 1) -> None:  # fmt: skip
     """ValueError in one line unless `model` can run under context parallelism of degree `cp`
-    in `mode`: its attention modules need an `attend` slot, and Ulysses needs the model's
-    `n_heads` and `n_kv_heads` (None: unknown, not checked), per tensor-parallel rank of `tp`,
-    to split over cp."""
-    if not any(hasattr(type(m), "attend") for m in model.modules()):
+    in `mode`: its attention modules need an `attend` slot, or it holds Hugging Face models
+    whose attention goes through transformers' registry (`check_hf_context_parallel`); Ulysses
+    needs the model's `n_heads` and `n_kv_heads` (None: unknown, not checked), per
+    tensor-parallel rank of `tp`, to split over cp."""
+    slots = any(hasattr(type(m), "attend") for m in model.modules())
+    if not slots and not check_hf_context_parallel(model, cp):
         raise ValueError(
             f"strategy.cp={cp} needs attention modules with an `attend` slot (lightning_dist's "
-            f"Transformer); {type(model).__name__} has none (Hugging Face models are not "
-            "supported under context parallelism yet): use strategy.cp=1"
+            f"Transformer) or a Hugging Face model; {type(model).__name__} is neither: use "
+            "strategy.cp=1"
         )
     if mode == "ulysses" and n_heads is not None and n_kv_heads is not None:
         check_ulysses_heads(n_heads // tp, n_kv_heads // tp, cp, tp)
 
 
 def attach_context_parallel(model: torch.nn.Module, mode: str, group=None) -> None:
-    """Route every attention module of `model` (those with an `attend` slot) through `mode`
+    """Route every attention module of `model` (those with an `attend` slot, and the attention
+    layers of the Hugging Face models in it: `attach_hf_context_parallel`) through `mode`
     ("allgather" or "ulysses") over `group`; the model is then called with this rank's tokens
     and their `positions` (`chunk_positions`). ValueError for another mode."""
     step = ContextParallelAttention(mode, group)
     for module in model.modules():
         if hasattr(type(module), "attend"):
             module.attend = step
+    attach_hf_context_parallel(model, step)

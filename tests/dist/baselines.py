@@ -45,10 +45,19 @@ REFERENCES: dict[str, list[str]] = {
     "llama_debug_val5_eps_unclipped": [*LLAMA, "trainer.val_check_interval=5", "optim.eps=1e-3",
                                        "optim.warmup_steps=1", "optim.lr=3e-2",
                                        "trainer.gradient_clip_val=null", *SINGLE],
+    # tests/dist/test_context_parallel_train_dist.py: hf_llama with updates large enough that
+    # wrong rotary positions show (at the default learning rate they stay within 1e-5).
+    "hf_llama_lr1e-2": ["model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",
+                        "trainer.val_check_interval=null", "optim.lr=1e-2", "optim.warmup_steps=1",
+                        *SINGLE],
     # tests/dist/test_hf_archs_dist.py: a tiny Qwen2 (q/k/v biases).
     "hf_qwen2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
                  "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
                  *SINGLE],
+    # ... and at hf_llama_lr1e-2's learning rate (tests/dist/test_context_parallel_train_dist.py).
+    "hf_qwen2_lr1e-2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
+                        "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
+                        "optim.lr=1e-2", "optim.warmup_steps=1", *SINGLE],
     # tests/dist/test_parallel3d_dist.py: float8 (emulated), micro-batches of one rank's share.
     "llama_debug_val5_float8": [*LLAMA, "trainer.val_check_interval=5",
                                 "strategy.float8=tensorwise", "data.micro_batch_size=4", *SINGLE],

@@ -7,7 +7,10 @@ ran through the context-parallel step (so the match is not one of whole sequence
 `packed_` cases train packed documents (`data.pack_documents=true`: about 4 documents per
 window, so every rank's chunks hold parts of several) against one process with the same
 document mask (`llama_debug_val5_clip_eps_packed`); with the mask left out of the all-gather
-attention, cp2 differs from it by 5.6e-3 (train) and 8.1e-3 (validation), measured."""
+attention, cp2 differs from it by 5.6e-3 (train) and 8.1e-3 (validation), measured. The `hf_`
+cases train a tiny random Hugging Face Llama (and Qwen2), whose attention runs through
+transformers' registry (`parallel/hf_context_parallel.py`), against `hf_llama_lr1e-2` (and
+`hf_qwen2_lr1e-2`): 128 tokens, fp32, 10 steps, no validation."""
 
 from __future__ import annotations
 
@@ -33,6 +36,13 @@ BASE = [
     "trainer.val_check_interval=5", "trainer.gradient_clip_val=0.05", "optim.eps=1e-3",
     "optim.warmup_steps=1", "optim.lr=3e-2", *baselines.QUIET,
 ]  # fmt: skip
+# Hugging Face models at a learning rate at which a rank whose RoPE ignores its chunks' positions
+# drifts from one device by 2.2e-3 (at the default one: 8.4e-6, within TOLERANCE), measured.
+HF_BASE = [
+    "model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",
+    "trainer.val_check_interval=null", "optim.lr=1e-2", "optim.warmup_steps=1", *baselines.QUIET,
+]  # fmt: skip
+QWEN2 = "model.config.model_type=qwen2"
 CP2 = ["strategy=3d", "strategy.cp=2"]
 PACKED = "data.pack_documents=true"
 CASES = {  # name: (overrides, the layout summary.json must show)
@@ -63,7 +73,18 @@ CASES = {  # name: (overrides, the layout summary.json must show)
     "packed_cp2xpp2": (
         [*CP2, "strategy.pp=2", "hardware.devices=4", PACKED], {"pp": 2, "dp_shard": 1, "cp": 2}
     ),
+    # Hugging Face models (HF_BASE): transformers' attention calls our registered function.
+    "hf_cp2_allgather": ([*CP2, "hardware.devices=2"], {"dp_shard": 1, "cp": 2, "tp": 1}),
+    "hf_cp2_ulysses": (
+        [*CP2, "strategy.cp_mode=ulysses", "hardware.devices=2"], {"dp_shard": 1, "cp": 2, "tp": 1}
+    ),
+    "hf_qwen2_cp2_allgather": ([*CP2, QWEN2, "hardware.devices=2"], {"dp_shard": 1, "cp": 2}),
 }  # fmt: skip
+
+
+def _base(name: str) -> list[str]:
+    """The overrides case `name` shares with its reference (less the layout)."""
+    return HF_BASE if name.startswith("hf_") else BASE
 
 
 _runs: dict[str, tuple[dict, object]] = {}
@@ -72,7 +93,7 @@ _runs: dict[str, tuple[dict, object]] = {}
 def _train(name: str, train_in, tmp_path_factory) -> tuple[dict, object]:
     """(summary, run folder) of case `name`, trained once in this module."""
     if name not in _runs:
-        run = [*BASE, *CASES[name][0], "report=false"]  # the report changes no loss
+        run = [*_base(name), *CASES[name][0], "report=false"]  # the report changes no loss
         if name == "dp2xcp2":  # with the comm monitor (FSDP's and CP's traffic each named)
             # and a checkpoint after step 5 for the resume test below
             run = [o for o in run if o not in baselines.QUIET]
@@ -85,8 +106,9 @@ def _train(name: str, train_in, tmp_path_factory) -> tuple[dict, object]:
 def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
     failures = []
     for name, (overrides, degrees) in CASES.items():
-        packed = [PACKED] if PACKED in overrides else []
-        reference = baselines.reference([*BASE, *packed, "strategy=single", "hardware.devices=1"])
+        kept = [o for o in overrides if o in (PACKED, QWEN2)]  # what the reference ran too
+        single = ["strategy=single", "hardware.devices=1"]
+        reference = baselines.reference([*_base(name), *kept, *single])
         started = time.perf_counter()
         summary, _ = _train(name, train_in, tmp_path_factory)
         seconds = time.perf_counter() - started
