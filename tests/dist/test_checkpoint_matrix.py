@@ -29,17 +29,17 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "te
 # --- one process: the manifest and the names ------------------------------------------------
 
 
-# --- the layout-change matrix: 10 layouts, 25 pairs, three launches (one per world size) -----
+# --- the layout-change matrix: 10 layouts, 19 pairs, three launches (one per world size) -----
 
 SOURCES = {  # target: the checkpoints it resumes from (each saved at step 5 of 10)
     # Every layout is a source and a target; among the pairs: dp2 -> dp4 and dp4 -> dp1, pp
     # schedule v1 <-> v2, tp <-> pp, tp <-> fsdp, 3d <-> 1d and HSDP.
-    "single": ["fsdp_full_dp4", "dp2xpp2", "hsdp_2x2"],
-    "ddp": ["single", "tp2", "pp2"],
-    "fsdp2": ["pp2_v2", "dp2xtp2", "tp2"],
-    "tp2": ["fsdp2", "dp2xpp2", "pp2_v2"],
-    "pp2": ["tp2", "fsdp_full_dp4", "ddp"],
-    "pp2_v2": ["pp2", "single", "fsdp2"],
+    "single": ["fsdp_full_dp4", "hsdp_2x2"],
+    "ddp": ["tp2", "pp2"],
+    "fsdp2": ["pp2_v2", "dp2xtp2"],
+    "tp2": ["fsdp2", "dp2xpp2"],
+    "pp2": ["pp2_v2", "single"],
+    "pp2_v2": ["pp2", "ddp"],
     # Four ranks cost the most on two cores: fewer pairs.
     "fsdp_full_dp4": ["ddp", "dp2xpp2"],
     "dp2xtp2": ["pp2_v2", "fsdp_full_dp4"],
@@ -100,7 +100,7 @@ def test_every_pair_restores_bitwise_and_continues_with_the_same_losses(matrix):
             assert diff <= 1e-4, (target, source, losses, reference)
             pairs, worst = pairs + 1, max(worst, diff)
     print(f"MATRIX {pairs} pairs bitwise, max loss difference {worst:.2e}")
-    assert pairs == sum(map(len, SOURCES.values())) == 25
+    assert pairs == sum(map(len, SOURCES.values())) == 19
 
 
 @pytest.mark.slow

