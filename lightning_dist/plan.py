@@ -149,7 +149,7 @@ def strategy_overrides(candidate) -> list[str]:
 
     lay, st = candidate.layout, candidate.settings
     name = candidate.strategy if candidate.strategy in COMMAND_STRATEGIES else "3d"
-    zero2 = lay.dp_shard > 1 and st.sharding == "SHARD_GRAD_OP"
+    zero2 = lay.shard_size > 1 and st.sharding == "SHARD_GRAD_OP"
     out = [f"strategy={name}"]
     if name == "fsdp2":  # its dp_replicate default is one group per node; dp_shard the rest
         out.append(f"strategy.dp_replicate={lay.dp_replicate}")

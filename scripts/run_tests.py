@@ -134,6 +134,7 @@ def main(args: list[str]) -> int:
     args, asked = _marker_expression(args)
     seconds = recorded_seconds()
     started, failed, walls, cases = time.perf_counter(), [], [], []
+    phase_cases: list[list[tuple[float, str, str]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, workers, folders, markers) in enumerate(PHASES):
             paths = (
@@ -147,7 +148,8 @@ def main(args: list[str]) -> int:
             code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths, *marker_args,
                                     f"--junitxml={junit}", *args], cwd=ROOT, env=env)  # fmt: skip
             walls.append((name, time.perf_counter() - t0, code))
-            cases += _cases(junit)
+            phase_cases.append(_cases(junit))
+            cases += phase_cases[-1]
             if code not in (0, 5):  # 5: nothing collected (a -k that selects no test here)
                 failed.append(name)
     total = time.perf_counter() - started
@@ -163,8 +165,10 @@ def main(args: list[str]) -> int:
     print(f"{SLOWEST} slowest tests:")
     for seconds, _, test in sorted(cases, reverse=True)[:SLOWEST]:
         print(f"  {seconds:6.1f} s  {test}")
-    if record and not failed:
-        by_module = {m: round(t, 1) for t, m in slowest_files(cases, len(cases))}
+    if record and not failed:  # the parallel phases' cases: the seconds their workers share
+        parallel = [c for c, (_, workers, _, _) in zip(phase_cases, PHASES, strict=True) if workers]
+        parallel = [case for cs in parallel for case in cs]
+        by_module = {m: round(t, 1) for t, m in slowest_files(parallel, len(parallel))}
         MODULE_SECONDS.write_text(json.dumps(dict(sorted(by_module.items())), indent=1) + "\n")
         print(f"wrote {MODULE_SECONDS.relative_to(ROOT)} ({len(by_module)} modules)")
     print(f"whole suite: {total:.0f} s of pytest ({total / 60:.1f} min), "

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from lightning_dist.layout import ulysses_heads_problem
 from lightning_dist.models.documents import document_causal_mask
 from lightning_dist.parallel.hf_context_parallel import (
     attach_hf_context_parallel,
@@ -82,6 +83,21 @@ def _positions(local_len: int, group) -> tuple[torch.Tensor, torch.Tensor]:
     return every[rank * local_len : (rank + 1) * local_len], every
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None,
+               scale: float | None = None) -> torch.Tensor:  # fmt: skip
+    """SDPA, causal without `mask`, with grouped-query heads: on CPUs SDPA groups them itself;
+    on CUDA only the flash kernel takes `enable_gqa` and it takes no mask, so under a mask k
+    and v are repeated instead of falling back to the math path's scores (never run on a GPU)."""
+    grouped = q.size(1) != k.size(1)
+    if grouped and mask is not None and q.device.type != "cpu":
+        repeats = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        grouped = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=grouped
+    )
+
+
 def _gather_documents(documents: torch.Tensor, group) -> torch.Tensor:
     """Every rank's document ids [B, S_local] of the group, in rank order: [B, cp x S_local]."""
     documents = documents.contiguous()
@@ -102,9 +118,7 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
     mask = key_positions[None, :] <= positions[:, None]
     if documents is not None:
         mask = document_causal_mask(documents, _gather_documents(documents, group), mask)
-    return F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.size(1) != k.size(1)
-    )
+    return _attention(q, keys, values, mask=mask, scale=scale)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -145,14 +159,10 @@ def _heads_to_seq(x: torch.Tensor, cp: int, group) -> torch.Tensor:
 
 def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> None:
     """ValueError unless Ulysses can split these heads (those of one tensor-parallel rank of
-    `tp`) over cp ranks."""
-    if n_heads % cp or (n_kv_heads % cp and cp % n_kv_heads):
-        per = f" per tp={tp} rank" if tp > 1 else ""
-        raise ValueError(
-            f"strategy.cp_mode=ulysses splits attention heads over strategy.cp={cp} ranks: "
-            f"the {n_heads} query heads{per} must divide by it, and the {n_kv_heads} key/value "
-            f"heads{per} divide by it or divide it; use strategy.cp_mode=allgather or another cp"
-        )
+    `tp`) over cp ranks: the rule of `layout.ulysses_heads_problem`, which the planner reads."""
+    problem = ulysses_heads_problem(n_heads * tp, n_kv_heads * tp, cp, tp)
+    if problem:
+        raise ValueError(problem)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
@@ -171,10 +181,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=N
         documents = _gather_documents(documents, group).index_select(1, order)
         causal = torch.ones(q.size(2), q.size(2), dtype=torch.bool, device=q.device).tril()
         mask = document_causal_mask(documents, documents, causal)
-    gqa = q.size(1) != k.size(1)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
-    )
+    out = _attention(q, k, v, mask=mask, scale=scale)
     return _heads_to_seq(out.index_select(2, torch.argsort(order)), cp, group)
 
 

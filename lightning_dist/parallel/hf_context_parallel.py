@@ -70,6 +70,10 @@ def hf_attention_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+"""transformers' rotary types that choose their frequencies from the largest position id seen."""
+
+
 def check_hf_context_parallel(model: torch.nn.Module, cp: int) -> bool:
     """Whether `model` holds transformers models; ValueError in one line when one of them
     cannot run under context parallelism of degree `cp`: attention not through the registry,
@@ -87,6 +91,13 @@ def check_hf_context_parallel(model: torch.nn.Module, cp: int) -> bool:
             raise ValueError(
                 f"strategy.cp={cp}: {name} has no attention layer with `num_key_value_groups` "
                 "and `scaling` (Llama-family layers) to route; use strategy.cp=1"
+            )
+        rope = (getattr(hf.config, "rope_scaling", None) or {}).get("rope_type")
+        if rope in LENGTH_DEPENDENT_ROPE:
+            raise ValueError(
+                f"strategy.cp={cp}: {name} uses rope_type={rope}, whose frequencies follow the "
+                "longest position a rank holds, which differs between context-parallel ranks; "
+                "use another rope_scaling or strategy.cp=1"
             )
         softcap = getattr(hf.config, "attn_logit_softcapping", None)
         unsupported = {

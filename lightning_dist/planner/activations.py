@@ -177,9 +177,10 @@ def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSetting
 
     - allgather: SDPA keeps the gathered keys and values of the whole sequence, cp times this
       rank's share: 2 x kv x w x (cp - 1) / tp more, and the boolean mask of this rank's
-      queries against every key, one byte per (query, key) pair of the sequence: seq_len
-      bytes per token (a new mask in each block; on a GPU the memory-efficient kernel takes it
-      as an additive bias in the compute dtype, never measured);
+      queries against every key, one byte per (query, key) pair of the sequence, shared by the
+      micro-batch's sequences: seq_len / micro_batch_size bytes per token (a new mask in each
+      block; on a GPU the memory-efficient kernel takes it as an additive bias in the compute
+      dtype, never measured; packed documents' masks, one per sequence, are not counted);
     - ulysses: `wo` reads the all-to-all's output, a tensor of its own (not a view of SDPA's
       output), d x w / tp; key/value heads fewer than cp on a tp rank are repeated up to cp
       before the exchange: 2 x (cp - kv_heads / tp) x hd x w more.
@@ -193,4 +194,4 @@ def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSetting
     if settings.cp_mode == "ulysses":
         repeated = max(0, cp - kv_heads // tp)
         return w * model.dim / tp + 2 * repeated * hd * w
-    return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len
+    return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len / settings.micro_batch_size

@@ -250,7 +250,7 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
         splits = dp_splits(dp, pp, shard_start, search.sharding_modes)
     else:  # FSDP shards over dp_shard x cp: no pure replication
         splits = sharded_splits(
-            dp_splits(dp, pp, shard_start, SHARDING_MODES), search.sharding_modes
+            dp_splits(dp, pp, shard_start, SHARDING_MODES), search.sharding_modes, pp
         )
     knobs = {"cp_mode": cp_mode} if cp > 1 else {}
     return [
@@ -359,7 +359,7 @@ def _build_layout(make_layout, per_rank: int, settings: TrainSettings):
 def _complexity(c: Candidate) -> int:
     """How many parallelisms and memory savers a candidate stacks (offload counts double)."""
     lay, st = c.layout, c.settings
-    hybrid = lay.dp_replicate > 1 and lay.dp_shard > 1
+    hybrid = lay.dp_replicate > 1 and lay.shard_size > 1
     return (
         (lay.tp > 1)
         + (lay.pp > 1)

@@ -79,15 +79,24 @@ def cp_values(ranks: int, seq_len: int) -> list[int]:
     ]
 
 
-def sharded_splits(splits: list[tuple[int, int, str]], modes) -> list[tuple[int, int, str]]:
+def sharded_splits(
+    splits: list[tuple[int, int, str]], modes, pp: int
+) -> list[tuple[int, int, str]]:
     """`dp_splits` for cp > 1, where FSDP always shards (over dp_shard x cp): pure replication
-    becomes HSDP over the cp ranks (or FULL_SHARD with no data parallelism), in `modes`."""
+    becomes HSDP over the cp ranks, or with no data parallelism FULL_SHARD and (without PP)
+    SHARD_GRAD_OP over them, in `modes`."""
     out = []
     for r, s, mode in splits:
+        options = [mode]
         if mode == "NO_SHARD":
-            mode = "HYBRID_SHARD" if r > 1 else "FULL_SHARD"
-        if mode in modes and (r, s, mode) not in out:
-            out.append((r, s, mode))
+            options = (
+                ["HYBRID_SHARD"]
+                if r > 1
+                else ["FULL_SHARD", "SHARD_GRAD_OP"][: 2 if pp == 1 else 1]
+            )
+        for option in options:
+            if option in modes and (r, s, option) not in out:
+                out.append((r, s, option))
     return out
 
 

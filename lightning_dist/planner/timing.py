@@ -361,9 +361,9 @@ def cp_exchange(model, layout: Layout, settings: TrainSettings,
     head_dim per tp rank and b x s / cp tokens on a rank:
 
     - allgather: each block all-gathers its keys and values in forward (2 x b x s x kv x w
-      gathered: (cp - 1) / cp of it received, cp - 1 ring steps) and all-reduces their
-      gradients in backward (twice that, 2 log2 cp steps; gloo has no reduce-scatter, so the
-      code all-reduces on every backend);
+      gathered: (cp - 1) / cp of it received; two all-gathers, cp - 1 ring steps each) and
+      all-reduces their gradients in backward (twice that, two all-reduces of 2 log2 cp steps;
+      gloo has no reduce-scatter, so the code all-reduces on every backend);
     - ulysses: four all-to-alls a block in forward (queries, keys, values, the output) and four
       in backward, each moving (cp - 1) / cp of this rank's tensor: b x s / cp tokens of d / tp
       (queries, output) or of max(kv_heads / tp, cp) heads (keys and values, repeated up to cp);
@@ -384,7 +384,7 @@ def cp_exchange(model, layout: Layout, settings: TrainSettings,
     forward = allgather_volume(gathered, cp)
     backward = allreduce_volume(gathered, cp)
     volume = shape.layers * (forward + backward) + replayed * forward
-    steps = shape.layers * (cp - 1 + 2 * math.ceil(math.log2(cp))) + replayed * (cp - 1)
+    steps = shape.layers * 2 * (cp - 1 + 2 * math.ceil(math.log2(cp))) + replayed * 2 * (cp - 1)
     return volume, steps
 
 

@@ -87,6 +87,12 @@ def check_dry_run(plan: Any) -> None:
             f"plan.dry_run builds the Llama-style models of conf/model (ModelArgs), not "
             f"{type(plan.model).__name__}"
         )
+    if plan.layout.cp > 1:
+        raise ValueError(
+            f"plan.dry_run does not build context parallelism yet (strategy.cp={plan.layout.cp}): "
+            "its step would feed each rank the whole sequence; dry-run the layout with "
+            "strategy.cp=1 and read the cp traffic from the planner's table"
+        )
     options = plan.strategy.options
     if options.compile.backend is not None or options.sharding.cpu_offload:
         raise ValueError(

@@ -117,7 +117,7 @@ def exit_status(error: BaseException | None) -> int:
             return 0
         if isinstance(error.code, int):
             return error.code
-        print(error.code, file=sys.stderr)  # sys.exit("message") prints it and exits 1
+        print_line(str(error.code))  # sys.exit("message") prints it and exits 1
         return 1
     if isinstance(error, KeyboardInterrupt):
         return 128 + signal.SIGINT

@@ -38,7 +38,7 @@ def test_every_cli_runs_under_its_public_name(cli):
 def test_dry_run_prints_each_rank_beside_the_planner_and_refuses_what_it_cannot_build():
     """`--dry-run` (train.py plan.dry_run=true; its ranks fork): a pp2 x tp2 x fsdp2 layout of 8 fake ranks on
     DGX H100s prints the first and last pipeline ranks' bytes with the planner's, model states
-    within 2%; strategy=ddp is one line and exit status 2."""
+    within 2%; strategy=ddp and strategy.cp=2 are one line each and exit status 2."""
     base = ["model=llama_debug", "hardware=dgx_h100", "data.global_batch_size=8",
             "data.seq_len=64"]  # fmt: skip
     command = [sys.executable, "-m", "lightning_dist.plan", *base, "--dry-run"]
@@ -54,3 +54,6 @@ def test_dry_run_prints_each_rank_beside_the_planner_and_refuses_what_it_cannot_
                              text=True, timeout=300)  # fmt: skip
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "plan.dry_run builds the mesh strategies" in refused.stderr
+    cp = subprocess.run([*command, "strategy=3d", "strategy.cp=2"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)  # fmt: skip
+    assert cp.returncode == 2 and "plan.dry_run does not build context parallelism" in cp.stderr
