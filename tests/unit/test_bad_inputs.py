@@ -226,7 +226,7 @@ CASES = [
          'strategy.cp=2 runs causal attention without dropout, window or soft cap; MistralForCausalLM has sliding_window=4096: turn it off in model.config (null, or 0 for dropout) or use strategy.cp=1'),
     Case('cp: hf attention dropout', fast('model=hf_llama', '+model.config.attention_dropout=0.1', 'strategy.cp=2', 'hardware.devices=2', strategy='3d'),
          'LlamaForCausalLM has attention_dropout=0.1'),
-    Case('cp: hf dynamic rope', fast('model=hf_llama', '+model.config.rope_scaling={rope_type: dynamic, factor: 2.0}', 'strategy.cp=2', 'hardware.devices=2', strategy='3d'),
+    Case('cp: hf dynamic rope', fast('model=hf_llama', '+model.config.rope_scaling={{rope_type: dynamic, factor: 2.0}}', 'strategy.cp=2', 'hardware.devices=2', strategy='3d'),
          'LlamaForCausalLM uses rope_type=dynamic, whose frequencies follow the longest position a rank holds'),
     Case('packed documents: hf model', fast('model=hf_llama', 'data.pack_documents=true'),
          'data.pack_documents=true needs a model that keeps attention inside each document'),
