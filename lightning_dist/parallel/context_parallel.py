@@ -54,6 +54,14 @@ def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.T
     return x.index_select(dim, chunk_positions(x.size(dim), cp, rank).to(x.device))
 
 
+def _all_gather_along(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Every rank's `x` of the group concatenated along `dim`, in rank order (no autograd)."""
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=dim)
+
+
 class _GatherSequence(torch.autograd.Function):
     """All-gather along dim 2 ([B, H, S_local, D] -> [B, H, cp x S_local, D], rank order);
     backward: the sum over ranks of the gradient, this rank's slice."""
@@ -61,10 +69,7 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group, ctx.local = group, x.size(2)
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x, group=group)
-        return torch.cat(parts, dim=2)
+        return _all_gather_along(x, 2, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -100,10 +105,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None,
 
 def _gather_documents(documents: torch.Tensor, group) -> torch.Tensor:
     """Every rank's document ids [B, S_local] of the group, in rank order: [B, cp x S_local]."""
-    documents = documents.contiguous()
-    parts = [torch.empty_like(documents) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, documents, group=group)
-    return torch.cat(parts, dim=1)
+    return _all_gather_along(documents, 1, group)
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
