@@ -117,7 +117,8 @@ class CheckpointingOptions:
     activation_checkpointing: CheckpointChoice = knob(
         0, "0: off; n: every n-th block in full (1: every block); full (= 1); op or selective: "
         "every block, saving matmul/attention outputs and recomputing the pointwise ops (under "
-        "TP also the row-parallel matmuls and the all-gathers, whose outputs are full-size).",
+        "TP also the row-parallel matmuls and the all-gathers, whose outputs are full-size); "
+        "op_alternate: op, but every other matmul (2nd, 4th, ... of a block) recomputed too.",
         hydra_type=Any,
     )  # fmt: skip
 

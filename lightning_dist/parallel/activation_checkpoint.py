@@ -1,6 +1,6 @@
 """Activation checkpointing of blocks, whole or selective (op-level), as one function over a model.
 
-Three choices, one setting (`strategy.activation_checkpointing`):
+Four choices, one setting (`strategy.activation_checkpointing`):
 
 - `0` or `"none"`: off;
 - `n` (an int) or `"full"` (= 1): every n-th block keeps only its input during forward and
@@ -17,6 +17,10 @@ Three choices, one setting (`strategy.activation_checkpointing`):
   partial sums over the whole sequence, which the saved reduce-scatter or all-reduce output
   replaces) and all-gathers (under sequence parallelism, the gathered norm output: the gather
   runs again in backward, as Megatron-LM's sequence parallelism does).
+- `"op_alternate"`: op-level, but the block's matmuls are numbered in forward order and only the
+  odd ones (1st, 3rd, ...) keep their outputs; the even ones run again in backward. For our
+  Llama block (wq, wk, wv, wo, w1, w3, w2) that keeps wq, wv, w1 and w2 and recomputes wk, wo
+  and w3: torchtitan's op policy, whose published runs the planner is calibrated on.
 
 The setting itself is parsed in `lightning_dist/options/activation_checkpointing.py` (no torch there,
 so the planner shares it). No Lightning import here.
@@ -82,10 +86,11 @@ class SelectivePolicy:
     run inside a row-parallel linear (`watch` marks those modules with forward hooks; the
     policy is asked only during forward, and recomputation replays its answers in order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, alternate_matmuls: bool = False) -> None:
         self.saved = frozenset(saved_ops())
         self.matmuls = frozenset(_ops(torch.ops.aten, MATMULS))
         self.inside_row_parallel = 0
+        self.alternate_matmuls = alternate_matmuls
 
     def watch(self, module: nn.Module) -> None:
         def enter(*_):
@@ -116,7 +121,22 @@ class SelectivePolicy:
             # A block's forward starts outside every linear: a count left over by a forward
             # that raised (or by a hook of another style that raised first) starts again here.
             self.inside_row_parallel = 0
-            return create_selective_checkpoint_contexts(self)
+            if not self.alternate_matmuls:
+                return create_selective_checkpoint_contexts(self)
+            # The forward and its recomputation each number this block's matmuls from 1, so
+            # both ask about the same matmul with the same number.
+            counts = {False: 0, True: 0}
+
+            def alternate(ctx, op, *args, **kwargs):
+                if op in self.matmuls:
+                    counts[ctx.is_recompute] += 1
+                    if counts[ctx.is_recompute] % 2 == 0:
+                        from torch.utils.checkpoint import CheckpointPolicy
+
+                        return CheckpointPolicy.PREFER_RECOMPUTE
+                return self(ctx, op, *args, **kwargs)
+
+            return create_selective_checkpoint_contexts(alternate)
 
         return context
 
@@ -149,7 +169,7 @@ def apply_activation_checkpointing(
     chosen = {id(b) for i, b in enumerate(blocks) if i % choice.every_n == 0}
     wrapper = checkpoint_wrapper
     if choice.mode == "op":
-        policy = SelectivePolicy()
+        policy = SelectivePolicy(choice.alternate_matmuls)
         for block in blocks:
             for module in filter(row_parallel, block.modules()):
                 policy.watch(module)
@@ -157,6 +177,7 @@ def apply_activation_checkpointing(
     wrap_matching(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: id(m) in chosen)
     log.info(
         "Applied %s activation checkpointing to %d of %d blocks",
-        "op-level (selective)" if choice.mode == "op" else "full", len(chosen), len(blocks),
+        {"op": "op-level (selective)", "op_alternate": "op-level (every other matmul)"}.get(
+            choice.label, "full"), len(chosen), len(blocks),
     )  # fmt: skip
     return model

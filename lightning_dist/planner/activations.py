@@ -124,6 +124,16 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
       reduce-scatters' under SP, 2d x w / tp. Under SP the all-gathers (the norm outputs over
       the whole sequence) run again in backward.
 
+    Under op_alternate only the odd matmuls of the block keep their outputs (wq, wv, w1 and,
+    without TP, w2; under the math path the second score bmm, whose output is the attention's,
+    replaces SDPA's): w x (d + kv + h + d) / tp beside the input, the reductions under TP as
+    above, and no scores.
+
+    Compiled blocks (`strategy.compile`) keep one d-sized tensor less: the partitioner saves
+    only what backward reads, and nothing reads w2's output (or, under TP, its reduction): the
+    block's output is a residual add (`tests/unit/test_activation_memory.py` reads the saved
+    tensors of a compiled block).
+
     Everything else (norm outputs, RoPE, SiLU, the product, the residual adds) is recomputed.
     It keeps less than no checkpointing in every layout; docs/PLANNER.md has the numbers.
     """
@@ -131,9 +141,15 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
     w, r = settings.matmul_bytes, settings.residual_bytes
     sp = tp if settings.sequence_parallel else 1
-    kept = r * d / sp + w * (2 * d + 2 * kv + 2 * h) / tp + 2 * d * w / sp
+    alternate = settings.activation_checkpointing.alternate_matmuls
+    column = d + kv + h if alternate else 2 * kv + 2 * h + d
+    # wo's and w2's outputs without TP (op_alternate keeps w2's alone), their reductions with it
+    outputs = 1 if alternate and tp == 1 else 2
+    if settings.compile and settings.compile_backend != "eager":  # eager: no partitioner
+        outputs -= 1
+    kept = r * d / sp + w * (column + d) / tp + outputs * d * w / sp
     if settings.attention == "math":
-        kept += model.n_heads * settings.seq_len * w / tp
+        kept += 0 if alternate else model.n_heads * settings.seq_len * w / tp
     else:
         kept += 4 * model.n_heads / tp
     return kept
@@ -151,6 +167,7 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
       projections' inputs, 2 x w x d, q and k after RoPE, w x (d + kv) / tp, and SwiGLU's
       product, w x h / tp (under the math path also one of the two score matrices). The
       partial sums of wo and w2 under TP live only until their cached reduction replaces them.
+      op_alternate also recomputes w3's output, which SwiGLU's backward reads: w x h / tp.
     """
     mode = settings.activation_checkpointing.mode
     if mode == "none":
@@ -164,6 +181,8 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
         plain = layer_activation_bytes(model, tp, settings) - r * d / sp - 2 * w * d / sp
         return plain + gathered_inputs
     recomputed = r * d / sp + gathered_inputs + w * (d + kv + h) / tp
+    if settings.activation_checkpointing.alternate_matmuls:
+        recomputed += w * h / tp
     if settings.attention == "math":
         recomputed += model.n_heads * settings.seq_len * w / tp
     return recomputed
@@ -195,3 +214,19 @@ def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSetting
         repeated = max(0, cp - kv_heads // tp)
         return w * model.dim / tp + 2 * repeated * hd * w
     return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len / settings.micro_batch_size
+
+
+def loss_bytes_per_logit(settings: TrainSettings, tp: int) -> float:
+    """Bytes per logit (a token x vocabulary entry of this rank) the cross-entropy holds at its
+    peak, which comes in backward (MemTracker on this CPU: `tests/unit/test_activation_memory.py`):
+
+    - one rank's whole vocabulary (`lm/module.py`: `F.cross_entropy(logits.float(), ...)`):
+      forward keeps the logits in the matmul dtype, their fp32 copy and the log-softmax,
+      w + 8 (8 in 32-true, where the copy is the logits); backward holds three fp32 tensors at
+      once, the loss's gradient, the saved log-softmax and its gradient: 12, the peak;
+    - under TP the logits stay split along the vocabulary (`strategy.loss_parallel`, torch's
+      `loss_parallel`): its log-softmax also keeps the shifted logits, w + 12 in forward, and
+      its fused backward holds four fp32 tensors (the saved log-softmax, the one-hot, its exp
+      and their sum) beside the product: 16.
+    """
+    return 16.0 if tp > 1 else 12.0

@@ -93,6 +93,16 @@ def block_matmuls(model, tp: int) -> list[tuple[float, float]]:
 
 ROW_PARALLEL = (3, 6)
 """wo and w2 in `block_matmuls`: the row-parallel projections."""
+ALTERNATE = (1, 3, 5)
+"""wk, wo and w3 in `block_matmuls`: the 2nd, 4th and 6th matmuls of a block in forward order,
+which op_alternate checkpointing recomputes."""
+
+
+def recomputed_projections(tp: int, alternate: bool) -> tuple[int, ...]:
+    """Indices into `block_matmuls` of the projections an op-level checkpointed block runs again
+    in backward: under TP the row-parallel wo and w2 (their partial sums are not kept), under
+    op_alternate also wk, wo and w3 (`parallel/activation_checkpoint.py`)."""
+    return tuple(sorted(set(ROW_PARALLEL if tp > 1 else ()) | set(ALTERNATE if alternate else ())))
 
 
 def _matmul_seconds(shapes, tokens: float, speed: float) -> float:
@@ -118,9 +128,11 @@ def microbatch_compute(
     float8_peak: float | None = None,
     float8_weight_share: float = 1.0,
     masked: bool = False,
+    alternate: bool = False,
 ) -> MicrobatchCompute:
     """Seconds of a microbatch of `tokens` through `layers` blocks (and the output head) on one
-    rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op"). With
+    rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op"; `alternate`:
+    op_alternate, which recomputes every other projection too). With
     `float8_peak` (FLOP/s) the block projections run in float8, each rank casting
     `float8_weight_share` of each weight. `tokens` are this rank's (a 1/cp share of each
     sequence under context parallelism), each attending over up to `seq_len` keys; `masked`
@@ -161,15 +173,13 @@ def microbatch_compute(
             + POINTWISE_SCALE * LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size / tp / bandwidth
         )
     # Recomputation: a block in full replays its forward (a third of each term); under 'op'
-    # the pointwise forward, and under TP the forward of the row-parallel wo and w2 (their
-    # partial sums are not kept).
+    # the pointwise forward and the forward of the projections it does not keep.
     if mode == "full":
         replay = block / 3
     elif mode == "op":
         replay = pointwise / 3
-        if tp > 1:
-            row_parallel = [shapes[i] for i in ROW_PARALLEL]
-            replay += _matmul_seconds(row_parallel, tokens, block_speed) / 3
+        again = [shapes[i] for i in recomputed_projections(tp, alternate)]
+        replay += _matmul_seconds(again, tokens, block_speed) / 3
     else:
         replay = 0.0
     return MicrobatchCompute(train, checkpointed * replay)

@@ -1,4 +1,5 @@
-"""Memory per device: model states, activations, FSDP buffers and a framework reserve.
+"""Memory per device: model states, activations, FSDP buffers, the caching allocator's slack and
+a framework reserve.
 
 All counts are for one rank of the worst pipeline stage (the first holds the embedding and the
 most in-flight microbatches, the last holds the output projection and the logits). `model` is
@@ -16,6 +17,7 @@ from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
     context_parallel_layer_bytes,
     layer_activation_bytes,
+    loss_bytes_per_logit,
     recomputed_layer_bytes,
 )
 from lightning_dist.planner.settings import (
@@ -39,6 +41,9 @@ class MemoryBreakdown:
     reserve: float
     host: float = 0.0
     stage: str = "only"
+    allocator: float = 0.0
+    """Device memory the CUDA caching allocator holds at the peak beyond the live tensors
+    (`allocator_bytes`; 0 on CPUs): with `tensors`, what torch.cuda.max_memory_reserved reads."""
 
     @property
     def tensors(self) -> float:
@@ -47,13 +52,22 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
     @property
+    def reserved(self) -> float:
+        """Predicted peak of the caching allocator's reserved memory: the live tensors and the
+        allocator's slack (what torchtitan logs as its memory; no CUDA context)."""
+        return self.tensors + self.allocator
+
+    @property
     def total(self) -> float:
         """Predicted peak on the device (everything but `host`)."""
-        return self.tensors + self.reserve
+        return self.reserved + self.reserve
 
     def as_dict(self) -> dict[str, float]:
         """The JSON form: every category plus `total`, as whole bytes."""
-        out = {k: round(v) for k, v in asdict(self).items() if k != "stage"}
+        fields = asdict(self)
+        order = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserve",
+                 "host")  # fmt: skip
+        out = {k: round(fields[k]) for k in order}
         out["total"] = round(self.total)
         return out
 
@@ -188,11 +202,10 @@ def activation_bytes(
       freed, and it adds `recomputed_layer_bytes` (other in-flight microbatches keep all).
 
     The last stage adds its final norm (its input, r x d / sp, and its output, the output
-    projection's input, w x d) and the logits, b x s x V / tp elements held as the matmul
-    output, its fp32 copy for the loss (none in 32-true, where `.float()` is the same tensor) and
-    the log-softmax: w + 8 bytes each, 8 in 32-true. With the chunked loss
-    (`model.loss_chunk_tokens`, c) only one chunk's logits exist at a time, min(c, b x s) rows of
-    them, and none are kept for backward.
+    projection's input, w x d) and the logits, b x s x V / tp elements, at the cross-entropy's
+    peak in its backward (`loss_bytes_per_logit`: 12 bytes each, 16 under TP's loss
+    parallelism). With the chunked loss (`model.loss_chunk_tokens`, c) only one chunk's logits
+    exist at a time, min(c, b x s) rows of them, and none are kept for backward.
     """
     tokens = settings.rank_tokens(layout)
     tp, d = layout.tp, model.dim
@@ -204,7 +217,7 @@ def activation_bytes(
     inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
     if shape.has_output:
-        per_vocab = 8 if settings.precision == "32-true" else w + 8
+        per_vocab = loss_bytes_per_logit(settings, tp)
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
         logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
@@ -292,13 +305,53 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
     return gathered + p2p
 
 
+def allocator_bytes(model, layout: Layout, settings: TrainSettings, shape: StageShape) -> float:
+    """Bytes the CUDA caching allocator holds at the step's peak that no live tensor uses (0
+    off GPUs: a CPU's allocator returns large blocks to the system). The allocator caches
+    freed blocks per stream and never hands one stream's blocks to another, and it places
+    each new block in a free one or past the end, so three things stay reserved:
+
+    - FSDP2's all-gather buffers come from their own stream (`all_gather_copy_in` runs on a
+      side stream; the gathered parameters are then copied out into tensors of the compute
+      stream): that stream keeps the largest unit's gathered bytes (FSDP1 gathers into the
+      parameters themselves, counted in `buffer_bytes`);
+    - the reduce-scatter outputs, on the reduce-scatter stream: the largest unit's gradient
+      shard in the reduce dtype;
+    - the logits' gap: the logits in bf16 (w = 2) and their fp32 copy, freed when forward
+      ends, leave 6 bytes a logit free; backward's first fp32 tensor of that size reuses 4 of
+      them and the others go past the end, so 2 bytes a logit stay free at the peak (none in
+      32-true: the logits are the fp32 tensor; none with the chunked loss).
+
+    Derived from torch 2.13's FSDP2 (`_fsdp_collectives.py`) and the op order of the loss,
+    never measured on a GPU; the published torchtitan rows check it (docs/PLANNER.md).
+    """
+    if settings.accelerator != "gpu":
+        return 0.0
+    slack = 0.0
+    n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
+    if n > 1:
+        w = settings.gathered_param_bytes
+        linear = 1 if settings.float8_all_gather else w
+        block = shape.block_linear * linear + (shape.block - shape.block_linear) * w
+        units = [sum(shape.roots) * w, block if shape.layers else 0.0]
+        if settings.options.fsdp1 is None:
+            slack += max(units)
+        largest = max(sum(shape.roots), shape.block if shape.layers else 0.0)
+        slack += largest * settings.gradient_reduce_bytes / n
+    w = settings.matmul_bytes
+    if shape.has_output and w < 4 and not getattr(model, "loss_chunk_tokens", 0):
+        slack += settings.rank_tokens(layout) * model.vocab_size / layout.tp * w
+    return slack
+
+
 def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryBreakdown:
     """Predicted peak bytes on one device of the worst stage, by category.
 
     `layout` must be resolved; the number of microbatches per step is the per-rank batch
     (global_batch_size / dp) over micro_batch_size. The reserve is the runtime's fixed cost
-    (RESERVE_BYTES), not a tensor, so `MemoryBreakdown.tensors` leaves it out; the allocator's
-    slack is left to the fit test's one margin (DEFAULT_HEADROOM).
+    (RESERVE_BYTES), not a tensor, so `MemoryBreakdown.tensors` leaves it out, and so is the
+    caching allocator's slack (`allocator_bytes`); fragmentation beyond it is left to the fit
+    test's one margin (DEFAULT_HEADROOM).
     """
     microbatches = settings.microbatches(layout.dp)
     worst = None
@@ -307,7 +360,9 @@ def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryB
         acts = activation_bytes(model, layout, settings, shape, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         reserve = RESERVE_BYTES.get(settings.accelerator, RESERVE_BYTES["gpu"])
-        mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage)
+        slack = allocator_bytes(model, layout, settings, shape)
+        mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage,
+                              slack)  # fmt: skip
         if worst is None or mem.total > worst.total:
             worst = mem
     return worst

@@ -50,9 +50,10 @@ from lightning_dist.planner.space import (
 )
 from lightning_dist.planner.timing import step_time
 
-CHECKPOINTING_CHOICES = (0, 2, "op", "full")
+CHECKPOINTING_CHOICES = (0, 2, "op", "op_alternate", "full")
 """The `activation_checkpointing` settings a search tries when none is pinned: off, every 2nd
-block, op-level (selective) and every block, from the least recompute to the least memory."""
+block, op-level (selective), op-level saving every other matmul, and every block, from the least
+recompute to the least memory."""
 
 
 @dataclass

@@ -13,7 +13,11 @@ import math
 from dataclasses import dataclass
 
 from lightning_dist.layout import Layout
-from lightning_dist.planner.compute import microbatch_compute
+from lightning_dist.planner.compute import (
+    block_matmuls,
+    microbatch_compute,
+    recomputed_projections,
+)
 from lightning_dist.planner.memory import (
     SHARDED_MODES,
     StageShape,
@@ -137,17 +141,20 @@ def _stage_flops_per_token(
     Same accounting as ModelArgs.train_flops_per_token, restricted to this stage's blocks. A
     block checkpointed in full replays its forward, a third of its training FLOPs; under 'op'
     it replays pointwise ops, counted as SELECTIVE_RECOMPUTE_SHARE of its training time, and
-    under TP also the forward of the row-parallel wo and w2 (their partial sums are not kept).
+    the forward of the projections it does not keep (`compute.recomputed_projections`: under TP
+    the row-parallel wo and w2, under op_alternate also wk, wo and w3).
     """
     d = model.dim
     per_layer = 6.0 * (model.block_params() - 2 * d) + 12.0 * d * settings.seq_len
     output = 6.0 * model.vocab_size * d if shape.has_output else 0.0
     checkpointed = checkpointed_blocks(layout, settings, shape)
-    if settings.activation_checkpointing.mode == "full":
+    choice = settings.activation_checkpointing
+    if choice.mode == "full":
         return shape.layers * per_layer + output, checkpointed * per_layer / 3
+    whole = block_matmuls(model, 1)
+    again = recomputed_projections(layout.tp, choice.alternate_matmuls)
     replay = per_layer * SELECTIVE_RECOMPUTE_SHARE
-    if layout.tp > 1:
-        replay += 2.0 * (d * d + d * model.hidden_dim)
+    replay += sum(2.0 * whole[i][0] * whole[i][1] for i in again)
     return shape.layers * per_layer + output, checkpointed * replay
 
 
@@ -168,6 +175,7 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
         if settings.float8 and hardware.peak_tflops_fp8 else None,
         float8_weight_share=1 / layout.shard_size if settings.float8_all_gather else 1.0,
         masked=layout.cp > 1 and settings.cp_mode == "allgather",
+        alternate=settings.activation_checkpointing.alternate_matmuls,
     )  # fmt: skip
 
 

@@ -70,6 +70,8 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "3d 1, AC op": ("strategy=3d", "hardware.devices=1", "strategy.activation_checkpointing=op"),
     "tp 2 + SP, AC op": ("strategy=tp", "hardware.devices=2", "strategy.sequence_parallel=true",
                          "strategy.activation_checkpointing=op"),
+    "3d 1, AC op_alternate": ("strategy=3d", "hardware.devices=1",
+                              "strategy.activation_checkpointing=op_alternate"),
 }  # fmt: skip
 """Name -> the overrides that select the layout (on top of COMMON)."""
 

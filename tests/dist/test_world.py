@@ -75,6 +75,21 @@ def test_compiled_op_policy_recomputes_the_row_parallel_matmuls(worlds):
         assert (2, 16, 64) in shapes, rank["saved"]  # the sequence shards are what is kept
 
 
+def test_the_loss_parallel_cross_entropy_peaks_at_the_planners_bytes_per_logit(worlds):
+    """`planner.activations.loss_bytes_per_logit` under TP (16): torch's vocabulary-parallel
+    log-softmax keeps the shifted logits beside its output (12 in forward, 14 with bf16
+    logits) and its fused backward holds four fp32 tensors beside the product."""
+    from lightning_dist.planner.activations import loss_bytes_per_logit
+    from lightning_dist.planner.settings import TrainSettings
+
+    planner = loss_bytes_per_logit(TrainSettings(global_batch_size=1, seq_len=512), tp=2)
+    for rank in worlds(2).run("world_cases:loss_parallel_peak_per_logit"):
+        assert rank["fp32"]["forward"] == pytest.approx(12, rel=0.02), rank
+        assert rank["bf16"]["forward"] == pytest.approx(14, rel=0.02), rank
+        for dtype in ("fp32", "bf16"):
+            assert rank[dtype]["peak"] == pytest.approx(planner, rel=0.02), rank
+
+
 def test_a_run_after_a_run_in_the_same_ranks_gets_fresh_dtensor_plans():
     """torch caches an op's output sharding with the mesh it ran on, and an equal mesh of a
     later group in the same process gets that mesh back, whose group names the new groups do

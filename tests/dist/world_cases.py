@@ -155,6 +155,49 @@ def saved_by_compiled_op_policy_blocks() -> dict:
     return {"saved": saved, "full_sequence": [2, 32, 64], "loss": float(loss.detach())}
 
 
+def loss_parallel_peak_per_logit() -> dict:
+    """2 ranks, tp=2: the cross-entropy of vocabulary-split logits under torch's loss_parallel
+    (as `strategy.loss_parallel` runs it), with fp32 and with bf16 logits: MemTracker's forward
+    high-water and the step's peak beyond the head's weight and gradient, in bytes per logit of
+    this rank's shard."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+    from world import init_group
+
+    from lightning_dist.layout import Layout
+    from lightning_dist.parallel.memory import measure_step
+
+    init_group()
+    mesh = Layout(tp=2).build_mesh("cpu")["tp"]
+    torch.manual_seed(0)
+    tokens, dim, vocab = 512, 16, 4096
+    head = torch.nn.Linear(dim, vocab // 2, bias=False)  # this rank's half of the vocabulary
+    hidden, targets = torch.randn(tokens, dim), torch.randint(0, vocab, (tokens,))
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    out = {}
+    for name, autocast in (("fp32", False), ("bf16", True)):
+
+        def step(autocast=autocast):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                local = head(hidden)
+            logits = DTensor.from_local(local, mesh, [Shard(1)])
+            with loss_parallel():
+                loss = F.cross_entropy(logits.float(), targets)
+                del local, logits
+                loss.backward()
+            opt.step()
+
+        step()
+        mem = measure_step(step, head, [opt])
+        logits = tokens * vocab // 2
+        out[name] = {"forward": mem["activations"] / logits,
+                     "peak": (mem["total"] - mem["params"] - mem["grads"]) / logits}  # fmt: skip
+    return out
+
+
 def gather_a_dtensor_sharded_twice(groups_before: int, clear: bool) -> list[float]:
     """4 ranks: a fresh default group, `groups_before` unrelated groups (they move the names
     the next groups get), a 2 x 2 mesh, a DTensor sharded over both of its dims, an op on it

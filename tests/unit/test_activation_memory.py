@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from lightning_dist.models.llama import RMSNorm
@@ -109,3 +110,141 @@ def test_rmsnorm_returns_the_autocast_dtype_under_autocast_and_the_input_dtype_o
     assert torch.equal(y, norm(x).to(torch.bfloat16))  # one rounding of the same fp32 values
     with torch.device("meta"):  # no autocast on meta: the input's dtype, no error
         assert norm.to("meta")(torch.empty(2, 4, 16)).dtype == torch.float32
+
+
+def _settings(seq_len: int = 256, **knobs):
+    from lightning_dist.planner.settings import TrainSettings
+
+    return TrainSettings.of(global_batch_size=4, seq_len=seq_len, precision="32-true",
+                            accelerator="cpu", **knobs)  # fmt: skip
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_cross_entropy_peaks_in_backward_at_the_planners_bytes_per_logit(autocast):
+    """The planner's `loss_bytes_per_logit` (12 without TP): backward holds the loss's gradient,
+    the saved log-softmax and its gradient, three fp32 tensors of tokens x vocabulary, more
+    than forward's logits, copy and log-softmax (8, or 10 with bf16 logits)."""
+    import torch.nn.functional as F
+
+    from lightning_dist.parallel.memory import measure_step
+    from lightning_dist.planner.activations import loss_bytes_per_logit
+
+    torch.manual_seed(0)
+    tokens, dim, vocab = 512, 16, 4096
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    hidden, targets = torch.randn(tokens, dim), torch.randint(0, vocab, (tokens,))
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = head(hidden)
+        loss = F.cross_entropy(logits.float(), targets)  # as lm/module.py computes it
+        del logits
+        loss.backward()
+        opt.step()
+
+    step()
+    mem = measure_step(step, head, [opt])
+    forward = mem["activations"] / (tokens * vocab)
+    peak = (mem["total"] - mem["params"] - mem["grads"]) / (tokens * vocab)
+    assert forward == pytest.approx(10 if autocast else 8, rel=0.02)
+    assert peak == pytest.approx(loss_bytes_per_logit(_settings(), tp=1), rel=0.02)
+
+
+def _kept_per_block_token(every_n) -> float:
+    """MemTracker's forward high-water of a model under `every_n` checkpointing, per block and
+    token: the difference between 4 and 2 blocks (the embedding, the logits and the last
+    block's recomputation cancel)."""
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.models.llama import TransformerBlock
+    from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+    from lightning_dist.parallel.memory import measure_step
+
+    tokens = torch.randint(0, 128, (4, 256), generator=torch.Generator().manual_seed(0))
+    kept = []
+    for layers in (2, 4):
+        torch.manual_seed(0)
+        model = ModelArgs(dim=64, n_layers=layers, n_heads=4, n_kv_heads=2, vocab_size=128,
+                          ffn_hidden_size=256, max_seq_len=256).build()  # fmt: skip
+        apply_activation_checkpointing(model, [TransformerBlock], every_n=every_n)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(model=model, opt=opt):
+            opt.zero_grad()
+            model(tokens).float().pow(2).mean().backward()
+            opt.step()
+
+        step()
+        kept.append(measure_step(step, model, [opt])["activations"])
+    return (kept[1] - kept[0]) / 2 / tokens.numel()
+
+
+@pytest.mark.parametrize("choice", ["op", "op_alternate"])
+def test_an_op_checkpointed_block_keeps_the_planners_bytes(choice):
+    """Measured per block and token against `checkpointed_layer_bytes` (op keeps every
+    matmul's output, op_alternate the 1st, 3rd, 5th and 7th: 3600 and 2192 bytes here)."""
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.planner.activations import checkpointed_layer_bytes
+
+    shape = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
+                      ffn_hidden_size=256, max_seq_len=256)  # fmt: skip
+    planner = checkpointed_layer_bytes(shape, 1, _settings(activation_checkpointing=choice))
+    assert _kept_per_block_token(choice) == pytest.approx(planner, rel=1e-3)
+
+
+def _compiled_block_saves(choice) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, bytes) of each activation a compiled op-checkpointed block saves for backward:
+    the forward graph's outputs beyond the block's output, as AOTAutograd partitions it."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
+    from lightning_dist.parallel.compile import block_slots
+    from lightning_dist.parallel.fsdp import find_block_types
+
+    saved = []
+
+    def forward_compiler(graph, example_inputs):
+        outputs = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+        for node in outputs[1:]:  # the first is the block's output
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor) and value.shape[0] in (2, 128):  # batch, tokens
+                saved.append((tuple(value.shape), value.numel() * value.element_size()))
+        return graph.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=128,
+                      ffn_hidden_size=192, max_seq_len=64).build()  # fmt: skip
+    blocks = find_block_types(model)
+    apply_activation_checkpointing(model, blocks, every_n=choice)
+    for slot in block_slots(model, blocks):
+        slot.compile(backend=aot_autograd(fw_compiler=forward_compiler,
+                                          bw_compiler=lambda graph, _: graph.forward))  # fmt: skip
+    tokens = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    model(tokens).float().pow(2).mean().backward()
+    torch._dynamo.reset()
+    return saved
+
+
+@pytest.mark.parametrize("choice", ["op", "op_alternate"])
+def test_a_compiled_op_block_saves_the_planners_bytes_and_no_w2_output(choice):
+    """Compiled, a block keeps only what backward reads: the policy's kept outputs less w2's
+    (nothing reads it: the block ends in a residual add), as `selective_layer_bytes` counts
+    under `strategy.compile` (2832 and 1680 bytes per token here, 256 less than eager)."""
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.planner.activations import selective_layer_bytes
+
+    shape = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=128,
+                      ffn_hidden_size=192, max_seq_len=64)  # fmt: skip
+    saved = _compiled_block_saves(choice)
+    w2_output = (128, 64)  # [tokens, dim]: a matmul output of the block's width
+    kept = sum(b for _, b in saved) / 128
+    settings = _settings(activation_checkpointing=choice, compile=True,
+                         compile_backend="aot_eager", seq_len=64)  # fmt: skip
+    assert kept == selective_layer_bytes(shape, 1, settings)
+    eager = selective_layer_bytes(shape, 1, _settings(activation_checkpointing=choice, seq_len=64))
+    assert eager - kept == 64 * 4  # one [tokens, dim] fp32 tensor less than eager keeps
+    # wq's and (op only) wo's outputs are [tokens, dim] matmul outputs that stay
+    assert sum(s == w2_output for s, _ in saved) == (2 if choice == "op" else 1)

@@ -1,8 +1,7 @@
 """The planner against published runs (lightning_dist/calibration_report.py): the stored published rows
-of planner/calibration.json are the current planner's predictions, and the time rows meet their
-targets (torchtitan's H100 tokens/s within 15%, Megatron-LM's percent of peak within 5 points).
-Of the memory rows, the one without torch.compile on 8 GPUs meets its 10%; the others are over
-it (docs/PLANNER.md says why) and are held where they are, so a regression still shows."""
+of planner/calibration.json are the current planner's predictions, and every row meets its target
+(torchtitan's H100 tokens/s within 15% and reserved memory within 10%, Megatron-LM's percent of
+peak within 5 points)."""
 
 from __future__ import annotations
 
@@ -36,24 +35,33 @@ def test_time_rows_meet_their_targets(live):
         )
 
 
-def test_memory_rows(live):
-    memory = {r.layout: row_error(r) for r in live if r.quantity == "memory.process_bytes"}
-    assert abs(memory["fsdp 8"]) <= TARGETS[("published", "memory.process_bytes")]
-    # Over the 10% target today (compile's fusion and torchtitan's lighter op policy save
-    # memory the planner does not model): held at their current errors plus a point.
-    assert 0 < memory["fsdp 128"] <= 0.12 and 0 < memory["fsdp 8 compile"] <= 0.16
-    assert 0 < memory["fsdp 128 compile"] <= 0.21
-    # float8 changes no memory term of the planner (torchao saves what bf16 saves)
-    assert 0 < memory["fsdp 8 compile float8"] <= 0.16
-    assert 0 < memory["fsdp 128 compile float8"] <= 0.21
+def test_memory_rows_meet_their_targets(live):
+    memory = {r.layout: row_error(r) for r in live if r.quantity == "memory.reserved_bytes"}
+    assert len(memory) == 6
+    for layout, error in memory.items():
+        assert abs(error) <= TARGETS[("published", "memory.reserved_bytes")], (layout, error)
+    # compile drops w2's output from every block (torchtitan: 5.4 and 5.0 GiB less)
+    assert memory["fsdp 8 compile"] < memory["fsdp 8"] + 0.02
 
 
 def test_the_command_prints_every_row_with_its_error(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert out.count("| published |") == 22 and "| measured-cpu |" in out
-    assert "GPT 1008B" in out and "+7.0%" in out
-    assert "22 published rows, 17 within their targets" in out
+    assert out.count("| published |") == 22 + 12 and "| measured-cpu |" in out
+    assert "GPT 1008B" in out and "-4.8%" in out
+    assert "22 published rows, 22 within their targets" in out
+    assert "12 held-out rows, 8 within the same targets" in out
+
+
+def test_the_held_out_time_rows_meet_the_time_target():
+    """No constant was fitted to them; the memory rows are printed, not pinned (three of five
+    miss: docs/PLANNER.md, "Held out")."""
+    from lightning_dist.calibration_report import held_out_rows
+
+    time_rows = [r for r in held_out_rows() if r.quantity.startswith("time.")]
+    assert len(time_rows) == 7
+    for row in time_rows:
+        assert abs(row_error(row)) <= TARGETS[(row.source, row.quantity)], row.describe()
 
 
 def test_the_torchtitan_rows_overrides_build_the_predicted_layout():
