@@ -1,13 +1,15 @@
 """The mixture-of-experts model on one device (lightning_dist/models/moe.py, docs/MOE.md): the
 router's top-k and its ties, dropless dispatch against a per-token reference, the grouped matmul
 against the per-expert loop, the load-balancing loss whatever the batch split, the bias update,
-the step's loads under activation checkpointing, FLOPs, and the published flavors' counts on the
-meta device."""
+the step's loads under activation checkpointing, FLOPs, the published flavors' counts on the
+meta device, and a short training run held to its stored single-device reference."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +30,8 @@ from lightning_dist.models.moe import (
     take_aux_loss,
     take_step_loads,
 )
+
+BASELINES = Path(__file__).resolve().parents[1] / "dist" / "baselines.json"
 
 
 @functools.cache
@@ -273,3 +277,52 @@ def test_published_flavors_build_on_meta_with_their_counts(flavor, total, active
         assert round((total + with_mla) / 1e9) == 671
         assert abs((active + with_mla) / 37e9 - 1) < 0.02
         assert model.layers["2"].feed_forward.w1.out_features == 18432  # first_k_dense=3
+
+
+# --- a training run ---------------------------------------------------------------------------
+
+REFERENCE = "moe_debug_lr1e-2"
+
+
+def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, monkeypatch):
+    """train(cfg) of the stored reference (tests/dist/baselines.py) in this process: the same
+    losses (which keeps the reference honest), a falling loss, the experts' loads in
+    summary.json and the metrics, the bias moved by the sign rule."""
+    import lightning as L
+
+    from lightning_dist.parity import max_relative_difference
+    from lightning_dist.report import markdown_summary
+    from lightning_dist.run.loggers import METRICS_CSV
+    from lightning_dist.train import train
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restore
+        monkeypatch.setenv(name, "0")
+    trainers = []
+    fit = L.Trainer.fit
+
+    def recording_fit(self, *args, **kwargs):
+        trainers.append(self)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "fit", recording_fit)
+    stored = json.loads(BASELINES.read_text())[REFERENCE]
+    quiet = ["~callbacks.comm", "trainer.memory_by_category_step=0", "report=false"]
+    summary = train(compose(*stored["overrides"], *quiet))
+    for key in ("losses", "val_losses"):
+        assert max_relative_difference(summary[key], stored[key]) <= 1e-6, key
+    losses = summary["losses"]
+    assert losses[-1] < losses[0] - 0.5
+    moe, args = summary["moe"], trainers[0].lightning_module.model_spec
+    routed = args.top_k * summary["global_batch_size"] * summary["seq_len"]
+    assert [sum(row) for row in moe["tokens_per_expert"]] == [routed] * args.n_layers
+    assert len(moe["aux_losses"]) == len(losses) and all(a > 0 for a in moe["aux_losses"])
+    assert all(v >= 1 for v in moe["imbalance"]) and moe["max_imbalance"] == max(moe["imbalance"])
+    assert moe["active_parameters"] == args.active_params() < summary["parameters"]
+    for m in moe_layers(trainers[0].lightning_module.model):
+        steps = m.router.expert_bias / args.bias_update_rate  # whole steps of +-rate
+        assert steps.abs().max() > 0
+        torch.testing.assert_close(steps, steps.round(), rtol=0, atol=1e-3)
+    columns = (Path(trainers[0].default_root_dir) / METRICS_CSV).read_text().splitlines()[0]
+    assert "train/aux_loss" in columns and "moe/imbalance_layer3" in columns
+    table = markdown_summary(summary, [])
+    assert "| active parameters |" in table and "| expert imbalance (max/mean) |" in table
