@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_dist._compat import grouped_mm, in_backward
 from lightning_dist.models.llama import (
     TP_PLAN,
     FeedForward,
@@ -43,7 +44,7 @@ from lightning_dist.models.llama import (
 )
 from lightning_dist.models.shape import MoEShape
 
-_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+_GROUPED_MM = grouped_mm()
 _GROUPED_MM_DTYPES = {
     "cpu": (torch.float32, torch.bfloat16, torch.float16),
     "cuda": (torch.bfloat16,),
@@ -189,7 +190,7 @@ class MoE(nn.Module):
     def __init__(self, args: MoEShape, layer: int):
         super().__init__()
         self.layer = layer
-        """The block index: the row of this layer in `step_loads`."""
+        """The block index: this layer's row in `take_step_loads`' table."""
         self.num_experts, self.top_k = args.num_experts, args.top_k
         self.aux_loss_coeff, self.bias_update_rate = args.aux_loss_coeff, args.bias_update_rate
         self.normalise_scores = args.score_func == "sigmoid"
@@ -239,7 +240,7 @@ class MoE(nn.Module):
             aux = self.aux_loss_coeff * balance
         # Activation checkpointing reruns this forward in backward: the same ops (it checks
         # that they save as many tensors), but the step has its loss and loads already.
-        if torch._C._current_graph_task_id() != -1:
+        if in_backward():
             return
         self.aux_loss = aux
         counts = counts.detach()
