@@ -186,6 +186,21 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def grouped_mm():
+    """The grouped matmul of mixture-of-experts layers: `torch.nn.functional.grouped_mm` where
+    torch has it (2.13), else the private `torch._grouped_mm` it wraps (from torch 2.8), else
+    None (models/moe.py then runs its per-expert loop)."""
+    import torch
+    import torch.nn.functional as F
+
+    if hasattr(F, "grouped_mm"):
+        return F.grouped_mm
+    try:
+        return torch._grouped_mm
+    except AttributeError:
+        return None
+
+
 def saved_tensors_hooks_active() -> bool:
     """Whether saved-tensor hooks (activation checkpointing's, CPU offload's) are in force.
 
@@ -575,8 +590,12 @@ _ENTRIES = (
         )
     ),  # fmt: skip
     _entry("torch._C._current_graph_task_id", "torch._C", "attribute",
-           "lightning_dist.parallel.memory", "whether backward runs; no public query", TORCH,
-           via="in_backward"),
+           ("lightning_dist.parallel.memory", "lightning_dist.models.moe"),
+           "whether backward runs (the memory meter's temporaries; an MoE layer's forward "
+           "rerun by activation checkpointing); no public query", TORCH, via="in_backward"),
+    _entry("torch._grouped_mm", "torch", "attribute", "lightning_dist.models.moe",
+           "the grouped matmul of MoE experts where torch has no public F.grouped_mm "
+           "(before 2.13)", TORCH, via="grouped_mm"),
     _entry("torch._C._autograd._top_saved_tensors_default_hooks", "torch._C._autograd",
            "attribute", "lightning_dist.parallel.sequence_parallel",
            "whether saved-tensor hooks are in force; no public query", TORCH,

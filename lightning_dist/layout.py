@@ -163,7 +163,7 @@ class Layout:
 
     def check_model(self, args) -> None:
         """Raise ValueError if `args` (a ModelArgs) cannot be split by this layout's tp and pp."""
-        problem = tp_split_problem(args, self.tp)
+        problem = tp_split_problem(args, self.tp) or self.experts_problem(args)
         if problem:
             raise ValueError(problem)
         if args.n_layers < self.num_stages:
@@ -181,6 +181,22 @@ class Layout:
             raise ValueError(
                 f"tie_embeddings=True is not supported with tp={self.tp} yet; untie them or use tp=1"
             )
+
+    def experts_problem(self, args) -> str | None:
+        """Why this layout cannot train `args`' mixture of experts yet, or None. The MoE model
+        is single-device code with seams for the parallel wrappers (`models/moe.py`); so far
+        none is written: only data parallelism (dp_replicate x dp_shard) runs it."""
+        if not getattr(args, "num_experts", 0):
+            return None
+        for name in ("tp", "pp", "cp"):
+            degree = getattr(self, name)
+            if degree > 1:
+                return (
+                    f"strategy.{name}={degree} with a mixture of experts (model.num_experts="
+                    f"{args.num_experts}) is not supported yet; use data parallelism (strategy="
+                    f"ddp, fsdp or fsdp2) or strategy.{name}=1"
+                )
+        return None
 
     def check_batch(self, global_batch_size: int, micro_batch_size: int | None = None) -> None:
         """Raise ValueError unless each data-parallel micro-batch splits into the microbatches.

@@ -192,6 +192,22 @@ def _write_report(run_dir: Path, out: Path) -> list[Path]:
         _plot_bars(out / "memory_per_rank.png", f"peak memory per rank: {label}", "GiB",
                    [f"rank {r}" for r in range(len(peaks))], {"peak": [p / GIB for p in peaks]})  # fmt: skip
         written.append(out / "memory_per_rank.png")
+    moe = summary.get("moe")
+    if moe and moe["tokens_per_expert"]:
+        imbalance = {
+            f"layer {i}": metrics.get(f"moe/imbalance_layer{i}", []) for i in moe["layers"]
+        }
+        lines("expert_imbalance.png", "expert load, max / mean tokens per expert", "max / mean",
+              imbalance)  # fmt: skip
+        lines("aux_loss.png", "load-balancing loss", "aux loss",
+              {"aux loss": metrics.get("train/aux_loss", [])})  # fmt: skip
+        experts = [f"expert {e}" for e in range(len(moe["tokens_per_expert"][0]))]
+        if len(experts) <= 32:  # one bar per expert and layer: readable up to a few dozen
+            _plot_bars(out / "tokens_per_expert.png", f"tokens per expert, last step: {label}",
+                       "tokens", experts, dict(zip(
+                           [f"layer {i}" for i in moe["layers"]], moe["tokens_per_expert"],
+                           strict=True)))  # fmt: skip
+            written.append(out / "tokens_per_expert.png")
     bubble = summary.get("bubble")
     if bubble:
         stages = bubble["per_stage"]
@@ -216,6 +232,7 @@ def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = ""
         ("hardware", summary.get("hardware")),
         ("model", summary.get("model")),
         ("parameters", fmt(summary.get("parameters"), "{:,}")),
+        *_expert_rows(summary.get("moe"), fmt),
         ("layout", " ".join(f"{k}={v}" for k, v in summary.get("layout", {}).items())),
         ("world size", summary.get("world_size")),
         ("nodes", fmt(nodes.get("num_nodes"), "{}") + "".join(
@@ -237,6 +254,21 @@ def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = ""
     images = "\n".join(f"![{p.stem}]({p.name})" for p in plots)
     title = f"# Run report: {label}" if label else "# Run report"
     return f"{title}\n\n| | |\n| --- | --- |\n{table}\n\n{images}\n"
+
+
+def _expert_rows(moe: dict[str, Any] | None, fmt) -> list[tuple[str, str]]:
+    """The report's rows of a mixture of experts (summary.json's `moe`), none without one."""
+    if not moe:
+        return []
+    imbalance = "n/a"
+    if moe["imbalance"]:
+        worst = max(range(len(moe["layers"])), key=moe["imbalance"].__getitem__)
+        imbalance = f"{moe['imbalance'][worst]:.3f} (last step, layer {moe['layers'][worst]})"
+    return [
+        ("active parameters", fmt(moe["active_parameters"], "{:,}")),
+        ("final aux loss", fmt(moe["final_aux_loss"])),
+        ("expert imbalance (max/mean)", imbalance),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,12 @@ def export_command(args: argparse.Namespace) -> None:
 
     info = open_checkpoint(args.checkpoint)
     model_args = require_args(info)
+    experts = getattr(model_args, "num_experts", 0)
+    if experts:
+        raise ValueError(
+            f"{info.path} holds a mixture of experts (model.num_experts={experts}); export --to "
+            "hf writes a dense LlamaForCausalLM and cannot hold it yet"
+        )
     tokenizer, origin = export_tokenizer(info.path, args.tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > model_args.vocab_size:
         raise ValueError(f"the tokenizer ({origin}) has {tokenizer.vocab_size} ids, the model's "

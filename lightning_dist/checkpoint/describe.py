@@ -51,10 +51,19 @@ def _model(info: CheckpointInfo) -> str:
     if a is None:
         return _other_model(info)
     tied = ", tied embeddings" if a.tie_embeddings else ""
+    experts = getattr(a, "num_experts", 0)
+    kind = "MoETransformer" if experts else "Transformer"
+    moe = (
+        f" num_experts={experts} top_k={a.top_k} expert_hidden_size={a.expert_dim} "
+        f"n_shared_experts={a.n_shared_experts} first_k_dense={a.first_k_dense}"
+        if experts
+        else ""
+    )
     return (
-        f"Transformer dim={a.dim} n_layers={a.n_layers} n_heads={a.n_heads} "
+        f"{kind} dim={a.dim} n_layers={a.n_layers} n_heads={a.n_heads} "
         f"n_kv_heads={a.kv_heads} ffn_hidden_size={a.hidden_dim} vocab_size={a.vocab_size} "
-        f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g} norm_eps={a.norm_eps:g}{tied}"
+        f"max_seq_len={a.max_seq_len} rope_theta={a.rope_theta:g} norm_eps={a.norm_eps:g}"
+        f"{moe}{tied}"
     )
 
 

@@ -32,7 +32,7 @@ from lightning_dist.checkpoint.format import (
 )
 from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest, write_manifest
 from lightning_dist.checkpoint.safe import CheckpointError
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
 DCP_METADATA = ".metadata"
 
@@ -147,15 +147,23 @@ ARCHITECTURE = ("n_heads", "kv_heads", "vocab_size", "rope_theta", "norm_eps", "
 """What a checkpoint's model must share with the configured one beyond the weights' shapes: the
 heads' split of wq and wk (n_heads 4 and 8 give the same shapes), the rotary base, the norm's
 epsilon and tied embeddings change the function; the vocabulary is named before any shape."""
+EXPERT_ARCHITECTURE = ("num_experts", "top_k", "expert_dim", "n_shared_experts", "first_k_dense",
+                       "score_func")  # fmt: skip
+"""What two mixtures of experts (`MoEArgs`) must share besides `ARCHITECTURE`: the experts
+named before their 3-D weights' shapes, and the routing."""
 
 
 def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
     """How the checkpoint's model (`theirs`, from its manifest) differs from the configured one,
     as `was written for model.<key>=<value>, the configured model has <value>`; None when they
     agree, or when either is not a lightning_dist Transformer (the shapes decide then)."""
-    if theirs is None or not isinstance(ours, ModelArgs):
+    if theirs is None or not isinstance(ours, ModelArgs | MoEArgs):
         return None
-    for key in ARCHITECTURE:
+    if isinstance(theirs, MoEArgs) != isinstance(ours, MoEArgs):
+        experts = [getattr(a, "num_experts", 0) for a in (theirs, ours)]
+        return (f"was written for model.num_experts={experts[0] or 'none (dense)'}, the "
+                f"configured model has {experts[1] or 'none (dense)'}")  # fmt: skip
+    for key in ARCHITECTURE + (EXPERT_ARCHITECTURE if isinstance(ours, MoEArgs) else ()):
         if getattr(theirs, key) != getattr(ours, key):
             name = "n_kv_heads" if key == "kv_heads" else key
             return (f"was written for model.{name}={getattr(theirs, key)}, the configured model "
@@ -179,14 +187,17 @@ def writing_run_config(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def model_args_of(manifest: dict | None, run_config: dict | None = None) -> ModelArgs | None:
-    """The model a checkpoint was written for: its manifest's, else its run's config's."""
+def model_args_of(manifest: dict | None,
+                  run_config: dict | None = None) -> ModelArgs | MoEArgs | None:  # fmt: skip
+    """The model a checkpoint was written for: its manifest's, else its run's config's
+    (`MoEArgs` where it has experts)."""
     model = (manifest or {}).get("model") or (run_config or {}).get("model") or {}
-    if manifest is None and not str(model.get("_target_", "")).endswith("ModelArgs"):
+    if manifest is None and not str(model.get("_target_", "")).endswith(("ModelArgs", "MoEArgs")):
         return None
-    names = {f.name for f in dataclasses.fields(ModelArgs)}
+    kind = MoEArgs if "num_experts" in model else ModelArgs
+    names = {f.name for f in dataclasses.fields(kind)}
     kwargs = {k: v for k, v in model.items() if k in names}
-    return ModelArgs(**kwargs) if kwargs else None
+    return kind(**kwargs) if kwargs else None
 
 
 def _step(path: Path, manifest: dict | None) -> int | None:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dist import options
 from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -42,6 +42,7 @@ def _with_target(cls: type, target: str, name: str) -> type:
 
 
 LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs", "LlamaSchema")
+MoESchema = _with_target(MoEArgs, "lightning_dist.models.args.MoEArgs", "MoESchema")
 
 
 @dataclass(kw_only=True)
@@ -285,6 +286,7 @@ def register_schemas() -> None:
 
 SCHEMAS: dict[str, type] = {
     "schema_llama": LlamaSchema,
+    "schema_moe": MoESchema,
     "schema_hf": HFModelSchema,
     "schema_text": TextDataSchema,
     "schema_synthetic": SyntheticDataSchema,
@@ -316,7 +318,7 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
 
 
 def model_spec(cfg: DictConfig):
-    """The model description: `ModelArgs`, or `HFModelSpec` for Hugging Face models."""
+    """The model description: `ModelArgs`, `MoEArgs`, or `HFModelSpec` for Hugging Face models."""
     from lightning_dist.config.targets import build
 
     return build(cfg.model, "model", _convert_="all")

@@ -21,8 +21,15 @@ from lightning_dist._compat import attached_trainer
 from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.contract import contract_of
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.lm.experts import ExpertStats
 from lightning_dist.models.documents import document_positions
 from lightning_dist.models.materialize import materialize
+from lightning_dist.models.moe import (
+    moe_layers,
+    take_aux_loss,
+    take_step_loads,
+    update_expert_biases,
+)
 from lightning_dist.parallel.context_parallel import context_parallel_of
 
 
@@ -67,6 +74,11 @@ class CausalLM(L.LightningModule):
         self._context = None
         """The model's context-parallel attention step, if any: each rank then computes its
         chunks of every sequence (`parallel/context_parallel.py`)."""
+        self._experts: list = []
+        """The model's mixture-of-experts layers (`models/moe.py`), none for a dense model."""
+        self._aux_sum = torch.zeros(())
+        self.expert_stats: ExpertStats | None = None
+        """Each step's expert loads and auxiliary loss (MoE models; summary.json's `moe`)."""
 
     # --- model --------------------------------------------------------------------------------
 
@@ -93,6 +105,9 @@ class CausalLM(L.LightningModule):
             # After parallelisation: under PP the head is on the last stage (a copy or not).
             self._heads = [m for m in self.model.modules() if getattr(m, "defers_logits", False)]
         self._context = context_parallel_of(self.model)
+        self._experts = moe_layers(self.model)
+        if self._experts:
+            self.expert_stats = ExpertStats.of(self.model_spec)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """The model's output: logits, or the final hidden states under a chunked loss."""
@@ -146,6 +161,12 @@ class CausalLM(L.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, _, _ = self._loss(batch)
+        aux = take_aux_loss(self._experts) if self._experts else None
+        if aux is not None:
+            # Both are micro-batch means, so Lightning's mean over micro-batches (and the mean
+            # over ranks) treats the load-balancing loss as the LM loss (MoEShape.aux_loss_coeff).
+            self._aux_sum = self._aux_sum.to(aux.device) + aux.detach()
+            loss = loss + aux
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
         self._micro_steps += 1
         return loss
@@ -161,10 +182,33 @@ class CausalLM(L.LightningModule):
         strategy = contract_of(self.trainer.strategy)
         global_loss = mean_over_ranks(strategy.mean_over_replica_groups(local))
         self._loss_sum = torch.zeros((), device=global_loss.device)
+        if self._experts:
+            self._expert_step(self._aux_sum / self._micro_steps)
         self._micro_steps = 0
         value = float(global_loss)
         self.step_losses.append(value)
         self.log("train/loss", value, prog_bar=True, rank_zero_only=True)
+
+    def _expert_step(self, local_aux: torch.Tensor) -> None:
+        """After the step's last micro-batch: the step's expert loads and auxiliary loss over
+        every rank (one all-reduce), the auxiliary-loss-free bias update, their metrics.
+
+        Each rank's table has a row per layer of the whole model, zero where it holds no such
+        layer, so the mean over all ranks is, for every layer, a positive multiple of its
+        tokens per expert over the whole step, whatever the layout (a rank's micro-batches are
+        all counted; under pipeline or tensor parallelism each layer has as many holders). The
+        bias update's sign rule and the shares logged read only ratios of it."""
+        spec = self.model_spec
+        device = self._loss_sum.device
+        loads = take_step_loads(self._experts, spec.n_layers, spec.num_experts, device)
+        packed = torch.cat([loads.flatten(), local_aux.to(device, torch.float64).view(1)])
+        packed = mean_over_ranks(packed)
+        loads, aux = packed[:-1].view_as(loads), float(packed[-1])
+        self._aux_sum = torch.zeros((), device=device)
+        update_expert_biases(self._experts, loads)
+        metrics = self.expert_stats.record(loads, aux if spec.aux_loss_coeff else None)
+        for name, value in metrics.items():
+            self.log(name, value, rank_zero_only=True)
 
     # --- validation ---------------------------------------------------------------------------
 

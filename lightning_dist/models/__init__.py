@@ -1,15 +1,19 @@
-"""Single-device model code: the Llama-style `Transformer`, its `ModelArgs`, and HF adapters.
+"""Single-device model code: the Llama-style `Transformer` and its mixture-of-experts flavor
+`MoETransformer`, their `ModelArgs` and `MoEArgs`, and HF adapters.
 
-Only `ModelArgs` loads eagerly: the planner and the config composer read it on a laptop, and
+Only the args load eagerly: the planner and the config composer read them on a laptop, and
 importing torch there would cost seconds for nothing.
 """
 
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
-__all__ = ["HFCausalLM", "HFModelSpec", "ModelArgs", "RMSNorm", "Transformer"]
+__all__ = [
+    "HFCausalLM", "HFModelSpec", "ModelArgs", "MoEArgs", "MoETransformer", "RMSNorm", "Transformer",
+]  # fmt: skip
 
 _LAZY = {
     "Transformer": "lightning_dist.models.llama",
+    "MoETransformer": "lightning_dist.models.moe",
     "RMSNorm": "lightning_dist.models.llama",
     "HFModelSpec": "lightning_dist.models.hf",
     "HFCausalLM": "lightning_dist.models.hf",

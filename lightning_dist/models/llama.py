@@ -205,16 +205,23 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(_SwiGLUFunction.apply(self.w1(x), self.w3(x)))
 
+    def init_weights(self, std: float, out_std: float) -> None:
+        """Normal init; `w2`, which writes into the residual, uses `out_std`."""
+        nn.init.normal_(self.w1.weight, mean=0.0, std=std)
+        nn.init.normal_(self.w3.weight, mean=0.0, std=std)
+        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
+
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: attention then SwiGLU MLP."""
+    """Pre-norm residual block: attention then a SwiGLU MLP, or the `feed_forward` module given
+    (a mixture of experts, `models/moe.py`: any module with `init_weights(std, out_std)`)."""
 
-    def __init__(self, args: LlamaShape):
+    def __init__(self, args: LlamaShape, feed_forward: nn.Module | None = None):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.feed_forward = feed_forward or FeedForward(args.dim, args.hidden_dim)
 
     def forward(self, h: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
                 documents: torch.Tensor | None = None):  # fmt: skip
@@ -226,9 +233,7 @@ class TransformerBlock(nn.Module):
         for linear in (self.attention.wq, self.attention.wk, self.attention.wv):
             nn.init.normal_(linear.weight, mean=0.0, std=std)
         nn.init.normal_(self.attention.wo.weight, mean=0.0, std=out_std)
-        nn.init.normal_(self.feed_forward.w1.weight, mean=0.0, std=std)
-        nn.init.normal_(self.feed_forward.w3.weight, mean=0.0, std=std)
-        nn.init.normal_(self.feed_forward.w2.weight, mean=0.0, std=out_std)
+        self.feed_forward.init_weights(std, out_std)
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
 
@@ -278,9 +283,7 @@ class Transformer(nn.Module):
         # weights come from init_weights alone, whichever route built the model.
         with torch.device("meta"):
             self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-            self.layers = nn.ModuleDict(
-                {str(i): TransformerBlock(args) for i in range(args.n_layers)}
-            )
+            self.layers = nn.ModuleDict({str(i): self.block(args, i) for i in range(args.n_layers)})
             self.norm = RMSNorm(args.dim, eps=args.norm_eps)
             self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
             cos, sin = precompute_rope(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -292,6 +295,10 @@ class Transformer(nn.Module):
         if device.type != "meta":
             self.to_empty(device=device)
             self.init_weights()
+
+    def block(self, args: LlamaShape, layer: int) -> TransformerBlock:
+        """Block `layer` (built on the meta device); a model with other blocks overrides it."""
+        return TransformerBlock(args)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip

@@ -1,9 +1,11 @@
-"""The one description of a Llama-style model: its shape, parameter count and training FLOPs.
+"""The one description of a Llama-style model: its shape, parameter count and training FLOPs;
+`MoEShape` adds the mixture of experts (total and active parameters, FLOPs of the active path).
 
-The model builder, the planner and the FLOP counter (MFU) all read this shape (as `ModelArgs`,
-`args.py`, which adds `build()`), so a flavor described here is described everywhere. Nothing
-in this file allocates a tensor, and it imports nothing of the package: `llama.py` annotates
-with `LlamaShape` and `args.py` builds `llama.py`'s model, with no import circle between them.
+The model builder, the planner and the FLOP counter (MFU) all read this shape (as `ModelArgs`
+and `MoEArgs`, `args.py`, which add `build()`), so a flavor described here is described
+everywhere. Nothing in this file allocates a tensor, and it imports nothing of the package:
+`llama.py` and `moe.py` annotate with the shapes and `args.py` builds their models, with no
+import circle between them.
 """
 
 from __future__ import annotations
@@ -111,3 +113,156 @@ class LlamaShape:
             self.n_layers * (self.block_params() - 2 * self.dim) + self.vocab_size * self.dim
         )
         return 6.0 * matmul_params + 12.0 * self.n_layers * self.dim * seq_len
+
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+"""How a router turns its logits into expert scores (`MoEShape.score_func`)."""
+
+
+@dataclass(kw_only=True)
+class MoEShape(LlamaShape):
+    """Shape of a mixture-of-experts decoder: `LlamaShape` whose feed-forward networks (after
+    the first `first_k_dense` layers) are routed SwiGLU experts (`lightning_dist.models.moe`).
+
+    Routing is dropless: every token reaches its `top_k` experts, however uneven the load (no
+    capacity factor, no dropped tokens). The fields below are the MoE options; the counts
+    (`num_params`, `active_params`, ...) and FLOPs follow, as `LlamaShape`'s do.
+    """
+
+    num_experts: int = 8
+    """Routed experts in each MoE layer (Mixtral 8, DeepSeek-V3 256)."""
+    top_k: int = 2
+    """Experts each token is routed to, from 1 to `num_experts` (Mixtral 2, DeepSeek-V3 8)."""
+    expert_hidden_size: int | None = None
+    """Width of each routed expert's SwiGLU MLP (DeepSeek-V3 2048); None: `hidden_dim`, the dense
+    MLP's width (Mixtral, whose experts are whole Mistral MLPs)."""
+    n_shared_experts: int = 0
+    """Shared experts, which every token goes through beside its routed ones (DeepSeek-V3 1);
+    they run as one SwiGLU MLP `n_shared_experts x expert_hidden_size` wide."""
+    first_k_dense: int = 0
+    """The first layers keep a dense SwiGLU MLP `hidden_dim` wide (DeepSeek-V3's
+    `first_k_dense_replace`, 3); the others are MoE layers."""
+    score_func: str = "softmax"
+    """Router scores from its float32 logits: `softmax` over the experts (Mixtral) or an
+    independent `sigmoid` per expert (DeepSeek-V3)."""
+    route_norm: bool = True
+    """Rescale each token's top-k scores to sum to 1 before they weight the experts' outputs
+    (Mixtral's softmax over its top-2 logits; DeepSeek-V3's `norm_topk_prob`)."""
+    route_scale: float = 1.0
+    """Factor on the routing weights (DeepSeek-V3's `routed_scaling_factor`, 2.5)."""
+    aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss added to the LM loss; 0 turns it off.
+
+    The statistic is per sequence (DeepSeek-V3's sequence-wise balance loss), so that it is the
+    same whatever the layout: for each sequence b of T tokens and each layer,
+    L_b = sum_i f_bi * P_bi, where f_bi = E / (k T) x (tokens of b routed to expert i) and P_bi
+    is the mean over b's tokens of expert i's score (scores rescaled to sum to 1 per token);
+    L_b = 1 when the load is balanced. A micro-batch's loss is aux_loss_coeff x the mean of L_b
+    over its sequences, summed over the MoE layers. Every micro-batch (data-parallel rank,
+    gradient-accumulation step, pipeline microbatch) holds whole sequences and as many of them,
+    so the mean over micro-batches, taken exactly like that of the token-mean LM loss, is the
+    mean over the global batch's sequences: one device's value. Only a layout that splits a
+    sequence (context parallelism) must add up the sequence's sums across ranks, through the
+    `MoE.sequence_sum` seam. A batch-level statistic (Switch/Mixtral) would instead depend on
+    how the batch is cut into micro-batches."""
+    bias_update_rate: float = 0.0
+    """Rate of DeepSeek-V3's auxiliary-loss-free balancing; 0 turns it off (DeepSeek-V3 1e-3).
+    Each MoE layer keeps a per-expert bias (buffer `router.expert_bias`, saved in checkpoints)
+    that is added to the scores to choose the top-k experts, never to weight their outputs.
+    After every optimizer step it moves by this rate towards balance: +rate for each expert that
+    got fewer tokens than the mean over experts in the whole step (every micro-batch on every
+    rank), -rate for each that got more."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_experts < 1:
+            raise ValueError(f"model.num_experts={self.num_experts} must be 1 or more")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"model.top_k={self.top_k} must be from 1 to model.num_experts={self.num_experts}"
+                f" (each token's experts are distinct); set model.top_k<={self.num_experts}"
+            )
+        if self.score_func not in SCORE_FUNCS:
+            raise ValueError(
+                f"model.score_func={self.score_func!r} is not one of {', '.join(SCORE_FUNCS)}"
+            )
+        if not 0 <= self.first_k_dense < self.n_layers:
+            raise ValueError(
+                f"model.first_k_dense={self.first_k_dense} must be from 0 to model.n_layers - 1 = "
+                f"{self.n_layers - 1}, so that at least one layer is an MoE layer"
+            )
+        if self.expert_hidden_size is not None and self.expert_hidden_size <= 0:
+            raise ValueError(
+                f"model.expert_hidden_size={self.expert_hidden_size} must be positive (or null: "
+                "the dense MLP's width)"
+            )
+        for name in ("n_shared_experts", "aux_loss_coeff", "bias_update_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be 0 (off) or more")
+        if self.route_scale <= 0:
+            raise ValueError(f"model.route_scale={self.route_scale} must be positive")
+
+    @property
+    def expert_dim(self) -> int:
+        """Width of each routed expert's SwiGLU MLP (`expert_hidden_size`, else `hidden_dim`)."""
+        return self.expert_hidden_size or self.hidden_dim
+
+    @property
+    def moe_layers(self) -> range:
+        """Indices of the MoE layers (the others have a dense MLP)."""
+        return range(self.first_k_dense, self.n_layers)
+
+    # --- counts -----------------------------------------------------------------------------
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (w1, w3, w2 of a SwiGLU MLP `expert_dim` wide)."""
+        return 3 * self.dim * self.expert_dim
+
+    def moe_layer_params(self) -> int:
+        """Parameters of one MoE layer's feed-forward part: router, routed and shared experts."""
+        shared = self.n_shared_experts * self.expert_params()
+        return self.dim * self.num_experts + self.num_experts * self.expert_params() + shared
+
+    def layer_params(self, layer: int) -> int:
+        """Parameters of block `layer`: dense blocks as `LlamaShape.block_params()`."""
+        dense = super().block_params()
+        if layer not in self.moe_layers:
+            return dense
+        return dense - 3 * self.dim * self.hidden_dim + self.moe_layer_params()
+
+    def block_params(self) -> int:
+        """Parameters of one MoE block (attention, router, experts, norms). The first
+        `first_k_dense` blocks are dense and smaller: `layer_params(i)` counts each."""
+        return self.layer_params(self.first_k_dense)
+
+    def active_layer_params(self, layer: int) -> int:
+        """Parameters block `layer` applies to one token: an MoE block's router, its `top_k`
+        routed experts and the shared ones (the other experts' weights never see the token)."""
+        if layer not in self.moe_layers:
+            return self.layer_params(layer)
+        idle = (self.num_experts - self.top_k) * self.expert_params()
+        return self.layer_params(layer) - idle
+
+    def num_params(self) -> int:
+        """Total trainable parameters, as a meta-device model reports them."""
+        return self._count(self.layer_params)
+
+    def active_params(self) -> int:
+        """Parameters that act on each token (embedding and output included, as the published
+        Mixtral 12.9B and DeepSeek-V3 37B count them)."""
+        return self._count(self.active_layer_params)
+
+    def _count(self, per_layer) -> int:
+        output = 0 if self.tie_embeddings else self.vocab_size * self.dim
+        layers = sum(per_layer(i) for i in range(self.n_layers))
+        return self.embedding_params() + layers + self.dim + output
+
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of the active path: 6 x the active matmul weights (the
+        router, the token's `top_k` routed experts and the shared ones, attention and the output
+        projection; no norms, no embedding lookup) plus `LlamaShape`'s attention term. MFU from
+        it is MFU from active parameters (6 x active N per token); the grouped matmul's idle
+        experts cost nothing and are not counted."""
+        matmul = sum(self.active_layer_params(i) - 2 * self.dim for i in range(self.n_layers))
+        matmul += self.vocab_size * self.dim
+        return 6.0 * matmul + 12.0 * self.n_layers * self.dim * seq_len

@@ -110,6 +110,8 @@ def build_summary(plan: RunPlan, run: BuiltRun, *, world_size: int,
     module, stats, context, spec = run.module, run.stats, run.context, plan.spec
     tokens_per_sec = stats.tokens_per_sec()
     losses = module.step_losses
+    experts = getattr(module, "expert_stats", None)  # a mixture of experts: its loads
+    moe = {"moe": experts.summary(plan.batch.tokens_per_step)} if experts is not None else {}
     return {
         "losses": losses,
         "final_loss": losses[-1] if losses else None,
@@ -131,6 +133,7 @@ def build_summary(plan: RunPlan, run: BuiltRun, *, world_size: int,
         "peak_memory_bytes": stats.peak_memory_per_rank,
         "mfu": context.mfu(tokens_per_sec, world_size),
         "wall_seconds": wall_seconds,
+        **moe,
     }
 
 

@@ -86,6 +86,13 @@ class FTHSDPStrategy(Parallel3DStrategy):
             raise ValueError(
                 "strategy=ft_hsdp needs torchft: pip install 'lightning_dist[ft]' (torchft 0.2.0)"
             )
+        experts = getattr(getattr(kwargs.get("model"), "args", None), "num_experts", 0)
+        if experts:
+            # CausalLM sums the expert loads over one group's ranks, not across the groups.
+            raise ValueError(
+                f"strategy=ft_hsdp with a mixture of experts (model.num_experts={experts}) is "
+                "not supported yet; use strategy=fsdp2 or ddp"
+            )
         if global_batch_size is None:
             super().check_run(**kwargs)
             return

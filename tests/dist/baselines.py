@@ -65,6 +65,11 @@ REFERENCES: dict[str, list[str]] = {
     "llama_debug_val5_float8_mb2": [*LLAMA, "trainer.val_check_interval=5",
                                     "strategy.float8=tensorwise", "data.micro_batch_size=2",
                                     *SINGLE],
+    # The mixture of experts (both balancing methods on) at a learning rate at which it
+    # learns its one batch of 8 within 10 steps; tests/unit/test_moe.py recomputes it.
+    "moe_debug_lr1e-2": ["model=moe_debug", "data=synthetic", "logger=none",
+                         "trainer.max_steps=10", "trainer.val_check_interval=5",
+                         "data.num_samples=8", "optim.lr=1e-2", "optim.warmup_steps=1", *SINGLE],
     # tests/dist/test_preflight_dist.py: strategy=auto against one process; and
     # tests/cluster/test_multinode.py: two nodes against one process.
     "debug_fast_4": ["debug=fast", "trainer.max_steps=4", "strategy=single"],

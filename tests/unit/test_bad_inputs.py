@@ -32,9 +32,9 @@ ENV_SECRET = "planted0environment0secret0value0"
 
 
 def fast(*extra: str, strategy: str = "single", data: str = "synthetic",
-         logger: str = "none") -> tuple[str, ...]:  # fmt: skip
+         logger: str = "none", model: str = "llama_debug") -> tuple[str, ...]:  # fmt: skip
     """A tiny run of the debug model; `extra` comes last."""
-    return ("model=llama_debug", f"data={data}", f"strategy={strategy}", f"logger={logger}",
+    return (f"model={model}", f"data={data}", f"strategy={strategy}", f"logger={logger}",
             "trainer.val_check_interval=null", *extra)  # fmt: skip
 
 
@@ -240,6 +240,27 @@ CASES = [
          "strategy.float8='fp4' is not one of none, tensorwise, rowwise"),
     Case('float8: with tp', fast('hardware.devices=2', 'strategy.float8=rowwise', strategy='tp'),
          'strategy.float8=rowwise with tp=2 is not supported yet (tensorwise is); set strategy.float8=tensorwise or none, or tp=1'),
+    # Mixture of experts (model=moe_debug): its options, and the layouts it cannot run yet.
+    Case('moe: top_k above the experts', fast('model.top_k=5', model='moe_debug'),
+         'model.top_k=5 must be from 1 to model.num_experts=4 (each token\'s experts are distinct); set model.top_k<=4'),
+    Case('moe: score function', fast('model.score_func=relu', model='moe_debug'),
+         "model.score_func='relu' is not one of softmax, sigmoid"),
+    Case('moe: no MoE layer left', fast('model.first_k_dense=4', model='moe_debug'),
+         'model.first_k_dense=4 must be from 0 to model.n_layers - 1 = 3, so that at least one layer is an MoE layer'),
+    Case('moe: negative bias rate', fast('model.bias_update_rate=-0.001', model='moe_debug'),
+         'model.bias_update_rate=-0.001 must be 0 (off) or more'),
+    Case('moe: resume a dense checkpoint', fast('trainer.resume=auto', 'trainer.checkpoint.dirpath={tmp}/ckpts', model='moe_debug'),
+         'step1.ckpt was written for model.num_experts=none (dense), the configured model has 4',
+         prepare=lambda tmp: resumable_checkpoint(tmp / "ckpts")),
+    Case('moe: ft_hsdp', fast('hardware.devices=2', model='moe_debug', strategy='ft_hsdp'),
+         'strategy=ft_hsdp with a mixture of experts (model.num_experts=4) is not supported yet; use strategy=fsdp2 or ddp',
+         env=(("REPLICA_GROUP_ID", "0"), ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:{closed_port}"))),
+    Case('moe: dry run', fast('plan.dry_run=true', model='moe_debug', strategy='fsdp2'),
+         'plan.dry_run does not build a mixture of experts (model.num_experts=4)'),
+    Case('moe: tensor parallelism', fast('hardware.devices=2', model='moe_debug', strategy='tp'),
+         'strategy.tp=2 with a mixture of experts (model.num_experts=4) is not supported yet; use data parallelism (strategy=ddp, fsdp or fsdp2) or strategy.tp=1'),
+    Case('moe: pipeline parallelism', fast('hardware.devices=2', model='moe_debug', strategy='pp'),
+         'strategy.pp=2 with a mixture of experts (model.num_experts=4) is not supported yet'),
     # Elastic jobs (hardware.min_nodes): every node count in the range must hold the layout.
     Case('elastic: min above max', fast('hardware.min_nodes=3', 'hardware.num_nodes=2', strategy='ddp'),
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),
