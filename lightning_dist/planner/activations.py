@@ -10,10 +10,11 @@ while its backward runs (`recomputed_layer_bytes`).
 
 from __future__ import annotations
 
+from lightning_dist.planner.experts import moe_mlp_bytes, moe_mlp_kept_bytes
 from lightning_dist.planner.settings import TrainSettings
 
 
-def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
+def layer_activation_bytes(model, tp: int, settings: TrainSettings, moe: bool = False) -> float:
     """Bytes one block saves for backward, per token, on one TP rank.
 
     Derived from the ops of `lightning_dist.models.llama`, with d = dim, h = hidden_dim and
@@ -52,6 +53,8 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings) -> float:
     heads = ((2 * d + 2 * kv) * w + 3 * h * w) / tp
     if settings.attention == "math":
         heads += 2 * model.n_heads * settings.seq_len * w / tp
+    if moe:  # an MoE block's feed-forward part instead of SwiGLU's (planner/experts.py)
+        heads += moe_mlp_bytes(model, settings) / sp - 3 * h * w / tp
     return norms + linear_inputs + heads
 
 
@@ -88,7 +91,8 @@ def analytic_checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -
     return checkpointed_layer_bytes(model, tp, settings)
 
 
-def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = False,
+                             ep: int = 1) -> float:  # fmt: skip
     """Bytes one block keeps per token on one TP rank under the settings' checkpointing, from
     its forward until its backward (recomputation not included; see `recomputed_layer_bytes`).
 
@@ -101,11 +105,12 @@ def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
         sp = tp if settings.sequence_parallel else 1
         return settings.residual_bytes * model.dim / sp
     if mode == "op":
-        return selective_layer_bytes(model, tp, settings)
-    return layer_activation_bytes(model, tp, settings)
+        return selective_layer_bytes(model, tp, settings, moe, ep)
+    return layer_activation_bytes(model, tp, settings, moe)
 
 
-def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+def selective_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = False,
+                          ep: int = 1) -> float:  # fmt: skip
     """Bytes one block keeps per token on one TP rank under op-level checkpointing.
 
     The op policy (`parallel/activation_checkpoint.py`, `SelectivePolicy`) caches the outputs
@@ -136,6 +141,9 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
 
     Everything else (norm outputs, RoPE, SiLU, the product, the residual adds) is recomputed.
     It keeps less than no checkpointing in every layout; docs/PLANNER.md has the numbers.
+
+    An MoE block (`moe`) keeps the attention's share of this and, for its feed-forward part,
+    `planner.experts.moe_mlp_kept_bytes` (÷ sp: under SP it routes its sequence shard).
     """
     d, h = model.dim, model.hidden_dim
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
@@ -145,9 +153,13 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     column = d + kv + h if alternate else 2 * kv + 2 * h + d
     # wo's and w2's outputs without TP (op_alternate keeps w2's alone), their reductions with it
     outputs = 1 if alternate and tp == 1 else 2
-    if settings.compile and settings.compile_backend != "eager":  # eager: no partitioner
+    compiled = settings.compile and settings.compile_backend != "eager"  # eager: no partitioner
+    if compiled:
         outputs -= 1
     kept = r * d / sp + w * (column + d) / tp + outputs * d * w / sp
+    if moe:  # the MLP's outputs above (w1, w3 or w1 alone, and w2's) give way to the MoE's
+        mlp = (h if alternate else 2 * h) * w / tp + (0 if compiled else d * w / sp)
+        kept += moe_mlp_kept_bytes(model, settings, ep) / sp - mlp
     if settings.attention == "math":
         kept += 0 if alternate else model.n_heads * settings.seq_len * w / tp
     else:
@@ -155,7 +167,7 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     return kept
 
 
-def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
+def recomputed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = False) -> float:
     """Bytes per token one checkpointed block's recomputation adds while its backward runs,
     beyond what it keeps (`checkpointed_layer_bytes`), on one TP rank. Inside a checkpoint
     the sequence-parallel projections save their gathered, full-sequence input (the shard
@@ -168,6 +180,10 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
       product, w x h / tp (under the math path also one of the two score matrices). The
       partial sums of wo and w2 under TP live only until their cached reduction replaces them.
       op_alternate also recomputes w3's output, which SwiGLU's backward reads: w x h / tp.
+
+    An MoE block recomputes its routed experts under op (the grouped matmuls are not in the
+    policy's list): in place of SwiGLU's product (and w3's output) its whole feed-forward count,
+    `planner.experts.moe_mlp_bytes` ÷ sp.
     """
     mode = settings.activation_checkpointing.mode
     if mode == "none":
@@ -178,11 +194,14 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings) -> float:
     sp = tp if settings.sequence_parallel else 1
     gathered_inputs = 2 * w * d
     if mode == "full":
-        plain = layer_activation_bytes(model, tp, settings) - r * d / sp - 2 * w * d / sp
+        plain = layer_activation_bytes(model, tp, settings, moe) - r * d / sp - 2 * w * d / sp
         return plain + gathered_inputs
     recomputed = r * d / sp + gathered_inputs + w * (d + kv + h) / tp
     if settings.activation_checkpointing.alternate_matmuls:
         recomputed += w * h / tp
+    if moe:
+        mlp = w * h / tp * (2 if settings.activation_checkpointing.alternate_matmuls else 1)
+        recomputed += moe_mlp_bytes(model, settings) / sp - mlp
     if settings.attention == "math":
         recomputed += model.n_heads * settings.seq_len * w / tp
     return recomputed

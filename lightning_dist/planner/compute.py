@@ -129,6 +129,8 @@ def microbatch_compute(
     float8_weight_share: float = 1.0,
     masked: bool = False,
     alternate: bool = False,
+    moe_layers: int = 0,
+    ep: int = 1,
 ) -> MicrobatchCompute:
     """Seconds of a microbatch of `tokens` through `layers` blocks (and the output head) on one
     rank of a tp group, `checkpointed` of them under AC `mode` ("full" or "op"; `alternate`:
@@ -137,13 +139,19 @@ def microbatch_compute(
     `float8_weight_share` of each weight. `tokens` are this rank's (a 1/cp share of each
     sequence under context parallelism), each attending over up to `seq_len` keys; `masked`
     attention (an explicit mask: the all-gather mode of context parallelism) runs in a kernel
-    that visits every key block instead of the causal half."""
+    that visits every key block instead of the causal half.
+
+    `moe_layers` of the `layers` are mixture-of-experts blocks (`planner/experts.py`): their
+    MLP is the router and a shared expert over every token (of this rank's sequence shard under
+    SP), plus the routed experts' grouped matmuls, each at the shape factor of its expert's
+    rows (`expert_matmuls`, over `ep` ranks' tokens), in bf16 also under float8, and the
+    permutation around them (MOE_PERMUTE_BYTES a routed element); under op-level checkpointing
+    the grouped matmuls run again (the policy saves no grouped-matmul output)."""
     speed = peak * hardware.matmul_efficiency
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
     shapes = block_matmuls(model, tp)
     block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency
-    gemm = _matmul_seconds(shapes, tokens, block_speed)
     head_dim = model.head_dim
     if attention == "flash":  # the causal half, heads split over tp
         attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
@@ -152,34 +160,75 @@ def microbatch_compute(
         attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
     sp = tp if sequence_parallel else 1
-    pointwise_bytes = (
-        POINTWISE_BYTES["residual"] * d / sp
-        + POINTWISE_BYTES["attention"] * (d + 2 * kv) / tp
-        + POINTWISE_BYTES["mlp"] * h / tp
-    )
     share = COMPILED_POINTWISE_SHARE if compiled else 1.0
-    if float8_peak is not None:  # each projection's input and output gradient
-        pointwise_bytes += FLOAT8_CAST_BYTES * sum(n + k for n, k in shapes)
-    pointwise = POINTWISE_SCALE * share * pointwise_bytes * tokens / bandwidth
-    if float8_peak is not None:  # and its weight, once a microbatch
-        weights = sum(n * k for n, k in shapes) * float8_weight_share
-        pointwise += POINTWISE_SCALE * FLOAT8_CAST_BYTES * weights / bandwidth
+
+    def pointwise_seconds(projections, mlp_bytes: float) -> float:
+        """The block's pointwise traffic: the residual stream's, the attention's and the MLP's
+        (`mlp_bytes` a token), and under float8 the casts of `projections`."""
+        per_token = (
+            POINTWISE_BYTES["residual"] * d / sp
+            + POINTWISE_BYTES["attention"] * (d + 2 * kv) / tp
+            + mlp_bytes
+        )
+        if float8_peak is not None:  # each projection's input and output gradient
+            per_token += FLOAT8_CAST_BYTES * sum(n + k for n, k in projections)
+        seconds = POINTWISE_SCALE * share * per_token * tokens / bandwidth
+        if float8_peak is not None:  # and its weight, once a microbatch
+            weights = sum(n * k for n, k in projections) * float8_weight_share
+            seconds += POINTWISE_SCALE * FLOAT8_CAST_BYTES * weights / bandwidth
+        return seconds
+
+    gemm = _matmul_seconds(shapes, tokens, block_speed)
+    pointwise = pointwise_seconds(shapes, POINTWISE_BYTES["mlp"] * h / tp)
     block = gemm + attn + pointwise
-    train = layers * block
+    # Recomputation: a block in full replays its forward (a third of each term); under 'op'
+    # the pointwise forward and the forward of the projections it does not keep.
+    again = [shapes[i] for i in recomputed_projections(tp, alternate)]
+    replay = _replay(mode, block, pointwise, _matmul_seconds(again, tokens, block_speed))
+    train = (layers - moe_layers) * block
+    recompute = (checkpointed - min(checkpointed, moe_layers)) * replay
+    if moe_layers:
+        from lightning_dist.planner.experts import (
+            MOE_PERMUTE_BYTES,
+            expert_matmuls,
+            moe_extra_matmuls,
+        )
+
+        moe_tokens = tokens / sp  # an MoE block routes this rank's sequence shard under SP
+        attention_shapes = shapes[:4]
+        extra = moe_extra_matmuls(model)
+        experts = sum(6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
+                      for m, n, k in expert_matmuls(model, moe_tokens, ep))  # fmt: skip
+        routed = model.top_k * (POINTWISE_BYTES["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)
+        shared = POINTWISE_BYTES["mlp"] * model.n_shared_experts * model.expert_dim
+        moe_pointwise = pointwise_seconds(attention_shapes + extra, (routed + shared) / sp)
+        moe_block = (
+            _matmul_seconds(attention_shapes, tokens, block_speed)
+            + _matmul_seconds(extra, moe_tokens, block_speed)
+            + experts + attn + moe_pointwise
+        )  # fmt: skip
+        train += moe_layers * moe_block
+        kept_attention = [shapes[i] for i in recomputed_projections(tp, alternate) if i < 4]
+        moe_replay = _replay(
+            mode, moe_block, moe_pointwise,
+            _matmul_seconds(kept_attention, tokens, block_speed) + experts,
+        )  # fmt: skip
+        recompute += min(checkpointed, moe_layers) * moe_replay
     if has_output:
         output = _matmul_seconds([(model.vocab_size / tp, d)], tokens, speed)
         train += (
             output
             + POINTWISE_SCALE * LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size / tp / bandwidth
         )
-    # Recomputation: a block in full replays its forward (a third of each term); under 'op'
-    # the pointwise forward and the forward of the projections it does not keep.
+    return MicrobatchCompute(train, recompute)
+
+
+def _replay(mode: str, block: float, pointwise: float, matmuls_again: float) -> float:
+    """Seconds a checkpointed block's recomputation adds: its whole forward under full (a third
+    of its training time), under op its pointwise forward and the forward of the matmuls it
+    does not keep (`matmuls_again` is their training time)."""
     if mode == "full":
-        replay = block / 3
-    elif mode == "op":
-        replay = pointwise / 3
-        again = [shapes[i] for i in recomputed_projections(tp, alternate)]
-        replay += _matmul_seconds(again, tokens, block_speed) / 3
-    else:
-        replay = 0.0
-    return MicrobatchCompute(train, checkpointed * replay)
+        return block / 3
+    if mode == "op":
+        return pointwise / 3 + matmuls_again / 3
+    return 0.0

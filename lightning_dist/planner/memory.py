@@ -20,6 +20,7 @@ from lightning_dist.planner.activations import (
     loss_bytes_per_logit,
     recomputed_layer_bytes,
 )
+from lightning_dist.planner.experts import expert_degree, layer_params_on_rank, moe_layer_count
 from lightning_dist.planner.settings import (
     RESERVE_BYTES,
     TrainSettings,
@@ -93,6 +94,11 @@ class StageShape:
     block_linear: float = 0.0
     """Parameters of one block's linear layers (`block` less the norm scales): what float8
     converts, and what FSDP gathers in float8 under `strategy.float8_all_gather`."""
+    experts: float = 0.0
+    """Of `params`, the routed experts this rank holds (a mixture of experts: 1/ep of each MoE
+    layer's, `planner/experts.py`), which FSDP shards over shard_size / ep ranks."""
+    moe_layers: int = 0
+    """Of `layers`, the MoE blocks."""
 
 
 def stage_shapes(
@@ -109,35 +115,43 @@ def stage_shapes(
     embedding/output divide by tp; the norm scales are replicated.
     """
     tp, d = layout.tp, model.dim
-    block = (model.block_params() - 2 * d) / tp + 2 * d
     vocab = model.vocab_size * d / tp
+    ep = expert_degree(layout)
+    per_layer = [layer_params_on_rank(model, i, tp, ep) for i in range(model.n_layers)]
 
-    def shape(first: bool, last: bool, chunks: tuple[int, ...], rank: int) -> StageShape:
+    def shape(first: bool, last: bool, chunks: tuple[int, ...], rank: int,
+              starts: tuple[int, ...]) -> StageShape:  # fmt: skip
         roots = []
         if first:
             roots.append(vocab)
         if last:
             # A tied output shares the embedding's weight only when both live on this rank.
             roots.append((0.0 if (model.tie_embeddings and first) else vocab) + d)
-        layers = sum(chunks)
-        params = layers * block + sum(roots)
-        return StageShape(layers, params, block, tuple(roots), first, last, chunks, rank,
-                          block - 2 * d)  # fmt: skip
+        held = [per_layer[i] for start, n in zip(starts, chunks, strict=True)
+                for i in range(start, start + n)]  # fmt: skip
+        params = sum(p for p, _, _ in held) + sum(roots)
+        block = max((p for p, _, _ in held), default=per_layer[-1][0])
+        linear = max((q for _, _, q in held), default=per_layer[-1][2])
+        moe = sum(moe_layer_count(model, s, n) for s, n in zip(starts, chunks, strict=True))
+        return StageShape(sum(chunks), params, block, tuple(roots), first, last, chunks, rank,
+                          linear, sum(e for _, e, _ in held), moe)  # fmt: skip
 
     if layout.pp == 1:
-        return [("only", shape(True, True, (model.n_layers,), 0))]
+        return [("only", shape(True, True, (model.n_layers,), 0, (0,)))]
     n = layout.num_stages
     embedding = model.vocab_size * d
     if split_points:
         sizes = run_lengths(split_points, model.n_layers)
     else:
         sizes = stage_sizes(model.n_layers, n, model.block_params(), embedding, embedding + d)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     out = []
     for rank in range(layout.pp):
         ids = layout.stage_ids(rank)
         name = "first" if rank == 0 else "last" if rank == layout.pp - 1 else f"rank {rank}"
         chunks = tuple(sizes[i] for i in ids)
-        out.append((name, shape(0 in ids, n - 1 in ids, chunks, rank)))
+        first_blocks = tuple(starts[i] for i in ids)
+        out.append((name, shape(0 in ids, n - 1 in ids, chunks, rank, first_blocks)))
     return out
 
 
@@ -212,8 +226,18 @@ def activation_bytes(
     sp = tp if settings.sequence_parallel else 1
     residual, w = settings.residual_bytes, settings.matmul_bytes
     exchange = context_parallel_layer_bytes(model, tp, layout.cp, settings)
-    plain = (layer_activation_bytes(model, tp, settings) + exchange) * tokens
-    kept = checkpointed_layer_bytes(model, tp, settings) * tokens
+    # A block's bytes: a mixture of experts has dense and MoE blocks; each stage's mean block.
+    moe_share = shape.moe_layers / shape.layers if shape.layers else 0.0
+    ep = expert_degree(layout)
+
+    def per_block(count, **moe) -> float:
+        dense = count(model, tp, settings)
+        if not moe_share:
+            return dense
+        return dense + moe_share * (count(model, tp, settings, True, **moe) - dense)
+
+    plain = (per_block(layer_activation_bytes) + exchange) * tokens
+    kept = per_block(checkpointed_layer_bytes, ep=ep) * tokens
     inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
     if shape.has_output:
@@ -235,7 +259,8 @@ def activation_bytes(
         # Blocks 0..last of the last chunk: last // n + 1 of them checkpointed.
         ahead = last // choice.every_n + 1
         before = stage_kept - chunk_kept(chunks[-1]) + ahead * kept + (last + 1 - ahead) * plain
-        recompute = (recomputed_layer_bytes(model, tp, settings) + exchange) * tokens
+        moe = shape.moe_layers > 0  # the last block recomputed: an MoE one where there are
+        recompute = (recomputed_layer_bytes(model, tp, settings, moe) + exchange) * tokens
         peak = max(peak, before + recompute)
     return (inflight - 1) * stage_kept + peak
 
@@ -255,7 +280,10 @@ def model_state_bytes(
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
-    device = [nbytes * shape.params / n for nbytes in (p_b, g_b, o_b)]
+    # Routed experts (1/ep of them here) shard over the shard group's other n / ep ranks.
+    n_experts = max(n // expert_degree(layout), 1)
+    sharded = (shape.params - shape.experts) / n + shape.experts / n_experts
+    device = [nbytes * sharded for nbytes in (p_b, g_b, o_b)]
     if n > 1 and settings.offload:
         return 0.0, 0.0, 0.0, sum(device)
     return device[0], device[1], device[2], 0.0

@@ -18,6 +18,7 @@ from lightning_dist.planner.compute import (
     microbatch_compute,
     recomputed_projections,
 )
+from lightning_dist.planner.experts import all_to_all_bytes, expert_degree, is_moe
 from lightning_dist.planner.memory import (
     SHARDED_MODES,
     StageShape,
@@ -131,6 +132,8 @@ class StepTime:
     bubble_fraction: float
     cp_comm_seconds: float = 0.0
     """Context parallelism's key/value exchange (`cp_exchange`), exposed."""
+    ep_comm_seconds: float = 0.0
+    """Expert parallelism's all-to-alls (`ep_exchange`), exposed."""
 
 
 def _stage_flops_per_token(
@@ -145,7 +148,10 @@ def _stage_flops_per_token(
     the row-parallel wo and w2, under op_alternate also wk, wo and w3).
     """
     d = model.dim
-    per_layer = 6.0 * (model.block_params() - 2 * d) + 12.0 * d * settings.seq_len
+    if is_moe(model):  # the active path: a token's experts, not all of them
+        per_layer = model.train_flops_per_token(settings.seq_len) / model.n_layers
+    else:
+        per_layer = 6.0 * (model.block_params() - 2 * d) + 12.0 * d * settings.seq_len
     output = 6.0 * model.vocab_size * d if shape.has_output else 0.0
     checkpointed = checkpointed_blocks(layout, settings, shape)
     choice = settings.activation_checkpointing
@@ -176,6 +182,7 @@ def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, sha
         float8_weight_share=1 / layout.shard_size if settings.float8_all_gather else 1.0,
         masked=layout.cp > 1 and settings.cp_mode == "allgather",
         alternate=settings.activation_checkpointing.alternate_matmuls,
+        moe_layers=shape.moe_layers, ep=expert_degree(layout),
     )  # fmt: skip
 
 
@@ -279,15 +286,21 @@ def step_time(
         bw, lat = link(tp, layout.cp)
         volume, steps = max(cp_exchange(model, layout, settings, sh) for sh in shapes)
         cp_comm = m * (volume / bw + steps * lat)
+    ep_comm = 0.0
+    if expert_degree(layout) > 1:
+        ep = expert_degree(layout)
+        bw, lat = link(tp, ep)
+        volume, calls = max(ep_exchange(model, layout, settings, sh) for sh in shapes)
+        ep_comm = m * (volume / bw + calls * (ep - 1) * lat)
     phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
     dp_comm = sum(comm for comm, _ in phases)
-    exposed = tp_comm + pp_comm + cp_comm + exposed_seconds(phases, overlap, slowdown)
+    exposed = tp_comm + pp_comm + cp_comm + ep_comm + exposed_seconds(phases, overlap, slowdown)
     step = pipeline + exposed + offload
     tokens_per_sec = settings.global_batch_size * s / step
     mfu = None
     if peak:
         mfu = model.train_flops_per_token(s) * tokens_per_sec / (layout.world_size * peak)
-    ratio = (tp_comm + pp_comm + cp_comm + dp_comm) / compute
+    ratio = (tp_comm + pp_comm + cp_comm + ep_comm + dp_comm) / compute
     return StepTime(
         compute,
         pipeline,
@@ -302,6 +315,7 @@ def step_time(
         ratio,
         bubble,
         cp_comm,
+        ep_comm,
     )
 
 
@@ -396,6 +410,25 @@ def cp_exchange(model, layout: Layout, settings: TrainSettings,
     return volume, steps
 
 
+def ep_exchange(model, layout: Layout, settings: TrainSettings,
+                shape: StageShape) -> tuple[float, int]:  # fmt: skip
+    """(bytes, all-to-alls) one rank of the stage `shape` sends over its ep group in one
+    microbatch: four all-to-alls per MoE block (dispatch and combine, forward and backward),
+    two more for a block checkpointed in full (its forward runs again; op-level checkpointing
+    keeps both outputs), each of `experts.all_to_all_bytes` (an MoE block routes this rank's
+    sequence shard under SP)."""
+    ep = expert_degree(layout)
+    sp = layout.tp if settings.sequence_parallel else 1
+    tokens = settings.rank_tokens(layout) / sp
+    replayed = (
+        checkpointed_blocks(layout, settings, shape)
+        if settings.activation_checkpointing.mode == "full"
+        else 0
+    )
+    calls = 4 * shape.moe_layers + 2 * min(replayed, shape.moe_layers)
+    return calls * all_to_all_bytes(model, settings, tokens, ep), calls
+
+
 def tp_calls(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
     """All-reduce equivalents of b x s x dim activations per microbatch of one stage rank.
 
@@ -444,11 +477,22 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DP
     fp8 = (p_b - 1) * shape.block_linear if settings.float8_all_gather else 0.0
     gathered = p_b * psi - fp8 * shape.layers
     regathered = p_b * (psi - kept) - fp8 * max(shape.layers - 1, 0)
+    # A mixture of experts: the routed experts (1/ep of them here) shard over n / ep ranks,
+    # the rest over n; each volume splits by the experts' share of the stage's parameters.
+    n_e, e = max(n // expert_degree(layout), 1), shape.experts / psi if psi else 0.0
+
+    def gather(nbytes: float) -> float:
+        return allgather_volume((1 - e) * nbytes, n) + allgather_volume(e * nbytes, n_e)
+
+    def scatter(nbytes: float) -> float:
+        return reduce_scatter_volume((1 - e) * nbytes, n) + reduce_scatter_volume(e * nbytes, n_e)
+
+    shard = g_b * psi * ((1 - e) / n + e / n_e)
     return DPVolumes(
-        gather=allgather_volume(gathered, n),
-        regather=allgather_volume(regathered, n) if full else 0.0,
-        reduce_scatter=reduce_scatter_volume(g_b * psi, n),
-        replicate_all_reduce=allreduce_volume(g_b * psi / n, r) if r > 1 else 0.0,
+        gather=gather(gathered),
+        regather=gather(regathered) if full else 0.0,
+        reduce_scatter=scatter(g_b * psi),
+        replicate_all_reduce=allreduce_volume(shard, r) if r > 1 else 0.0,
         all_reduce=0.0,
         rounds=m if layout.pp == 1 else 1,
     )
@@ -471,6 +515,8 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
         out["pp"] = m * sends * act_bytes / sp
     if layout.cp > 1:
         out["cp"] = m * cp_exchange(model, layout, settings, shape)[0]
+    if expert_degree(layout) > 1:
+        out["ep"] = m * ep_exchange(model, layout, settings, shape)[0]
     if layout.dp * layout.cp > 1:
         v = dp_volumes(layout, settings, shape)
         if v.all_reduce:
