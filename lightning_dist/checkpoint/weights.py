@@ -115,7 +115,9 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
     with one_process_io():
         writer = FileSystemWriter(str(out))
         save({WEIGHTS + k: v for k, v in state.items()}, storage_writer=writer, no_dist=True)
-    n_params = sum(v.numel() for k, v in state.items() if not _is_tied_copy(k, args))
+    # The model's parameters, as the strategies' manifests count them: no buffer (a router's
+    # expert_bias), the tied output projection once.
+    n_params = args.num_params()
     dtype = next(iter(state.values())).dtype
     fields = {
         "step": 0,
@@ -179,10 +181,6 @@ def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
             return (f"was written for model.{name}={getattr(theirs, key)}, the configured model "
                     f"has {getattr(ours, key)}")  # fmt: skip
     return None
-
-
-def _is_tied_copy(name: str, args: ModelArgs) -> bool:
-    return args.tie_embeddings and name == "output.weight"
 
 
 def writing_run_config(path: Path) -> dict[str, Any] | None:
