@@ -3,7 +3,8 @@
     inspect      <ckpt>                     model, layout, step, sizes, in one screen
     export       <ckpt> --to hf <dir>       a Hugging Face model directory (config, safetensors,
                                             the tokenizer's files)
-    import       <hf_dir> <ckpt>            an HF Llama/Mistral directory as a step-0 checkpoint
+    import       <hf_dir> <ckpt>            an HF Llama/Mistral/Mixtral directory as a step-0
+                                            checkpoint
     consolidate  <ckpt> <file.safetensors>  every weight in one file, by our parameter names
 
 Mistakes (a missing path, a folder that is not a checkpoint, an architecture our model cannot
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="byte|none|PATH",
                    help="the tokenizer the model was trained with: byte, a tokenizer.json, or none "
                    "(default: the writing run's data.tokenizer, from its .hydra/config.yaml)")  # fmt: skip
-    p = commands.add_parser("import", help="an HF Llama/Mistral directory -> a checkpoint")
+    p = commands.add_parser("import", help="an HF Llama/Mistral/Mixtral directory -> a checkpoint")
     p.add_argument("hf_dir", type=Path)
     p.add_argument("out", type=Path, help="new checkpoint folder, e.g. imported/step0.ckpt")
     p.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
@@ -65,17 +66,22 @@ def inspect_command(args: argparse.Namespace) -> None:
 def export_command(args: argparse.Namespace) -> None:
     from safetensors.torch import save_file
 
-    from lightning_dist.checkpoint.hf import hf_config, hf_tokenizer_files, to_hf, token_ids
+    from lightning_dist.checkpoint.hf import (
+        hf_config,
+        hf_tokenizer_files,
+        mixtral_problem,
+        to_hf,
+        token_ids,
+    )
     from lightning_dist.checkpoint.weights import open_checkpoint, read_weights, require_args
+    from lightning_dist.models.args import MoEArgs
 
     info = open_checkpoint(args.checkpoint)
     model_args = require_args(info)
-    experts = getattr(model_args, "num_experts", 0)
-    if experts:
-        raise ValueError(
-            f"{info.path} holds a mixture of experts (model.num_experts={experts}); export --to "
-            "hf writes a dense LlamaForCausalLM and cannot hold it yet"
-        )
+    problem = mixtral_problem(model_args) if isinstance(model_args, MoEArgs) else None
+    if problem:
+        raise ValueError(f"{info.path} holds a mixture of experts that export --to hf cannot "
+                         f"write as MixtralForCausalLM: {problem}")  # fmt: skip
     tokenizer, origin = export_tokenizer(info.path, args.tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > model_args.vocab_size:
         raise ValueError(f"the tokenizer ({origin}) has {tokenizer.vocab_size} ids, the model's "
@@ -85,14 +91,15 @@ def export_command(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True)
     dtype = next(iter(state.values())).dtype
     save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
-    files = {"config.json": hf_config(model_args, dtype, tokenizer),
-             "generation_config.json": token_ids(tokenizer)}  # fmt: skip
+    config = hf_config(model_args, dtype, tokenizer)
+    files = {"config.json": config, "generation_config.json": token_ids(tokenizer)}
     files = {name: json.dumps(value, indent=2) + "\n" for name, value in files.items()}
     if tokenizer is not None:
         files.update(hf_tokenizer_files(tokenizer, model_args.max_seq_len))
     for name, text in files.items():
         (args.out / name).write_text(text, encoding="utf-8")
-    print(f"exported step {info.step} of {info.path} to {args.out} (LlamaForCausalLM, {dtype}); "
+    print(f"exported step {info.step} of {info.path} to {args.out} "
+          f"({config['architectures'][0]}, {dtype}); "
           + (f"tokenizer: {origin}" if tokenizer is not None else
              f"no tokenizer files ({origin}; --tokenizer byte|PATH adds them)"))  # fmt: skip
 

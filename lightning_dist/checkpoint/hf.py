@@ -1,13 +1,19 @@
-"""Weights of our `Transformer` <-> a Hugging Face Llama-family model, name by name.
+"""Weights of our `Transformer` <-> a Hugging Face Llama-family model, name by name; of our
+`MoETransformer` <-> `MixtralForCausalLM`.
 
 Our rotary embedding rotates consecutive pairs of a head's features (x[2i], x[2i+1]), as Meta's
 reference code does; Hugging Face rotates the two halves (x[i], x[i + head_dim / 2]). The same
 model in both therefore differs only in the order of the output rows of each head of the query
-and key projections, and `to_hf`/`from_hf` reorder them. Everything else is a rename.
+and key projections, and `to_hf`/`from_hf` reorder them. Everything else is a rename, but for
+Mixtral's experts: our 3-D `experts.w1/w3/w2` [num_experts, out, in] are its per-expert
+`block_sparse_moe.experts.<e>.w1/w3/w2.weight`, the names of the files that transformers writes
+and reads (5.x fuses them in memory, as `mlp.experts.gate_up_proj` [E, 2 x hidden, dim], w1's
+rows first, and `down_proj`, which import reads too).
 
-Only architectures our model can represent exactly are accepted: Llama and Mistral (no biases,
-no rotary scaling). Qwen2 has q/k/v biases, which our `Transformer` does not; train it with
-`model=hf_llama model.pretrained_path=<dir>` instead.
+Only architectures our model can represent exactly are accepted: Llama, Mistral and Mixtral (no
+biases, no rotary scaling). Qwen2 has q/k/v biases, Qwen2-MoE a gated shared expert, Qwen3-MoE
+norms on the queries and keys, none of which our model has; train them with `model=hf_llama
+model.pretrained_path=<dir>` instead.
 """
 
 from __future__ import annotations
@@ -18,9 +24,15 @@ from typing import Any
 
 import torch
 
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral")
+UNREPRESENTABLE = {
+    "qwen2": "q/k/v biases",
+    "qwen2_moe": "q/k/v biases, and a shared expert scaled by sigmoid(shared_expert_gate(x))",
+    "qwen3_moe": "q_norm and k_norm: an RMSNorm on each head's queries and keys",
+}
+"""What our model lacks of the Hugging Face architectures that are closest to it."""
 
 # Per layer: our name -> Hugging Face name (both relative to the layer).
 LAYER_NAMES = {
@@ -34,6 +46,13 @@ LAYER_NAMES = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
+ROUTER_BIAS = "feed_forward.router.expert_bias"
+"""Our router's balancing bias (`MoEShape.bias_update_rate`), which Mixtral has not: zero on
+import, and export refuses one that training moved."""
+MOE_LAYER_NAMES = {"feed_forward.router.gate.weight": "block_sparse_moe.gate.weight"}
+EXPERTS = {"feed_forward.experts.w1": "w1", "feed_forward.experts.w3": "w3",
+           "feed_forward.experts.w2": "w2"}  # fmt: skip
+"""Our 3-D expert weights -> the name of expert e's slice in Mixtral, `...experts.<e>.<w>.weight`."""
 TOP_NAMES = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
     "norm.weight": "model.norm.weight",
@@ -47,7 +66,39 @@ def hf_name(name: str) -> str:
     if name in TOP_NAMES:
         return TOP_NAMES[name]
     _, index, rest = name.split(".", 2)
-    return f"model.layers.{index}.{LAYER_NAMES[rest]}"
+    return f"model.layers.{index}.{LAYER_NAMES.get(rest) or MOE_LAYER_NAMES[rest]}"
+
+
+def expert_names(name: str, num_experts: int) -> list[str]:
+    """The Hugging Face names of the slices of our 3-D expert weight `name`
+    (`layers.1.feed_forward.experts.w1` -> `model.layers.1.block_sparse_moe.experts.<e>.w1.weight`
+    for each expert e), or [] when `name` is no expert weight."""
+    _, index, rest = name.split(".", 2) if name.startswith("layers.") else ("", "", name)
+    if rest not in EXPERTS:
+        return []
+    prefix = f"model.layers.{index}.block_sparse_moe.experts"
+    return [f"{prefix}.{e}.{EXPERTS[rest]}.weight" for e in range(num_experts)]
+
+
+def _unfuse_experts(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5.x's in-memory Mixtral names (`mlp.gate`, fused `mlp.experts.gate_up_proj`
+    and `down_proj`) -> those of its files (`block_sparse_moe.*`, per expert)."""
+    out = {}
+    for key, tensor in hf_state.items():
+        prefix, _, rest = key.partition(".mlp.")
+        if rest == "gate.weight":
+            out[f"{prefix}.block_sparse_moe.gate.weight"] = tensor
+        elif rest in ("experts.gate_up_proj", "experts.down_proj"):
+            if rest.endswith("gate_up_proj"):
+                parts = dict(zip(("w1", "w3"), tensor.chunk(2, dim=1), strict=True))
+            else:
+                parts = {"w2": tensor}
+            for w, part in parts.items():
+                for e, piece in enumerate(part):
+                    out[f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight"] = piece
+        else:
+            out[key] = tensor
+    return out
 
 
 def _pairs_to_halves(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -59,42 +110,64 @@ def _halves_to_pairs(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
     return weight.unflatten(0, (-1, 2, head_dim // 2)).transpose(1, 2).flatten(0, 2)
 
 
-def to_hf(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    """Our state dict -> LlamaForCausalLM's (the output projection left out when tied)."""
+def to_hf(state: dict[str, torch.Tensor], args: ModelArgs | MoEArgs) -> dict[str, torch.Tensor]:
+    """Our state dict -> LlamaForCausalLM's, or MixtralForCausalLM's (the output projection left
+    out when tied). ValueError (one line) for a router bias that training moved."""
     out = {}
     for name, tensor in state.items():
         if args.tie_embeddings and name == "output.weight":
             continue
+        if name.endswith(ROUTER_BIAS):
+            if tensor.any():
+                rate = args.bias_update_rate
+                raise ValueError(
+                    f"{name} is not zero (trained with model.bias_update_rate={rate}): "
+                    "MixtralForCausalLM's router has no bias to hold it"
+                )
+            continue
         if name.endswith(("attention.wq.weight", "attention.wk.weight")):
             tensor = _pairs_to_halves(tensor, args.head_dim)
-        out[hf_name(name)] = tensor.contiguous()
+        names = expert_names(name, tensor.shape[0])
+        pieces = zip(names, tensor, strict=True) if names else [(hf_name(name), tensor)]
+        for hf, piece in pieces:  # a 3-D expert weight: one slice per expert
+            out[hf] = piece.contiguous()
     return out
 
 
-def from_hf(hf_state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    """A Llama-family HF state dict -> ours, with exactly the names `Transformer(args)` has.
+def from_hf(hf_state: dict[str, torch.Tensor],
+            args: ModelArgs | MoEArgs) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A Llama-family or Mixtral HF state dict -> ours, with exactly the names `args.build()`
+    has; a Mixtral's experts stacked into our 3-D weights, its router bias zero.
 
     Raises ValueError naming a weight that is missing, left over, or of the wrong shape.
     """
     with torch.device("meta"):
         expected = args.build().state_dict()
-    out = {}
+    hf_state = _unfuse_experts(hf_state)
+    out, used = {}, {"model.embed_tokens.weight"}
     for name, meta in expected.items():
-        source = hf_name(name)
-        if name == "output.weight" and args.tie_embeddings and source not in hf_state:
-            source = "model.embed_tokens.weight"  # tied: saved once, as the embedding
-        if source not in hf_state:
-            raise ValueError(f"the Hugging Face weights have no {source} (for our {name})")
-        tensor = hf_state[source]
-        if tuple(tensor.shape) != tuple(meta.shape):
-            raise ValueError(
-                f"{source} has shape {tuple(tensor.shape)}, expected {tuple(meta.shape)} "
-                f"for our {name}"
-            )
+        if name.endswith(ROUTER_BIAS):
+            out[name] = torch.zeros(meta.shape, dtype=meta.dtype)
+            continue
+        experts = expert_names(name, meta.shape[0])
+        sources = experts or [hf_name(name)]
+        if name == "output.weight" and args.tie_embeddings and sources[0] not in hf_state:
+            sources = ["model.embed_tokens.weight"]  # tied: saved once, as the embedding
+        shape = tuple(meta.shape[1:] if experts else meta.shape)  # an expert's slice
+        for source in sources:
+            if source not in hf_state:
+                raise ValueError(f"the Hugging Face weights have no {source} (for our {name})")
+            if tuple(hf_state[source].shape) != shape:
+                raise ValueError(
+                    f"{source} has shape {tuple(hf_state[source].shape)}, expected {shape} "
+                    f"for our {name}"
+                )
+        used.update(sources)
+        parts = [hf_state[source] for source in sources]
+        tensor = torch.stack(parts) if experts else parts[0]
         if name.endswith(("attention.wq.weight", "attention.wk.weight")):
             tensor = _halves_to_pairs(tensor, args.head_dim)
         out[name] = tensor.contiguous()
-    used = {hf_name(n) for n in expected} | {"model.embed_tokens.weight"}
     extra = sorted(k for k in hf_state if k not in used and not k.endswith("rotary_emb.inv_freq"))
     if extra:
         raise ValueError(
@@ -104,10 +177,21 @@ def from_hf(hf_state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
     return out
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype, tokenizer=None) -> dict[str, Any]:
-    """The config.json of the LlamaForCausalLM equal to our `Transformer(args)`, with the special
-    token ids of the `tokenizer` it was trained with (`token_ids`)."""
-    return {
+def mixtral_problem(args: MoEArgs) -> str | None:
+    """Why `MixtralForCausalLM` cannot compute our `MoETransformer(args)`, or None: Mixtral routes
+    by a softmax over every expert, renormalised over the top k, to routed experts alone."""
+    for name, mixtral in (("n_shared_experts", 0), ("first_k_dense", 0),
+                          ("score_func", "softmax"), ("route_norm", True), ("route_scale", 1.0)):  # fmt: skip
+        if getattr(args, name) != mixtral:
+            return f"model.{name}={getattr(args, name)!r}, and MixtralForCausalLM has {mixtral!r}"
+    return None
+
+
+def hf_config(args: ModelArgs | MoEArgs, dtype: torch.dtype, tokenizer=None) -> dict[str, Any]:
+    """The config.json of the LlamaForCausalLM equal to our `Transformer(args)`, or of the
+    MixtralForCausalLM equal to our `MoETransformer(args)` (see `mixtral_problem`), with the
+    special token ids of the `tokenizer` it was trained with (`token_ids`)."""
+    config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": args.dim,
@@ -128,6 +212,23 @@ def hf_config(args: ModelArgs, dtype: torch.dtype, tokenizer=None) -> dict[str, 
         "mlp_bias": False,
         "dtype": str(dtype).removeprefix("torch."),
         **token_ids(tokenizer),
+    }
+    if not isinstance(args, MoEArgs):
+        return config
+    for key in ("attention_bias", "mlp_bias"):  # not MixtralConfig's
+        del config[key]
+    return {
+        **config,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "intermediate_size": args.expert_dim,  # each expert's width
+        "num_local_experts": args.num_experts,
+        "num_experts_per_tok": args.top_k,
+        # The balancing weight it trained with; HF's statistic is batch-level (docs/MOE.md).
+        "router_aux_loss_coef": args.aux_loss_coeff,
+        "router_jitter_noise": 0.0,
+        "output_router_logits": False,
+        "sliding_window": None,
     }
 
 
@@ -200,17 +301,18 @@ def token_ids(tokenizer) -> dict[str, int | None]:
     return {"bos_token_id": None, "eos_token_id": eos}
 
 
-def model_args_from_hf(hf_dir: Path) -> ModelArgs:
-    """Our `ModelArgs` for the HF model in `hf_dir` (its config.json); ValueError when our model
-    cannot represent it exactly."""
+def model_args_from_hf(hf_dir: Path) -> ModelArgs | MoEArgs:
+    """Our `ModelArgs` (`MoEArgs` for Mixtral, `models.hf.moe_fields`) for the HF model in
+    `hf_dir` (its config.json); ValueError (one line) when our model cannot represent it
+    exactly."""
     from lightning_dist.models.hf import HFModelSpec
 
     raw = json.loads((hf_dir / "config.json").read_text())
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        hint = " (q/k/v biases)" if model_type == "qwen2" else ""
+        hint = f" ({UNREPRESENTABLE[model_type]})" if model_type in UNREPRESENTABLE else ""
         raise ValueError(
-            f"model_type={model_type!r}{hint} is not representable by our Transformer; import "
+            f"model_type={model_type!r}{hint} is not representable by our model; import "
             f"supports {', '.join(SUPPORTED_MODEL_TYPES)}. Train it as it is with "
             f"model=hf_llama model.pretrained_path={hf_dir} model.config=null"
         )
@@ -219,10 +321,18 @@ def model_args_from_hf(hf_dir: Path) -> ModelArgs:
     rope = cfg.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; only 'default' is")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported; our MLPs are SwiGLU "
+                         "(silu)")  # fmt: skip
+    if cfg.get("router_jitter_noise"):
+        raise ValueError(
+            f"router_jitter_noise={cfg['router_jitter_noise']} is not supported (our router adds "
+            "no noise in training); set it to 0.0 in config.json"
+        )
     args = spec.to_model_args()
-    window = cfg.get("sliding_window") if model_type == "mistral" else None
+    window = cfg.get("sliding_window") if model_type in ("mistral", "mixtral") else None
     if window and window < args.max_seq_len:
-        # Our attention sees the whole sequence; up to the window that is what Mistral computes,
-        # and train.py refuses a data.seq_len above max_seq_len.
+        # Our attention sees the whole sequence; up to the window that is what Mistral and
+        # Mixtral compute, and train.py refuses a data.seq_len above max_seq_len.
         args.max_seq_len = window
     return args

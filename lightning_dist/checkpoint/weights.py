@@ -115,7 +115,9 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
     with one_process_io():
         writer = FileSystemWriter(str(out))
         save({WEIGHTS + k: v for k, v in state.items()}, storage_writer=writer, no_dist=True)
-    n_params = sum(v.numel() for k, v in state.items() if not _is_tied_copy(k, args))
+    # The model's parameters, as the strategies' manifests count them: no buffer (a router's
+    # expert_bias), the tied output projection once.
+    n_params = args.num_params()
     dtype = next(iter(state.values())).dtype
     fields = {
         "step": 0,
@@ -132,15 +134,24 @@ def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, ou
 
 
 def model_overrides(model_args) -> list[str]:
-    """The `train.py` overrides that build exactly this model."""
+    """The `train.py` overrides that build exactly this model (`model=moe_debug` plus every MoE
+    option for a mixture of experts, so none of moe_debug's own is left)."""
     a = model_args
     values = dict(
         dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, n_kv_heads=a.kv_heads,
         vocab_size=a.vocab_size, ffn_hidden_size=a.hidden_dim, norm_eps=a.norm_eps,
         rope_theta=a.rope_theta, max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings,
     )  # fmt: skip
-    return ["model=llama_debug", *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
-                                   for k, v in values.items())]  # fmt: skip
+    if isinstance(a, MoEArgs):
+        values.update(
+            num_experts=a.num_experts, top_k=a.top_k, expert_hidden_size=a.expert_dim,
+            n_shared_experts=a.n_shared_experts, first_k_dense=a.first_k_dense,
+            score_func=a.score_func, route_norm=a.route_norm, route_scale=a.route_scale,
+            aux_loss_coeff=a.aux_loss_coeff, bias_update_rate=a.bias_update_rate,
+        )  # fmt: skip
+    flavor = "model=moe_debug" if isinstance(a, MoEArgs) else "model=llama_debug"
+    return [flavor, *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in values.items())]  # fmt: skip
 
 
 ARCHITECTURE = ("n_heads", "kv_heads", "vocab_size", "rope_theta", "norm_eps", "tie_embeddings")
@@ -148,9 +159,10 @@ ARCHITECTURE = ("n_heads", "kv_heads", "vocab_size", "rope_theta", "norm_eps", "
 heads' split of wq and wk (n_heads 4 and 8 give the same shapes), the rotary base, the norm's
 epsilon and tied embeddings change the function; the vocabulary is named before any shape."""
 EXPERT_ARCHITECTURE = ("num_experts", "top_k", "expert_dim", "n_shared_experts", "first_k_dense",
-                       "score_func")  # fmt: skip
+                       "score_func", "route_norm", "route_scale")  # fmt: skip
 """What two mixtures of experts (`MoEArgs`) must share besides `ARCHITECTURE`: the experts
-named before their 3-D weights' shapes, and the routing."""
+named before their 3-D weights' shapes, and the routing (the renormalisation and scale of the
+weights change the function, not a shape)."""
 
 
 def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
@@ -169,10 +181,6 @@ def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
             return (f"was written for model.{name}={getattr(theirs, key)}, the configured model "
                     f"has {getattr(ours, key)}")  # fmt: skip
     return None
-
-
-def _is_tied_copy(name: str, args: ModelArgs) -> bool:
-    return args.tie_embeddings and name == "output.weight"
 
 
 def writing_run_config(path: Path) -> dict[str, Any] | None:

@@ -2,8 +2,10 @@
 
 `HFModelSpec` describes the model (a config dict for random init, or a local pretrained
 directory) and answers the planner's questions (parameter count, training FLOPs) by mapping a
-Llama-family config onto `ModelArgs`. `HFCausalLM` is the `nn.Module` that wraps the HF model so
-that the rest of the package sees `forward(tokens) -> logits` and `init_weights()`.
+Llama-family config onto `ModelArgs`, and a mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE)
+onto `MoEArgs` (`moe_fields`), whose FLOPs are those of the active experts. `HFCausalLM` is the
+`nn.Module` that wraps the HF model so that the rest of the package sees `forward(tokens) ->
+logits` and `init_weights()`.
 
 transformers is an optional dependency and is imported only when it is needed.
 """
@@ -19,7 +21,7 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import HF_INITIALIZED_FLAG
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
 # LlamaConfig's defaults, used to read a config dict when transformers is not installed (the
 # planner must run on a laptop without the `hf` extra).
@@ -36,6 +38,44 @@ _LLAMA_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": False,
     "rope_theta": 10000.0,
 }
+
+HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""Hugging Face mixtures of experts that `to_model_args` describes as `MoEArgs`."""
+
+
+def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The `MoEShape` fields of a Mixtral, Qwen2-MoE or Qwen3-MoE config (a `to_dict()`).
+
+    Routing is softmax over every expert, then the top `num_experts_per_tok`, renormalised to
+    sum to 1 for Mixtral, and for Qwen where `norm_topk_prob` (`MoEShape.route_norm`). Mixtral's
+    experts are `intermediate_size` wide; Qwen's `moe_intermediate_size`, its dense layers (the
+    first `first_k_dense`, `mlp_only_layers`) `intermediate_size`, and Qwen2's shared expert
+    `shared_expert_intermediate_size`. Neither balancing method is carried over: HF's load
+    balancing loss (`router_aux_loss_coef`) is a batch-level statistic, ours per sequence, so
+    set `model.aux_loss_coeff` to train with ours. ValueError for a pattern of MoE layers or a
+    shared expert width `MoEShape` cannot describe."""
+    model_type = cfg.get("model_type")
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 8
+    fields = dict(num_experts=experts, top_k=cfg.get("num_experts_per_tok", 2),
+                  aux_loss_coeff=0.0, bias_update_rate=0.0, score_func="softmax")  # fmt: skip
+    if model_type == "mixtral":
+        return {**fields, "expert_hidden_size": cfg["intermediate_size"], "route_norm": True}
+    expert = cfg["moe_intermediate_size"]
+    n_layers, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step", 1)
+    dense = [i for i in range(n_layers) if i in cfg.get("mlp_only_layers", []) or (i + 1) % step]
+    if dense != list(range(len(dense))):
+        raise ValueError(
+            f"{model_type} has dense MLPs in layers {dense} (mlp_only_layers, decoder_sparse_step="
+            f"{step}); MoEArgs describes only the first k layers dense (first_k_dense)"
+        )
+    shared = cfg.get("shared_expert_intermediate_size", 0) if model_type == "qwen2_moe" else 0
+    if shared % expert:
+        raise ValueError(
+            f"shared_expert_intermediate_size={shared} is not a multiple of moe_intermediate_size="
+            f"{expert}; MoEArgs' shared experts are n_shared_experts x the expert width"
+        )
+    return {**fields, "expert_hidden_size": expert, "n_shared_experts": shared // expert,
+            "first_k_dense": len(dense), "route_norm": bool(cfg.get("norm_topk_prob", False))}  # fmt: skip
 
 
 def _import_transformers():
@@ -105,8 +145,10 @@ class HFModelSpec:
         except ImportError:
             return {**_LLAMA_DEFAULTS, **self.raw_config()}
 
-    def to_model_args(self) -> ModelArgs:
-        """The equivalent `ModelArgs` of a Llama-family config, for parameter and FLOP counts.
+    def to_model_args(self) -> ModelArgs | MoEArgs:
+        """The equivalent `ModelArgs` of a Llama-family config, for parameter and FLOP counts;
+        `MoEArgs` for a mixture of experts (`HF_MOE_TYPES`, `moe_fields`: exact for Mixtral;
+        Qwen's q/k/v biases, q/k norms and shared-expert gate are not counted).
 
         Raises ValueError for configs whose weights `ModelArgs` cannot count (biases, or a
         head_dim other than hidden_size / num_attention_heads).
@@ -123,7 +165,9 @@ class HFModelSpec:
                 "ModelArgs cannot describe this model"
             )
         rope = cfg.get("rope_parameters") or {}
-        return ModelArgs(
+        moe = cfg.get("model_type") in HF_MOE_TYPES
+        return (MoEArgs if moe else ModelArgs)(
+            **(moe_fields(cfg) if moe else {}),
             dim=dim,
             n_layers=cfg["num_hidden_layers"],
             n_heads=n_heads,
