@@ -48,8 +48,9 @@ def layer_params_on_rank(model, layer: int, tp: int, ep: int) -> tuple[float, fl
     projections; in an MoE block the attention's and the shared expert's (the grouped experts
     stay in the compute dtype)."""
     d = model.dim
-    if not layer_is_moe(model, layer):
-        block = (model.block_params() - 2 * d) / tp + 2 * d
+    if not layer_is_moe(model, layer):  # a dense model's block, or an MoE model's dense one
+        whole = model.layer_params(layer) if is_moe(model) else model.block_params()
+        block = (whole - 2 * d) / tp + 2 * d
         return block, 0.0, block - 2 * d
     mlp = model.moe_layer_params()
     attention = model.layer_params(layer) - mlp - 2 * d
