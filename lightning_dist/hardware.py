@@ -3,6 +3,12 @@
 The planner, the MFU callback and the pre-flight device check all read this. The figures in
 `conf/hardware/*.yaml` are public datasheet numbers: dense (not sparse) peak FLOP/s, and
 bandwidth per device in one direction.
+
+A spec of mixed hardware lists its node groups (`groups`: each a whole spec of one kind of node
+with its own `num_nodes`, in the order the run's nodes map to them) and the link between groups
+(`site_link_*`); its own per-device figures are then the groups' worst (`memory_gib`, the links,
+`matmul_efficiency`) or their mean over the devices (the peaks, so that MFU over all devices is
+right), for code that reads one figure; the planner reads each group.
 """
 
 from __future__ import annotations
@@ -69,8 +75,23 @@ class HardwareSpec:
     env: dict[str, str] = field(default_factory=dict)
     """Environment a cluster job exports on these nodes (NCCL and network settings); written
     into the Slurm script by `python -m lightning_dist.launch slurm`."""
+    groups: dict[str, HardwareSpec] = field(default_factory=dict)
+    """Mixed hardware: the node groups by name, each a spec of one kind of node with its own
+    `num_nodes`, in the order the run's nodes map to them (the first group's nodes first). A
+    group is written as a defaults entry of the mixed spec, `- dgx_h100@groups.h100`, and
+    changed as `hardware.groups.h100.num_nodes=4`. Empty: one kind of node."""
+    site_link_gbytes_per_sec: float | None = None
+    """Mixed hardware: bandwidth between node groups, GB/s per device and direction (a link
+    between sites or clusters); null: the groups' slowest `inter_node_gbytes_per_sec`."""
+    site_link_latency_ms: float | None = None
+    """Mixed hardware: one-way latency between node groups, in milliseconds; null: the
+    network's inside a site (RING_STEP_LATENCY_S in planner/settings.py)."""
 
     def __post_init__(self) -> None:
+        self.groups = {k: v if isinstance(v, HardwareSpec) else HardwareSpec(**v)
+                       for k, v in self.groups.items()}  # fmt: skip
+        if self.groups:
+            self._check_groups()
         if self.accelerator not in ACCELERATORS:
             raise ValueError(
                 f"hardware.accelerator={self.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
@@ -96,6 +117,78 @@ class HardwareSpec:
                 f"hardware.min_nodes={self.min_nodes} must be between 1 and hardware.num_nodes="
                 f"{self.num_nodes} (the most nodes), as in torchrun --nnodes=MIN:MAX"
             )
+
+    def _check_groups(self) -> None:
+        """Mixed hardware: one line naming the value when the groups cannot form one run."""
+        groups = self.groups
+        kinds = {g.accelerator for g in groups.values()}
+        devices = {g.devices for g in groups.values()}
+        counts = ", ".join(f"{k} {g.num_nodes}" for k, g in groups.items())
+        if len(kinds) > 1 or len(devices) > 1:
+            raise ValueError(
+                f"hardware={self.name}: the node groups must have one accelerator and one "
+                f"device count per node (got {sorted(kinds)} and {sorted(devices)} devices); "
+                "mixed device counts per node are not supported"
+            )
+        nested = [k for k, g in groups.items() if g.groups]
+        if nested:
+            raise ValueError(f"hardware.groups.{nested[0]} has groups of its own; list every "
+                             "node group at the top")  # fmt: skip
+        total = sum(g.num_nodes for g in groups.values())
+        if self.num_nodes != total:
+            raise ValueError(
+                f"hardware.num_nodes={self.num_nodes} but the node groups hold {total} nodes "
+                f"({counts}); change a group's count (hardware.groups.<name>.num_nodes) and "
+                f"set hardware.num_nodes={total}, their sum"
+            )
+        if self.min_nodes is not None:
+            raise ValueError(f"hardware.min_nodes={self.min_nodes}: elastic jobs of mixed "
+                             "hardware are not supported; set hardware.min_nodes=null")  # fmt: skip
+        # One figure for code that reads one: the worst group's, or the mean over the devices
+        # for the peaks (MFU divides by the sum of every device's peak).
+        specs = list(groups.values())
+        first = specs[0]
+        self.accelerator, self.devices = first.accelerator, first.devices
+        self.precision, self.backend = first.precision, first.backend
+
+        def worst(name: str):
+            values = [getattr(g, name) for g in specs]
+            return None if None in values else min(values)
+
+        def mean(name: str):
+            values = [getattr(g, name) for g in specs]
+            if None in values:
+                return None
+            return sum(v * g.num_nodes for v, g in zip(values, specs, strict=True)) / total
+
+        for name in (
+            "memory_gib",
+            "memory_gbytes_per_sec",
+            "matmul_efficiency",
+            "intra_node_gbytes_per_sec",
+            "inter_node_gbytes_per_sec",
+            "cpus_per_node",
+        ):
+            setattr(self, name, worst(name))  # fmt: skip
+        for name in ("peak_tflops_bf16", "peak_tflops_fp32", "peak_tflops_fp8"):
+            setattr(self, name, mean(name))
+
+    @property
+    def mixed(self) -> bool:
+        """Does the run mix node groups (`groups`)?"""
+        return bool(self.groups)
+
+    def node_group(self, node: int) -> tuple[str, HardwareSpec]:
+        """The (name, spec) of the group node `node` (0-based, in rank order) belongs to; the
+        spec itself for one kind of node."""
+        if not self.groups:
+            return self.name, self
+        first = 0
+        for name, group in self.groups.items():
+            if node < first + group.num_nodes:
+                return name, group
+            first += group.num_nodes
+        raise ValueError(f"node {node} is outside the {self.num_nodes} nodes of {self.name}")
 
     @property
     def world_size(self) -> int:

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from lightning_dist.layout import Batch
-from lightning_dist.planner.labels import batch_line, format_seconds
+from lightning_dist.planner.labels import batch_line, format_seconds, stage_lines
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
 
 LEGEND = f"""legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
@@ -37,8 +37,8 @@ LEGEND = f"""legend: the first word is the strategy that runs the row: single, d
   mbs = micro-batch: the sequences one rank runs through one forward (one pipeline microbatch
   under pp); the rest of the global batch is gradient accumulation or further microbatches.
   ac = activation checkpointing: ac=full (every block keeps only its input), ac=n (every n-th
-  block in full), ac=op (every block keeps its matmul outputs, recomputes the pointwise ops);
-  compile = per-block torch.compile; offload = parameters, gradients and optimizer state live in
+  block in full), ac=op (every block keeps its matmul outputs, recomputes the pointwise ops),
+  ac=op_alternate (op keeping every other matmul's output); compile = per-block torch.compile; offload = parameters, gradients and optimizer state live in
   host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
   GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
@@ -160,6 +160,9 @@ def strategy_overrides(candidate) -> list[str]:
                 f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
         if lay.virtual_stages > 1:
             out.append(f"strategy.virtual_stages={lay.virtual_stages}")
+        points = st.options.pipeline.split_points
+        if points:
+            out.append(f"strategy.split_points=[{','.join(map(str, points))}]")
     if lay.cp > 1:
         out.append(f"strategy.cp_mode={st.cp_mode}")
     if lay.tp > 1 and not st.sequence_parallel:  # on by default under TP
@@ -294,6 +297,9 @@ def assumptions(batch: Batch, precision: str | None, strategy: Any, model, hardw
     precision = precision or hardware.precision
     per_node = hardware.resolved_devices()
     memory = f"{hardware.memory_gib:g} GiB each" if hardware.memory_gib else "memory unknown"
+    if hardware.mixed:
+        memory = "; ".join(f"{k}: {g.num_nodes} x {g.name} ({g.memory_gib:g} GiB)"
+                           for k, g in hardware.groups.items())  # fmt: skip
     return [
         f"model {model_name} ({_size(args.num_params())} parameters), {precision}, "
         f"{OPTIMIZER_NAMES['adamw']}; global batch {gbs} x {seq} tokens = {gbs * seq:,} "
@@ -388,6 +394,9 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         best = result.best()
         console.print(f"chosen: [bold green]{best.describe()}[/]", highlight=False)
         console.print(batch_line(best), highlight=False)
+        shape = model.to_model_args() if hasattr(model, "to_model_args") else model
+        for line in stage_lines(best, hardware, shape.n_layers):
+            console.print(line, highlight=False)
         command = train_command(overrides, best)
         console.print(f"run it: {_wrapped(command)}", highlight=False,
                       soft_wrap=True)  # fmt: skip

@@ -7,6 +7,13 @@ exports the hardware's `env` (NCCL and network settings), runs `srun python trai
 directory named after the job, with `trainer.resume=auto`, and asks for SIGUSR1 before the time
 limit: the run checkpoints and requeues itself, and the requeued job resumes in the same run
 directory and W&B run (docs/LAUNCH.md, "Requeue").
+
+Mixed hardware (`hardware.groups`) becomes one heterogeneous job: one component per node
+group, in the spec's order (`#SBATCH hetjob` between them), each with its group's nodes, CPUs
+and `env`, and one `srun --het-group=...` step over all of them, whose tasks Slurm numbers
+consecutively across the components (the first group's ranks first, as the planner maps them);
+`MASTER_ADDR` is the first component's first node. Never run on a cluster (the test Slurm has
+one node; a heterogeneous job needs one per component).
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ class SlurmJob:
     workdir: str = "."
     python: str = sys.executable
     extra_sbatch: list[str] = field(default_factory=list)
+    components: list[tuple[str, int, int | None, dict[str, str]]] = field(default_factory=list)
+    """Mixed hardware: (group name, nodes, CPUs per task, env) of each heterogeneous job
+    component, in the spec's order; empty: one component of `nodes`."""
 
 
 def job_for(hardware: HardwareSpec, *, single_process: bool, overrides: list[str],
@@ -68,6 +78,12 @@ def job_for(hardware: HardwareSpec, *, single_process: bool, overrides: list[str
     run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if run_dirs:
         options["run_dir"] = run_dirs[-1]
+    components = []
+    if hardware.mixed and not single_process:
+        for name, group in hardware.groups.items():
+            cpus = max(group.cpus_per_node // tasks, 1) if group.cpus_per_node else None
+            components.append((name, group.num_nodes, cpus, dict(group.env)))
+    options.setdefault("components", components)
     return SlurmJob(
         nodes=nodes, tasks_per_node=tasks,
         gpus_per_node=tasks if hardware.accelerator == "gpu" else 0,
@@ -91,28 +107,46 @@ def sbatch_script(job: SlurmJob) -> str:
         "# Written by `python -m lightning_dist.launch slurm`: "
         f"{job.nodes} node(s) x {job.tasks_per_node} task(s) = {ranks} rank(s), one per task.",
         f"#SBATCH --job-name={job.job_name}",
-        f"#SBATCH --nodes={job.nodes}",
-        f"#SBATCH --ntasks-per-node={job.tasks_per_node}",
     ]
-    if job.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
-    if job.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={job.cpus_per_task}")
-    lines += [
-        f"#SBATCH --time={job.time}",
-        f"#SBATCH --signal=USR1@{job.requeue_signal_s}",
-        "#SBATCH --requeue",
-        "#SBATCH --open-mode=append",
-        f"#SBATCH --output={job.log_dir}/%x-%j.out",
-        f"#SBATCH --chdir={job.workdir}",
-    ]
-    lines += [f"#SBATCH --{name}={value}" for name, value in
-              (("partition", job.partition), ("account", job.account)) if value]  # fmt: skip
-    lines += [f"#SBATCH {arg}" for arg in job.extra_sbatch]
+    components = job.components or [("", job.nodes, job.cpus_per_task, {})]
+    account = [f"#SBATCH --{name}={value}" for name, value in
+               (("partition", job.partition), ("account", job.account)) if value]  # fmt: skip
+    for i, (name, nodes, cpus, _) in enumerate(components):
+        if i:
+            lines.append(f"#SBATCH hetjob  # component {i}: node group {name}")
+        elif name:
+            lines.append(f"# A heterogeneous job: component 0 is node group {name}")
+        lines += [f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={job.tasks_per_node}"]
+        if job.gpus_per_node:
+            lines.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
+        if cpus:
+            lines.append(f"#SBATCH --cpus-per-task={cpus}")
+        lines += account
+        if i == 0:  # the job's own options go with its first component
+            lines += [
+                f"#SBATCH --time={job.time}",
+                f"#SBATCH --signal=USR1@{job.requeue_signal_s}",
+                "#SBATCH --requeue",
+                "#SBATCH --open-mode=append",
+                f"#SBATCH --output={job.log_dir}/%x-%j.out",
+                f"#SBATCH --chdir={job.workdir}",
+            ]
+            lines += [f"#SBATCH {arg}" for arg in job.extra_sbatch]
     lines.append("")
     if job.env:
         lines.append(f"# NCCL and network settings of hardware={job.hardware_name}")
         lines += [f"export {name}={shlex.quote(str(v))}" for name, v in job.env.items()]
+    shared = {}
+    for _group, _, _, env in job.components:  # the groups' settings, where they agree
+        for key, value in env.items():
+            shared.setdefault(key, set()).add(str(value))
+    if shared:
+        lines.append("# NCCL and network settings the node groups share (differing ones: none)")
+        lines += [f"export {k}={shlex.quote(next(iter(v)))}" for k, v in shared.items()
+                  if len(v) == 1]  # fmt: skip
+        lines += ["# The rendezvous on the first component's first node",
+                  'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0"'
+                  " | head -n 1)"]  # fmt: skip
     lines += [
         "# One thread per CPU Slurm gave the task; Slurm 22.05's srun does not take the CPUs",
         "# per task from sbatch by itself.",
@@ -130,8 +164,9 @@ def sbatch_script(job: SlurmJob) -> str:
     train = [job.python, str(REPO_ROOT / "train.py"), *job.overrides]
     command = " ".join(shlex.quote(a) for a in train)
     resume = " ".join(_resume_overrides(job.overrides))
+    het = f" --het-group=0-{len(job.components) - 1}" if job.components else ""
     lines += [
-        f'srun {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
+        f'srun{het} {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
         "status=$?",
         f"# {SIGNAL_DEATH_STATUS} = 128 + SIGUSR1: the signal came while Python started or exited,",
         "# where train.py cannot catch it; requeue unless the run had finished.",

@@ -11,7 +11,13 @@ from dataclasses import dataclass, replace
 from lightning_dist.layout import Layout, tp_split_problem, ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
 from lightning_dist.planner.labels import describe, runs_fsdp, strategy_name
-from lightning_dist.planner.memory import SHARDED_MODES, MemoryBreakdown, memory_per_device
+from lightning_dist.planner.memory import (
+    SHARDED_MODES,
+    MemoryBreakdown,
+    memory_per_device,
+    stage_memories,
+)
+from lightning_dist.planner.mixed import mixed_problem, speed_split, sustained_flops
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
     DEFAULT_HEADROOM,
@@ -21,7 +27,7 @@ from lightning_dist.planner.settings import (
     TrainSettings,
     with_knobs,
 )
-from lightning_dist.planner.timing import StepTime, step_time
+from lightning_dist.planner.timing import StepTime, stage_hardware, step_time
 
 
 class NoLayoutFitsError(ValueError):
@@ -111,6 +117,13 @@ def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
             f"strategy.float8={recipe} with tp={tp} is not supported yet (tensorwise is); set "
             "strategy.float8=tensorwise or none, or tp=1"
         )
+    lacking = [f"{k} ({g.name})" for k, g in getattr(hardware, "groups", {}).items()
+               if g.peak_tflops_fp8 is None]  # fmt: skip
+    if lacking:
+        return (
+            f"strategy.float8={recipe}: node group {lacking[0]} of {hardware.name} has no float8 "
+            "matmuls (A100s and older have none); set strategy.float8=none"
+        )
     if (hardware is not None and hardware.accelerator == "gpu"
             and hardware.peak_tflops_bf16 is not None and hardware.peak_tflops_fp8 is None):  # fmt: skip
         return (
@@ -174,6 +187,7 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
         tp_problem(model, hardware.resolved_devices(), layout.tp)
         or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
+        or mixed_problem(hardware, layout.pp)
         or batch_problem(layout, settings)
         or cp_problem(model, layout, settings)
     )
@@ -219,13 +233,94 @@ def fit_problem(memory: MemoryBreakdown, hardware, headroom: float) -> str | Non
 
 def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None,
              compile_speedup=None):  # fmt: skip
-    """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`)."""
-    memory = memory_per_device(model, layout, settings)
-    problem = fit_problem(memory, hardware, headroom)
+    """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`). On
+    mixed hardware each pipeline rank is checked against its own group's memory, and a
+    pipeline without `strategy.split_points` gets the speed-balanced split (`speed_split_points`)."""
+    if hardware.mixed:
+        settings = mixed_split(model, hardware, layout, settings, headroom)
+        memory, problem = mixed_fit(model, hardware, layout, settings, headroom)
+    else:
+        memory = memory_per_device(model, layout, settings)
+        problem = fit_problem(memory, hardware, headroom)
     kwargs = {} if overlap is None else {"overlap": overlap}
     time = step_time(model, hardware, layout, settings, efficiency=efficiency,
                      compile_speedup=compile_speedup, **kwargs)  # fmt: skip
     return Candidate(layout, settings, memory, time, problem is None, problem)
+
+
+def mixed_fit(model, hardware, layout, settings, headroom):
+    """(the memory of the pipeline rank nearest its group's limit, why a rank does not fit or
+    None) on mixed hardware."""
+    groups = stage_hardware(hardware, layout, settings)
+    stages = stage_memories(model, layout, settings)
+    ranked = []
+    for group, memory in zip(groups, stages, strict=True):
+        usable = (group.memory_gib or float("inf")) * GIB * headroom
+        ranked.append((memory.total / usable, memory, fit_problem(memory, group, headroom), group))
+    _, memory, problem, group = max(ranked, key=lambda r: r[0])
+    if problem and layout.pp > 1:
+        problem = f"pipeline rank {memory.stage} on {group.name}: {problem}"
+    return memory, problem
+
+
+def layer_costs(model, seq_len: int) -> tuple[list[float], float]:
+    """Training FLOPs per token of each block (an MoE block's active path) and of the output
+    projection: what a speed-balanced split weighs (the embedding lookup costs none)."""
+    from lightning_dist.planner.experts import layer_is_moe
+
+    d = model.dim
+    attention = 12.0 * d * seq_len
+    costs = []
+    for i in range(model.n_layers):
+        if layer_is_moe(model, i):
+            costs.append(6.0 * (model.active_layer_params(i) - 2 * d) + attention)
+        else:
+            whole = (
+                model.layer_params(i) if hasattr(model, "layer_params") else model.block_params()
+            )
+            costs.append(6.0 * (whole - 2 * d) + attention)
+    return costs, 6.0 * model.vocab_size * d
+
+
+def speed_split_points(model, hardware, layout, settings, caps=None) -> list[int]:
+    """The first block of every pipeline stage but the first, each stage's blocks in proportion
+    to the speed of its rank's node group (stage s runs on pipeline rank `Layout.stage_ids`
+    assigns it), at most `caps[s]` blocks each (`planner/mixed.py`: `speed_split`)."""
+    groups = stage_hardware(hardware, layout, settings)
+    owner = {s: r for r in range(layout.pp) for s in layout.stage_ids(r)}
+    speeds = [sustained_flops(groups[owner[s]], settings.precision)
+              for s in range(layout.num_stages)]  # fmt: skip
+    costs, output = layer_costs(model, settings.seq_len)
+    return speed_split(costs, speeds, last=output, caps=caps)
+
+
+def mixed_split(model, hardware, layout, settings, headroom):
+    """The settings with the speed-balanced `split_points` where a pipeline on mixed hardware
+    has none; a rank over its group's memory gets a block fewer until every rank fits or no
+    split is left (then the last fitting attempt is kept and the fit check says why)."""
+    if layout.pp == 1 or settings.options.pipeline.split_points:
+        return settings
+    stages = layout.num_stages
+    caps = [model.n_layers] * stages
+    owner = {s: r for r in range(layout.pp) for s in layout.stage_ids(r)}
+    groups = stage_hardware(hardware, layout, settings)
+    split = settings.with_knobs(split_points=speed_split_points(model, hardware, layout, settings))
+    for _ in range(model.n_layers):
+        memories = stage_memories(model, layout, split)
+        points = list(split.options.pipeline.split_points)
+        sizes = [b - a for a, b in zip([0, *points], [*points, model.n_layers], strict=True)]
+        over = [s for s in range(stages)
+                if fit_problem(memories[owner[s]], groups[owner[s]], headroom)]  # fmt: skip
+        if not over:
+            return split
+        for s in over:
+            caps[s] = max(1, sizes[s] - 1)
+        try:
+            points = speed_split_points(model, hardware, layout, settings, caps)
+        except ValueError:
+            return split
+        split = settings.with_knobs(split_points=points)
+    return split
 
 
 def estimate(

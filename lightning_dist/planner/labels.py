@@ -109,3 +109,27 @@ def batch_line(candidate) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def stage_lines(candidate, hardware, n_layers: int) -> list[str]:
+    """One line per pipeline rank on mixed hardware: its nodes, node group and blocks, e.g.
+    'pipeline rank 0: nodes 0-1 (h100: dgx_h100), blocks 0-49 (50)'; none elsewhere."""
+    lay = candidate.layout
+    if not hardware.mixed:
+        return []
+    if lay.pp == 1:
+        groups = ", ".join(f"{k} {g.num_nodes} x {g.name}" for k, g in hardware.groups.items())
+        return [f"no pipeline: every rank does the same work on {groups}, at the slowest "
+                "group's pace"]  # fmt: skip
+    points = list(candidate.settings.options.pipeline.split_points or [])
+    bounds = list(zip([0, *points], [*points, n_layers], strict=True))
+    devices, per_rank = hardware.resolved_devices(), hardware.world_size // lay.pp
+    lines = []
+    for r in range(lay.pp):
+        first, last = r * per_rank // devices, ((r + 1) * per_rank - 1) // devices
+        name, group = hardware.node_group(first)
+        nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
+        held = [bounds[s] for s in lay.stage_ids(r) if s < len(bounds)]
+        blocks = ", ".join(f"blocks {a}-{b - 1} ({b - a})" for a, b in held)
+        lines.append(f"pipeline rank {r}: {nodes} ({name}: {group.name}), {blocks}")
+    return lines

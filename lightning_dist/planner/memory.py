@@ -372,8 +372,9 @@ def allocator_bytes(model, layout: Layout, settings: TrainSettings, shape: Stage
     return slack
 
 
-def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryBreakdown:
-    """Predicted peak bytes on one device of the worst stage, by category.
+def stage_memories(model, layout: Layout, settings: TrainSettings) -> list[MemoryBreakdown]:
+    """Predicted peak bytes on one device of each pipeline rank, by category (`stage` names
+    the rank: 'only', 'first', 'rank r', 'last'), in pipeline-rank order.
 
     `layout` must be resolved; the number of microbatches per step is the per-rank batch
     (global_batch_size / dp) over micro_batch_size. The reserve is the runtime's fixed cost
@@ -382,15 +383,18 @@ def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryB
     test's one margin (DEFAULT_HEADROOM).
     """
     microbatches = settings.microbatches(layout.dp)
-    worst = None
+    out = []
     for stage, shape in stage_shapes(model, layout, settings.options.pipeline.split_points):
         params, grads, optimizer, host = model_state_bytes(layout, settings, shape)
         acts = activation_bytes(model, layout, settings, shape, microbatches)
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         reserve = RESERVE_BYTES.get(settings.accelerator, RESERVE_BYTES["gpu"])
         slack = allocator_bytes(model, layout, settings, shape)
-        mem = MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage,
-                              slack)  # fmt: skip
-        if worst is None or mem.total > worst.total:
-            worst = mem
-    return worst
+        out.append(MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage,
+                                   slack))  # fmt: skip
+    return out
+
+
+def memory_per_device(model, layout: Layout, settings: TrainSettings) -> MemoryBreakdown:
+    """The worst pipeline rank's `stage_memories` (the largest total)."""
+    return max(stage_memories(model, layout, settings), key=lambda m: m.total)

@@ -24,12 +24,15 @@ from lightning_dist.planner.estimate import (
     batch_problem,
     fit_problem,
     float8_problem,
+    mixed_fit,
+    mixed_split,
     pp_problem,
     tp_problem,
 )
 from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import memory_per_device
+from lightning_dist.planner.mixed import mixed_problem
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
@@ -217,6 +220,10 @@ def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
             if problem:
                 families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
                 break
+            problem = mixed_problem(search.hardware, pp)
+            if problem:
+                families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
+                continue
             for cp in cp_values(world // (tp * pp), base.seq_len):
                 dp = world // (tp * pp * cp)
                 # One sequence per data-parallel rank; 1F1B wants pp microbatches per pipeline.
@@ -325,8 +332,12 @@ def _sweep_micro_batches(
         if layout is None:
             tally.first_problem = tally.first_problem or problem
             continue
-        mem = memory_per_device(search.model, layout, settings)
-        problem = fit_problem(mem, hardware, search.headroom)
+        if hardware.mixed:  # each pipeline rank on its group, blocks by speed
+            settings = mixed_split(search.model, hardware, layout, settings, search.headroom)
+            mem, problem = mixed_fit(search.model, hardware, layout, settings, search.headroom)
+        else:
+            mem = memory_per_device(search.model, layout, settings)
+            problem = fit_problem(mem, hardware, search.headroom)
         # Report the smallest device need; a host-memory miss only if all are.
         need = (bool(problem) and problem.startswith("offload"), mem.total)
         if tally.smallest is None or need < tally.smallest.need:

@@ -25,6 +25,7 @@ from lightning_dist.planner.memory import (
     checkpointed_blocks,
     stage_shapes,
 )
+from lightning_dist.planner.mixed import rank_groups, slowest
 from lightning_dist.planner.settings import (
     COMPILE_SPEEDUP,
     DEFAULT_DP_OVERLAP,
@@ -247,10 +248,12 @@ def step_time(
         and hardware.matmul_efficiency
     )  # fmt: skip
     if physical:  # matmuls by shape, attention, pointwise traffic: planner/compute.py
+        specs = stage_hardware(hardware, layout, settings)
         stage = max(
-            (_stage_compute(model, hardware, layout, settings, sh, peak) for sh in shapes),
+            (_stage_compute(model, specs[sh.rank], layout, settings, sh,
+                            specs[sh.rank].peak_flops(settings.precision)) for sh in shapes),
             key=lambda c: c.seconds,
-        )
+        )  # fmt: skip
         # Compilation is in the pointwise term; an explicit `compile_speedup` still divides.
         t_mb = stage.seconds / (compile_speedup or 1.0)
         fwd = stage.train_seconds / 3 / (compile_speedup or 1.0)
@@ -319,14 +322,36 @@ def step_time(
     )
 
 
+def stage_hardware(hardware, layout: Layout, settings: TrainSettings) -> list:
+    """The spec each pipeline rank computes on: the spec itself, or on mixed hardware its
+    group's (`planner/mixed.py`); without PP, mixed groups run at the slowest one's speed."""
+    if not hardware.mixed:
+        return [hardware] * layout.pp
+    groups = rank_groups(hardware, layout)
+    if groups is None or layout.pp == 1:
+        return [slowest(list(hardware.groups.values()), settings.precision)] * layout.pp
+    return groups
+
+
 def _links(hardware, layout: Layout):
     per_node = hardware.resolved_devices()
 
     def link(inner: int, size: int) -> tuple[float, float]:
-        """(bytes/s, seconds per ring step) of a group of `size` ranks strided by `inner`."""
+        """(bytes/s, seconds per ring step) of a group of `size` ranks strided by `inner`; on
+        mixed hardware, one whose ranks span node groups (the first such group, from rank 0)
+        is capped by the link between the groups (`site_link_*`)."""
         crosses, members = group_span(inner, size, per_node)
         latency = RING_STEP_LATENCY_S["inter" if crosses else "intra"]
-        return link_bandwidth(hardware, crosses, members), latency
+        bandwidth = link_bandwidth(hardware, crosses, members)
+        if hardware.mixed and crosses:
+            names = {hardware.node_group(r * inner // per_node)[0] for r in range(size)}
+            if len(names) > 1:
+                site = hardware.site_link_gbytes_per_sec
+                if site is not None:
+                    bandwidth = min(bandwidth, members * site * 1e9)
+                if hardware.site_link_latency_ms is not None:
+                    latency = max(latency, hardware.site_link_latency_ms / 1e3)
+        return bandwidth, latency
 
     return link
 

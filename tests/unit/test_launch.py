@@ -18,7 +18,11 @@ def _dry_run(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("hardware", choice_names("hardware"))
+ONE_KIND = [h for h in choice_names("hardware") if not h.startswith("mixed_")]
+"""The hardware specs of one kind of node (mixed ones: the heterogeneous-job test below)."""
+
+
+@pytest.mark.parametrize("hardware", ONE_KIND)
 def test_dry_run_script_follows_the_hardware_profile(hardware, capsys):
     spec = hardware_spec(compose_config([f"hardware={hardware}", "paths.output_dir=x"]))
     devices = spec.devices if spec.devices != -1 else 4  # `gpu` needs the count spelled out
@@ -88,3 +92,22 @@ def test_submitit_launcher_config_is_sized_from_the_hardware():
     assert launcher["additional_parameters"] == {"signal": "USR1@120", "requeue": True}
     (setup,) = launcher["setup"]
     assert "export NCCL_IB_HCA=mlx5" in setup.splitlines()
+
+
+def test_mixed_hardware_is_one_heterogeneous_job_in_the_groups_order(capsys):
+    """hardware=mixed_h100_a100: a component per node group (H100s first, as the ranks map),
+    each with its group's nodes and CPUs, the job's options in the first, the groups' shared
+    NCCL settings, the rendezvous on the first component and one srun over both."""
+    lines = _dry_run(capsys, "hardware=mixed_h100_a100", "model=llama3_70b", "strategy=3d",
+                     "strategy.tp=8", "strategy.pp=4").splitlines()  # fmt: skip
+    het = lines.index("#SBATCH hetjob  # component 1: node group a100")
+    first, second = lines[:het], lines[het:]
+    assert "# A heterogeneous job: component 0 is node group h100" in first
+    assert first.count("#SBATCH --nodes=2") == 1 and second.count("#SBATCH --nodes=2") == 1
+    assert "#SBATCH --cpus-per-task=28" in first and "#SBATCH --cpus-per-task=32" in second
+    assert "#SBATCH --requeue" in first and "#SBATCH --time=01:00:00" in first
+    assert "#SBATCH --time=01:00:00" not in second
+    assert "export NCCL_IB_HCA=mlx5" in lines
+    assert any(line.startswith("export MASTER_ADDR=$(scontrol show hostnames") for line in lines)
+    (srun,) = [line for line in lines if line.startswith("srun ")]
+    assert srun.startswith("srun --het-group=0-1 ")
