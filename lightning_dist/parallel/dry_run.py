@@ -6,7 +6,7 @@ mesh, the TP plan, FSDP2 over the data-parallel sub-mesh, the pipeline cut), the
 it as fake tensors (shapes and dtypes, no storage) and runs its share of one optimizer step:
 forward and backward of each micro-step, gradient clipping over the whole model, AdamW. Every
 collective it issues is counted by the mesh dimension of its group, as bytes per rank by the
-caller's ring rule (`planner.timing.ring_volume`), and its parameter, gradient and optimizer
+caller's ring rule (`planner.traffic.ring_volume`), and its parameter, gradient and optimizer
 bytes are read off its shards.
 
 Only the first two micro-steps of a step run: every later one issues what the second did (the
@@ -218,7 +218,7 @@ def dry_run_rank(
     target device resolves them; `micro_batch_size` sequences of `seq_len` tokens per micro-step
     (under PP: per pipeline microbatch), `accumulate` micro-steps per optimizer step;
     `ring_volume(kind, nbytes, n)` turns a collective into bytes per rank (the planner's
-    `planner.timing.ring_volume`, passed in: parallel/ does not import the planner).
+    `planner.traffic.ring_volume`, passed in: parallel/ does not import the planner).
     """
     from lightning_dist.parallel.clip import clip_grad_norm_global
     from lightning_dist.parallel.parallelize import model_parts, parallelize

@@ -14,13 +14,11 @@ from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import MemoryBreakdown, memory_per_device
 from lightning_dist.planner.search import PlanResult, plan_layouts
 from lightning_dist.planner.settings import TrainSettings, state_bytes
-from lightning_dist.planner.timing import (
-    StepTime,
+from lightning_dist.planner.timing import StepTime, bubble_fraction, step_time
+from lightning_dist.planner.traffic import (
     allgather_volume,
     allreduce_volume,
-    bubble_fraction,
     reduce_scatter_volume,
-    step_time,
 )
 
 __all__ = [

@@ -4,7 +4,7 @@ by the real strategy code at its full world size in this one CPU process, next t
 For each rank it dry-runs (`parallel/dry_run.py`: torch's fake process group, fake tensors, one
 optimizer step) it prints the parameter, gradient and optimizer bytes the rank holds and the
 ring bytes it moves over each mesh dimension in one step, beside what the planner predicts for
-that rank (`planner.memory.model_state_bytes`, `planner.timing.traffic_by_dim`). Without
+that rank (`planner.memory.model_state_bytes`, `planner.traffic.traffic_by_dim`). Without
 pipeline parallelism every rank holds and sends alike, so rank 0 stands for all; with it, the
 first, second and last pipeline ranks (the first and last stages hold the embedding and the
 output, the second a full run of blocks).
@@ -112,7 +112,7 @@ def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     """Dry-run the planned run (a `run.plan.RunPlan`) rank by rank; see the module doc."""
     from lightning_dist.parallel.dry_run import dry_run_rank, each_in_a_fresh_process
     from lightning_dist.planner.memory import model_state_bytes, stage_shapes
-    from lightning_dist.planner.timing import ring_volume, traffic_by_dim
+    from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
     from lightning_dist.run.preflight import estimate_run
 
     check_dry_run(plan)

@@ -18,7 +18,7 @@ from lightning_dist.options import PRESETS
 from lightning_dist.parallel.dry_run import Traffic, dry_run_rank, each_in_a_fresh_process
 from lightning_dist.planner import estimate
 from lightning_dist.planner.memory import model_state_bytes, stage_shapes
-from lightning_dist.planner.timing import ring_volume, traffic_by_dim
+from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
 from lightning_dist.run.dry_run import NEGLIGIBLE_BYTES, dry_run_ranks, options_on_device
 
 

@@ -600,7 +600,7 @@ def test_float8_times_the_projections_at_the_float8_peak_and_gathers_them_in_one
     """Llama 3 8B, FSDP on 8 H100s: float8 speeds the step up by less than the 2x of the float8
     peak (the head, attention and the casts stay), its all-gather takes the blocks' weights from
     2 bytes to 1 in FSDP's gathers, and an A100 (no float8 matmuls) refuses it in one line."""
-    from lightning_dist.planner.timing import traffic_by_dim
+    from lightning_dist.planner.traffic import traffic_by_dim
 
     llama, h100 = model("llama3_8b"), hardware("dgx_h100")
 

@@ -12,7 +12,7 @@ from lightning_dist.planner import estimate, plan_layouts
 from lightning_dist.planner.labels import batch_line
 from lightning_dist.planner.memory import stage_shapes
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
-from lightning_dist.planner.timing import traffic_by_dim
+from lightning_dist.planner.traffic import traffic_by_dim
 from tests.unit.test_planner import hardware, model
 
 SEQ = 32768
