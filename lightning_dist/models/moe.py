@@ -116,7 +116,9 @@ def run_grouped_experts(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
     dtype = _autocast_dtype(x.device.type)
     if dtype is not None:
         x, weights = x.to(dtype), tuple(w.to(dtype) for w in weights)
-    grouped = all(grouped_mm_supported(x, w) for w in weights)
+    # The grouped matmul's backward refuses zero rows (torch 2.13, CPU: "Invalid
+    # strides/sizes"), which an expert-parallel rank may receive; the loop takes them.
+    grouped = x.shape[0] > 0 and all(grouped_mm_supported(x, w) for w in weights)
     return expert_mlp(x, counts, *weights, grouped=grouped)
 
 

@@ -252,6 +252,47 @@ def layout_chain(folder: str, cases: dict[str, dict], changes: dict) -> dict:
     return {"cases": out, "links": links, "expert_shapes": experts}
 
 
+def empty_rank_case() -> dict:
+    """ep over this world's ranks with every router biased away from all experts but the
+    first rank's, so the other ranks receive no rows at all (empty all-to-all splits, an empty
+    grouped matmul): one forward and backward against one device's with the same bias. Returns
+    the worst gradient error and the rows each MoE layer's experts received on this rank."""
+    import torch.distributed as dist
+    from world import init_group
+
+    from lightning_dist.layout import Layout
+    from lightning_dist.models.moe import moe_layers, take_aux_loss
+    from lightning_dist.parallel.parallelize import parallelize
+
+    init_group()
+    world = dist.get_world_size()
+    args, batch = moe_debug(), tokens()
+
+    def biased(model: nn.Module) -> nn.Module:
+        bias = torch.full((args.num_experts,), -1e3)
+        bias[: args.num_experts // world] = 0.0  # the first rank's experts only
+        for m in moe_layers(model):
+            m.router.expert_bias.copy_(bias)
+        return model
+
+    reference = biased(build(args))
+    lm = cross_entropy(reference(batch[:, :-1]), batch[:, 1:])
+    (lm + take_aux_loss(moe_layers(reference))).backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+    layout = Layout(dp_shard=world, ep=world)
+    model = parallelize(biased(build(args)), layout.build_mesh("cpu"), layout,
+                        device=torch.device("cpu"))  # fmt: skip
+    rows: list[int] = []
+    for m in moe_layers(model):
+        m.experts.register_forward_pre_hook(lambda module, a: rows.append(a[0].shape[0]))
+    share = GLOBAL_BATCH // world
+    mine = batch[dist.get_rank() * share : (dist.get_rank() + 1) * share]
+    lm = cross_entropy(model(mine[:, :-1]), mine[:, 1:])
+    (lm + take_aux_loss(moe_layers(model))).backward()
+    worst, _ = _gradients(model, ref_grads)
+    return {"worst_grad": worst, "rows": rows}
+
+
 # --- a user's own LightningModule ---------------------------------------------------------------
 
 

@@ -16,7 +16,8 @@ docs/MOE.md, "Expert parallelism").
   checkpoint of the one before (the first: one device's) and saves its own: weights and
   optimizer state bitwise, and one process reads each whole, the experts under the
   single-process names.
-- A user's own LightningModule under `Trainer(strategy=Parallel3DStrategy(ep=2))`.
+- A user's own LightningModule under `Trainer(strategy=Parallel3DStrategy(ep=2))`, and an ep
+  rank that receives no rows at all.
 """
 
 from __future__ import annotations
@@ -142,3 +143,13 @@ def test_a_users_lightning_module_trains_under_expert_parallelism(worlds):
           f"{result['expert_placements']}")  # fmt: skip
     assert len(result["losses"]) == 3 and diff < 1e-5
     assert result["expert_placements"] == ["(Shard(dim=1), Shard(dim=0))"]  # FSDP x ep
+
+
+def test_a_rank_that_receives_no_rows(worlds):
+    """Routing biased away from the second rank's experts: it receives (and sends back) no
+    rows, and every gradient is still one device's."""
+    results = worlds(2).run("expert_parallel_cases:empty_rank_case")
+    print(f"EMPTY RANK: rows per layer {[r['rows'] for r in results]}, "
+          f"worst gradient {max(r['worst_grad'] for r in results)}")  # fmt: skip
+    assert results[1]["rows"] == [0] * 4 and all(n > 0 for n in results[0]["rows"])
+    assert max(r["worst_grad"][0] for r in results) < 1e-5
