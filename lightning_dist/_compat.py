@@ -258,6 +258,14 @@ def flatten_mesh(mesh: Any, dims: tuple[str, ...], name: str) -> Any:
     return mesh[dims]._flatten(name)
 
 
+def unflatten_mesh(mesh: Any, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """`mesh` with its dimension `dim` split into dimensions `names` of `sizes`, outermost first
+    (`mesh._unflatten`): a mesh of the same root, so its sub-meshes compose with the root's in
+    DTensors and in FSDP2 (expert parallelism splits dp_shard into (dp_shard_mod_ep, ep));
+    torch has no public unflattening (2.13)."""
+    return mesh._unflatten(dim, sizes, names)
+
+
 def drop_wandb_anonymous(logger: Any) -> None:
     """Leave `anonymous` out of the arguments a WandbLogger passes to `wandb.init`.
 
@@ -631,9 +639,11 @@ _ENTRIES = (
            "see module_internals; StageBlocks (a ModuleDict) redefines the dict API it would "
            "call, so reads its own children as ModuleDict itself does", TORCH,
            via="module_internals"),
-    _entry("forward", "torch.nn.Embedding", "patch", "lightning_dist.parallel.tp",
-           "the vocab-parallel embedding looks up local rows with a mask; a ParallelStyle can "
-           "only change what an instance computes through its forward", TORCH),
+    _entry("forward", ("torch.nn.Embedding", "lightning_dist.models.moe.GroupedExperts"),
+           "patch", ("lightning_dist.parallel.tp", "lightning_dist.parallel.expert_parallel"),
+           "the vocab-parallel embedding looks up local rows with a mask, an expert-parallel "
+           "rank's experts run their local slices; only forward changes what an instance "
+           "computes from outside", TORCH),
     _entry("_apply", "torch.distributed.tensor.parallel.ParallelStyle", "hook",
            ("lightning_dist.parallel.tp", "lightning_dist.parallel.sequence_parallel"),
            "the one method a custom tensor-parallel style implements (torch's styles do)", TORCH),
@@ -698,6 +708,11 @@ _ENTRIES = (
            "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp (and "
            "the comm monitor names its group); no "
            "public flattening", "torch 2.13.0 (2.11 not checked)", via="flatten_mesh"),
+    _entry("_unflatten", "torch.distributed.device_mesh.DeviceMesh", "attribute",
+           "lightning_dist.parallel.expert_parallel",
+           "expert parallelism splits dp_shard into (dp_shard_mod_ep, ep) as dimensions of the "
+           "same root, which FSDP2 needs to shard the experts' DTensors over the first; no "
+           "public unflattening", "torch 2.13.0 (2.11 not checked)", via="unflatten_mesh"),
     _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
            "attribute", "lightning_dist.strategies.parallel3d",
            "ModelParallelStrategy's process-group setup, kept while its setup_environment is "

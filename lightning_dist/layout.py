@@ -34,6 +34,11 @@ class Layout:
     """Context-parallel ranks, which split each sequence (and shard parameters with dp_shard)."""
     tp: int = 1
     """Tensor-parallel ranks, which split each layer (keep within one node)."""
+    ep: int = 1
+    """Expert-parallel ranks, which split each mixture-of-experts layer's experts. Not a mesh
+    dimension of its own: the ranks are borrowed from dp_shard x cp (the innermost `ep` of
+    them), which still read different batches; the experts are FSDP-sharded over the other
+    dp_shard x cp / ep (`parallel/expert_parallel.py`)."""
     schedule: str = "1F1B"
     """Pipeline schedule; only read when pp > 1."""
     microbatches: int | None = None
@@ -59,6 +64,22 @@ class Layout:
                 f"schedule=1F1B needs at least pp={self.pp} microbatches, got {self.num_microbatches}"
             )
         self._check_schedule()
+        self._check_ep()
+
+    def _check_ep(self) -> None:
+        """ep is at least 1 and divides dp_shard x cp, whose ranks it borrows (once known)."""
+        ep = self.ep
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+            raise ValueError(
+                f"strategy.ep={ep!r} must be a whole number of at least 1 (it borrows ranks from "
+                "dp_shard x cp, so it cannot be -1)"
+            )
+        if ep > 1 and -1 not in (self.dp_shard, self.cp) and self.shard_size % ep:
+            raise ValueError(
+                f"strategy.ep={ep} does not divide dp_shard x cp = {self.dp_shard} x {self.cp} = "
+                f"{self.shard_size}, the ranks it borrows; pick an ep that divides "
+                f"{self.shard_size} (or more data-parallel ranks)"
+            )
 
     def _check_schedule(self) -> None:
         """Each schedule's rule on stages per rank and microbatches (torch's own constraints)."""
@@ -97,6 +118,15 @@ class Layout:
         return self.dp_shard * self.cp
 
     @property
+    def expert_shard_size(self) -> int:
+        """Ranks FSDP shards each expert over: dp_shard x cp / ep (the rest hold other experts)."""
+        return self.shard_size // self.ep
+
+    def describe(self) -> dict[str, int]:
+        """The degrees in mesh order, and ep when above 1 (summary.json's `layout`)."""
+        return {**self.degrees(), **({"ep": self.ep} if self.ep > 1 else {})}
+
+    @property
     def world_size(self) -> int:
         return math.prod(self.degrees().values())
 
@@ -121,7 +151,7 @@ class Layout:
                 f"parallel degrees {_fmt(degrees)} multiply to {product}, "
                 f"but the world size is {world_size}"
             )
-        return replace(self, **degrees)
+        return replace(self, **degrees)  # __post_init__ checks ep against the resolved dp_shard
 
     @property
     def num_stages(self) -> int:
@@ -183,19 +213,39 @@ class Layout:
             )
 
     def experts_problem(self, args) -> str | None:
-        """Why this layout cannot train `args`' mixture of experts yet, or None. The MoE model
-        is single-device code with seams for the parallel wrappers (`models/moe.py`); so far
-        none is written: only data parallelism (dp_replicate x dp_shard) runs it."""
-        if not getattr(args, "num_experts", 0):
-            return None
-        for name in ("tp", "pp", "cp"):
-            degree = getattr(self, name)
-            if degree > 1:
+        """Why this layout cannot train `args`' model as far as experts go, or None: ep above 1
+        needs a mixture of experts whose experts and FSDP shards it splits evenly; a mixture of
+        experts runs with dp_replicate, dp_shard, ep, tp and pp, not yet with cp."""
+        experts = getattr(args, "num_experts", 0)
+        if not experts:
+            if self.ep > 1:
                 return (
-                    f"strategy.{name}={degree} with a mixture of experts (model.num_experts="
-                    f"{args.num_experts}) is not supported yet; use data parallelism (strategy="
-                    f"ddp, fsdp or fsdp2) or strategy.{name}=1"
+                    f"strategy.ep={self.ep} splits the experts of a mixture of experts, but the "
+                    "model is dense (no model.num_experts); use strategy.ep=1 or an MoE model"
                 )
+            return None
+        if self.cp > 1:
+            return (
+                f"strategy.cp={self.cp} with a mixture of experts (model.num_experts={experts}) "
+                "is not supported yet; use strategy.cp=1 (data, expert, tensor and pipeline "
+                "parallelism run it)"
+            )
+        if experts % self.ep:
+            return (
+                f"strategy.ep={self.ep} does not divide model.num_experts={experts}: each "
+                f"expert-parallel rank holds num_experts / ep experts; pick an ep that divides "
+                f"{experts}"
+            )
+        shards = self.expert_shard_size
+        if self.ep > 1 and -1 not in (self.dp_shard, self.cp) and shards > 1:
+            for name, size in (("expert_hidden_size", args.expert_dim), ("dim", args.dim)):
+                if size % shards:
+                    return (
+                        f"model.{name}={size} is not divisible by dp_shard x cp / ep = "
+                        f"{self.shard_size} / {self.ep} = {shards}, the ranks FSDP splits each "
+                        "expert's weights over (dim 1; ep splits dim 0): change strategy.ep or "
+                        "strategy.dp_shard"
+                    )
         return None
 
     def check_batch(self, global_batch_size: int, micro_batch_size: int | None = None) -> None:

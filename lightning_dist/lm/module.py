@@ -106,7 +106,8 @@ class CausalLM(L.LightningModule):
             self._heads = [m for m in self.model.modules() if getattr(m, "defers_logits", False)]
         self._context = context_parallel_of(self.model)
         self._experts = moe_layers(self.model)
-        if self._experts:
+        # A pipeline rank whose stages hold no MoE layer (first_k_dense) still takes part.
+        if self._experts or getattr(self.model, "mixture_of_experts", False):
             self.expert_stats = ExpertStats.of(self.model_spec)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -161,15 +162,24 @@ class CausalLM(L.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, _, _ = self._loss(batch)
-        aux = take_aux_loss(self._experts) if self._experts else None
+        aux = self._take_aux_loss()
         if aux is not None:
             # Both are micro-batch means, so Lightning's mean over micro-batches (and the mean
             # over ranks) treats the load-balancing loss as the LM loss (MoEShape.aux_loss_coeff).
+            # Under a pipeline both are values, already differentiated by the schedule.
             self._aux_sum = self._aux_sum.to(aux.device) + aux.detach()
             loss = loss + aux
         self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
         self._micro_steps += 1
         return loss
+
+    def _take_aux_loss(self) -> torch.Tensor | None:
+        """The last forward's load-balancing loss: the MoE layers' (None for a dense model),
+        or a pipeline's over all its stages (`PipelinedModel.take_aux_loss`)."""
+        if self.expert_stats is None:
+            return None
+        pipeline = getattr(self.model, "take_aux_loss", None)
+        return pipeline() if pipeline is not None else take_aux_loss(self._experts)
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         # Every micro-batch of this optimizer step has run forward and backward. Logging here,
@@ -182,7 +192,7 @@ class CausalLM(L.LightningModule):
         strategy = contract_of(self.trainer.strategy)
         global_loss = mean_over_ranks(strategy.mean_over_replica_groups(local))
         self._loss_sum = torch.zeros((), device=global_loss.device)
-        if self._experts:
+        if self.expert_stats is not None:
             self._expert_step(self._aux_sum / self._micro_steps)
         self._micro_steps = 0
         value = float(global_loss)

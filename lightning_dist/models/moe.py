@@ -107,6 +107,21 @@ def expert_mlp(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torc
     return torch.cat(outputs)
 
 
+def run_grouped_experts(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
+                        w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """`expert_mlp` of `GroupedExperts`' weights (or an expert-parallel rank's slice of them,
+    `counts` then one per expert of the slice): under autocast the operands are cast to its
+    dtype first, as autocast casts a matmul's (it has no rule for the grouped matmul)."""
+    weights = (w1, w2, w3)
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is not None:
+        x, weights = x.to(dtype), tuple(w.to(dtype) for w in weights)
+    # The grouped matmul's backward refuses zero rows (torch 2.13, CPU: "Invalid
+    # strides/sizes"), which an expert-parallel rank may receive; the loop takes them.
+    grouped = x.shape[0] > 0 and all(grouped_mm_supported(x, w) for w in weights)
+    return expert_mlp(x, counts, *weights, grouped=grouped)
+
+
 class GroupedExperts(nn.Module):
     """`num_experts` SwiGLU MLPs held as 3-D weights [num_experts, out, in] (expert e's slice is
     an nn.Linear weight): expert parallelism shards dim 0, and checkpoints keep these names."""
@@ -119,12 +134,7 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows of `x` [N, dim] sorted by expert, `counts` [num_experts] rows each."""
-        weights = (self.w1, self.w2, self.w3)
-        dtype = _autocast_dtype(x.device.type)
-        if dtype is not None:  # cast as autocast casts a matmul's operands (it has no rule here)
-            x, weights = x.to(dtype), tuple(w.to(dtype) for w in weights)
-        grouped = all(grouped_mm_supported(x, w) for w in weights)
-        return expert_mlp(x, counts, *weights, grouped=grouped)
+        return run_grouped_experts(x, counts, self.w1, self.w2, self.w3)
 
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.w1, mean=0.0, std=std)
@@ -186,6 +196,16 @@ class MoE(nn.Module):
     """Seam: `run_experts(experts, x, counts)` (module docs); None: `experts(x, counts)`."""
     sequence_sum = None
     """Seam: `sequence_sum(stats)` over the ranks of a split sequence (module docs)."""
+    aux_grad_scale: float | None = None
+    """None: the caller adds `aux_loss` to the loss it differentiates (one device, data, expert
+    and tensor parallelism). A number s: the layer itself adds s x d(aux)/d(its inputs and
+    weights) to the backward that reaches its output, and `aux_loss` is the detached sum over
+    forwards, for the record only: under pipeline parallelism only the last stage computes the
+    loss, so the pipeline sets s to the weight of one microbatch's loss (`_AuxLossGradient`)."""
+    recording = True
+    """Whether a training forward adds to `aux_loss` and the step's loads. A pipeline turns it
+    off outside its microbatches' forwards: torch runs each stage once more on empty tensors to
+    learn the shapes it sends (parallel/pipeline.py)."""
 
     def __init__(self, args: MoEShape, layer: int):
         super().__init__()
@@ -227,10 +247,15 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             mixed = mixed + self.shared_expert(tokens)
         if self.training:
-            self._record(scores, by_sequence, counts)
+            aux = self._record(scores, by_sequence, counts)
+            if aux is not None and self.aux_grad_scale is not None:
+                mixed = _AuxLossGradient.apply(mixed, aux, self.aux_grad_scale)
         return mixed.view(bsz, seqlen, dim)
 
-    def _record(self, scores: torch.Tensor, by_sequence: torch.Tensor, counts: torch.Tensor):
+    def _record(self, scores: torch.Tensor, by_sequence: torch.Tensor,
+                counts: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """This forward's load-balancing loss (None when off), kept with the loads for the
+        step unless the forward is a rerun (below) or `recording` is off."""
         aux = None
         if self.aux_loss_coeff:
             balance = sequence_balance_loss(
@@ -240,11 +265,15 @@ class MoE(nn.Module):
             aux = self.aux_loss_coeff * balance
         # Activation checkpointing reruns this forward in backward: the same ops (it checks
         # that they save as many tensors), but the step has its loss and loads already.
-        if in_backward():
-            return
-        self.aux_loss = aux
+        if in_backward() or not self.recording:
+            return aux
+        if self.aux_grad_scale is None:
+            self.aux_loss = aux
+        elif aux is not None:
+            self.aux_loss = aux.detach() + (0 if self.aux_loss is None else self.aux_loss)
         counts = counts.detach()
         self._step_load = counts if self._step_load is None else self._step_load + counts
+        return aux
 
     def take_step_load(self) -> torch.Tensor | None:
         """Tokens routed to each expert [num_experts] (int64) since the last call, or None."""
@@ -256,6 +285,22 @@ class MoE(nn.Module):
         self.experts.init_weights(std, out_std)
         if self.shared_expert is not None:
             self.shared_expert.init_weights(std, out_std)
+
+
+class _AuxLossGradient(torch.autograd.Function):
+    """The identity on a layer's output whose backward also hands `scale` to the layer's
+    auxiliary loss, as if `scale x aux` had been added to the loss being differentiated: the
+    gradient of a loss the caller never sees (a pipeline stage before the last)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale, ctx.aux = scale, (aux.dtype, aux.device)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dtype, device = ctx.aux
+        return grad, torch.full((), ctx.scale, dtype=dtype, device=device), None
 
 
 def sequence_balance_loss(scores: torch.Tensor, by_sequence: torch.Tensor, top_k: int, *,

@@ -1,13 +1,15 @@
-"""`parallelize()`: apply a layout to a model, in the fixed order TP -> CP -> AC -> compile ->
-FSDP -> pipeline.
+"""`parallelize()`: apply a layout to a model, in the fixed order TP -> EP -> CP -> AC ->
+compile -> FSDP -> pipeline.
 
 The pipeline cut comes first in the code because every later step is applied to each stage
 module on its own (a stage is a copy of the model with the other layers removed), but it changes
-no parameter: within each stage the order is tensor parallelism over `tp`, context parallelism
-over `cp` (the attention step; `parallel/context_parallel.py`), activation checkpointing,
-per-block compilation (`parallel/compile.py`), then FSDP2 over the data-parallel and
-context-parallel ranks (dp_shard x cp, flattened); the stages are then wrapped in `torch.distributed.pipelining` stages and a
-schedule.
+no parameter: within each stage the order is tensor parallelism over `tp` (a mixture of
+experts' feed-forward layers replicated over it), expert parallelism over `ep` (ranks of
+dp_shard; `parallel/expert_parallel.py`), context parallelism over `cp` (the attention step;
+`parallel/context_parallel.py`), activation checkpointing, per-block compilation
+(`parallel/compile.py`), then FSDP2 over the data-parallel and context-parallel ranks (dp_shard
+x cp, flattened; the experts over the dp_shard / ep ranks that hold the same ones); the stages
+are then wrapped in `torch.distributed.pipelining` stages and a schedule.
 
 Given a materialised model (the same full weights on every rank) each rank keeps exactly its
 slice of them, so the result computes what the single-device model computes. Given a meta
@@ -24,10 +26,18 @@ from torch import nn
 
 from lightning_dist._compat import flatten_mesh
 from lightning_dist.layout import Layout
+from lightning_dist.models.moe import moe_layers
 from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.compile import apply_compile
 from lightning_dist.parallel.context_parallel import attach_context_parallel
+from lightning_dist.parallel.expert_parallel import (
+    apply_expert_fsdp,
+    apply_expert_parallel,
+    expert_mesh,
+    experts_fsdp_mesh,
+    replicate_over_tp,
+)
 from lightning_dist.parallel.float8 import (
     apply_float8,
     check_float8_all_gather,
@@ -79,6 +89,7 @@ def parallelize(
     options = options or StrategyOptions()
     fsdp = fsdp_kwargs(options, precision=precision, device_type=device.type)
     pipelined = layout.pp > 1
+    experts = bool(moe_layers(model))  # of the whole model, before a pipeline cuts it
     if pipelined:
         # A stage runs forward and backward for every microbatch of a step: resharding after
         # each forward would all-gather the stage again for the next microbatch (the dry run
@@ -91,6 +102,11 @@ def parallelize(
     else:
         parts = [(0, model)]
     tp = options.tp
+    sequence_parallel = layout.tp > 1 and uses_sequence_parallel(
+        model, tp.sequence_parallel, tp.tp_plan
+    )
+    # One split of dp_shard into (dp_shard_mod_ep, ep) for every stage: it makes new groups.
+    ep_mesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
     gather_float8 = options.float8.float8_all_gather and layout.shard_size > 1
     for _, part in parts:
         # The block classes are found before checkpointing wraps them, so FSDP shards the same
@@ -102,9 +118,12 @@ def parallelize(
         if layout.tp > 1:
             apply_tp(
                 part, mesh["tp"], plan=tp.tp_plan, loss_parallel=tp.loss_parallel,
-                sequence_parallel=uses_sequence_parallel(model, tp.sequence_parallel, tp.tp_plan),
-                strict=not pipelined,
+                sequence_parallel=sequence_parallel, strict=not pipelined,
             )  # fmt: skip
+            if experts:
+                replicate_over_tp(part, mesh["tp"], sequence_parallel=sequence_parallel)
+        if ep_mesh is not None:
+            apply_expert_parallel(part, ep_mesh["ep"])
         if layout.cp > 1:
             attach_context_parallel(part, options.cp.cp_mode, mesh["cp"].get_group())
             log.info("Applied context parallelism: cp=%d, %s", layout.cp, options.cp.cp_mode)
@@ -118,6 +137,11 @@ def parallelize(
         if layout.dp * layout.cp > 1:
             if gather_float8:
                 check_float8_all_gather(part, layout.shard_size)
+            if ep_mesh is not None:  # before the blocks' units, which then leave them out
+                apply_expert_fsdp(
+                    part, experts_fsdp_mesh(ep_mesh, layout), divide_factor=layout.dp * layout.cp,
+                    **{k: fsdp[k] for k in ("reshard_after_forward", "mp_policy", "offload_policy")},
+                )  # fmt: skip
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
             if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)
@@ -127,7 +151,7 @@ def parallelize(
         "Applied pipeline parallelism: pp=%d, %s, %d microbatches",
         layout.pp, layout.schedule, layout.num_microbatches,
     )  # fmt: skip
-    return PipelinedModel(parts, layout, mesh["pp"].get_group(), device)
+    return PipelinedModel(parts, layout, mesh["pp"].get_group(), device, experts=experts)
 
 
 def shard_children(

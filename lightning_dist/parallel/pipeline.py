@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lightning_dist.layout import Layout, balanced_split  # noqa: F401 (re-exported)
+from lightning_dist.models.moe import moe_layers, take_aux_loss
 from lightning_dist.models.protocol import PipelineLayers
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,28 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     )
 
 
+def _stage_class():
+    """`PipelineStage` whose mixture-of-experts layers record their loads and auxiliary losses
+    in the microbatches' forwards only: torch 2.13 runs each stage once more, on the first step
+    and after each switch between training and evaluation, on empty tensors to learn the shapes
+    it sends (its dynamic metadata inference, which calls the module outside
+    `forward_one_chunk`); that run must not count."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class Stage(PipelineStage):
+        def forward_one_chunk(self, *args, **kwargs):
+            layers = moe_layers(self.submod)
+            for m in layers:
+                m.recording = True
+            try:
+                return super().forward_one_chunk(*args, **kwargs)
+            finally:
+                for m in layers:
+                    m.recording = False
+
+    return Stage
+
+
 class PipelinedModel(nn.Module):
     """This rank's pipeline stages and the schedule that runs them.
 
@@ -203,11 +226,19 @@ class PipelinedModel(nn.Module):
     backward when gradients are enabled (training), forward only otherwise (validation). It
     returns the mean loss over the microbatches on every rank of the pipeline, not just the last
     stage. Gradients are left in the stages' parameters, so the caller must not call backward.
+
+    A mixture of experts' load-balancing loss is added to the backward by each MoE layer
+    itself (`MoE.aux_grad_scale`, set here to one microbatch's weight in the step), since only
+    the last stage computes a loss; its value, the mean over microbatches summed over every
+    stage's layers, is `take_aux_loss()`'s after a training step.
     """
 
     computes_loss = True
 
-    def __init__(self, parts: list[tuple[int, nn.Module]], layout: Layout, pp_group, device):
+    def __init__(self, parts: list[tuple[int, nn.Module]], layout: Layout, pp_group, device,
+                 *, experts: bool = False):  # fmt: skip
+        """`experts`: the whole model is a mixture of experts (this rank's stages may hold none
+        of its MoE layers, `first_k_dense`, but take part in summing their losses)."""
         super().__init__()
         from torch.distributed.pipelining import PipelineStage
 
@@ -220,9 +251,15 @@ class PipelinedModel(nn.Module):
         """Lightning's gradient accumulation; the strategy sets it before each step."""
         self._pp_group = pp_group
         self._loss_fn: Callable | None = None
+        self.mixture_of_experts = experts
+        """Whether the whole model is a mixture of experts (`experts`)."""
+        self._experts = [m for _, part in parts for m in moe_layers(part)]
+        for m in self._experts:
+            m.recording = False  # on in each microbatch's forward only (`_stage_class`)
+        self._aux_loss: torch.Tensor | None = None
+        stage = _stage_class() if self._experts else PipelineStage
         stages = [
-            PipelineStage(part, stage, layout.num_stages, device, group=pp_group)
-            for stage, part in parts
+            stage(part, index, layout.num_stages, device, group=pp_group) for index, part in parts
         ]
         self.schedule = build_schedule(stages, layout, self._microbatch_loss)
 
@@ -253,7 +290,10 @@ class PipelinedModel(nn.Module):
             extra["positions"] = positions.expand(inputs.size(0), -1).contiguous()
         if documents is not None:
             extra["documents"] = documents
-        if torch.is_grad_enabled():
+        training = torch.is_grad_enabled()
+        for m in self._experts:
+            m.aux_grad_scale = 1.0 / self._loss_scale()
+        if training:
             # The marker lets the telemetry measure the bubble of the schedule alone.
             with torch.profiler.record_function(SCHEDULE_MARKER):
                 self.schedule.step(*args, target=target, losses=losses, **extra)
@@ -266,9 +306,25 @@ class PipelinedModel(nn.Module):
             loss = torch.stack([t.detach().float() for t in values]).sum() * self.grad_accumulation
         else:
             loss = torch.zeros((), device=inputs.device)
-        # Only the last stage has the loss; a sum over the pipeline ranks gives it to all.
-        dist.all_reduce(loss, group=self._pp_group)
-        return loss
+        if not (training and self.mixture_of_experts):
+            # Only the last stage has the loss; a sum over the pipeline ranks gives it to all.
+            dist.all_reduce(loss, group=self._pp_group)
+            return loss
+        # Each stage's load-balancing losses (summed over microbatches): their mean over
+        # microbatches, summed over the stages, rides along.
+        aux = take_aux_loss(self._experts)
+        aux = torch.zeros((), device=loss.device) if aux is None else aux.to(loss.device)
+        both = torch.stack([loss.float(), aux.float() / self.num_microbatches])
+        dist.all_reduce(both, group=self._pp_group)
+        self._aux_loss = both[1]
+        return both[0].to(loss.dtype)
+
+    def take_aux_loss(self) -> torch.Tensor | None:
+        """The last training step's load-balancing loss over the whole pipeline (the mean over
+        its microbatches, summed over every stage's MoE layers; a detached value, the same on
+        every pipeline rank), or None; it is already in the gradients."""
+        aux, self._aux_loss = self._aux_loss, None
+        return aux
 
 
 @contextlib.contextmanager

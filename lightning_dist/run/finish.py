@@ -93,7 +93,7 @@ def run_config(resolved: dict[str, Any], layout: Layout) -> dict[str, Any]:
     from lightning_dist.run.loggers import redact
 
     record = copy.deepcopy(resolved)
-    record["layout"] = layout.degrees()
+    record["layout"] = layout.describe()
     record["hardware"]["world_size"] = layout.world_size
     return redact(record)
 
@@ -121,7 +121,7 @@ def build_summary(plan: RunPlan, run: BuiltRun, *, world_size: int,
         "tokens_per_sec": tokens_per_sec,
         "step_seconds": stats.step_seconds(),
         "world_size": world_size,
-        "layout": context.layout.degrees(),
+        "layout": context.layout.describe(),
         "strategy": spec.strategy_name,
         "hardware": context.hardware.name,
         "model": spec.choices.get("model") or module.model_spec.__class__.__name__,

@@ -97,7 +97,16 @@ class FormatCheckpointHooks:
             }
         layout_fields = {
             name: getattr(layout, name)
-            for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "schedule", "virtual_stages")
+            for name in (
+                "dp_replicate",
+                "dp_shard",
+                "cp",
+                "tp",
+                "ep",
+                "pp",
+                "schedule",
+                "virtual_stages",
+            )
         }
         return {
             "step": int(trainer.global_step),

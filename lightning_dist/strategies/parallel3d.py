@@ -1,10 +1,10 @@
 """`strategy=3d` / `Trainer(strategy="parallel3d")`: data x context x tensor x pipeline
-parallelism.
+parallelism, and expert parallelism for a mixture of experts.
 
 A thin layer over Lightning's ModelParallelStrategy (process group, launcher). What it adds:
 
 - the mesh of a `Layout` (pp, dp_replicate, dp_shard, cp, tp; tp innermost so it stays in a
-  node), FSDP over dp_shard x cp;
+  node), FSDP over dp_shard x cp; `ep` ranks borrowed from dp_shard for a mixture of experts;
 - `parallelize_model(model, init_seed=...)`, which the LightningModule calls in
   `configure_model()` and which applies `lightning_dist.parallel.parallelize`;
 - under pipeline parallelism the LightningModule's call `model(inputs, target, loss_fn)` runs
@@ -238,10 +238,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
     def _require_data_parallel_only(self) -> None:
         layout = self.layout
-        if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
+        if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
             raise ValueError(
-                f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}, cp={layout.cp}: "
-                "the LightningModule "
+                f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}, cp={layout.cp}, "
+                f"ep={layout.ep}: the LightningModule "
                 "must build its model in configure_model() and pass it to "
                 "self.trainer.strategy.parallelize_model(model, init_seed=...) "
                 "(see docs/BRING_YOUR_OWN_MODEL.md)"

@@ -240,7 +240,7 @@ CASES = [
          "strategy.float8='fp4' is not one of none, tensorwise, rowwise"),
     Case('float8: with tp', fast('hardware.devices=2', 'strategy.float8=rowwise', strategy='tp'),
          'strategy.float8=rowwise with tp=2 is not supported yet (tensorwise is); set strategy.float8=tensorwise or none, or tp=1'),
-    # Mixture of experts (model=moe_debug): its options, and the layouts it cannot run yet.
+    # Mixture of experts (model=moe_debug): its options, and the layout it cannot run yet.
     Case('moe: top_k above the experts', fast('model.top_k=5', model='moe_debug'),
          'model.top_k=5 must be from 1 to model.num_experts=4 (each token\'s experts are distinct); set model.top_k<=4'),
     Case('moe: score function', fast('model.score_func=relu', model='moe_debug'),
@@ -257,10 +257,17 @@ CASES = [
          env=(("REPLICA_GROUP_ID", "0"), ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:{closed_port}"))),
     Case('moe: dry run', fast('plan.dry_run=true', model='moe_debug', strategy='fsdp2'),
          'plan.dry_run does not build a mixture of experts (model.num_experts=4)'),
-    Case('moe: tensor parallelism', fast('hardware.devices=2', model='moe_debug', strategy='tp'),
-         'strategy.tp=2 with a mixture of experts (model.num_experts=4) is not supported yet; use data parallelism (strategy=ddp, fsdp or fsdp2) or strategy.tp=1'),
-    Case('moe: pipeline parallelism', fast('hardware.devices=2', model='moe_debug', strategy='pp'),
-         'strategy.pp=2 with a mixture of experts (model.num_experts=4) is not supported yet'),
+    Case('moe: context parallelism', fast('hardware.devices=2', 'strategy.cp=2', model='moe_debug', strategy='3d'),
+         'strategy.cp=2 with a mixture of experts (model.num_experts=4) is not supported yet; use strategy.cp=1'),
+    # Expert parallelism (strategy.ep): it splits the experts and borrows dp_shard x cp's ranks.
+    Case('moe: ep not dividing the experts', fast('hardware.devices=4', 'strategy.ep=4', 'model.num_experts=6', model='moe_debug', strategy='3d'),
+         'strategy.ep=4 does not divide model.num_experts=6: each expert-parallel rank holds num_experts / ep experts; pick an ep that divides 6'),
+    Case('moe: ep not dividing the ranks', fast('hardware.devices=2', 'strategy.ep=4', model='moe_debug', strategy='3d'),
+         'strategy.ep=4 does not divide dp_shard x cp = 2 x 1 = 2, the ranks it borrows; pick an ep that divides 2'),
+    Case('moe: ep on a dense model', fast('hardware.devices=2', 'strategy.ep=2', strategy='3d'),
+         'strategy.ep=2 splits the experts of a mixture of experts, but the model is dense (no model.num_experts); use strategy.ep=1'),
+    Case('moe: expert width under ep', fast('hardware.devices=4', 'strategy.ep=2', 'model.expert_hidden_size=63', model='moe_debug', strategy='3d'),
+         'model.expert_hidden_size=63 is not divisible by dp_shard x cp / ep = 4 / 2 = 2, the ranks FSDP splits each expert\'s weights over'),
     # Elastic jobs (hardware.min_nodes): every node count in the range must hold the layout.
     Case('elastic: min above max', fast('hardware.min_nodes=3', 'hardware.num_nodes=2', strategy='ddp'),
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),

@@ -3,7 +3,7 @@
 import pytest
 
 from lightning_dist.layout import Layout
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
 
@@ -122,3 +122,58 @@ def test_check_batch_under_pp():
     ):
         layout.check_batch(8, micro_batch_size=2)
     Layout(tp=2).check_batch(3)  # no pipeline, nothing to split
+
+
+# --- expert parallelism: ep borrows ranks from dp_shard x cp --------------------------------------
+
+MOE = MoEArgs(
+    dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
+    num_experts=4, top_k=2, expert_hidden_size=64,
+)  # fmt: skip
+
+
+def test_ep_borrows_ranks_from_dp_shard_and_adds_no_mesh_dimension():
+    layout = Layout(dp_shard=-1, ep=2, tp=2).resolve(8)
+    assert layout.dp_shard == 4 and layout.world_size == 8 and "ep" not in layout.degrees()
+    assert layout.expert_shard_size == 2 and layout.describe()["ep"] == 2
+    assert "ep" not in Layout(dp_shard=2).describe()  # ep=1 leaves summary.json as it was
+    Layout(dp_shard=2, cp=2, ep=4)  # dp_shard x cp = 4 ranks to borrow
+    layout.check_model(MOE)
+    Layout(pp=2, dp_shard=2, ep=2, tp=2).check_model(MOE)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(ep=0), r"strategy.ep=0 must be a whole number of at least 1 \(it borrows"),
+        (dict(ep=-1), "strategy.ep=-1 must be a whole number of at least 1"),
+        (dict(dp_shard=4, ep=3),
+         r"strategy.ep=3 does not divide dp_shard x cp = 4 x 1 = 4, the ranks it borrows"),
+        (dict(dp_shard=1, tp=2, ep=2), r"does not divide dp_shard x cp = 1 x 1 = 1"),
+    ],
+)  # fmt: skip
+def test_bad_ep_names_the_numbers(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Layout(**kwargs)
+
+
+def test_ep_is_checked_again_once_dp_shard_is_resolved():
+    layout = Layout(dp_shard=-1, ep=4)  # unknown until the world size is
+    with pytest.raises(ValueError, match=r"strategy.ep=4 does not divide dp_shard x cp = 2 x 1"):
+        layout.resolve(2)
+
+
+@pytest.mark.parametrize(
+    "layout, args, message",
+    [
+        (Layout(dp_shard=2, ep=2), DEBUG, "strategy.ep=2 splits the experts of a mixture of "
+         "experts, but the model is dense"),
+        (Layout(dp_shard=3, ep=3), MOE, "strategy.ep=3 does not divide model.num_experts=4"),
+        (Layout(cp=2), MOE, "strategy.cp=2 with a mixture of experts"),
+        (Layout(dp_shard=8, ep=2), MoEArgs(**{**vars(MOE), "expert_hidden_size": 66}),
+         r"model.expert_hidden_size=66 is not divisible by dp_shard x cp / ep = 8 / 2 = 4"),
+    ],
+)  # fmt: skip
+def test_experts_problem(layout, args, message):
+    with pytest.raises(ValueError, match=message):
+        layout.check_model(args)

@@ -27,6 +27,7 @@ from lightning_dist.models.moe import (
     expert_mlp,
     grouped_mm_supported,
     moe_layers,
+    run_grouped_experts,
     take_aux_loss,
     take_step_loads,
 )
@@ -152,6 +153,18 @@ def test_grouped_matmul_matches_the_per_expert_loop_forward_and_backward():
     as64 = [w.detach().double() for w in weights]
     loop64 = expert_mlp(x.detach().double(), counts, *as64, grouped=False)
     torch.testing.assert_close(loop64.float(), results[True, "sum"][0], rtol=1e-4, atol=1e-6)
+
+
+def test_experts_take_zero_rows_forward_and_backward():
+    """An expert-parallel rank may receive no rows: the grouped matmul's backward refuses them
+    (torch 2.13), so the loop runs them, and every weight gets a zero gradient (FSDP reduces
+    it with the other ranks')."""
+    weights = [torch.randn(2, 64, 64, requires_grad=True) for _ in range(3)]
+    x = torch.randn(0, 64, requires_grad=True)
+    out = run_grouped_experts(x, torch.zeros(2, dtype=torch.int64), *weights)
+    out.sum().backward()
+    assert out.shape == (0, 64)
+    assert all(w.grad is not None and not w.grad.any() for w in weights)
 
 
 # --- load balancing ---------------------------------------------------------------------------
