@@ -155,6 +155,8 @@ def strategy_overrides(candidate) -> list[str]:
         out.append(f"strategy.dp_replicate={lay.dp_replicate}")
     elif name == "3d":  # dp_shard (-1) takes the ranks the others leave
         out += [f"strategy.{k}={v}" for k, v in lay.degrees().items() if k != "dp_shard" and v > 1]
+        if lay.ep > 1:
+            out.append(f"strategy.ep={lay.ep}")
     if lay.pp > 1:
         out += [f"strategy.schedule={lay.schedule}",
                 f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip

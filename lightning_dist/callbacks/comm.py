@@ -75,6 +75,18 @@ def _mesh_groups(strategy: Any) -> dict[str, Any]:
     }
     if "cp" in groups:  # FSDP shards over dp_shard x cp, one flattened group (parallelize.py)
         groups["dp_shard_cp"] = flatten_mesh(mesh, ("dp_shard", "cp"), "dp_shard_cp").get_group()
+    model = getattr(strategy, "model", None)
+    for module in model.modules() if model is not None else ():
+        # Expert parallelism's all-to-alls run on the group its dispatch holds
+        # (`parallel/expert_parallel.py`; ep borrows dp_shard's ranks: no mesh dimension). A
+        # group of the same ranks as a mesh dimension's (ep = dp_shard) shares its threads, so
+        # its traffic is counted there.
+        group = getattr(getattr(module, "run_experts", None), "group", None)
+        if group is not None:
+            ranks = dist.get_process_group_ranks(group)
+            if all(g is None or dist.get_process_group_ranks(g) != ranks for g in groups.values()):
+                groups["ep"] = group
+            break
     return groups
 
 

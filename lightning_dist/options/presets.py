@@ -72,10 +72,7 @@ def knob_doc(group: str, f: dataclasses.Field) -> str:
     return LAYOUT_DOCS[f.name] if group == "layout" else f.metadata["doc"]
 
 
-LAYOUT_PLANNER_IGNORES: dict[str, str] = {
-    "ep": "the planner does not model expert parallelism yet (issue 26: expert bytes per rank, "
-    "the all-to-all's time)",
-}
+LAYOUT_PLANNER_IGNORES: dict[str, str] = {}
 """The `Layout` knobs the planner does not model, and why."""
 
 

@@ -130,6 +130,18 @@ def _local_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor,
     return out.index_select(0, back)
 
 
+def check_expert_parallel(model: nn.Module, ep: int) -> None:
+    """ValueError in one line unless `model` has our MoE layers (`models/moe.py`) for `ep`
+    ranks to split: a Hugging Face MoE model has none of their seams."""
+    if ep > 1 and not moe_layers(model):
+        raise ValueError(
+            f"strategy.ep={ep} splits the experts of our MoE layers (models/moe.py), and "
+            f"{type(model).__name__} has none; import a Hugging Face mixture of experts first "
+            "(python -m lightning_dist.checkpoint import DIR) and train the checkpoint it writes "
+            "(trainer.init_from=..., with the model overrides it prints), or set strategy.ep=1"
+        )
+
+
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> nn.Module:
     """Split each MoE layer's experts over the 1-D `ep_mesh` (DTensor `Shard(0)`; each rank
     keeps its slice of the full weights it holds, or allocates nothing on the meta device) and

@@ -54,7 +54,7 @@ def layer_activation_bytes(model, tp: int, settings: TrainSettings, moe: bool = 
     if settings.attention == "math":
         heads += 2 * model.n_heads * settings.seq_len * w / tp
     if moe:  # an MoE block's feed-forward part instead of SwiGLU's (planner/experts.py)
-        heads += moe_mlp_bytes(model, settings) / sp - 3 * h * w / tp
+        heads += moe_mlp_bytes(model, settings) - 3 * h * w / tp
     return norms + linear_inputs + heads
 
 
@@ -143,7 +143,8 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = F
     It keeps less than no checkpointing in every layout; docs/PLANNER.md has the numbers.
 
     An MoE block (`moe`) keeps the attention's share of this and, for its feed-forward part,
-    `planner.experts.moe_mlp_kept_bytes` (÷ sp: under SP it routes its sequence shard).
+    `planner.experts.moe_mlp_kept_bytes`: whole on every tp rank (an MoE layer is replicated
+    over tp and runs the gathered sequence, `parallel/expert_parallel.py`).
     """
     d, h = model.dim, model.hidden_dim
     kv = d // model.n_heads * (model.n_kv_heads or model.n_heads)
@@ -159,7 +160,7 @@ def selective_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = F
     kept = r * d / sp + w * (column + d) / tp + outputs * d * w / sp
     if moe:  # the MLP's outputs above (w1, w3 or w1 alone, and w2's) give way to the MoE's
         mlp = (h if alternate else 2 * h) * w / tp + (0 if compiled else d * w / sp)
-        kept += moe_mlp_kept_bytes(model, settings, ep) / sp - mlp
+        kept += moe_mlp_kept_bytes(model, settings, ep) - mlp
     if settings.attention == "math":
         kept += 0 if alternate else model.n_heads * settings.seq_len * w / tp
     else:
@@ -183,7 +184,7 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = 
 
     An MoE block recomputes its routed experts under op (the grouped matmuls are not in the
     policy's list): in place of SwiGLU's product (and w3's output) its whole feed-forward count,
-    `planner.experts.moe_mlp_bytes` ÷ sp.
+    `planner.experts.moe_mlp_bytes`.
     """
     mode = settings.activation_checkpointing.mode
     if mode == "none":
@@ -201,7 +202,7 @@ def recomputed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = 
         recomputed += w * h / tp
     if moe:
         mlp = w * h / tp * (2 if settings.activation_checkpointing.alternate_matmuls else 1)
-        recomputed += moe_mlp_bytes(model, settings) / sp - mlp
+        recomputed += moe_mlp_bytes(model, settings) - mlp
     if settings.attention == "math":
         recomputed += model.n_heads * settings.seq_len * w / tp
     return recomputed

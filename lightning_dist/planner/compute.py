@@ -142,8 +142,8 @@ def microbatch_compute(
     that visits every key block instead of the causal half.
 
     `moe_layers` of the `layers` are mixture-of-experts blocks (`planner/experts.py`): their
-    MLP is the router and a shared expert over every token (of this rank's sequence shard under
-    SP), plus the routed experts' grouped matmuls, each at the shape factor of its expert's
+    MLP is the router and a shared expert over every token (replicated over tp: every tp rank
+    runs the whole sequence), plus the routed experts' grouped matmuls, each at the shape factor of its expert's
     rows (`expert_matmuls`, over `ep` ranks' tokens), in bf16 also under float8, and the
     permutation around them (MOE_PERMUTE_BYTES a routed element); under op-level checkpointing
     the grouped matmuls run again (the policy saves no grouped-matmul output)."""
@@ -194,14 +194,14 @@ def microbatch_compute(
             moe_extra_matmuls,
         )
 
-        moe_tokens = tokens / sp  # an MoE block routes this rank's sequence shard under SP
+        moe_tokens = tokens  # every tp rank runs an MoE layer on the whole (gathered) sequence
         attention_shapes = shapes[:4]
         extra = moe_extra_matmuls(model)
         experts = sum(6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
                       for m, n, k in expert_matmuls(model, moe_tokens, ep))  # fmt: skip
         routed = model.top_k * (POINTWISE_BYTES["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)
         shared = POINTWISE_BYTES["mlp"] * model.n_shared_experts * model.expert_dim
-        moe_pointwise = pointwise_seconds(attention_shapes + extra, (routed + shared) / sp)
+        moe_pointwise = pointwise_seconds(attention_shapes + extra, routed + shared)
         moe_block = (
             _matmul_seconds(attention_shapes, tokens, block_speed)
             + _matmul_seconds(extra, moe_tokens, block_speed)

@@ -188,6 +188,7 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
         or float8_problem(settings.options.float8.float8, layout.tp, hardware)
         or pp_problem(model, layout.pp, layout.virtual_stages)
         or mixed_problem(hardware, layout.pp)
+        or layout.experts_problem(model)
         or batch_problem(layout, settings)
         or cp_problem(model, layout, settings)
     )

@@ -6,7 +6,8 @@ and every function here answers for it as for a dense block (`is_moe` is False).
 `ep` (expert parallelism) splits each MoE layer's routed experts over `ep` ranks borrowed from
 dp_shard x cp; FSDP then shards those experts over the remaining shard_size / ep ranks and the
 rest of the model over all shard_size. The MoE layer (router, routed and shared experts) is not
-split by tp: `models/moe.py`'s TP plan covers the attention only.
+split by tp: every tp rank runs it whole on the whole sequence (gathered under sequence
+parallelism; `parallel/expert_parallel.py`), and so do an MoE model's dense MLPs.
 
 Plain Python, like the rest of planner/: no torch.
 """
@@ -48,9 +49,13 @@ def layer_params_on_rank(model, layer: int, tp: int, ep: int) -> tuple[float, fl
     projections; in an MoE block the attention's and the shared expert's (the grouped experts
     stay in the compute dtype)."""
     d = model.dim
-    if not layer_is_moe(model, layer):  # a dense model's block, or an MoE model's dense one
-        whole = model.layer_params(layer) if is_moe(model) else model.block_params()
-        block = (whole - 2 * d) / tp + 2 * d
+    if not is_moe(model):
+        block = (model.block_params() - 2 * d) / tp + 2 * d
+        return block, 0.0, block - 2 * d
+    if not layer_is_moe(model, layer):  # an MoE model's dense block: its MLP not split by tp
+        mlp = 3 * d * model.hidden_dim
+        attention = model.layer_params(layer) - mlp - 2 * d
+        block = attention / tp + 2 * d + mlp
         return block, 0.0, block - 2 * d
     mlp = model.moe_layer_params()
     attention = model.layer_params(layer) - mlp - 2 * d

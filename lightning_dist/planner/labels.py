@@ -27,8 +27,8 @@ def strategy_name(layout: Layout, settings: TrainSettings) -> str:
         return "ft_hsdp"
     lay = layout
     checkpointed = settings.activation_checkpointing.enabled
-    if lay.cp > 1:
-        return "3d"  # the mesh strategy is the one with context parallelism
+    if lay.cp > 1 or lay.ep > 1:
+        return "3d"  # the mesh strategy is the one with context and expert parallelism
     if lay.tp == 1 and lay.pp == 1:
         if lay.dp_shard == 1 and not checkpointed and not settings.offload:
             if lay.dp_replicate == 1:
@@ -57,6 +57,8 @@ def describe(layout: Layout, settings: TrainSettings, strategy: str | None = Non
     '3d cp=4 tp=8 ulysses FULL_SHARD mbs=1 ac=full'."""
     parts = [strategy or strategy_name(layout, settings)]
     parts += [f"{k}={v}" for k, v in layout.degrees().items() if v > 1]
+    if layout.ep > 1:
+        parts.append(f"ep={layout.ep}")
     if layout.cp > 1:
         parts.append(settings.cp_mode)
     if layout.pp > 1:

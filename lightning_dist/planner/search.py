@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from lightning_dist.layout import ulysses_heads_problem
+from lightning_dist.layout import Layout, ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.activation_checkpointing import (
     CheckpointChoice,
@@ -45,6 +45,7 @@ from lightning_dist.planner.settings import (
 from lightning_dist.planner.space import (
     cp_values,
     dp_splits,
+    ep_values,
     layout_makers,
     powers_dividing,
     powers_of_two,
@@ -261,16 +262,20 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
             dp_splits(dp, pp, shard_start, SHARDING_MODES), search.sharding_modes, pp
         )
     knobs = {"cp_mode": cp_mode} if cp > 1 else {}
-    return [
-        _Family(
-            f"{degrees} dp_replicate={r} dp_shard={s}" + (f" {mode}" if s * cp > 1 else ""),
-            layout_makers(search.model, pp, r, s, tp, search.schedules, cp),
-            mode,
-            gbs // dp,
-            knobs=knobs,
-        )
-        for r, s, mode in splits
-    ]
+    families = []
+    for r, s, mode in splits:
+        for ep in ep_values(search.model, s * cp) if mode != "NO_SHARD" else [1]:
+            key = f"{degrees} dp_replicate={r} dp_shard={s}" + (f" ep={ep}" if ep > 1 else "")
+            key += f" {mode}" if s * cp > 1 else ""
+            problem = Layout(dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep).experts_problem(
+                search.model
+            )
+            if problem:
+                families.append(_Family(key, problem=problem))
+                continue
+            makers = layout_makers(search.model, pp, r, s, tp, search.schedules, cp, ep)
+            families.append(_Family(key, makers, mode, gbs // dp, knobs=knobs))
+    return families
 
 
 def _search_families(

@@ -25,11 +25,11 @@ CP_MIN_RANK_TOKENS = 4096
 seq_len / 4096): smaller shares make the exchange outweigh the attention it splits."""
 
 
-def layout_makers(model, pp, r, s, tp, schedules, cp=1):
+def layout_makers(model, pp, r, s, tp, schedules, cp=1, ep=1):
     """Functions from a microbatch count to a Layout, one per schedule (and interleaving
     depth v in 2, 4, 8 for the interleaved schedules, while pp x v <= n_layers)."""
     if pp == 1:
-        return [lambda m: Layout(pp=1, dp_replicate=r, dp_shard=s, cp=cp, tp=tp)]
+        return [lambda m: Layout(pp=1, dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep)]
     makers = []
     for sched in schedules:
         depths = (2,) if sched == "ZBVZeroBubble" else (2, 4, 8) if sched in INTERLEAVED else (1,)
@@ -42,6 +42,7 @@ def layout_makers(model, pp, r, s, tp, schedules, cp=1):
                         dp_shard=s,
                         cp=cp,
                         tp=tp,
+                        ep=ep,
                         schedule=sched,
                         microbatches=m,
                         virtual_stages=v,
@@ -98,6 +99,16 @@ def sharded_splits(
             if option in modes and (r, s, option) not in out:
                 out.append((r, s, option))
     return out
+
+
+def ep_values(model, shard_size: int) -> list[int]:
+    """Expert-parallel degrees to try for a mixture of experts sharded over `shard_size` ranks
+    (dp_shard x cp): 1, and the powers of two above it that divide both the experts and the
+    shard group (a dense model: 1 only)."""
+    experts = getattr(model, "num_experts", 0)
+    if not experts:
+        return [1]
+    return [e for e in powers_dividing(shard_size) if experts % e == 0]
 
 
 def pp_values(ranks: int, n_layers: int) -> list[int]:

@@ -81,11 +81,10 @@ def ep_exchange(model, layout: Layout, settings: TrainSettings,
     """(bytes, all-to-alls) one rank of the stage `shape` sends over its ep group in one
     microbatch: four all-to-alls per MoE block (dispatch and combine, forward and backward),
     two more for a block checkpointed in full (its forward runs again; op-level checkpointing
-    keeps both outputs), each of `experts.all_to_all_bytes` (an MoE block routes this rank's
-    sequence shard under SP)."""
+    keeps both outputs), each of `experts.all_to_all_bytes` over the microbatch's tokens (every
+    tp rank routes the whole sequence: the layer is replicated over tp)."""
     ep = expert_degree(layout)
-    sp = layout.tp if settings.sequence_parallel else 1
-    tokens = settings.rank_tokens(layout) / sp
+    tokens = settings.rank_tokens(layout)
     replayed = (
         checkpointed_blocks(layout, settings, shape)
         if settings.activation_checkpointing.mode == "full"
@@ -104,13 +103,18 @@ def tp_calls(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
     all 2 under full, the gathers alone under op. The vocab-parallel embedding adds one (its
     output's all-reduce, or under SP its reduce-scatter and its gradient's all-gather), and so
     does the output projection (its input's gradient, or under SP a gather each way).
+
+    An MoE block's feed-forward part is replicated over tp and runs whole on every tp rank
+    (`parallel/expert_parallel.py`): without SP it communicates nothing (2 calls less), under SP
+    it gathers the sequence in forward and its gradient's share in backward (1 less).
     """
     mode = settings.activation_checkpointing.mode
     regather = 1 if settings.sequence_parallel else 0
     replayed = {"full": 2, "op": regather}.get(mode, 0)
     checkpointed = checkpointed_blocks(layout, settings, shape)
     ends = int(shape.has_embedding) + int(shape.has_output)
-    return (4 + regather) * shape.layers + (replayed - regather) * checkpointed + ends
+    moe = shape.moe_layers * (1 if settings.sequence_parallel else 2)
+    return (4 + regather) * shape.layers - moe + (replayed - regather) * checkpointed + ends
 
 
 @dataclass(frozen=True)

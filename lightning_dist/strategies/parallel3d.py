@@ -35,6 +35,7 @@ from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import PRESETS, StrategyOptions
 from lightning_dist.parallel.clip import clip_grad_norm_global
 from lightning_dist.parallel.context_parallel import check_context_parallel, context_parallel_of
+from lightning_dist.parallel.expert_parallel import check_expert_parallel
 from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import (
     dp_mesh,
@@ -140,6 +141,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
         if layout.cp > 1:
             _check_context_parallel(model, layout, self.options.cp.cp_mode, args)
+        check_expert_parallel(model, layout.ep)
         if auto_wrap is not None:
             sharding.check_auto_wrap(model, auto_wrap)
 

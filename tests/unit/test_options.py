@@ -26,7 +26,7 @@ VALUES = {
     "dp_shard": ("2", 2, ["strategy.tp=-1", "strategy.dp_shard=8"]),
     "cp": ("2", 2, []),
     "tp": ("2", 2, []),
-    "ep": ("2", 2, []),
+    "ep": ("2", 2, ["model=moe_debug", "data.seq_len=256"]),  # a mixture of experts to split
     "schedule": ("GPipe", "GPipe", ["strategy.pp=2"]),
     "microbatches": ("8", 8, ["strategy.pp=2"]),
     "virtual_stages": (

@@ -101,6 +101,8 @@ def test_command_prints_one_runnable_line(capsys):
          "data.seq_len=131072", "data.global_batch_size=32"],  # cp > 1 (strategy.cp, cp_mode)
         ["model=llama3_70b", "hardware=mixed_h100_a100", "data.global_batch_size=256",
          "data.seq_len=4096"],  # mixed hardware: speed-balanced strategy.split_points
+        ["model=mixtral_8x7b", "hardware=dgx_h100", "hardware.num_nodes=2",
+         "data.global_batch_size=64", "data.seq_len=4096"],  # strategy.ep
     ],
 )  # fmt: skip
 def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):

@@ -82,3 +82,57 @@ def test_mfu_counts_the_active_parameters():
     dense = 6 * (model.num_params() - model.vocab_size * model.dim)
     assert flops < 0.35 * dense  # 12.9B of 46.7B act on a token
     assert flops > 6 * (model.active_params() - 2 * model.vocab_size * model.dim)
+
+
+def _estimate(name, nodes, layout, **knobs):
+    from lightning_dist.calibration_report import hardware
+    from lightning_dist.planner.estimate import estimate
+
+    model = model_spec_of(name)
+    hw = hardware(["hardware=dgx_h100", f"hardware.num_nodes={nodes}"])
+    return model, estimate(model, hw, layout, global_batch_size=8 * nodes, seq_len=4096,
+                           micro_batch_size=1, **knobs)  # fmt: skip
+
+
+def model_spec_of(name):
+    from lightning_dist.config import compose_config, model_spec
+
+    return model_spec(compose_config([f"model={name}", "paths.output_dir=."]))
+
+
+def test_ep_halves_the_gathered_experts_and_keeps_the_shards_and_moves_all_to_alls():
+    """At the same dp_shard, ep=2 gathers half of each layer's experts (the measured 196,608
+    against 98,304 bytes of tests/dist/test_expert_parallel_dist.py), the shards at rest are
+    the same (FSDP shards every expert over all of dp_shard either way), and ep adds the
+    all-to-alls: four per MoE block and microbatch of (ep - 1) / ep of k x tokens x dim."""
+    from lightning_dist.layout import Layout
+    from lightning_dist.planner.memory import stage_shapes
+    from lightning_dist.planner.traffic import traffic_by_dim
+
+    model = model_spec_of("mixtral_8x7b")
+    [(_, one)] = stage_shapes(model, Layout(dp_shard=16))
+    [(_, two)] = stage_shapes(model, Layout(dp_shard=16, ep=2))
+    assert two.experts == one.experts / 2
+    assert two.block - (one.block - one.experts / 32) == pytest.approx(one.experts / 64)
+    _, c1 = _estimate("mixtral_8x7b", 2, Layout(dp_shard=16))
+    _, c2 = _estimate("mixtral_8x7b", 2, Layout(dp_shard=16, ep=2))
+    assert c2.memory.params == pytest.approx(c1.memory.params)  # the shards
+    assert c2.memory.buffers < c1.memory.buffers  # the gathered experts
+    traffic = traffic_by_dim(model, c2.layout, c2.settings, two)
+    routed = 4 * 32 * 4096 * model.top_k * model.dim * 2 / 2  # bf16, (ep - 1) / ep = 1/2
+    assert traffic["ep"] == pytest.approx(routed)
+    assert c2.time.ep_comm_seconds > 0 and c1.time.ep_comm_seconds == 0
+
+
+def test_the_search_takes_ep_for_a_mixture_of_experts_and_reports_active_mfu():
+    from lightning_dist.calibration_report import hardware
+    from lightning_dist.planner import plan_layouts
+
+    model = model_spec_of("mixtral_8x7b")
+    hw = hardware(["hardware=dgx_h100", "hardware.num_nodes=2"])
+    result = plan_layouts(model, hw, global_batch_size=64, seq_len=4096)
+    best = result.best()
+    assert best.layout.ep > 1 and best.fits, best.describe()
+    assert f"ep={best.layout.ep}" in best.describe()
+    active = model.train_flops_per_token(4096) * best.time.tokens_per_sec
+    assert best.time.mfu == pytest.approx(active / (16 * hw.peak_flops("bf16-mixed")))
