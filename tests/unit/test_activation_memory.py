@@ -152,21 +152,26 @@ def test_the_cross_entropy_peaks_in_backward_at_the_planners_bytes_per_logit(aut
     assert peak == pytest.approx(loss_bytes_per_logit(_settings(), tp=1), rel=0.02)
 
 
-def _kept_per_block_token(every_n) -> float:
+DENSE = dict(dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=256,
+             max_seq_len=256)  # fmt: skip
+
+
+def kept_per_block_token(every_n, shape=None) -> float:
     """MemTracker's forward high-water of a model under `every_n` checkpointing, per block and
     token: the difference between 4 and 2 blocks (the embedding, the logits and the last
-    block's recomputation cancel)."""
+    block's recomputation cancel). `shape(n_layers)` gives the model's args (default: a dense
+    ModelArgs of `DENSE`); tests/unit/test_planner_experts.py measures MoE blocks with it."""
     from lightning_dist.models.args import ModelArgs
     from lightning_dist.models.llama import TransformerBlock
     from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
     from lightning_dist.parallel.memory import measure_step
 
+    shape = shape or (lambda layers: ModelArgs(n_layers=layers, **DENSE))
     tokens = torch.randint(0, 128, (4, 256), generator=torch.Generator().manual_seed(0))
     kept = []
     for layers in (2, 4):
         torch.manual_seed(0)
-        model = ModelArgs(dim=64, n_layers=layers, n_heads=4, n_kv_heads=2, vocab_size=128,
-                          ffn_hidden_size=256, max_seq_len=256).build()  # fmt: skip
+        model = shape(layers).build()
         apply_activation_checkpointing(model, [TransformerBlock], every_n=every_n)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -187,10 +192,9 @@ def test_an_op_checkpointed_block_keeps_the_planners_bytes(choice):
     from lightning_dist.models.args import ModelArgs
     from lightning_dist.planner.activations import checkpointed_layer_bytes
 
-    shape = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
-                      ffn_hidden_size=256, max_seq_len=256)  # fmt: skip
+    shape = ModelArgs(n_layers=2, **DENSE)
     planner = checkpointed_layer_bytes(shape, 1, _settings(activation_checkpointing=choice))
-    assert _kept_per_block_token(choice) == pytest.approx(planner, rel=1e-3)
+    assert kept_per_block_token(choice) == pytest.approx(planner, rel=1e-3)
 
 
 def _compiled_block_saves(choice) -> list[tuple[tuple[int, ...], int]]:

@@ -4,7 +4,6 @@ activations as MemTracker measures them, its parameters on a rank, and its activ
 from __future__ import annotations
 
 import pytest
-import torch
 
 from lightning_dist.models.args import MoEArgs
 
@@ -20,38 +19,16 @@ def _settings(choice):
                             accelerator="cpu", activation_checkpointing=choice)  # fmt: skip
 
 
-def _measured_per_block_token(choice) -> float:
-    """MemTracker's forward high-water per MoE block and token (4 blocks less 2)."""
-    from lightning_dist.models.llama import TransformerBlock
-    from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
-    from lightning_dist.parallel.memory import measure_step
-
-    tokens = torch.randint(0, 128, (4, 256), generator=torch.Generator().manual_seed(0))
-    kept = []
-    for layers in (2, 4):
-        torch.manual_seed(0)
-        model = MoEArgs(n_layers=layers, **SHAPE).build()
-        apply_activation_checkpointing(model, [TransformerBlock], every_n=choice)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(model=model, opt=opt):
-            opt.zero_grad()
-            model(tokens).float().pow(2).mean().backward()
-            opt.step()
-
-        step()
-        kept.append(measure_step(step, model, [opt])["activations"])
-    return (kept[1] - kept[0]) / 2 / tokens.numel()
-
-
 @pytest.mark.parametrize(("choice", "tolerance"), [(0, 0.01), ("full", 1e-3), ("op", 1e-3)])
 def test_an_moe_block_keeps_the_planners_bytes(choice, tolerance):
     """Without checkpointing the count is within 1% (5220 against 5244 bytes per token here:
     24 bytes the count does not name); in full and op it is exact (256 and 2080)."""
     from lightning_dist.planner.activations import checkpointed_layer_bytes
+    from tests.unit.test_activation_memory import kept_per_block_token
 
     planner = checkpointed_layer_bytes(MoEArgs(n_layers=2, **SHAPE), 1, _settings(choice), True)
-    assert _measured_per_block_token(choice) == pytest.approx(planner, rel=tolerance)
+    measured = kept_per_block_token(choice, lambda layers: MoEArgs(n_layers=layers, **SHAPE))
+    assert measured == pytest.approx(planner, rel=tolerance)
 
 
 def test_a_rank_holds_its_share_of_the_experts_and_the_planner_counts_every_parameter():
