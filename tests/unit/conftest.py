@@ -30,6 +30,25 @@ def _one_process(monkeypatch):
     monkeypatch.setattr(dist, "init_process_group", _refuse("starts a process group"))
 
 
+@pytest.fixture
+def fitted_trainers(monkeypatch) -> list:
+    """The Lightning Trainers that `train(cfg)` fits during the test, in order (and Lightning's
+    seed variables, which `seed_everything` sets, restored after it)."""
+    import lightning as L
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.setenv(name, "0")
+    trainers = []
+    fit = L.Trainer.fit
+
+    def recording_fit(self, *args, **kwargs):
+        trainers.append(self)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "fit", recording_fit)
+    return trainers
+
+
 def pytest_runtest_logreport(report):
     # The hook sees every report of the session (tests/e2e too, when both tiers run together).
     if (

@@ -297,27 +297,17 @@ def test_published_flavors_build_on_meta_with_their_counts(flavor, total, active
 REFERENCE = "moe_debug_lr1e-2"
 
 
-def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, monkeypatch):
+def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, fitted_trainers):
     """train(cfg) of the stored reference (tests/dist/baselines.py) in this process: the same
     losses (which keeps the reference honest), a falling loss, the experts' loads in
     summary.json and the metrics, the bias moved by the sign rule."""
-    import lightning as L
 
     from lightning_dist.parity import max_relative_difference
     from lightning_dist.report import markdown_summary
     from lightning_dist.run.loggers import METRICS_CSV
     from lightning_dist.train import train
 
-    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restore
-        monkeypatch.setenv(name, "0")
-    trainers = []
-    fit = L.Trainer.fit
-
-    def recording_fit(self, *args, **kwargs):
-        trainers.append(self)
-        return fit(self, *args, **kwargs)
-
-    monkeypatch.setattr(L.Trainer, "fit", recording_fit)
+    trainers = fitted_trainers
     stored = json.loads(BASELINES.read_text())[REFERENCE]
     quiet = ["~callbacks.comm", "trainer.memory_by_category_step=0", "report=false"]
     summary = train(compose(*stored["overrides"], *quiet))

@@ -116,23 +116,13 @@ def test_step_clock_ticks_once_per_optimizer_step_in_any_callback_order():
     assert step_clock(FakeTrainer()) is not clock  # one clock per trainer
 
 
-def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, monkeypatch, capsys):
+def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, fitted_trainers, capsys):
     """A real single-process run (2 micro-batches per step): every timing callback holds the
     trainer's one clock, and what each shows or writes is that clock's numbers."""
-    import lightning as L
 
     from lightning_dist.train import train
 
-    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restore
-        monkeypatch.setenv(name, "0")
-    trainers = []
-    fit = L.Trainer.fit
-
-    def recording_fit(self, *args, **kwargs):
-        trainers.append(self)
-        return fit(self, *args, **kwargs)
-
-    monkeypatch.setattr(L.Trainer, "fit", recording_fit)
+    trainers = fitted_trainers
     cfg = compose("model=llama_debug", "data=synthetic", "data.seq_len=32",
                   "data.global_batch_size=4", "data.micro_batch_size=2", "strategy=single",
                   "logger=none", "trainer.max_steps=6", "trainer.log_every_n_steps=1",
