@@ -129,6 +129,7 @@ def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision:
         "dp_replicate": layout.dp_replicate,
         "dp_shard": layout.dp_shard,
         "tp": layout.tp,
+        "ep": layout.ep,
         "schedule": layout.schedule,
         "microbatches": best.grad_accumulation if layout.pp > 1 else None,
         "virtual_stages": layout.virtual_stages,
@@ -137,5 +138,9 @@ def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision:
         "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
     }
+    if layout.cp > 1:
+        kwargs |= {"cp": layout.cp, "cp_mode": settings.cp_mode}
+    if settings.options.pipeline.split_points:  # mixed hardware: the blocks by speed
+        kwargs["split_points"] = list(settings.options.pipeline.split_points)
     # Named as what runs it: the 3d strategy, whatever strategy the same layout would take alone.
     return kwargs, (None if layout.pp > 1 else settings.micro_batch_size), best.describe("3d")

@@ -113,3 +113,36 @@ def test_the_search_takes_ep_for_a_mixture_of_experts_and_reports_active_mfu():
     assert f"ep={best.layout.ep}" in best.describe()
     active = model.train_flops_per_token(4096) * best.time.tokens_per_sec
     assert best.time.mfu == pytest.approx(active / (16 * hw.peak_flops("bf16-mixed")))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=mixtral_8x7b", "hardware=dgx_h100", "hardware.num_nodes=2",
+         "data.global_batch_size=64", "data.seq_len=4096"],  # ep
+        ["model=llama3_70b", "hardware=mixed_h100_a100", "data.global_batch_size=256",
+         "data.seq_len=4096"],  # split points by speed
+        ["model=llama3_8b", "hardware=dgx_h100", "hardware.num_nodes=4",
+         "data.seq_len=131072", "data.global_batch_size=32"],  # cp
+    ],
+)  # fmt: skip
+def test_strategy_auto_runs_the_layout_the_planner_chose(overrides):
+    """strategy=auto's keyword arguments build the planner's layout, ep, cp and the speed
+    split included (they were dropped, so auto ran another layout than it printed)."""
+    from lightning_dist.config import compose_config, hardware_spec
+    from lightning_dist.contract import contract_of
+    from lightning_dist.run.preflight import planned_strategy
+    from lightning_dist.run.spec import Batch
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
+
+    cfg = compose_config([*overrides, "strategy=auto", "paths.output_dir=."])
+    hw = hardware_spec(cfg)
+    kwargs, _, description = planned_strategy(Batch.of_config(cfg.data), model_spec_of(
+        overrides[0].split("=")[1]), hw, None)  # fmt: skip
+    strategy = Parallel3DStrategy(**kwargs)
+    layout = contract_of(strategy).layout_for(hw.resolved_devices(), hw.num_nodes)
+    for name, value in layout.degrees().items():
+        assert (name == "dp_shard" or value == 1) or f"{name}={value}" in description
+    assert f"ep={layout.ep}" in description if layout.ep > 1 else "ep=" not in description
+    if "mixed" in overrides[1]:
+        assert strategy.options.pipeline.split_points
