@@ -333,14 +333,15 @@ def balanced_split(costs: list[int], num_stages: int) -> list[int]:
 
 @functools.lru_cache(maxsize=256)
 def stage_sizes(
-    n_blocks: int, num_stages: int, block: int, first: int, last: int
+    n_blocks: int, num_stages: int, block: int | tuple[int, ...], first: int, last: int
 ) -> tuple[int, ...]:
     """Blocks in each pipeline stage of a model of `n_blocks` equal blocks of `block` parameters
+    (or of blocks of `block[i]` parameters each: a mixture of experts' dense and MoE blocks)
     whose first stage also holds `first` parameters (the embedding) and its last `last` (the
     final norm and the output): the cut `parallel/pipeline.py` makes without `split_points`
     (`balanced_split` of the per-block parameter counts), so the planner counts the stages the
     code builds."""
-    costs = [block] * n_blocks
+    costs = list(block) if isinstance(block, tuple) else [block] * n_blocks
     costs[0] += first
     costs[-1] += last
     return run_lengths(balanced_split(costs, num_stages), n_blocks)

@@ -106,16 +106,14 @@ def moe_mlp_bytes(model, settings) -> float:
 def moe_mlp_kept_bytes(model, settings, ep: int) -> float:
     """What op-level checkpointing keeps of an MoE block's feed-forward part per token: the
     outputs of its matmuls (the router's, 4 E in fp32; a shared expert's w1, w3 and w2, w (2 h_s
-    + d)) and, under expert parallelism, of its two all-to-alls (the routed copies there and
-    back, 2 k d w). The grouped matmuls are not in the policy's list: the routed experts run
-    again in backward. (op_alternate keeps the same here, an approximation: its numbering
-    continues over the router's and the shared expert's matmuls.)"""
+    + d)). The grouped matmuls are not in the policy's list, nor are expert parallelism's
+    all-to-alls (c10d's `all_to_all_single`, not the functional collective the policy saves):
+    the routed experts and their dispatch run again in backward, whatever `ep`. (op_alternate
+    keeps the same here, an approximation: its numbering continues over the router's and the
+    shared expert's matmuls.)"""
     d, w = model.dim, settings.matmul_bytes
     h_s = model.n_shared_experts * model.expert_dim
-    kept = 4 * model.num_experts + (w * (2 * h_s + d) if h_s else 0)
-    if ep > 1:
-        kept += 2 * model.top_k * d * w
-    return kept
+    return 4 * model.num_experts + (w * (2 * h_s + d) if h_s else 0)
 
 
 # --- compute and communication ---------------------------------------------------------------
@@ -145,7 +143,7 @@ def all_to_all_bytes(model, settings, tokens: float, ep: int) -> float:
     """Bytes one rank sends in one all-to-all of an MoE block (the dispatch or the combine)
     for a microbatch of `tokens`: its k x tokens routed copies of d elements, the (ep - 1) / ep
     that go to other ranks (balanced routing). A block runs four per microbatch: dispatch and
-    combine forward, their gradients backward; a block checkpointed in full two more."""
+    combine forward, their gradients backward; a checkpointed block (full or op) two more."""
     if ep == 1:
         return 0.0
     return (ep - 1) / ep * model.top_k * tokens * model.dim * settings.matmul_bytes

@@ -20,7 +20,12 @@ from lightning_dist.planner.activations import (
     loss_bytes_per_logit,
     recomputed_layer_bytes,
 )
-from lightning_dist.planner.experts import expert_degree, layer_params_on_rank, moe_layer_count
+from lightning_dist.planner.experts import (
+    expert_degree,
+    is_moe,
+    layer_params_on_rank,
+    moe_layer_count,
+)
 from lightning_dist.planner.settings import (
     RESERVE_BYTES,
     TrainSettings,
@@ -143,7 +148,9 @@ def stage_shapes(
     if split_points:
         sizes = run_lengths(split_points, model.n_layers)
     else:
-        sizes = stage_sizes(model.n_layers, n, model.block_params(), embedding, embedding + d)
+        blocks = (tuple(model.layer_params(i) for i in range(model.n_layers))
+                  if is_moe(model) else model.block_params())  # fmt: skip
+        sizes = stage_sizes(model.n_layers, n, blocks, embedding, embedding + d)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     out = []
     for rank in range(layout.pp):

@@ -146,3 +146,19 @@ def test_strategy_auto_runs_the_layout_the_planner_chose(overrides):
     assert f"ep={layout.ep}" in description if layout.ep > 1 else "ep=" not in description
     if "mixed" in overrides[1]:
         assert strategy.options.pipeline.split_points
+
+
+def test_the_planners_pipeline_cut_of_a_mixture_of_experts_is_the_codes():
+    """DeepSeek-V3's first 3 blocks are dense and smaller: the code balances the stages by each
+    block's parameters (`parallel/pipeline.split_blocks`), and so does the planner."""
+    from lightning_dist.layout import Layout
+    from lightning_dist.parallel.pipeline import split_blocks
+    from lightning_dist.planner.memory import stage_shapes
+
+    model = model_spec_of("deepseek_v3")
+    with torch.device("meta"):
+        built = model.build()
+    for pp in (4, 8):
+        code = [len(names) for names in split_blocks(built, pp)]
+        assert [s.layers for _, s in stage_shapes(model, Layout(pp=pp))] == code, pp
+    assert code[0] > code[-1]  # (10, 7, ..., 7) at pp = 8
