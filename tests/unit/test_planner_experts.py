@@ -4,6 +4,7 @@ activations as MemTracker measures them, its parameters on a rank, and its activ
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lightning_dist.models.args import MoEArgs
 
