@@ -253,6 +253,9 @@ def mixed_fit(model, hardware, layout, settings, headroom):
     """(the memory of the pipeline rank nearest its group's limit, why a rank does not fit or
     None) on mixed hardware."""
     groups = stage_hardware(hardware, layout, settings)
+    if layout.pp == 1:  # every rank holds the same: it must fit the smallest group's devices
+        specs = hardware.groups.values()
+        groups = [min(specs, key=lambda g: g.memory_gib or float("inf"))]
     stages = stage_memories(model, layout, settings)
     ranked = []
     for group, memory in zip(groups, stages, strict=True):

@@ -17,6 +17,9 @@ class SearchInputs:
 
     model: object
     hardware: object
+    expert_parallel: bool = True
+    """May the search split experts (`ep`)? Only for our MoE layers (a Hugging Face mixture of
+    experts has none of their seams: `parallel/expert_parallel.check_expert_parallel`)."""
     base: TrainSettings
     """The settings every variant starts from (no micro-batch, FSDP mode, AC or offload yet)."""
     per_node: int

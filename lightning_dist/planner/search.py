@@ -122,6 +122,7 @@ def plan_layouts(
     larger micro-batch. `rejected` lists {"family", "reason"} with the numbers. Raises
     ValueError for settings no layout could use (an unknown precision, seq_len past the model).
     """
+    ours = not hasattr(model, "to_model_args")  # a Hugging Face spec describes its model
     model = as_model_args(model)
     per_node = hardware.resolved_devices()
     base = TrainSettings(
@@ -138,6 +139,7 @@ def plan_layouts(
     search = SearchInputs(
         model=model,
         hardware=hardware,
+        expert_parallel=ours,
         base=base,
         per_node=per_node,
         world=per_node * hardware.num_nodes,
@@ -264,7 +266,8 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
     knobs = {"cp_mode": cp_mode} if cp > 1 else {}
     families = []
     for r, s, mode in splits:
-        for ep in ep_values(search.model, s * cp) if mode != "NO_SHARD" else [1]:
+        split = mode != "NO_SHARD" and search.expert_parallel
+        for ep in ep_values(search.model, s * cp) if split else [1]:
             key = f"{degrees} dp_replicate={r} dp_shard={s}" + (f" ep={ep}" if ep > 1 else "")
             key += f" {mode}" if s * cp > 1 else ""
             problem = Layout(dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep).experts_problem(

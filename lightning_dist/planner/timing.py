@@ -128,8 +128,9 @@ def _stage_flops_per_token(
     the row-parallel wo and w2, under op_alternate also wk, wo and w3).
     """
     d = model.dim
-    if is_moe(model):  # the active path: a token's experts, not all of them
-        per_layer = model.train_flops_per_token(settings.seq_len) / model.n_layers
+    if is_moe(model):  # the active path: a token's experts, not all of them (output apart)
+        whole = model.train_flops_per_token(settings.seq_len) - 6.0 * model.vocab_size * d
+        per_layer = whole / model.n_layers
     else:
         per_layer = 6.0 * (model.block_params() - 2 * d) + 12.0 * d * settings.seq_len
     output = 6.0 * model.vocab_size * d if shape.has_output else 0.0

@@ -163,3 +163,15 @@ def test_the_planners_pipeline_cut_of_a_mixture_of_experts_is_the_codes():
         code = [len(names) for names in split_blocks(built, pp)]
         assert [s.layers for _, s in stage_shapes(model, Layout(pp=pp))] == code, pp
     assert code[0] > code[-1]  # (10, 7, ..., 7) at pp = 8
+
+
+def test_a_hugging_face_mixture_of_experts_is_planned_without_ep():
+    """Its MoE layers have none of our seams (strategy.ep refuses it): the search keeps ep=1."""
+    from lightning_dist.config import compose_config, hardware_spec, model_spec
+    from lightning_dist.planner import plan_layouts
+
+    cfg = compose_config(["model=hf_llama", "model.config.model_type=mixtral",
+                          "+model.config.num_local_experts=8", "+model.config.num_experts_per_tok=2",
+                          "hardware=dgx_h100", "hardware.num_nodes=2", "paths.output_dir=."])  # fmt: skip
+    result = plan_layouts(model_spec(cfg), hardware_spec(cfg), global_batch_size=64, seq_len=256)
+    assert result.candidates and all(c.layout.ep == 1 for c in result.candidates)

@@ -95,3 +95,20 @@ def test_mixed_hardware_refusals_name_the_value(overrides, message):
         (ValueError, ConfigError), match=message.replace("(", r"\(").replace(")", r"\)")
     ):
         train(cfg)
+
+
+def test_without_pp_every_rank_must_fit_the_smallest_groups_memory():
+    """H200s beside H100s (the same speed): data parallelism over both is checked against the
+    H100s' 80 GiB, not the slowest group's (which was the H200 one, with 141)."""
+    from lightning_dist.hardware import HardwareSpec
+
+    _, h100 = _spec("hardware=dgx_h100")
+    _, h200 = _spec("hardware=dgx_h200")
+    hw = HardwareSpec(name="mix", accelerator="gpu", num_nodes=2,
+                      groups={"h200": HardwareSpec(**{**vars(h200), "num_nodes": 1}),
+                              "h100": HardwareSpec(**{**vars(h100), "num_nodes": 1})})  # fmt: skip
+    model = model_spec(compose_config(["model=llama3_8b", "paths.output_dir=."]))
+    c = estimate(model, hw, Layout(dp_shard=16), global_batch_size=32, seq_len=8192,
+                 micro_batch_size=2)  # fmt: skip
+    assert 80 * 0.9 < c.memory.total / 2**30 < 141 * 0.9
+    assert not c.fits and "has 80" in c.reason, c.reason
