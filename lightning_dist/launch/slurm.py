@@ -12,8 +12,11 @@ Mixed hardware (`hardware.groups`) becomes one heterogeneous job: one component 
 group, in the spec's order (`#SBATCH hetjob` between them), each with its group's nodes, CPUs
 and `env`, and one `srun --het-group=...` step over all of them, whose tasks Slurm numbers
 consecutively across the components (the first group's ranks first, as the planner maps them);
-`MASTER_ADDR` is the first component's first node. Never run on a cluster (the test Slurm has
-one node; a heterogeneous job needs one per component).
+`MASTER_ADDR` is the first component's first node and `MASTER_PORT` follows the job id. Each
+component's part of the step (`srun ... : ...`) sets its own `--cpus-per-task`, its threads and
+its group's `env`, and tells every task the whole step's task count (`SLURM_NTASKS`, which
+Lightning's Slurm environment reads as the world size). Never run on a cluster (the test Slurm
+has one node; a heterogeneous job needs one per component).
 """
 
 from __future__ import annotations
@@ -136,22 +139,24 @@ def sbatch_script(job: SlurmJob) -> str:
     if job.env:
         lines.append(f"# NCCL and network settings of hardware={job.hardware_name}")
         lines += [f"export {name}={shlex.quote(str(v))}" for name, v in job.env.items()]
-    shared = {}
-    for _group, _, _, env in job.components:  # the groups' settings, where they agree
-        for key, value in env.items():
-            shared.setdefault(key, set()).add(str(value))
-    if shared:
-        lines.append("# NCCL and network settings the node groups share (differing ones: none)")
-        lines += [f"export {k}={shlex.quote(next(iter(v)))}" for k, v in shared.items()
-                  if len(v) == 1]  # fmt: skip
-        lines += ["# The rendezvous on the first component's first node",
-                  'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0"'
-                  " | head -n 1)"]  # fmt: skip
+    if job.components:
+        total = job.nodes * job.tasks_per_node
+        lines += [
+            "# A heterogeneous step: the rendezvous on the first component's first node, a port",
+            "# from the job id, and every task told the whole step's task count (each",
+            "# component's command below sets its own threads and its group's settings).",
+            'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | '
+            "head -n 1)",
+            "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))",
+        ]
+    else:
+        lines += [
+            "# One thread per CPU Slurm gave the task; Slurm 22.05's srun does not take the CPUs",
+            "# per task from sbatch by itself.",
+            "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+            "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
+        ]
     lines += [
-        "# One thread per CPU Slurm gave the task; Slurm 22.05's srun does not take the CPUs",
-        "# per task from sbatch by itself.",
-        "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
-        "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
         f'run_dir="{job.run_dir}"',
         "",
         "# SIGUSR1 (the --signal above, or scancel --signal=USR1): every rank checkpoints at the",
@@ -164,9 +169,20 @@ def sbatch_script(job: SlurmJob) -> str:
     train = [job.python, str(REPO_ROOT / "train.py"), *job.overrides]
     command = " ".join(shlex.quote(a) for a in train)
     resume = " ".join(_resume_overrides(job.overrides))
-    het = f" --het-group=0-{len(job.components) - 1}" if job.components else ""
+    step = f'{command} "hydra.run.dir=$run_dir" {resume}'.rstrip()
+    if job.components:  # one srun over the components, each with its CPUs, threads and env
+        parts = []
+        for i, (_, _, cpus, env) in enumerate(job.components):
+            settings = {"SLURM_NTASKS": str(total), **({"OMP_NUM_THREADS": str(cpus)} if cpus
+                                                        else {}), **env}  # fmt: skip
+            prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in settings.items())
+            cpu = f" --cpus-per-task={cpus}" if cpus else ""
+            parts.append(f"--het-group={i}{cpu} env {prefix} {step}")
+        launch = "srun " + " \\\n    : ".join(parts)
+    else:
+        launch = f"srun {step}"
     lines += [
-        f'srun{het} {command} "hydra.run.dir=$run_dir" {resume}'.rstrip(),
+        launch,
         "status=$?",
         f"# {SIGNAL_DEATH_STATUS} = 128 + SIGUSR1: the signal came while Python started or exited,",
         "# where train.py cannot catch it; requeue unless the run had finished.",

@@ -366,6 +366,12 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
     gather = volume.gather / bw + units * (n - 1) * lat
     regather = volume.regather / bw + (units - 1) * (n - 1) * lat if volume.regather else 0.0
     scatter = volume.reduce_scatter / bw + units * (n - 1) * lat
+    ep = expert_degree(layout)
+    if volume.expert_gather:  # the experts' own FSDP group: n / ep ranks strided by tp x ep
+        bw_e, _ = link(tp * ep, n // ep)
+        gather += volume.expert_gather / bw_e
+        regather += volume.expert_regather / bw_e
+        scatter += volume.expert_reduce_scatter / bw_e
     if r > 1:
         bw_r, lat_r = link(tp * n, r)
         scatter += volume.replicate_all_reduce / bw_r + units * 2 * math.log2(r) * lat_r

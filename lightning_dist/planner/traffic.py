@@ -132,6 +132,19 @@ class DPVolumes:
     all_reduce: float
     """DDP (no sharding): the gradients' all-reduce, once per step."""
     rounds: int
+    expert_gather: float = 0.0
+    """A mixture of experts under ep: the routed experts' share of `gather`, `regather` and
+    `reduce_scatter` (in these three, not in those), over their own FSDP group of
+    shard_size / ep ranks (`parallel/expert_parallel.experts_fsdp_mesh`), which strides
+    tp x ep."""
+    expert_regather: float = 0.0
+    expert_reduce_scatter: float = 0.0
+
+    @property
+    def sharded(self) -> float:
+        """FSDP's bytes of one round, experts included."""
+        return (self.gather + self.regather + self.reduce_scatter + self.expert_gather
+                + self.expert_regather + self.expert_reduce_scatter)  # fmt: skip
 
 
 def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DPVolumes:
@@ -150,21 +163,17 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DP
     # A mixture of experts: the routed experts (1/ep of them here) shard over n / ep ranks,
     # the rest over n; each volume splits by the experts' share of the stage's parameters.
     n_e, e = max(n // expert_degree(layout), 1), shape.experts / psi if psi else 0.0
-
-    def gather(nbytes: float) -> float:
-        return allgather_volume((1 - e) * nbytes, n) + allgather_volume(e * nbytes, n_e)
-
-    def scatter(nbytes: float) -> float:
-        return reduce_scatter_volume((1 - e) * nbytes, n) + reduce_scatter_volume(e * nbytes, n_e)
-
     shard = g_b * psi * ((1 - e) / n + e / n_e)
     return DPVolumes(
-        gather=gather(gathered),
-        regather=gather(regathered) if full else 0.0,
-        reduce_scatter=scatter(g_b * psi),
+        gather=allgather_volume((1 - e) * gathered, n),
+        regather=allgather_volume((1 - e) * regathered, n) if full else 0.0,
+        reduce_scatter=reduce_scatter_volume((1 - e) * g_b * psi, n),
         replicate_all_reduce=allreduce_volume(shard, r) if r > 1 else 0.0,
         all_reduce=0.0,
         rounds=m if layout.pp == 1 else 1,
+        expert_gather=allgather_volume(e * gathered, n_e),
+        expert_regather=allgather_volume(e * regathered, n_e) if full else 0.0,
+        expert_reduce_scatter=reduce_scatter_volume(e * g_b * psi, n_e),
     )
 
 
@@ -193,7 +202,7 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
             out["dp"] = v.all_reduce
         else:
             shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
-            out[shard_dim] = v.rounds * (v.gather + v.regather + v.reduce_scatter)
+            out[shard_dim] = v.rounds * v.sharded
             if v.replicate_all_reduce:
                 out["dp_replicate"] = v.rounds * v.replicate_all_reduce
     return out

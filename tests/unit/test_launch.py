@@ -107,7 +107,14 @@ def test_mixed_hardware_is_one_heterogeneous_job_in_the_groups_order(capsys):
     assert "#SBATCH --cpus-per-task=28" in first and "#SBATCH --cpus-per-task=32" in second
     assert "#SBATCH --requeue" in first and "#SBATCH --time=01:00:00" in first
     assert "#SBATCH --time=01:00:00" not in second
-    assert "export NCCL_IB_HCA=mlx5" in lines
     assert any(line.startswith("export MASTER_ADDR=$(scontrol show hostnames") for line in lines)
-    (srun,) = [line for line in lines if line.startswith("srun ")]
-    assert srun.startswith("srun --het-group=0-1 ")
+    assert "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))" in lines
+    assert not any(line.startswith("export SRUN_CPUS_PER_TASK") for line in lines)
+    at = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    first, second = lines[at], lines[at + 1]  # one step, a part per component
+    assert first.startswith("srun --het-group=0 --cpus-per-task=28 env SLURM_NTASKS=32 "
+                            "OMP_NUM_THREADS=28 NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5")  # fmt: skip
+    assert second.startswith("    : --het-group=1 --cpus-per-task=32 env SLURM_NTASKS=32 "
+                             "OMP_NUM_THREADS=32 ")  # fmt: skip
+    assert first.rstrip(" \\").endswith("trainer.resume=auto")
+    assert second.endswith('"hydra.run.dir=$run_dir" trainer.resume=auto')
