@@ -36,9 +36,9 @@ class Layout:
     """Tensor-parallel ranks, which split each layer (keep within one node)."""
     ep: int = 1
     """Expert-parallel ranks, which split each mixture-of-experts layer's experts. Not a mesh
-    dimension of its own: the ranks are borrowed from dp_shard x cp (the innermost `ep` of
-    them), which still read different batches; the experts are FSDP-sharded over the other
-    dp_shard x cp / ep (`parallel/expert_parallel.py`)."""
+    dimension of its own: the ranks are borrowed from dp_shard (the innermost `ep` of them),
+    which still read different batches; the experts are FSDP-sharded over the other
+    dp_shard / ep (`parallel/expert_parallel.py`). cp with experts is refused."""
     schedule: str = "1F1B"
     """Pipeline schedule; only read when pp > 1."""
     microbatches: int | None = None

@@ -33,9 +33,9 @@ LAYOUT_DOCS = {
     "dp_shard and tp; parameters are sharded over dp_shard x cp); -1 means the remaining ranks.",
     "tp": "Tensor-parallel ranks (innermost: keep within a node); -1 means the remaining ranks.",
     "ep": "Expert-parallel ranks (mixture of experts): each MoE layer's experts split over ep "
-    "ranks borrowed from dp_shard x cp (so not a factor of the world size), tokens exchanged by "
-    "all-to-all; the experts are FSDP-sharded over the other dp_shard x cp / ep. Must divide "
-    "model.num_experts and dp_shard x cp.",
+    "ranks borrowed from dp_shard (so not a factor of the world size), tokens exchanged by "
+    "all-to-all; the experts are FSDP-sharded over the other dp_shard / ep. Must divide "
+    "model.num_experts and dp_shard (context parallelism with experts is not supported yet).",
     "schedule": "GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble.",
     "microbatches": "Pipeline microbatches per step; null means 2 x pp.",
     "virtual_stages": "Stages per pipeline rank (2+ for the interleaved schedules, 2 for "

@@ -3,9 +3,10 @@
 Each `nn.Linear` of the model becomes torchao's `Float8Linear`, which casts its input, weight and
 output gradient to float8 (one scale per tensor for `tensorwise`, per row for `rowwise`) for the
 three matmuls of forward and backward, and keeps the weight and its gradient in the parameter
-dtype. Two kinds stay in high precision, as torchtitan keeps them: the output projection (whose
-logits feed the loss) and any layer with a size that is not a multiple of 16 (the float8 matmul
-needs that). On a machine without CUDA, torchao's emulation computes the same casts and scales
+dtype. Three kinds stay in high precision, as torchtitan keeps them: the output projection
+(whose logits feed the loss), a mixture of experts' router gate (its float32 logits choose the
+experts) and any layer with a size that is not a multiple of 16 (the float8 matmul needs that).
+The grouped experts are not linear layers and stay in the compute dtype. On a machine without CUDA, torchao's emulation computes the same casts and scales
 with plain matmuls (`emulate=True`), so the numerics can be tested on CPUs.
 
 Applied to the whole model before tensor parallelism, activation checkpointing, compilation and
@@ -60,9 +61,14 @@ def _needs_torchao(recipe: str) -> str:
     )
 
 
+ROUTER_GATES = ("router.gate",)
+"""A mixture of experts' router (`models/moe.py`): its float32 logits choose each token's
+experts, and it reads its weight directly (`F.linear` in float32), not through the module."""
+
+
 def keeps_high_precision(module: nn.Module, fqn: str) -> bool:
     """Whether a linear layer stays out of float8 (see the module doc)."""
-    if fqn.split(".")[-1] in OUTPUT_PROJECTIONS:
+    if fqn.split(".")[-1] in OUTPUT_PROJECTIONS or fqn.endswith(ROUTER_GATES):
         return True
     return module.in_features % 16 != 0 or module.out_features % 16 != 0
 

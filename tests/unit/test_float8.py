@@ -65,3 +65,16 @@ def test_float8_losses_stay_within_3_percent_of_bf16_for_20_steps(recipe):
     print(f"FLOAT8 {recipe} vs bf16 over 20 steps: largest relative difference {worst:.2e}")
     assert worst < 0.03
     assert losses[recipe] != losses["bf16"]  # the float8 casts did change the numbers
+
+
+def test_a_routers_gate_stays_out_of_float8():
+    """The router reads its gate's weight itself, in float32, to choose the experts."""
+    from lightning_dist.models.args import MoEArgs
+    from lightning_dist.parallel.float8 import keeps_high_precision
+
+    model = MoEArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, ffn_hidden_size=128,
+                    num_experts=16, top_k=2, expert_hidden_size=64, n_shared_experts=1).build()  # fmt: skip
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    kept = {n for n, m in linears.items() if keeps_high_precision(m, n)}
+    assert {n for n in linears if n.endswith("router.gate")} <= kept
+    assert any(n.endswith("shared_expert.w1") for n in linears if n not in kept)

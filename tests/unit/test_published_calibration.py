@@ -54,7 +54,7 @@ def test_the_command_prints_every_row_with_its_error(capsys):
 
 
 def test_the_held_out_time_rows_meet_the_time_target():
-    """No constant was fitted to them; the memory rows are printed, not pinned (three of five
+    """No constant was fitted to them; the memory rows are printed, not pinned (four of five
     miss: docs/PLANNER.md, "Held out")."""
     from lightning_dist.calibration_report import held_out_rows
 
