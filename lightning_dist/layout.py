@@ -358,13 +358,13 @@ def tp_split_problem(args, tp: int) -> str | None:
     """Why tensor parallelism of degree `tp` cannot split this model's layers, or None.
 
     Shared by the strategies' pre-flight checks and the planner, so both refuse the same models.
+    A mixture of experts' MLPs are replicated over tp (`parallel/expert_parallel.py`), so their
+    width need not divide.
     """
-    for name, value in (
-        ("n_heads", args.n_heads),
-        ("n_kv_heads", args.kv_heads),
-        ("ffn_hidden_size", args.hidden_dim),
-        ("vocab_size", args.vocab_size),
-    ):
+    sizes = [("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads)]
+    if not getattr(args, "num_experts", 0):
+        sizes.append(("ffn_hidden_size", args.hidden_dim))
+    for name, value in (*sizes, ("vocab_size", args.vocab_size)):
         if value % tp:
             return f"model {name}={value} is not divisible by tp={tp}"
     return None

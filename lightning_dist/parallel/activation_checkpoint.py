@@ -123,14 +123,14 @@ class SelectivePolicy:
             self.inside_row_parallel = 0
             if not self.alternate_matmuls:
                 return create_selective_checkpoint_contexts(self)
-            # The forward and its recomputation each number this block's matmuls from 1, so
-            # both ask about the same matmul with the same number.
-            counts = {False: 0, True: 0}
+            # This block's matmuls numbered from 1 in its forward (the policy is asked only
+            # there; recomputation replays its answers).
+            counts = [0]
 
             def alternate(ctx, op, *args, **kwargs):
                 if op in self.matmuls:
-                    counts[ctx.is_recompute] += 1
-                    if counts[ctx.is_recompute] % 2 == 0:
+                    counts[0] += 1
+                    if counts[0] % 2 == 0:
                         from torch.utils.checkpoint import CheckpointPolicy
 
                         return CheckpointPolicy.PREFER_RECOMPUTE

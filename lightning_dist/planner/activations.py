@@ -236,7 +236,7 @@ def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSetting
     return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len / settings.micro_batch_size
 
 
-def loss_bytes_per_logit(settings: TrainSettings, tp: int) -> float:
+def loss_bytes_per_logit(tp: int) -> float:
     """Bytes per logit (a token x vocabulary entry of this rank) the cross-entropy holds at its
     peak, which comes in backward (MemTracker on this CPU: `tests/unit/test_activation_memory.py`):
 

@@ -248,7 +248,7 @@ def activation_bytes(
     inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
     if shape.has_output:
-        per_vocab = loss_bytes_per_logit(settings, tp)
+        per_vocab = loss_bytes_per_logit(tp)
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
         logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)

@@ -80,9 +80,8 @@ def test_the_loss_parallel_cross_entropy_peaks_at_the_planners_bytes_per_logit(w
     log-softmax keeps the shifted logits beside its output (12 in forward, 14 with bf16
     logits) and its fused backward holds four fp32 tensors beside the product."""
     from lightning_dist.planner.activations import loss_bytes_per_logit
-    from lightning_dist.planner.settings import TrainSettings
 
-    planner = loss_bytes_per_logit(TrainSettings(global_batch_size=1, seq_len=512), tp=2)
+    planner = loss_bytes_per_logit(tp=2)
     for rank in worlds(2).run("world_cases:loss_parallel_peak_per_logit"):
         assert rank["fp32"]["forward"] == pytest.approx(12, rel=0.02), rank
         assert rank["bf16"]["forward"] == pytest.approx(14, rel=0.02), rank

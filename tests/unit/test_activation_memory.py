@@ -149,7 +149,7 @@ def test_the_cross_entropy_peaks_in_backward_at_the_planners_bytes_per_logit(aut
     forward = mem["activations"] / (tokens * vocab)
     peak = (mem["total"] - mem["params"] - mem["grads"]) / (tokens * vocab)
     assert forward == pytest.approx(10 if autocast else 8, rel=0.02)
-    assert peak == pytest.approx(loss_bytes_per_logit(_settings(), tp=1), rel=0.02)
+    assert peak == pytest.approx(loss_bytes_per_logit(tp=1), rel=0.02)
 
 
 DENSE = dict(dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=256,

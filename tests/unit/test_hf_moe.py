@@ -250,10 +250,5 @@ def test_init_from_refuses_another_routing_of_the_same_shapes(imported):
     assert "model=moe_debug" in str(e.value) and "model.route_norm=true" in str(e.value)
 
 
-# Expert parallelism (strategy.ep) runs the same round trip on gloo ranks, in tests/dist with
-# this module's `imported` fixture (as test_checkpoint_tools_dist.py imports its unit fixture):
-#   def test_imported_mixtral_trains_under_ep2_and_exports_back(imported, train_in, tmp_path):
-#       hf_dir, ckpt = imported
-#       ep2 = ["strategy=3d", "hardware.devices=2", "strategy.ep=2"]
-#       summary = train_imported(train_in, ckpt, ep2, tmp_path / "run")
-#       check_trained_round_trip(summary, tmp_path / "run", hf_dir, tmp_path / "hf")
+# Expert parallelism (strategy.ep) runs the same round trip on 2 gloo ranks:
+# tests/dist/test_hf_moe_dist.py.
