@@ -38,8 +38,10 @@ LEGEND = f"""legend: the first word is the strategy that runs the row: single, d
   under pp); the rest of the global batch is gradient accumulation or further microbatches.
   ac = activation checkpointing: ac=full (every block keeps only its input), ac=n (every n-th
   block in full), ac=op (every block keeps its matmul outputs, recomputes the pointwise ops),
-  ac=op_alternate (op keeping every other matmul's output); compile = per-block torch.compile; offload = parameters, gradients and optimizer state live in
-  host memory (FSDP CPU offload), so `host GiB` holds them instead of the device.
+  ac=op_alternate (op keeping every other matmul's output); compile = per-block torch.compile;
+  offload = parameters, gradients and optimizer state live in host memory (FSDP CPU offload),
+  so `host GiB` holds them instead of the device; ep = expert-parallel ranks of a mixture of
+  experts (borrowed from dp_shard: each holds 1/ep of every MoE layer's experts).
   GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 
