@@ -121,8 +121,8 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
             return
         if accelerator != "cpu":
             raise ValueError(
-                f"strategy.simulate_slowdown / simulate_delay_ms are a CPU test tool (sleeps "
-                f"time host-side work, not {accelerator} kernels); unset them, or use hardware=cpu"
+                f"strategy.simulate_slowdown / simulate_delay_ms are a CPU test tool (a host-side "
+                f"sleep does not slow {accelerator} kernels); unset them, or use hardware=cpu"
             )
         beyond = sorted(r for r in (sim.simulate_slowdown or {}) if r >= world_size)
         if beyond:

@@ -65,7 +65,7 @@ def test_the_strategies_refuse_what_they_cannot_run():
         _check(DataParallelStrategy(dp_shares=[2, 1, 1]), global_batch_size=8)
     with pytest.raises(ValueError, match="with strategy.diloco_inner_steps=8 is not supported"):
         _check(DataParallelStrategy(dp_shares=[1, 1], diloco_inner_steps=8))
-    with pytest.raises(ValueError, match="are a CPU test tool .* not cuda kernels"):
+    with pytest.raises(ValueError, match="are a CPU test tool .* does not slow cuda kernels"):
         _check(DataParallelStrategy(simulate_slowdown=[1, 2]), accelerator="cuda")
     with pytest.raises(ValueError, match=r"names rank\(s\) \[2\], but the run has 2 ranks"):
         _check(DataParallelStrategy(simulate_slowdown={2: 2}))
