@@ -101,15 +101,12 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         if global_batch_size is not None:
             step = sum(shares) * (micro_batch_size or 1)
             if global_batch_size % step:
-                per = (
-                    ""
-                    if micro_batch_size is None
-                    else f" x data.per_rank_batch_size={micro_batch_size}"
-                )
+                what = f"sum(strategy.dp_shares={shares})"
+                if micro_batch_size is not None:
+                    what += f" x data.per_rank_batch_size={micro_batch_size}"
                 raise ValueError(
-                    f"data.global_batch_size={global_batch_size} is not divisible by "
-                    f"sum(strategy.dp_shares={shares})={sum(shares)}{per} = {step}; use a "
-                    f"multiple of {step}"
+                    f"data.global_batch_size={global_batch_size} is not divisible by {what} = "
+                    f"{step}; use a multiple of {step}"
                 )
 
     # --- the run ------------------------------------------------------------------------------
