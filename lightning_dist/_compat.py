@@ -482,6 +482,25 @@ def mem_tracker_replace_module_hooks(tracker: Any, stand_in: Any) -> None:
     tracker._mod_tracker = stand_in
 
 
+def sigterm_broadcast_once_per_step(trainer: Any) -> None:
+    """Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before every training batch
+    (`_TrainingEpochLoop._broadcast_sigterm_tensor`), a collective per micro-batch; with ranks
+    that run different numbers of micro-batches per step (`strategy.dp_shares`) the ranks
+    would meet in mismatched collectives and hang. On this trainer it runs before the first
+    micro-batch of each optimizer step only, as often on every rank. (Our Preemption callback
+    handles SIGTERM itself, at step boundaries.) No public switch turns it off."""
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
+    if broadcast is None:  # another Lightning version: nothing per batch to align
+        return
+
+    def once_per_step() -> None:
+        if loop.batch_progress.current.ready % trainer.accumulate_grad_batches == 0:
+            broadcast()
+
+    loop._broadcast_sigterm_tensor = once_per_step
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 KINDS = {
@@ -731,6 +750,12 @@ _ENTRIES = (
            "lightning_dist.strategies.parallel3d",
            "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
            "plugin instance clips by the whole model's norm instead", LIGHTNING),
+    _entry("_broadcast_sigterm_tensor",
+           "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "patch",
+           "lightning_dist.strategies.ddp",
+           "a broadcast before every micro-batch; ranks with unequal micro-batch counts "
+           "(strategy.dp_shares) must run it once per step instead, and no switch exists",
+           LIGHTNING, via="sigterm_broadcast_once_per_step"),
     _entry("_process_group_backend", ("lightning.pytorch.strategies.DDPStrategy",
                                       "lightning.pytorch.strategies.FSDPStrategy",
                                       "lightning.pytorch.strategies.ModelParallelStrategy"),

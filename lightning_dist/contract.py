@@ -61,6 +61,17 @@ class StrategyContract(Protocol):
         times the replica groups for `strategy=ft_hsdp`."""
         ...
 
+    def dp_weights(self) -> list[int] | None:
+        """The relative share of the global batch of each data-parallel rank, in rank order
+        (`strategy.dp_shares`: faster ranks take more micro-batches); None: equal shares."""
+        ...
+
+    def loss_weight(self) -> float:
+        """The factor on this rank's mean micro-batch loss of a step (in backward and in the
+        logged mean over ranks) that gives every micro-batch of the global batch one weight:
+        dp x share / sum of shares under `dp_weights`, 1 otherwise."""
+        ...
+
     def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
                   model: Any = None, global_batch_size: int | None = None,
                   micro_batch_size: int | None = None) -> None:  # fmt: skip
@@ -101,6 +112,14 @@ class ContractDefaults:
     def data_shares(self, layout: Layout) -> int:
         """The layout's dp."""
         return layout.dp
+
+    def dp_weights(self) -> list[int] | None:
+        """Equal shares."""
+        return None
+
+    def loss_weight(self) -> float:
+        """Equal shares: every rank's mean counts alike."""
+        return 1.0
 
 
 class _PlainDataParallel(ContractDefaults):

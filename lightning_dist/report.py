@@ -54,7 +54,8 @@ def run_label(run_dir: Path, summary: dict[str, Any]) -> str:
 
 
 def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple[int, float]]],
-                reference: float | None = None, reference_label: str = "") -> None:  # fmt: skip
+                reference: float | None = None, reference_label: str = "",
+                xlabel: str = "optimizer step") -> None:  # fmt: skip
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -64,7 +65,7 @@ def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple
             ax.plot(xs, ys, marker="o" if len(points) < 30 else None, label=label)
     if reference is not None:
         ax.axhline(reference, color="black", linestyle="--", label=reference_label)
-    ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     if len(lines) > 1 or reference is not None:
         ax.legend()
@@ -217,6 +218,27 @@ def _write_report(run_dir: Path, out: Path) -> list[Path]:
         written.append(out / "bubble.png")
     (out / "README.md").write_text(markdown_summary(summary, written, label))
     return written
+
+
+def write_loss_comparison(summaries: dict[str, dict[str, Any]], path: Path, title: str,
+                          smooth: int = 10) -> Path:  # fmt: skip
+    """One PNG of several runs' train losses against the tokens trained on (each summary.json's
+    `losses`, a step being `global_batch_size` x `seq_len` tokens), as moving means over
+    `smooth` steps, e.g. DiLoCo against DDP (bench/diloco.py). Returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    series = {}
+    for name, summary in summaries.items():
+        tokens = summary["global_batch_size"] * summary["seq_len"]
+        losses = summary["losses"]
+        series[name] = [
+            ((i + 1) * tokens, sum(losses[max(0, i - smooth + 1) : i + 1]) / min(i + 1, smooth))
+            for i in range(len(losses))
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _plot_lines(path, title, f"train loss, mean of {smooth} steps", series, xlabel="tokens")
+    return path
 
 
 def markdown_summary(summary: dict[str, Any], plots: list[Path], label: str = "") -> str:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
 from lightning_dist.lm.sampling import GlobalBatchSampler
@@ -101,10 +102,26 @@ class LMDataModule(pl.LightningDataModule):
             return 0, 1
         return int(kwargs.get("rank", 0)), int(kwargs.get("num_replicas", 1))
 
+    def dp_shares(self) -> list[int] | None:
+        """The micro-batches of every data-parallel rank per step when the strategy weights
+        the ranks by speed (`strategy.dp_shares`); None for equal shares or outside a Trainer."""
+        trainer = getattr(self, "trainer", None)
+        strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+        weights = contract_of(strategy).dp_weights() if strategy is not None else None
+        if not weights:
+            return None
+        _, k = batch_plan(self.global_batch_size, sum(weights), self.micro_batch_size)
+        return [w * k for w in weights]
+
     def plan(self, dp_size: int | None = None) -> tuple[int, int]:
-        """(micro_batch_size, grad_accumulation) for `dp_size` ranks (default: the Trainer's)."""
+        """(micro_batch_size, grad_accumulation) for `dp_size` ranks (default: the Trainer's);
+        under speed-weighted shares, this rank's accumulation."""
         if dp_size is None:
             dp_size = self.dp_rank_and_size()[1]
+        shares = self.dp_shares()
+        if shares is not None:
+            micro = self.global_batch_size // sum(shares)
+            return micro, shares[self.dp_rank_and_size()[0]]
         return batch_plan(self.global_batch_size, dp_size, self.micro_batch_size)
 
     def train_dataloader(self) -> DataLoader:
@@ -115,7 +132,7 @@ class LMDataModule(pl.LightningDataModule):
         micro, _ = self.plan(size)
         sampler = GlobalBatchSampler(
             len(train_set), self.global_batch_size, micro, rank, size, seed=self.seed,
-            start_step=self.resume_step,
+            start_step=self.resume_step, shares=self.dp_shares(),
         )  # fmt: skip
         return self._loader(train_set, sampler=sampler, batch_size=micro)
 

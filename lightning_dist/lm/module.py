@@ -187,9 +187,10 @@ class CausalLM(L.LightningModule):
         # line of step N show step N's loss, as summary.json and the loggers do.
         if not self._micro_steps:
             return
-        # Average over micro-batches, then over replica groups (strategy=ft_hsdp), then ranks.
-        local = self._loss_sum / self._micro_steps
+        # Average over micro-batches, then over replica groups (strategy=ft_hsdp), then ranks;
+        # under speed-weighted shares a rank's mean counts by its micro-batches (loss_weight).
         strategy = contract_of(self.trainer.strategy)
+        local = self._loss_sum / self._micro_steps * strategy.loss_weight()
         global_loss = mean_over_ranks(strategy.mean_over_replica_groups(local))
         self._loss_sum = torch.zeros((), device=global_loss.device)
         if self.expert_stats is not None:

@@ -9,7 +9,7 @@ DistributedSampler does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
@@ -26,6 +26,11 @@ class GlobalBatchSampler(Sampler[int]):
     Use it with `DataLoader(batch_size=micro_batch_size, drop_last=True)`. The incomplete last
     global batch of an epoch is dropped. `start_step` (optimizer steps already taken, counted
     over all epochs) resumes a run: its epoch starts at the step after it.
+
+    `shares` (speed-weighted data parallelism, `strategy.dp_shares`): the micro-batches of every
+    rank per step, e.g. (6, 2); their sum x `micro_batch_size` is the global batch. Rank r then
+    takes the `shares[r]` micro-batches after those of the ranks before it, so the step's
+    samples are the same set as under equal shares.
     """
 
     def __init__(
@@ -38,11 +43,23 @@ class GlobalBatchSampler(Sampler[int]):
         seed: int = 0,
         shuffle: bool = True,
         start_step: int = 0,
+        shares: Sequence[int] | None = None,
     ):
         super().__init__()
-        _, self.grad_accumulation = batch_plan(global_batch_size, dp_size, micro_batch_size)
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} is outside data-parallel size {dp_size}")
+        if shares is None:
+            _, self.grad_accumulation = batch_plan(global_batch_size, dp_size, micro_batch_size)
+            self._first = None
+        else:
+            shares = list(shares)
+            if len(shares) != dp_size or sum(shares) * micro_batch_size != global_batch_size:
+                raise ValueError(
+                    f"micro-batches per rank {shares} x {micro_batch_size} samples do not make "
+                    f"data.global_batch_size={global_batch_size} over {dp_size} ranks"
+                )
+            self.grad_accumulation = shares[dp_rank]
+            self._first = sum(shares[:dp_rank])
         if num_samples < global_batch_size:
             raise ValueError(
                 f"the training set has {num_samples} samples, fewer than one global batch of "
@@ -80,7 +97,11 @@ class GlobalBatchSampler(Sampler[int]):
 
     def _slice(self, perm: torch.Tensor, step: int, micro_step: int) -> list[int]:
         m = self.micro_batch_size
-        start = step * self.global_batch_size + (micro_step * self.dp_size + self.dp_rank) * m
+        if self._first is None:
+            piece = micro_step * self.dp_size + self.dp_rank
+        else:  # uneven shares: this rank's micro-batches follow those of the ranks before it
+            piece = self._first + micro_step
+        start = step * self.global_batch_size + piece * m
         return perm[start : start + m].tolist()
 
     def __iter__(self) -> Iterator[int]:

@@ -53,12 +53,19 @@ from lightning_dist.options.presets import (
     knob_reference,
     planner_ignores,
 )
+from lightning_dist.options.speed import (
+    GRAD_COMPRESSIONS,
+    DataShareOptions,
+    GradientSyncOptions,
+    SimulationOptions,
+)
 
 __all__ = [
     "BACKWARD_PREFETCH", "COMPILE_BACKENDS", "DTYPE_NAMES", "FSDP1_HYBRID", "FSDP1_SHARDING",
     "GROUPS", "KNOB_GROUP", "LAYOUT_DOCS", "MESH_GROUPS", "PRESETS", "STATE_DICT_TYPES",
     "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "ContextParallelOptions",
-    "CP_MODES", "DDPOptions",
+    "CP_MODES", "DDPOptions", "DataShareOptions", "GRAD_COMPRESSIONS", "GradientSyncOptions",
+    "SimulationOptions",
     "FSDP1Options", "FSDP2Options", "PipelineOptions", "PrecisionOptions", "Preset",
     "ProcessOptions", "ReplicaGroupOptions", "ShardingOptions", "StrategyOptions", "TensorParallelOptions", "group_knobs",
     "knob", "knob_doc", "knob_reference", "planner_ignores",

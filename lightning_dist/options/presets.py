@@ -24,6 +24,7 @@ from lightning_dist.options.knobs import (
     ShardingOptions,
     TensorParallelOptions,
 )
+from lightning_dist.options.speed import DataShareOptions, GradientSyncOptions, SimulationOptions
 
 LAYOUT_DOCS = {
     "pp": "Pipeline-parallel ranks (outermost); -1 means the remaining ranks.",
@@ -59,6 +60,9 @@ GROUPS: dict[str, type] = {
     "process": ProcessOptions,
     "checkpoint_format": CheckpointFormatOptions,
     "replicas": ReplicaGroupOptions,
+    "shares": DataShareOptions,
+    "grad_sync": GradientSyncOptions,
+    "simulate": SimulationOptions,
 }
 """Every option class, by its attribute name in `StrategyOptions`."""
 
@@ -114,6 +118,9 @@ class StrategyOptions:
     process: ProcessOptions = field(default_factory=ProcessOptions)
     checkpoint_format: CheckpointFormatOptions = field(default_factory=CheckpointFormatOptions)
     replicas: ReplicaGroupOptions | None = None
+    shares: DataShareOptions = field(default_factory=DataShareOptions)
+    grad_sync: GradientSyncOptions = field(default_factory=GradientSyncOptions)
+    simulate: SimulationOptions = field(default_factory=SimulationOptions)
 
     @classmethod
     def from_knobs(
@@ -208,12 +215,13 @@ class Preset:
 
 
 MESH_GROUPS = ("layout", "fsdp", "sharding", "precision", "tp", "cp", "pipeline",
-               "checkpointing", "compile", "float8", "process", "checkpoint_format")  # fmt: skip
+               "checkpointing", "compile", "float8", "process", "checkpoint_format",
+               "simulate")  # fmt: skip
 """The groups of the mesh strategy (fsdp2, tp, pp, 3d are presets of it)."""
 
 PRESETS: dict[str, Preset] = {
     "single": Preset(("compile", "float8")),
-    "ddp": Preset(("ddp", "compile", "process")),
+    "ddp": Preset(("ddp", "compile", "process", "shares", "grad_sync", "simulate")),
     "fsdp": Preset(
         (
             "fsdp1",

@@ -31,6 +31,7 @@ from lightning_dist.parallel.nodes import (
     local_node_map,
     mesh_groups,
 )
+from lightning_dist.parallel.simulate import apply_simulated_speed
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
 
@@ -107,6 +108,45 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
         layout = self.layout_for(devices, num_nodes)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
+        self.check_simulation(accelerator, devices * num_nodes)
+
+    delays_gradients = False
+    """Whether `strategy.simulate_delay_ms` has a gradient all-reduce to delay (DDP's hook)."""
+
+    def check_simulation(self, accelerator: str, world_size: int) -> None:
+        """The simulation test tool (`strategy.simulate_*`) runs here: on CPUs, with ranks that
+        exist, and a delay only where the strategy has a hook for it; ValueError otherwise."""
+        sim = self.options.simulate
+        if not sim.enabled:
+            return
+        if accelerator != "cpu":
+            raise ValueError(
+                f"strategy.simulate_slowdown / simulate_delay_ms are a CPU test tool (a host-side "
+                f"sleep does not slow {accelerator} kernels); unset them, or use hardware=cpu"
+            )
+        beyond = sorted(r for r in (sim.simulate_slowdown or {}) if r >= world_size)
+        if beyond:
+            raise ValueError(
+                f"strategy.simulate_slowdown names rank(s) {beyond}, but the run has {world_size} "
+                f"ranks (0 to {world_size - 1})"
+            )
+        if sim.simulate_delay_ms > 0 and not self.delays_gradients:
+            raise ValueError(
+                f"strategy.simulate_delay_ms={sim.simulate_delay_ms:g} delays DDP's gradient "
+                f"all-reduce; {type(self).__name__} has no hook for it: use strategy=ddp or set "
+                "strategy.simulate_delay_ms=0"
+            )
+
+    def simulate_speed(self, parts: list[nn.Module]) -> None:
+        """Pace each model part at this rank's simulated speed (`strategy.simulate_slowdown`,
+        a test tool: parallel/simulate.py); nothing when it is off."""
+        sim = self.options.simulate
+        factor = sim.factor(self.global_rank)
+        if factor is None:
+            return
+        for part in parts:
+            blocks = find_block_types(part, self.options.sharding.auto_wrap)
+            apply_simulated_speed(part, blocks, factor=factor, flops=sim.simulate_flops)
 
     @property
     def compile_backend(self) -> str | None:
@@ -160,6 +200,7 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
         model = apply_float8(model, self.options.float8.float8, device_type=self.root_device.type)
         if self.compile_backend is not None:
             apply_compile(model, find_block_types(model), backend=self.compile_backend)
+        self.simulate_speed([model])
         return model
 
     def check_machine_options(self) -> None:

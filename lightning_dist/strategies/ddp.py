@@ -1,12 +1,18 @@
-"""`strategy=ddp`: Lightning's DDPStrategy, declaring the contract (every rank a replica)."""
+"""`strategy=ddp`: Lightning's DDPStrategy, declaring the contract (every rank a replica), with
+speed-weighted shares, gradient compression and DiLoCo for ranks of unequal speed and slow links
+(docs/SLOW_LINKS.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch.strategies import DDPStrategy
 
+from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.options import StrategyOptions
+from lightning_dist.parallel.diloco import DiLoCo
+from lightning_dist.parallel.grad_sync import gradient_hook
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
@@ -20,9 +26,21 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
     `gradient_as_bucket_view=True` and `broadcast_buffers=False` (our buffers never change;
     pass `broadcast_buffers=True` for a model whose buffers do, such as BatchNorm's). Other
     keyword arguments go to Lightning.
+
+    For ranks of unequal speed and slow links:
+
+    - `dp_shares`: rank r runs `dp_shares[r] x k` micro-batches per step (Lightning's
+      `accumulate_grad_batches` set per rank in `setup`), and its loss is weighted by
+      `loss_weight()` so the averaged gradient is one device's;
+    - `grad_compression` / `diloco_inner_steps`: the DDP communication hook
+      (`parallel/grad_sync.py`) and the outer loop after each optimizer step
+      (`parallel/diloco.py`);
+    - `simulate_*`: the test tool of `parallel/simulate.py` (a delay in the hook, hooks that
+      pace the blocks).
     """
 
     preset = "ddp"
+    delays_gradients = True
 
     def __init__(self, *, options: StrategyOptions | None = None, **kwargs: Any) -> None:
         self.options, rest = build_options(type(self), self.preset, options, kwargs)
@@ -36,3 +54,117 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
             **rest,
         )
         self.check_machine_options()
+        self.diloco: DiLoCo | None = None
+        """The outer loop under `strategy.diloco_inner_steps`, made in `setup`."""
+
+    # --- the contract: shares of the global batch ---------------------------------------------
+
+    def data_shares(self, layout) -> int:
+        """The pieces the global batch is cut into: the layout's dp, or the sum of
+        `strategy.dp_shares` (each rank then takes its share of them)."""
+        shares = self.options.shares.dp_shares
+        return sum(shares) if shares else layout.dp
+
+    def dp_weights(self) -> list[int] | None:
+        return self.options.shares.dp_shares
+
+    def loss_weight(self) -> float:
+        """dp x share / sum of shares: Lightning divides each micro-batch's loss by this rank's
+        accumulation (share x k) and DDP the summed gradients by dp, so every one of the
+        sum x k micro-batches then counts 1 / (sum x k), as on one device."""
+        shares = self.options.shares.dp_shares
+        if not shares:
+            return 1.0
+        return len(shares) * shares[self.global_rank] / sum(shares)
+
+    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
+                  model=None, global_batch_size: int | None = None,
+                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+        super().check_run(devices=devices, num_nodes=num_nodes, precision=precision,
+                          accelerator=accelerator, model=model,
+                          global_batch_size=global_batch_size,
+                          micro_batch_size=micro_batch_size)  # fmt: skip
+        shares, world = self.options.shares.dp_shares, devices * num_nodes
+        if not shares:
+            return
+        if len(shares) != world:
+            raise ValueError(
+                f"strategy.dp_shares={shares} has {len(shares)} entries for {world} data-parallel "
+                f"ranks; give one share per rank"
+            )
+        if self.options.grad_sync.diloco_inner_steps:
+            raise ValueError(
+                f"strategy.dp_shares={shares} with strategy.diloco_inner_steps="
+                f"{self.options.grad_sync.diloco_inner_steps} is not supported (DiLoCo's replicas "
+                "step alone); unset one of them"
+            )
+        if global_batch_size is not None:
+            step = sum(shares) * (micro_batch_size or 1)
+            if global_batch_size % step:
+                what = f"sum(strategy.dp_shares={shares})"
+                if micro_batch_size is not None:
+                    what += f" x data.per_rank_batch_size={micro_batch_size}"
+                raise ValueError(
+                    f"data.global_batch_size={global_batch_size} is not divisible by {what} = "
+                    f"{step}; use a multiple of {step}"
+                )
+
+    # --- the run ------------------------------------------------------------------------------
+
+    def setup(self, trainer) -> None:
+        """Lightning's DDP setup; under `dp_shares` this rank's accumulation (and the
+        validation interval, counted in its batches) first, and under DiLoCo its outer loop."""
+        shares = self.options.shares.dp_shares
+        if shares:
+            mine = shares[self.global_rank]
+            trainer.accumulate_grad_batches *= mine
+            if isinstance(trainer.val_check_interval, int):
+                trainer.val_check_interval *= mine
+            sigterm_broadcast_once_per_step(trainer)  # else a collective per micro-batch
+        super().setup(trainer)
+        sync = self.options.grad_sync
+        if sync.diloco_inner_steps:
+            self.diloco = DiLoCo(
+                list(self.lightning_module.parameters()), inner_steps=sync.diloco_inner_steps,
+                outer_lr=sync.diloco_outer_lr, outer_momentum=sync.diloco_outer_momentum,
+                delay_s=self.options.simulate.simulate_delay_ms / 1000,
+            )  # fmt: skip
+
+    def configure_ddp(self) -> None:
+        """Wrap the model in DDP, then register the gradient hook that compresses, delays or
+        (DiLoCo) skips the all-reduce, on any backend."""
+        super().configure_ddp()
+        sync = self.options.grad_sync
+        chosen = gradient_hook(
+            sync.grad_compression, local=sync.diloco_inner_steps > 0,
+            powersgd_rank=sync.powersgd_rank, powersgd_start_step=sync.powersgd_start_step,
+            delay_s=self.options.simulate.simulate_delay_ms / 1000,
+        )  # fmt: skip
+        if chosen is not None:
+            self.model.register_comm_hook(*chosen)
+
+    def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        weight = self.loss_weight()
+        if weight != 1.0:
+            closure_loss = closure_loss * weight
+        return super().backward(closure_loss, *args, **kwargs)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        """The step; under DiLoCo, then the outer loop (a sync every H steps and at the last)."""
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.diloco is not None:
+            trainer = self.lightning_module.trainer
+            self.diloco.after_inner_step(last=trainer.global_step + 1 >= trainer.max_steps)
+        return output
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What the slow-link settings did: DiLoCo's syncs and their time; the shares."""
+        out: dict[str, Any] = {}
+        if self.diloco is not None:
+            out["diloco"] = {"inner_steps": self.diloco.inner_steps, "syncs": self.diloco.syncs,
+                             "sync_seconds": self.diloco.sync_seconds}  # fmt: skip
+        if self.options.shares.dp_shares:
+            out["dp_shares"] = list(self.options.shares.dp_shares)
+        if self.options.grad_sync.grad_compression != "none":
+            out["grad_compression"] = self.options.grad_sync.grad_compression
+        return out

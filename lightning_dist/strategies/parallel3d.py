@@ -121,6 +121,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         check_param_dtype(self.options.precision.param_dtype, precision)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
+        self.check_simulation(accelerator, devices * num_nodes)
         if model is not None:
             self.check_model(model, layout)
 
@@ -185,6 +186,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         )  # fmt: skip
         if init_sharded:
             self._init_shards(result, init_seed)
+        self.simulate_speed(model_parts(result))  # a test tool; nothing unless configured
         self._pipeline = result if isinstance(result, PipelinedModel) else None
         self._parallelize_called = True
         return result if self.options.sharding.cpu_offload else result.to(self.root_device)

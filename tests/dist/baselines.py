@@ -45,6 +45,12 @@ REFERENCES: dict[str, list[str]] = {
     "llama_debug_val5_eps_unclipped": [*LLAMA, "trainer.val_check_interval=5", "optim.eps=1e-3",
                                        "optim.warmup_steps=1", "optim.lr=3e-2",
                                        "trainer.gradient_clip_val=null", *SINGLE],
+    # tests/dist/test_slow_links_dist.py: speed-weighted shares [2, 1] of a global batch of 6
+    # (micro-batches of 2), with updates large enough that a wrong weighting shows.
+    "llama_debug_val5_eps_unclipped_gbs6": [*LLAMA, "trainer.val_check_interval=5",
+                                            "optim.eps=1e-3", "optim.warmup_steps=1",
+                                            "optim.lr=3e-2", "trainer.gradient_clip_val=null",
+                                            "data.global_batch_size=6", *SINGLE],
     # tests/dist/test_context_parallel_train_dist.py: hf_llama with updates large enough that
     # wrong rotary positions show (at the default learning rate they stay within 1e-5).
     "hf_llama_lr1e-2": ["model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",

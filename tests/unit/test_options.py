@@ -71,6 +71,16 @@ VALUES = {
     "join_timeout_s": ("0.5", 0.5, []),
     "heartbeat_timeout_s": ("3", 3, []),
     "ft_timeout_s": ("30", 30, []),
+    "dp_shares": ("[3,1]", [3, 1], []),
+    "grad_compression": ("powersgd", "powersgd", []),
+    "powersgd_rank": ("4", 4, ["strategy.grad_compression=powersgd"]),
+    "powersgd_start_step": ("100", 100, ["strategy.grad_compression=powersgd"]),
+    "diloco_inner_steps": ("8", 8, []),
+    "diloco_outer_lr": ("1.0", 1.0, ["strategy.diloco_inner_steps=8"]),
+    "diloco_outer_momentum": ("0.5", 0.5, ["strategy.diloco_inner_steps=8"]),
+    "simulate_slowdown": ("{1:3}", {1: 3.0}, []),
+    "simulate_flops": ("2e9", 2e9, ["strategy.simulate_slowdown=[1,2]"]),
+    "simulate_delay_ms": ("200", 200.0, []),
 }
 
 BASE = ["model=llama3_8b", "hardware=dgx_h100", "data.global_batch_size=32", "data.seq_len=2048"]
