@@ -22,7 +22,10 @@ import sys
 from typing import Any
 
 from lightning_dist.layout import Batch
+from lightning_dist.planner.advice import slow_link_advice
+from lightning_dist.planner.estimate import evaluate
 from lightning_dist.planner.labels import batch_line, format_seconds, stage_lines
+from lightning_dist.planner.settings import DEFAULT_HEADROOM
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
 
 LEGEND = f"""legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
@@ -400,6 +403,9 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         console.print(batch_line(best), highlight=False)
         shape = model.to_model_args() if hasattr(model, "to_model_args") else model
         for line in stage_lines(best, hardware, shape.n_layers):
+            console.print(line, highlight=False)
+        for line in slow_link_advice(shape, hardware, best, evaluate=lambda settings: evaluate(
+                shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM)):  # fmt: skip
             console.print(line, highlight=False)
         command = train_command(overrides, best)
         console.print(f"run it: {_wrapped(command)}", highlight=False,

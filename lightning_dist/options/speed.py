@@ -72,23 +72,20 @@ class GradientSyncOptions:
         "averaged, cast back: torch's compress hooks) or powersgd (low-rank matrices, with error "
         "feedback; torch's PowerSGD hook, strategy.powersgd_rank). FSDP strategies: set "
         "strategy.reduce_dtype instead.",
-        planner_ignores="the planner models fp32 gradient traffic",
     )  # fmt: skip
     powersgd_rank: int = knob(
         2, "Rank of PowerSGD's matrix approximation (strategy.grad_compression=powersgd).",
-        planner_ignores="the planner models fp32 gradient traffic",
     )  # fmt: skip
     powersgd_start_step: int = knob(
         10, "Optimizer steps whose gradients are all-reduced uncompressed before PowerSGD "
         "starts (torch's start_powerSGD_iter; at least 2, as its error feedback needs).",
-        planner_ignores="the planner models fp32 gradient traffic",
+        planner_ignores="the planner times the steady state, past the uncompressed steps",
     )  # fmt: skip
     diloco_inner_steps: int = knob(
         0, "DiLoCo across the data-parallel replicas (strategy=ddp): each replica takes this "
         "many optimizer steps on its own gradients (no all-reduce), then the replicas average "
         "their parameter change since the last sync (one all-reduce) and apply it with an outer "
         "SGD with Nesterov momentum. 0: off (every step all-reduces gradients).",
-        planner_ignores="the planner models one all-reduce per step",
     )  # fmt: skip
     diloco_outer_lr: float = knob(
         0.7, "Learning rate of DiLoCo's outer step; the default is the paper's, tuned for H of "

@@ -178,9 +178,10 @@ class TrainSettings:
     def gradient_reduce_bytes(self) -> int:
         """Bytes per gradient element data parallelism reduces: FSDP's `reduce_dtype` (unset:
         the compute dtype; `parallel/precision.py`), DDP's the parameters' own (fp32 unless
-        bf16-true)."""
+        bf16-true) or its compression's (`strategy.grad_compression=bf16|fp16`: 2)."""
         if self.sharding == "NO_SHARD":
-            return 2 if self.precision == "bf16-true" else 4
+            halved = self.options.grad_sync.grad_compression in ("bf16", "fp16")
+            return 2 if self.precision == "bf16-true" or halved else 4
         if self.precision == "32-true":
             return 4
         dtype = self.options.precision.reduce_dtype

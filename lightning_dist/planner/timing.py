@@ -275,7 +275,7 @@ def step_time(
         bw, lat = link(tp, ep)
         volume, calls = max(ep_exchange(model, layout, settings, sh) for sh in shapes)
         ep_comm = m * (volume / bw + calls * (ep - 1) * lat)
-    phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd)
+    phases, offload = dp_phases(layout, settings, shapes, link, m, fwd, t_mb - fwd, model)
     dp_comm = sum(comm for comm, _ in phases)
     exposed = tp_comm + pp_comm + cp_comm + ep_comm + exposed_seconds(phases, overlap, slowdown)
     step = pipeline + exposed + offload
@@ -336,7 +336,7 @@ def _links(hardware, layout: Layout):
     return link
 
 
-def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
+def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     """Data-parallel traffic as [(comm seconds, compute seconds it may hide under)], plus the
     offload seconds.
 
@@ -356,10 +356,19 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd):
     tp, dp, n, r = layout.tp, layout.dp, layout.shard_size, layout.dp_replicate
     if dp * layout.cp == 1:
         return [], 0.0
-    volume = dp_volumes(layout, settings, shape)
+    volume = dp_volumes(layout, settings, shape, model)
     if settings.sharding not in SHARDED_MODES or n == 1:
         bw, lat = link(tp, dp)
-        buckets = math.ceil(g_b * psi / DDP_BUCKET_BYTES)
+        inner = settings.options.grad_sync.diloco_inner_steps
+        if inner:  # one all-reduce of the parameter change after every H-th step: exposed
+            comm = volume.all_reduce / bw + 2 * math.log2(dp) * lat / inner
+            return [(comm, 0.0)], 0.0
+        # DDP buckets the gradients in their own dtype; a compression hook then reduces each
+        # bucket (PowerSGD in two all-reduces, its P and Q factors).
+        grad_bytes = 2 if settings.precision == "bf16-true" else 4
+        buckets = math.ceil(grad_bytes * psi / DDP_BUCKET_BYTES)
+        if settings.options.grad_sync.grad_compression == "powersgd":
+            buckets *= 2
         comm = volume.all_reduce / bw + buckets * 2 * math.log2(dp) * lat
         return [(comm, bwd)], 0.0
     bw, lat = link(tp, n)

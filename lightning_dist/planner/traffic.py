@@ -147,13 +147,17 @@ class DPVolumes:
                 + self.expert_regather + self.expert_reduce_scatter)  # fmt: skip
 
 
-def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DPVolumes:
-    """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`."""
+def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
+               model=None) -> DPVolumes:  # fmt: skip
+    """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`. Without
+    sharding (DDP) the gradients' all-reduce is `ddp_gradient_bytes`' (`model` is needed for
+    PowerSGD's matrix shapes)."""
     m = settings.microbatches(layout.dp)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     n, r, psi = layout.shard_size, layout.dp_replicate, shape.params
     if settings.sharding not in SHARDED_MODES or n == 1:
-        return DPVolumes(0.0, 0.0, 0.0, 0.0, allreduce_volume(g_b * psi, layout.dp), 1)
+        volume = allreduce_volume(ddp_gradient_bytes(settings, shape, model, layout.tp), layout.dp)
+        return DPVolumes(0.0, 0.0, 0.0, 0.0, volume, 1)
     full = layout.pp == 1 and settings.sharding != "SHARD_GRAD_OP"
     kept = shape.block if shape.layers else 0.0
     # Under the float8 all-gather the blocks' linear weights travel as one byte each.
@@ -177,6 +181,30 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape) -> DP
     )
 
 
+def ddp_gradient_bytes(settings: TrainSettings, shape: StageShape, model, tp: int) -> float:
+    """Bytes DDP all-reduces per optimizer step for one rank of the stage `shape`
+    (`strategy.grad_compression`, `strategy.diloco_inner_steps`; `parallel/grad_sync.py`,
+    `parallel/diloco.py`):
+
+    - none: every gradient in the parameters' dtype; bf16, fp16: 2 bytes each;
+    - powersgd (rank r): each weight matrix [m, n] as its two factors P [m, r] and Q [n, r] in
+      fp32 (steady state, past `powersgd_start_step`), the vectors (norm scales) whole;
+    - DiLoCo (H inner steps): no gradient all-reduce; every H steps one all-reduce of the
+      fp32 parameter change: 4 bytes a parameter over H steps."""
+    sync, psi = settings.options.grad_sync, shape.params
+    if sync.diloco_inner_steps:
+        return 4 * psi / sync.diloco_inner_steps
+    if sync.grad_compression == "powersgd" and model is not None:
+        from lightning_dist.planner.compute import block_matmuls
+
+        rank, d = sync.powersgd_rank, model.dim
+        block = sum(n + k for n, k in block_matmuls(model, tp)) * rank
+        vocab = (model.vocab_size / tp + d) * rank * len(shape.roots)
+        vectors = 2 * d * shape.layers + d * shape.has_output
+        return 4 * (block * shape.layers + vocab + vectors)
+    return settings.gradient_reduce_bytes * psi
+
+
 def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
                    shape: StageShape) -> dict[str, float]:  # fmt: skip
     """Ring bytes one rank of the stage `shape` moves in one optimizer step, by mesh dimension
@@ -197,7 +225,7 @@ def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
     if expert_degree(layout) > 1:
         out["ep"] = m * ep_exchange(model, layout, settings, shape)[0]
     if layout.dp * layout.cp > 1:
-        v = dp_volumes(layout, settings, shape)
+        v = dp_volumes(layout, settings, shape, model)
         if v.all_reduce:
             out["dp"] = v.all_reduce
         else:

@@ -112,3 +112,29 @@ def test_without_pp_every_rank_must_fit_the_smallest_groups_memory():
                  micro_batch_size=2)  # fmt: skip
     assert 80 * 0.9 < c.memory.total / 2**30 < 141 * 0.9
     assert not c.fits and "has 80" in c.reason, c.reason
+
+
+def test_over_the_30_percent_rule_the_planner_times_less_gradient_traffic():
+    """DDP across two sites over a 10 Gb/s VPN: communication dwarfs compute, and the advice
+    times bf16 gradients (half the bytes), PowerSGD and DiLoCo (one all-reduce every 8 steps)
+    on the same layout; on a node's NVLink there is none."""
+    from lightning_dist.planner.advice import slow_link_advice
+    from lightning_dist.planner.estimate import evaluate
+
+    _, hw = _spec("hardware=mixed_h100_a100", "hardware.site_link_gbytes_per_sec=1.25",
+                  "hardware.site_link_latency_ms=20")  # fmt: skip
+    model = model_spec(compose_config(["model=llama3_1b", "paths.output_dir=."]))
+    c = estimate(model, hw, Layout(dp_replicate=32), global_batch_size=64, seq_len=2048,
+                 sharding="NO_SHARD")  # fmt: skip
+    lines = slow_link_advice(model, hw, c, evaluate=lambda st: evaluate(
+        model, hw, c.layout, st, headroom=0.9))  # fmt: skip
+    assert lines[0].startswith("note: communication is") and c.time.comm_compute_ratio > 1
+    gains = {line.split(":")[0].strip(): float(line.split("(")[1].split("%")[0])
+             for line in lines[1:4]}  # fmt: skip
+    assert set(gains) == {"strategy.grad_compression=bf16", "strategy.grad_compression=powersgd",
+                          "strategy.diloco_inner_steps=8"}  # fmt: skip
+    assert 0 < gains["strategy.grad_compression=bf16"] < gains["strategy.diloco_inner_steps=8"]
+    _, one_node = _spec("hardware=dgx_h100")
+    local = estimate(model, one_node, Layout(dp_replicate=8), global_batch_size=64, seq_len=2048,
+                     sharding="NO_SHARD")  # fmt: skip
+    assert slow_link_advice(model, one_node, local, evaluate=None) == []
