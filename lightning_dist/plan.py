@@ -404,13 +404,13 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         shape = model.to_model_args() if hasattr(model, "to_model_args") else model
         for line in stage_lines(best, hardware, shape.n_layers):
             console.print(line, highlight=False)
-        for line in slow_link_advice(shape, hardware, best, evaluate=lambda settings: evaluate(
-                shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM)):  # fmt: skip
-            console.print(line, highlight=False)
         command = train_command(overrides, best)
         console.print(f"run it: {_wrapped(command)}", highlight=False,
                       soft_wrap=True)  # fmt: skip
         console.print("(the command of row N: --command N; of every row: --command all)")
+        for line in slow_link_advice(shape, hardware, best, evaluate=lambda settings: evaluate(
+                shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM)):  # fmt: skip
+            console.print(line, highlight=False)
     if result.rejected:
         n = len(result.rejected)
         console.print(f"{n} {'family' if n == 1 else 'families'} rejected, e.g.:")
