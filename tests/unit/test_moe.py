@@ -295,6 +295,13 @@ def test_published_flavors_build_on_meta_with_their_counts(flavor, total, active
 # --- a training run ---------------------------------------------------------------------------
 
 REFERENCE = "moe_debug_lr1e-2"
+MOE_STORED_MATCH = 1e-5
+"""How close a fresh run of the MoE reference comes to the stored one across CPUs: ten times
+looser than the dense references' `baselines.STORED_MATCH`. Other instruction sets take other
+matmul kernels, and ten steps at lr 1e-2 through the router and the grouped matmul carry the
+difference further: an AVX-512 EPYC differs from the file (written elsewhere) by 5.8e-6 (the
+largest step, measured 2026-12-04); bitwise on the machine that wrote it. The layouts held to this
+reference are held at 1e-4, so the check stays ten times tighter than what it protects."""
 
 
 def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, fitted_trainers):
@@ -312,7 +319,7 @@ def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, fitted_
     quiet = ["~callbacks.comm", "trainer.memory_by_category_step=0", "report=false"]
     summary = train(compose(*stored["overrides"], *quiet))
     for key in ("losses", "val_losses"):
-        assert max_relative_difference(summary[key], stored[key]) <= 1e-6, key
+        assert max_relative_difference(summary[key], stored[key]) <= MOE_STORED_MATCH, key
     losses = summary["losses"]
     assert losses[-1] < losses[0] - 0.5
     moe, args = summary["moe"], trainers[0].lightning_module.model_spec
