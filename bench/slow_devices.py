@@ -6,7 +6,7 @@ Two comparisons on 2 CPU ranks (gloo), each configuration pair interleaved in ev
 the ranks paced by the simulation tool (`strategy.simulate_slowdown`, `simulate_flops`, a
 simulated device of 1 GFLOP/s at factor 1: parallel/simulate.py), synthetic data:
 
-1. pipeline: `llama_debug` deepened to 8 layers (`model.n_layers=8`), pp=2, 1F1B, 4
+1. pipeline: `llama_debug` deepened to 8 layers (`model.n_layers=8`), pp=2, 1F1B, 8
    microbatches of 2 x 128 tokens, stage 1 simulated 3x slower: the uniform split 4/4
    (`strategy.split_points=[4]`) against the speed-balanced 7/1 (`[7]`: with the output
    projection costing about a block, stage 1's 1 block + head x 3 is closest to stage 0's 7
@@ -39,8 +39,11 @@ DATA = ["data=synthetic", "data.seq_len=128"]
 
 
 def pipeline_pair(layers: int, uniform: int, balanced: int) -> dict[str, list[str]]:
-    base = ["model=llama_debug", f"model.n_layers={layers}", *DATA, "data.global_batch_size=8",
+    # 8 microbatches: 1F1B's time is about (m - 1) x the slowest stage + every stage once, so
+    # the split's gain shows more of its steady state than at the default 2 x pp = 4.
+    base = ["model=llama_debug", f"model.n_layers={layers}", *DATA, "data.global_batch_size=16",
             "strategy=pp", "hardware.devices=2", "strategy.schedule=1F1B",
+            "strategy.microbatches=8",
             "strategy.simulate_slowdown=[1,3]", *SIMULATED]  # fmt: skip
     return {f"pp {layers} layers {uniform}/{layers - uniform}": [*base, f"strategy.split_points=[{uniform}]"],
             f"pp {layers} layers {balanced}/{layers - balanced}": [*base, f"strategy.split_points=[{balanced}]"]}  # fmt: skip
