@@ -311,7 +311,9 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
     - SHARD_GRAD_OP: every unit stays gathered from its forward until its backward;
     - under PP a sharded stage stays gathered from its first forward to its last backward
       (`parallel.parallelize` keeps it so), with unsharded grads from its first backward
-      (torch.distributed.pipelining defers the reduce-scatter to the last);
+      (torch.distributed.pipelining defers the reduce-scatter to the last). FSDP2 accumulates
+      those in the reduce dtype (`FSDPParam.to_accumulated_grad_if_needed`): under
+      bf16-mixed with fp32 reduction, 4 bytes a parameter beside the 2 of the gathered one;
     - without sharding, bf16-mixed autocast saves a bf16 copy of every weight for backward
       (FSDP's bf16 parameters make it unnecessary). DDP's buckets are views of the gradients
       (gradient_as_bucket_view=True) and cost nothing;
@@ -324,7 +326,7 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
     if n == 1:
         gathered = 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
     elif layout.pp > 1:
-        gathered = 2 * w * shape.params
+        gathered = (w + settings.gradient_reduce_bytes) * shape.params
     elif settings.sharding == "SHARD_GRAD_OP" or not settings.limit_all_gathers:
         gathered = w * shape.params
     else:

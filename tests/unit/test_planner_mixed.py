@@ -52,7 +52,7 @@ def test_70b_on_mixed_hardware_puts_more_blocks_on_the_h100_stages():
 
 
 def test_a_stage_over_its_groups_memory_gets_fewer_blocks():
-    """H100s of 56 GiB beside A100s: by speed alone the H100 stage would take 70B's blocks
+    """H100s of 64 GiB beside A100s: by speed alone the H100 stage would take 70B's blocks
     its memory cannot hold at this batch; capped, it keeps fewer and the layout fits."""
     from lightning_dist.hardware import HardwareSpec
     from lightning_dist.planner.estimate import speed_split_points
@@ -60,16 +60,16 @@ def test_a_stage_over_its_groups_memory_gets_fewer_blocks():
 
     _, h100 = _spec("hardware=dgx_h100")
     _, a100 = _spec("hardware=dgx_a100")
-    small = HardwareSpec(**{**vars(h100), "memory_gib": 56, "name": "h100_56g", "num_nodes": 2})
+    small = HardwareSpec(**{**vars(h100), "memory_gib": 64, "name": "h100_64g", "num_nodes": 2})
     hw = HardwareSpec(name="mix", accelerator="gpu", num_nodes=4,
                       groups={"fast": small, "slow": HardwareSpec(**{**vars(a100), "num_nodes": 2})})  # fmt: skip
     model = model_spec(compose_config(["model=llama3_70b", "paths.output_dir=."]))
     layout, knobs = Layout(pp=2, tp=8, dp_shard=2), dict(activation_checkpointing="full")
-    c = estimate(model, hw, layout, global_batch_size=64, seq_len=4096, **knobs)
+    c = estimate(model, hw, layout, global_batch_size=32, seq_len=4096, **knobs)
     (point,) = c.settings.options.pipeline.split_points
-    settings = TrainSettings.of(global_batch_size=64, seq_len=4096, **knobs)
+    settings = TrainSettings.of(global_batch_size=32, seq_len=4096, **knobs)
     (by_speed,) = speed_split_points(model, hw, layout.resolve(32), settings)
-    too_many = estimate(model, hw, layout, global_batch_size=64, seq_len=4096,
+    too_many = estimate(model, hw, layout, global_batch_size=32, seq_len=4096,
                         split_points=[by_speed], **knobs)  # fmt: skip
     assert c.fits and not too_many.fits and point < by_speed, (point, by_speed, c.reason)
 
