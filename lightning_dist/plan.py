@@ -324,26 +324,62 @@ def plan_notes(batch: Batch, model, hardware, overrides: list[str]) -> list[str]
     return [note for note in notes if note]
 
 
-def batch_note(batch: Batch, model, overrides: list[str]) -> str | None:
-    """A note when a large model is planned with a batch far below what it would train with,
-    saying whether that batch is the CPU default and how to set a realistic one."""
+def realistic_batch(batch: Batch, model) -> list[str]:
+    """The `data.global_batch_size` and `data.seq_len` overrides of a realistic step (about
+    REALISTIC_TOKENS_PER_STEP tokens) when a large model is planned with a batch far below
+    what it would train with; none otherwise."""
     args = model.to_model_args() if hasattr(model, "to_model_args") else model
     gbs, seq = batch.global_batch_size, batch.seq_len
     if args.num_params() < LARGE_MODEL_PARAMS or gbs * seq >= REALISTIC_TOKENS_PER_STEP // 4:
-        return None
+        return []
+    seq_len = min(getattr(args, "max_seq_len", 4096) or 4096, 4096)
+    return [f"data.global_batch_size={REALISTIC_TOKENS_PER_STEP // seq_len}",
+            f"data.seq_len={seq_len}"]  # fmt: skip
+
+
+def batch_set_by_user(overrides: list[str]) -> bool:
+    """Whether the overrides set the global batch or the sequence length."""
     keys = {o.lstrip("+").partition("=")[0] for o in overrides}
-    set_by_user = {"data.global_batch_size", "data.seq_len"} & keys
+    return bool({"data.global_batch_size", "data.seq_len"} & keys)
+
+
+def batch_note(batch: Batch, model, overrides: list[str]) -> str | None:
+    """A note when a large model is planned with a batch far below what it would train with,
+    saying whether that batch is the CPU default and how to set a realistic one."""
+    realistic = realistic_batch(batch, model)
+    if not realistic:
+        return None
+    args = model.to_model_args() if hasattr(model, "to_model_args") else model
+    gbs, seq = batch.global_batch_size, batch.seq_len
     origin = (
         "as set on the command line"
-        if set_by_user
+        if batch_set_by_user(overrides)
         else "the CPU defaults of data=" + config_choice(overrides, "data")
     )
-    seq_len = min(getattr(args, "max_seq_len", 4096) or 4096, 4096)
     return (
         f"note: {gbs} x {seq} = {gbs * seq:,} tokens per step ({origin}) is far below the ~2M "
         f"that {_size(args.num_params())}-parameter models train with; for a realistic plan add "
-        f"data.global_batch_size={REALISTIC_TOKENS_PER_STEP // seq_len} data.seq_len={seq_len}"
+        + " ".join(realistic)
     )
+
+
+def replan_at_a_realistic_batch(cfg, model, hardware, overrides: list[str], result):
+    """When nothing fits only because a large model kept the CPU default batch (the user set
+    neither `data.global_batch_size` nor `data.seq_len`), the plan at a realistic batch instead,
+    said in one line on stderr, with the two overrides added to the ones its commands carry:
+    (cfg, overrides, result). Anything else: the arguments unchanged."""
+    realistic = realistic_batch(Batch.of_config(cfg.data), model)
+    if result.chosen is not None or not realistic or batch_set_by_user(overrides):
+        return cfg, overrides, result
+    batch = Batch.of_config(cfg.data)
+    print(f"note: the CPU default batch of data={config_choice(overrides, 'data')} "
+          f"({batch.global_batch_size} x {batch.seq_len} tokens) fits no layout of "
+          f"{hardware.world_size} devices; planned at "
+          f"{' '.join(realistic)} instead (set them to plan another batch)",
+          file=sys.stderr)  # fmt: skip
+    overrides = [*overrides, *realistic]
+    cfg, model, hardware = _compose(overrides)
+    return cfg, overrides, _plan(cfg, model, hardware)
 
 
 def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[str] = (),
@@ -474,17 +510,16 @@ def main(argv: list[str] | None = None) -> int:
     if ns.dry_run:
         return dry_run_command(ns.overrides)
     cfg, model, hardware = _compose(ns.overrides)
-    result = _plan(cfg, model, hardware)
+    cfg, overrides, result = replan_at_a_realistic_batch(
+        cfg, model, hardware, ns.overrides, _plan(cfg, model, hardware)
+    )
     if ns.json:
         print(json.dumps(result.as_dict(), indent=1))
     elif ns.command:
-        if (
-            not print_commands(result, ns.overrides, ns.command, ns.top)
-            and result.chosen is not None
-        ):
+        if not print_commands(result, overrides, ns.command, ns.top) and result.chosen is not None:
             return 1
     else:
-        print_plan(result, cfg, model, hardware, ns.top, overrides=ns.overrides, details=ns.details)
+        print_plan(result, cfg, model, hardware, ns.top, overrides=overrides, details=ns.details)
     if result.chosen is None:
         print(f"error: {result.message}", file=sys.stderr)
         return 1

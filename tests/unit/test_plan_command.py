@@ -267,3 +267,22 @@ def test_labels_name_the_strategy_and_fsdp_modes_only_where_fsdp_runs():
         assert describe(layout, settings) == label
         assert label.startswith(strategy_name(layout, settings) + " ")
     assert describe(Layout(dp_replicate=8), ddp, "toy") == "toy dp_replicate=8 mbs=2"
+
+
+def test_a_large_model_that_fits_nowhere_at_the_cpu_default_batch_is_planned_at_a_realistic_one(
+    capsys,
+):
+    """DeepSeek-V3 on 32 DGX H100s with data=text's 16 x 256 tokens: no layout spreads 16
+    sequences over 256 ranks, so the plan is made at 512 x 4096 (said on stderr) and its
+    command carries that batch; a batch the user set is planned as set (and refused)."""
+    args = ["model=deepseek_v3", "hardware=dgx_h100", "hardware.num_nodes=32"]
+    assert main([*args, "--command"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("note: the CPU default batch of data=text (16 x 256 tokens) fits no "
+                          "layout of 256 devices; planned at data.global_batch_size=512 "
+                          "data.seq_len=4096 instead")  # fmt: skip
+    words = _command_args(out.strip())
+    assert "data.global_batch_size=512" in words and "data.seq_len=4096" in words
+    assert any(w.startswith("strategy.ep=") and int(w.split("=")[1]) > 1 for w in words)
+    assert main([*args, "data.global_batch_size=16"]) == 1
+    assert "too small for 256 devices" in capsys.readouterr().err
