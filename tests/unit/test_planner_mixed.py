@@ -131,8 +131,10 @@ def test_over_the_30_percent_rule_the_planner_times_less_gradient_traffic():
     assert lines[0].startswith("note: communication is") and c.time.comm_compute_ratio > 1
     gains = {line.split(":")[0].strip(): float(line.split("(")[1].split("%")[0])
              for line in lines[1:4]}  # fmt: skip
-    diloco = ("strategy.diloco_inner_steps=8 strategy.diloco_outer_lr=1.0 "
-              "strategy.diloco_outer_momentum=0.0")
+    diloco = (
+        "strategy.diloco_inner_steps=8 strategy.diloco_outer_lr=1.0 "
+        "strategy.diloco_outer_momentum=0.0"
+    )
     assert set(gains) == {"strategy.grad_compression=bf16", "strategy.grad_compression=powersgd",
                           diloco}  # fmt: skip
     assert 0 < gains["strategy.grad_compression=bf16"] < gains[diloco]
