@@ -6,6 +6,7 @@ declares each field once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ def _whole(value: Any, name: str, minimum: int) -> None:
 
 
 def _number(value: Any, name: str, low: float, *, above: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
     if not ok or (value <= low if above else value < low):
         bound = f"above {low:g}" if above else f"at least {low:g}"
         raise ValueError(f"strategy.{name}={value!r} must be a number {bound}")
@@ -57,11 +58,6 @@ class DataShareOptions:
             )
         object.__setattr__(self, "dp_shares", shares)
 
-    @property
-    def uneven(self) -> bool:
-        """Whether the shares differ from rank to rank (equal shares need no weighting)."""
-        return self.dp_shares is not None and len(set(self.dp_shares)) > 1
-
 
 @dataclass(frozen=True, kw_only=True)
 class GradientSyncOptions:
@@ -95,8 +91,7 @@ class GradientSyncOptions:
         planner_ignores="an optimisation setting, no time or memory",
     )  # fmt: skip
     diloco_outer_momentum: float = knob(
-        0.9, "Nesterov momentum of DiLoCo's outer step (0: none).",
-        planner_ignores="an optimisation setting, no time or memory",
+        0.9, "Nesterov momentum of DiLoCo's outer step (0: none, and no momentum buffer).",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 class DiLoCo:
     """The outer loop over `params` (this replica's parameters, the same on every replica at
-    construction): call `after_inner_step()` after every optimizer step."""
+    construction, which takes them as the anchor: make it once the weights a run starts from
+    are in place, after a checkpoint's restore): call `after_inner_step(step)` after every
+    optimizer step."""
 
     def __init__(
         self,
@@ -51,16 +53,15 @@ class DiLoCo:
         self.outer = torch.optim.SGD(
             self.anchor, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0
         )
-        self.steps = 0
         self.syncs = 0
         self.sync_seconds = 0.0
         """Time spent in the outer syncs (the all-reduce, its simulated delay, the outer step)."""
 
-    def after_inner_step(self, *, last: bool = False) -> bool:
-        """Count one inner step; every `inner_steps` (and at the `last` step) sync the
-        replicas. Returns whether it synced."""
-        self.steps += 1
-        if self.steps % self.inner_steps and not last:
+    def after_inner_step(self, step: int, *, last: bool = False) -> bool:
+        """After optimizer step `step` (1-based, the run's count, so that a resumed run syncs
+        at the steps the uninterrupted one would): sync the replicas at every multiple of
+        `inner_steps` and at the `last` step. Returns whether it synced."""
+        if step % self.inner_steps and not last:
             return False
         self.sync()
         return True

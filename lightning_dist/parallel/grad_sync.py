@@ -7,8 +7,10 @@ behind the simulated link delay (`parallel/simulate.py`). Plain torch, no Lightn
   `bf16_compress_hook` / `fp16_compress_hook`, written out: DDP refuses torch's bf16 one off
   NCCL): half the bytes, a rounding error per step;
 - `powersgd`: torch's PowerSGD (Vogels et al. 2019) with error feedback and warm start: each
-  matrix gradient travels as two rank-r factors; vectors and small matrices, whose factors would
-  not be smaller, travel whole. The first `start_step` steps all-reduce uncompressed;
+  matrix gradient travels as two rank-r factors; vectors and matrices whose factors would not
+  be at least 2x smaller (torch's `min_compression_rate`) travel whole, in a third all-reduce.
+  The first `start_step` steps all-reduce uncompressed; its state (error feedback, step count)
+  is not in checkpoints;
 - `local` (DiLoCo's inner steps, `parallel/diloco.py`): no collective, each replica keeps its
   own gradient.
 """

@@ -13,7 +13,9 @@ compute counts towards it and, as long as the simulated device is slower than th
 noise of the real compute does not show. The cost is the matmul FLOPs of the module's
 parameters (attention's score products and the embedding lookup count nothing), the same
 estimate for every rank, so only the ratios of the factors matter. Activation recomputation
-pays the forward time again, as a real device would.
+pays the forward time again, as a real device would: a forward that starts inside backward (the
+recomputation of a checkpointed block) sleeps its forward time and adds it to that module's
+backward.
 
 The link delay wraps DDP communication hooks (`delayed_hook`): each gradient bucket's all-reduce
 starts `delay` later, and backward waits for it (no overlap of the delay with compute, the
@@ -28,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from lightning_dist._compat import in_backward
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +65,31 @@ class _Pace:
         self.seconds_per_token = seconds_per_token
         self.forward_start = 0.0
         self.backward_start = 0.0
+        self.recomputed = 0.0
+        """Seconds of forwards run inside the current backward (recomputation), which the
+        backward's pace adds to its own."""
 
     def before_forward(self, module, args) -> None:
+        if in_backward():
+            # A checkpointed block recomputed within its backward: torch stops the recomputed
+            # forward once it has the saved tensors, before the forward hook, so pace it here.
+            seconds = self.seconds_per_token * _tokens(args)
+            time.sleep(seconds)
+            self.recomputed += seconds
+            return
         self.forward_start = time.perf_counter()
 
     def after_forward(self, module, args, output) -> None:
-        _sleep_until(self.forward_start + self.seconds_per_token * _tokens(args))
+        if not in_backward():
+            _sleep_until(self.forward_start + self.seconds_per_token * _tokens(args))
 
     def before_backward(self, module, grad_output) -> None:
         self.backward_start = time.perf_counter()
 
     def after_backward(self, module, grad_input, grad_output) -> None:
-        _sleep_until(self.backward_start + 2 * self.seconds_per_token * _tokens(grad_output))
+        seconds = 2 * self.seconds_per_token * _tokens(grad_output) + self.recomputed
+        self.recomputed = 0.0
+        _sleep_until(self.backward_start + seconds)
 
 
 def apply_simulated_speed(

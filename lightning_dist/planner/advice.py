@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lightning_dist.options.presets import GROUPS, KNOB_GROUP
+from lightning_dist.planner.labels import strategy_name
+
 COMM_COMPUTE_RULE = 0.3
 """Communication over compute above which a run is link-bound (the sources' 30% rule)."""
 
 DDP_OPTIONS = (
-    {"grad_compression": "bf16"},
-    {"grad_compression": "powersgd"},
-    {"diloco_inner_steps": 8, "diloco_outer_lr": 1.0, "diloco_outer_momentum": 0.0},
-)
+    {"grad_compression": "bf16", "diloco_inner_steps": 0},
+    {"grad_compression": "powersgd", "diloco_inner_steps": 0},
+    {"diloco_inner_steps": 8, "diloco_outer_lr": 1.0, "diloco_outer_momentum": 0.0,
+     "grad_compression": "none"},
+)  # fmt: skip
 """The gradient-traffic options of `strategy=ddp` the advice times (`options/speed.py`). DiLoCo
 comes with the outer step that held its loss at 8 inner steps (plain averaging: +1.6% against
 DDP after 400 steps, where the paper's lr 0.7 with Nesterov 0.9, tuned for hundreds of inner
-steps, lost 14%; docs/SLOW_LINKS.md)."""
+steps, lost 14%; docs/SLOW_LINKS.md). Each option also turns the others off (compression and
+DiLoCo exclude each other); the advice prints only the knobs it changes."""
+
+
+def knob_default(name: str):
+    """The default of a knob, from the options group that declares it."""
+    return getattr(GROUPS[KNOB_GROUP[name]](), name)
 
 
 def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
@@ -31,16 +41,18 @@ def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
         return []
     lines = [f"note: communication is {t.comm_compute_ratio:.0%} of compute, over the 30% rule; "
              "the same layout with less gradient traffic:"]  # fmt: skip
-    if st.sharding == "NO_SHARD":
+    if strategy_name(lay, st) == "ddp":  # the strategy with these knobs (options/presets.py)
         options = DDP_OPTIONS
-    elif st.gradient_reduce_bytes > 2:
+    elif st.sharding != "NO_SHARD" and st.gradient_reduce_bytes > 2:
         options = ({"reduce_dtype": "bf16"},)
     else:
         options = ()
+    current = st.options.knobs()
     for knobs in options:
         other = evaluate(replace(st, options=st.options.with_knobs(**knobs)))
         gain = other.time.tokens_per_sec / t.tokens_per_sec - 1
-        setting = " ".join(f"strategy.{k}={v}" for k, v in knobs.items())
+        changed = {k: v for k, v in knobs.items() if current.get(k, knob_default(k)) != v}
+        setting = " ".join(f"strategy.{k}={v}" for k, v in changed.items())
         lines.append(f"  {setting}: {other.time.tokens_per_sec:,.0f} tokens/s predicted "
                      f"({gain:+.0%}), comm/compute {other.time.comm_compute_ratio:.2f}")  # fmt: skip
     if options:

@@ -284,6 +284,9 @@ def model_state_bytes(
     parameters and unsharded gradients live within a step, which `buffer_bytes` counts:
     FSDP's SHARD_GRAD_OP reshards after backward, so unlike DeepSpeed's ZeRO-2 it holds no
     replicated parameters between steps. Offload moves the sharded states to host memory.
+    DiLoCo (`strategy.diloco_inner_steps`, DDP) adds its outer optimizer's state to the
+    optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
+    (`parallel/diloco.py`).
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
@@ -291,6 +294,9 @@ def model_state_bytes(
     n_experts = max(n // expert_degree(layout), 1)
     sharded = (shape.params - shape.experts) / n + shape.experts / n_experts
     device = [nbytes * sharded for nbytes in (p_b, g_b, o_b)]
+    sync = settings.options.grad_sync
+    if n == 1 and sync.diloco_inner_steps:  # DiLoCo's anchor and outer momentum, fp32
+        device[2] += (4 + (4 if sync.diloco_outer_momentum else 0)) * shape.params
     if n > 1 and settings.offload:
         return 0.0, 0.0, 0.0, sum(device)
     return device[0], device[1], device[2], 0.0
@@ -316,7 +322,9 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
       bf16-mixed with fp32 reduction, 4 bytes a parameter beside the 2 of the gathered one;
     - without sharding, bf16-mixed autocast saves a bf16 copy of every weight for backward
       (FSDP's bf16 parameters make it unnecessary). DDP's buckets are views of the gradients
-      (gradient_as_bucket_view=True) and cost nothing;
+      (gradient_as_bucket_view=True) and cost nothing; PowerSGD
+      (`strategy.grad_compression=powersgd`) keeps each bucket's error feedback, an fp32 copy
+      of the gradients, from step to step;
     - a pipeline stage receives each microbatch's input (a non-first stage) or output gradient
       (a non-last one) into its own buffer, [mbs, seq_len / cp, dim] each, kept for the step.
     """
@@ -325,6 +333,8 @@ def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageSha
     w = settings.gathered_param_bytes
     if n == 1:
         gathered = 2.0 * shape.params if settings.precision == "bf16-mixed" else 0.0
+        if settings.options.grad_sync.grad_compression == "powersgd":
+            gathered += 4.0 * shape.params
     elif layout.pp > 1:
         gathered = (w + settings.gradient_reduce_bytes) * shape.params
     elif settings.sharding == "SHARD_GRAD_OP" or not settings.limit_all_gathers:

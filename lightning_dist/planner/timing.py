@@ -48,6 +48,11 @@ from lightning_dist.planner.traffic import (
 )
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
+STEP_SCALAR_ALL_REDUCES = 3
+"""Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
+logged loss's mean (`lm/module.py`), the NaN guard's flags and the preemption check
+(`callbacks/context.any_rank`). Only their latency counts; under DiLoCo, which leaves the
+gradients local, they are the traffic of the steps between syncs."""
 
 
 def bubble_fraction(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
@@ -362,13 +367,16 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
         inner = settings.options.grad_sync.diloco_inner_steps
         if inner:  # one all-reduce of the parameter change after every H-th step: exposed
             comm = volume.all_reduce / bw + 2 * math.log2(dp) * lat / inner
+            # ... and the step's scalar all-reduces, every step (beside DDP's or FSDP's
+            # gradient traffic they are negligible and not counted).
+            comm += STEP_SCALAR_ALL_REDUCES * 2 * math.log2(dp) * lat
             return [(comm, 0.0)], 0.0
         # DDP buckets the gradients in their own dtype; a compression hook then reduces each
-        # bucket (PowerSGD in two all-reduces, its P and Q factors).
+        # bucket (PowerSGD in three all-reduces: the bucket's vectors, its P and Q factors).
         grad_bytes = 2 if settings.precision == "bf16-true" else 4
         buckets = math.ceil(grad_bytes * psi / DDP_BUCKET_BYTES)
         if settings.options.grad_sync.grad_compression == "powersgd":
-            buckets *= 2
+            buckets *= 3
         comm = volume.all_reduce / bw + buckets * 2 * math.log2(dp) * lat
         return [(comm, bwd)], 0.0
     bw, lat = link(tp, n)

@@ -55,7 +55,10 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         )
         self.check_machine_options()
         self.diloco: DiLoCo | None = None
-        """The outer loop under `strategy.diloco_inner_steps`, made in `setup`."""
+        """The outer loop under `strategy.diloco_inner_steps`, made at the first optimizer step
+        (after a checkpoint's restore and `trainer.init_from`, which come after `setup`)."""
+        self._accumulation: tuple[int, Any] | None = None
+        """Lightning's accumulation and validation interval before `dp_shares` scaled them."""
 
     # --- the contract: shares of the global batch ---------------------------------------------
 
@@ -84,20 +87,10 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
                           accelerator=accelerator, model=model,
                           global_batch_size=global_batch_size,
                           micro_batch_size=micro_batch_size)  # fmt: skip
-        shares, world = self.options.shares.dp_shares, devices * num_nodes
+        shares = self.options.shares.dp_shares
         if not shares:
             return
-        if len(shares) != world:
-            raise ValueError(
-                f"strategy.dp_shares={shares} has {len(shares)} entries for {world} data-parallel "
-                f"ranks; give one share per rank"
-            )
-        if self.options.grad_sync.diloco_inner_steps:
-            raise ValueError(
-                f"strategy.dp_shares={shares} with strategy.diloco_inner_steps="
-                f"{self.options.grad_sync.diloco_inner_steps} is not supported (DiLoCo's replicas "
-                "step alone); unset one of them"
-            )
+        self._check_shares(shares, devices * num_nodes)
         if global_batch_size is not None:
             step = sum(shares) * (micro_batch_size or 1)
             if global_batch_size % step:
@@ -109,26 +102,39 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
                     f"{step}; use a multiple of {step}"
                 )
 
+    def _check_shares(self, shares: list[int], world: int) -> None:
+        """One share per rank, and no DiLoCo beside them."""
+        if len(shares) != world:
+            raise ValueError(
+                f"strategy.dp_shares={shares} has {len(shares)} entries for {world} data-parallel "
+                f"ranks; give one share per rank"
+            )
+        if self.options.grad_sync.diloco_inner_steps:
+            raise ValueError(
+                f"strategy.dp_shares={shares} with strategy.diloco_inner_steps="
+                f"{self.options.grad_sync.diloco_inner_steps} is not supported (DiLoCo's replicas "
+                "step alone); unset one of them"
+            )
+
     # --- the run ------------------------------------------------------------------------------
 
     def setup(self, trainer) -> None:
         """Lightning's DDP setup; under `dp_shares` this rank's accumulation (and the
-        validation interval, counted in its batches) first, and under DiLoCo its outer loop."""
+        validation interval, counted in its batches) first. The shares are checked here too
+        (train.py checks them before launch, `check_run`; plain Lightning code comes here
+        directly): every rank holds the same list, so each raises the same line."""
         shares = self.options.shares.dp_shares
         if shares:
+            self._check_shares(shares, self.world_size)
+            if self._accumulation is None:  # a second fit scales the values it started from
+                self._accumulation = (trainer.accumulate_grad_batches, trainer.val_check_interval)
+            accumulation, interval = self._accumulation
             mine = shares[self.global_rank]
-            trainer.accumulate_grad_batches *= mine
-            if isinstance(trainer.val_check_interval, int):
-                trainer.val_check_interval *= mine
+            trainer.accumulate_grad_batches = accumulation * mine
+            if isinstance(interval, int):
+                trainer.val_check_interval = interval * mine
             sigterm_broadcast_once_per_step(trainer)  # else a collective per micro-batch
         super().setup(trainer)
-        sync = self.options.grad_sync
-        if sync.diloco_inner_steps:
-            self.diloco = DiLoCo(
-                list(self.lightning_module.parameters()), inner_steps=sync.diloco_inner_steps,
-                outer_lr=sync.diloco_outer_lr, outer_momentum=sync.diloco_outer_momentum,
-                delay_s=self.options.simulate.simulate_delay_ms / 1000,
-            )  # fmt: skip
 
     def configure_ddp(self) -> None:
         """Wrap the model in DDP, then register the gradient hook that compresses, delays or
@@ -150,11 +156,21 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         return super().backward(closure_loss, *args, **kwargs)
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
-        """The step; under DiLoCo, then the outer loop (a sync every H steps and at the last)."""
+        """The step; under DiLoCo, then the outer loop (a sync every H steps of the run and at
+        its last). The outer loop's anchor is taken at the first step, from the weights the run
+        starts from (a restored checkpoint's, `trainer.init_from`'s), before the inner step."""
+        sync = self.options.grad_sync
+        if sync.diloco_inner_steps and self.diloco is None:
+            self.diloco = DiLoCo(
+                list(self.lightning_module.parameters()), inner_steps=sync.diloco_inner_steps,
+                outer_lr=sync.diloco_outer_lr, outer_momentum=sync.diloco_outer_momentum,
+                delay_s=self.options.simulate.simulate_delay_ms / 1000,
+            )  # fmt: skip
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self.diloco is not None:
             trainer = self.lightning_module.trainer
-            self.diloco.after_inner_step(last=trainer.global_step + 1 >= trainer.max_steps)
+            step = trainer.global_step + 1  # Lightning counts this step after the hook
+            self.diloco.after_inner_step(step, last=0 < trainer.max_steps <= step)
         return output
 
     def summary_fields(self) -> dict[str, Any]:

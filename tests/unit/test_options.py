@@ -77,7 +77,7 @@ VALUES = {
     "powersgd_start_step": ("100", 100, ["strategy.grad_compression=powersgd"]),
     "diloco_inner_steps": ("8", 8, []),
     "diloco_outer_lr": ("1.0", 1.0, ["strategy.diloco_inner_steps=8"]),
-    "diloco_outer_momentum": ("0.5", 0.5, ["strategy.diloco_inner_steps=8"]),
+    "diloco_outer_momentum": ("0.0", 0.0, ["strategy.diloco_inner_steps=8"]),
     "simulate_slowdown": ("{1:3}", {1: 3.0}, []),
     "simulate_flops": ("2e9", 2e9, ["strategy.simulate_slowdown=[1,2]"]),
     "simulate_delay_ms": ("200", 200.0, []),

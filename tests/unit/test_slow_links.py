@@ -47,6 +47,10 @@ def test_the_knobs_parse_and_name_their_bad_values():
         GradientSyncOptions(diloco_inner_steps=8, grad_compression="bf16")
     with pytest.raises(ValueError, match="diloco_outer_momentum=1.0 must be below 1"):
         GradientSyncOptions(diloco_outer_momentum=1.0)
+    with pytest.raises(ValueError, match="diloco_outer_lr=nan must be a number above 0"):
+        GradientSyncOptions(diloco_outer_lr=float("nan"))
+    with pytest.raises(ValueError, match="simulate_flops=inf must be a number above 0"):
+        SimulationOptions(simulate_flops=float("inf"))
 
 
 def _check(strategy, **run):
@@ -111,14 +115,54 @@ def test_diloco_applies_the_outer_nesterov_step_to_the_pseudo_gradient():
     change = torch.tensor([0.1, -0.2])
     with torch.no_grad():
         param -= change  # an inner step
-    assert not outer.after_inner_step() and torch.allclose(param, torch.tensor([0.9, 2.2]))
-    assert outer.after_inner_step()  # the second: sync
+    assert not outer.after_inner_step(1) and torch.allclose(param, torch.tensor([0.9, 2.2]))
+    assert outer.after_inner_step(2)  # the second: sync
     # Nesterov's first step: buffer = g, update = g + 0.9 g; anchor - 0.7 x 1.9 g
     assert torch.allclose(param, torch.tensor([1.0, 2.0]) - 0.7 * 1.9 * change)
-    assert outer.syncs == 1 and outer.after_inner_step(last=True)  # the run's last step syncs
+    assert outer.syncs == 1 and outer.after_inner_step(3, last=True)  # the run's last step
+    # Syncs follow the run's step number: resumed after step 5, the next is at step 6.
+    assert [outer.after_inner_step(s) for s in (6, 7)] == [True, False] and outer.syncs == 3
     averaging = DiLoCo([param], inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
     with torch.no_grad():
         param += 1.0
     moved = param.detach().clone()
-    averaging.after_inner_step()  # LocalSGD over one replica: the parameters as they are
+    averaging.after_inner_step(1)  # LocalSGD over one replica: the parameters as they are
     assert torch.allclose(param, moved)
+
+
+def test_a_checkpointed_block_pays_its_recomputation():
+    """Under checkpointing a block's forward runs again in its backward; the pace adds it:
+    backward takes twice the forward plus the forward once more (torch stops the recomputed
+    forward before the forward hook, so the pre-hook paces it)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from lightning_dist.parallel.simulate import apply_simulated_speed
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return torch.relu(self.linear(x))
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=False)
+
+    model, x = Checkpointed(), torch.randn(100, 64, requires_grad=True)
+    forward = 0.05  # seconds for the 100 tokens
+    flops = 2 * sum(p.numel() for p in model.parameters()) * 100 / forward
+    assert apply_simulated_speed(model, (Block,), factor=1.0, flops=flops) == 1
+    model(x).sum().backward()  # warm-up
+    started = time.perf_counter()
+    out = model(x)
+    after_forward = time.perf_counter()
+    out.sum().backward()
+    done = time.perf_counter()
+    assert after_forward - started >= forward * 0.999
+    assert done - after_forward >= 3 * forward * 0.999  # 2 x forward + the recomputation
