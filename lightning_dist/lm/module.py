@@ -205,7 +205,7 @@ class CausalLM(L.LightningModule):
         every rank (one all-reduce), the auxiliary-loss-free bias update, their metrics.
 
         Each rank's table has a row per layer of the whole model, zero where it holds no such
-        layer, so the mean over all ranks is, for every layer, a positive multiple of its
+        layer, so the sum over all ranks is, for every layer, a positive multiple of its
         tokens per expert over the whole step, whatever the layout (a rank's micro-batches are
         all counted; under pipeline or tensor parallelism each layer has as many holders). The
         bias update's sign rule and the shares logged read only ratios of it."""
@@ -213,8 +213,10 @@ class CausalLM(L.LightningModule):
         device = self._loss_sum.device
         loads = take_step_loads(self._experts, spec.n_layers, spec.num_experts, device)
         packed = torch.cat([loads.flatten(), local_aux.to(device, torch.float64).view(1)])
-        packed = mean_over_ranks(packed)
-        loads, aux = packed[:-1].view_as(loads), float(packed[-1])
+        # Summed, not averaged: whole token counts stay exact in float64, so an expert whose
+        # load equals the mean moves its bias in no layout (a mean's rounding could).
+        packed, ranks = sum_over_ranks(packed)
+        loads, aux = packed[:-1].view_as(loads), float(packed[-1]) / ranks
         self._aux_sum = torch.zeros((), device=device)
         update_expert_biases(self._experts, loads)
         metrics = self.expert_stats.record(loads, aux if spec.aux_loss_coeff else None)
@@ -285,12 +287,21 @@ def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
     Lightning's `strategy.reduce` puts a barrier before it (about 1.3 ms a step on gloo, for
     nothing: the all-reduce itself waits for every rank). A DTensor (the loss under loss
     parallelism) gives its full value first, which every rank of its mesh computes alike."""
+    value, ranks = sum_over_ranks(value)
+    if ranks > 1:
+        value /= ranks  # gloo has no average
+    return value
+
+
+def sum_over_ranks(value: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the sum of `value` over every rank, the number of ranks): one all-reduce (see
+    `mean_over_ranks`), none in a single process."""
     import torch.distributed as dist
 
     from lightning_dist.parallel.tp import plain_tensor
 
     value = plain_tensor(value)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value)  # sum: gloo has no average
-        value /= dist.get_world_size()
-    return value
+        dist.all_reduce(value)
+        return value, dist.get_world_size()
+    return value, 1

@@ -166,7 +166,10 @@ class Router(nn.Module):
         scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
         choice = scores.detach() + self.expert_bias.float()
         # A stable sort keeps tied experts in index order: the lower index wins the tie.
-        chosen = choice.sort(dim=-1, descending=True, stable=True).indices[:, : self.top_k]
+        # A copy of the first k columns: gather saves its index for backward, and a view would
+        # keep the whole [T, E] sort alive (8 E bytes a token instead of 8 k).
+        order = choice.sort(dim=-1, descending=True, stable=True).indices
+        chosen = order[:, : self.top_k].clone()
         weights = scores.gather(-1, chosen)
         if self.route_norm:
             weights = weights / weights.sum(-1, keepdim=True)

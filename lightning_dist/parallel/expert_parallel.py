@@ -130,10 +130,23 @@ def _local_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor,
     return out.index_select(0, back)
 
 
-def check_expert_parallel(model: nn.Module, ep: int) -> None:
+def check_expert_parallel(model: nn.Module, ep: int, tp: int = 1, pp: int = 1,
+                          num_experts: int = 0) -> None:  # fmt: skip
     """ValueError in one line unless `model` has our MoE layers (`models/moe.py`) for `ep`
-    ranks to split: a Hugging Face MoE model has none of their seams."""
-    if ep > 1 and not moe_layers(model):
+    ranks to split: a Hugging Face MoE model has none of their seams. Such a model
+    (`num_experts` from its description, no MoE layers of ours) is refused under `tp` or `pp`
+    too: transformers' expert modules match no TP plan, and no pipeline cut of it is tested."""
+    ours = bool(moe_layers(model))
+    if num_experts and not ours:
+        for name, degree in (("tp", tp), ("pp", pp)):
+            if degree > 1:
+                raise ValueError(
+                    f"strategy.{name}={degree} with a Hugging Face mixture of experts "
+                    f"({type(model).__name__}, {num_experts} experts) is not supported: use "
+                    "dp_replicate and dp_shard, or import it into our MoE model (python -m "
+                    "lightning_dist.checkpoint import DIR), which runs under tp, pp and ep"
+                )
+    if ep > 1 and not ours:
         raise ValueError(
             f"strategy.ep={ep} splits the experts of our MoE layers (models/moe.py), and "
             f"{type(model).__name__} has none; import a Hugging Face mixture of experts first "
@@ -186,7 +199,7 @@ def apply_expert_fsdp(model: nn.Module, mesh, *, divide_factor: int,
     reduce_dtype = getattr(mp_policy, "reduce_dtype", None)
     if alone and reduce_dtype is not None and reduce_dtype == torch.float16:
         raise ValueError(
-            "strategy.reduce_dtype=fp16 with ep = dp_shard x cp: FSDP2 (torch 2.13) would divide "
+            "strategy.reduce_dtype=fp16 with ep = dp_shard: FSDP2 (torch 2.13) would divide "
             "the experts' gradients twice; use strategy.reduce_dtype=fp32 or bf16, or a smaller ep"
         )
     for moe in moe_layers(model):

@@ -80,8 +80,8 @@ def moe_mlp_bytes(model, settings) -> float:
 
     - the router: its fp32 input copy under bf16 compute (4 d; in 32-true the norm's output is
       it), the softmax's or sigmoid's output, 4 E (sigmoid scores are also normalised for the
-      balance loss: 4 E more), the int64 indices of the sort whose first k columns choose the
-      experts (the gather keeps the view, and with it the whole sort: 8 E), and the routing
+      balance loss: 4 E more), the int64 indices of the k chosen experts (a copy of the sort's
+      first k columns, which the gather keeps: 8 k), and the routing
       weights, 4 k, with their sum and the normalised copy under `route_norm`, 4 k + 4;
     - the two int64 index tensors of the gathers into expert order and back, 16 k;
     - the routed copies the grouped matmuls read and save: k (d + 3 h_e) w (their input, the
@@ -96,7 +96,7 @@ def moe_mlp_bytes(model, settings) -> float:
     received: as many on average, so the count is the same."""
     d, k, h_e, E = model.dim, model.top_k, model.expert_dim, model.num_experts
     w = settings.matmul_bytes
-    scores = 4 * E * (2 if model.score_func == "sigmoid" else 1) + 8 * E
+    scores = 4 * E * (2 if model.score_func == "sigmoid" else 1) + 8 * k
     weights = 4 * k + (4 * k + 4 if model.route_norm else 0)
     router = (4 * d if w < 4 else 0) + scores + weights
     routed = 16 * k + k * (d + 3 * h_e) * w + 4 * k * d

@@ -80,16 +80,13 @@ def ep_exchange(model, layout: Layout, settings: TrainSettings,
                 shape: StageShape) -> tuple[float, int]:  # fmt: skip
     """(bytes, all-to-alls) one rank of the stage `shape` sends over its ep group in one
     microbatch: four all-to-alls per MoE block (dispatch and combine, forward and backward),
-    two more for a block checkpointed in full (its forward runs again; op-level checkpointing
-    keeps both outputs), each of `experts.all_to_all_bytes` over the microbatch's tokens (every
-    tp rank routes the whole sequence: the layer is replicated over tp)."""
+    two more for a checkpointed block, in full or op-level (its forward runs again, and the
+    op policies save only functional collectives, not c10d's `all_to_all_single`:
+    `experts.moe_mlp_kept_bytes`), each of `experts.all_to_all_bytes` over the microbatch's
+    tokens (every tp rank routes the whole sequence: the layer is replicated over tp)."""
     ep = expert_degree(layout)
     tokens = settings.rank_tokens(layout)
-    replayed = (
-        checkpointed_blocks(layout, settings, shape)
-        if settings.activation_checkpointing.mode == "full"
-        else 0
-    )
+    replayed = checkpointed_blocks(layout, settings, shape)
     calls = 4 * shape.moe_layers + 2 * min(replayed, shape.moe_layers)
     return calls * all_to_all_bytes(model, settings, tokens, ep), calls
 

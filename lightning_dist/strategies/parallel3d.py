@@ -135,6 +135,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         if args is not None:
             layout.check_model(args)
         tp, auto_wrap = self.options.tp, self.options.sharding.auto_wrap
+        check_expert_parallel(model, layout.ep, layout.tp, layout.pp,
+                              getattr(args, "num_experts", 0))  # fmt: skip
         if layout.tp > 1:
             check_tp(model, layout.tp, plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
                      dp_shard=layout.dp_shard)  # fmt: skip
@@ -142,7 +144,6 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
             split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
         if layout.cp > 1:
             _check_context_parallel(model, layout, self.options.cp.cp_mode, args)
-        check_expert_parallel(model, layout.ep)
         if auto_wrap is not None:
             sharding.check_auto_wrap(model, auto_wrap)
 

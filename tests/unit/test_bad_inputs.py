@@ -270,6 +270,8 @@ CASES = [
          'model.expert_hidden_size=63 is not divisible by dp_shard x cp / ep = 4 / 2 = 2, the ranks FSDP splits each expert\'s weights over'),
     Case('moe: ep on a Hugging Face mixture of experts', fast('model=hf_llama', 'model.config.model_type=mixtral', '+model.config.num_local_experts=4', '+model.config.num_experts_per_tok=2', 'hardware.devices=2', 'strategy.ep=2', strategy='3d'),
          'strategy.ep=2 splits the experts of our MoE layers (models/moe.py), and HFCausalLM has none; import a Hugging Face mixture of experts first'),
+    Case('moe: tp on a Hugging Face mixture of experts', fast('model=hf_llama', 'model.config.model_type=mixtral', '+model.config.num_local_experts=4', '+model.config.num_experts_per_tok=2', 'hardware.devices=2', 'strategy.tp=2', strategy='3d'),
+         'strategy.tp=2 with a Hugging Face mixture of experts (HFCausalLM, 4 experts) is not supported: use dp_replicate and dp_shard'),
     # Elastic jobs (hardware.min_nodes): every node count in the range must hold the layout.
     Case('elastic: min above max', fast('hardware.min_nodes=3', 'hardware.num_nodes=2', strategy='ddp'),
          'hardware.min_nodes=3 must be between 1 and hardware.num_nodes=2'),
