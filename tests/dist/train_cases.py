@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 CASE_DEFAULTS = ["report=false"]
 """Overrides every case starts from, its own after them: no plots at the end (rank 0's
 matplotlib, about 0.5 s a case while the other ranks wait; a case that checks the report says
