@@ -60,10 +60,6 @@ REFERENCES: dict[str, list[str]] = {
     "hf_qwen2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
                  "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
                  *SINGLE],
-    # ... and at hf_llama_lr1e-2's learning rate (tests/dist/test_context_parallel_train_dist.py).
-    "hf_qwen2_lr1e-2": ["model=hf_llama", "model.config.model_type=qwen2", "data=synthetic",
-                        "logger=none", "trainer.max_steps=10", "trainer.val_check_interval=null",
-                        "optim.lr=1e-2", "optim.warmup_steps=1", *SINGLE],
     # tests/dist/test_parallel3d_dist.py: float8 (emulated), micro-batches of one rank's share.
     "llama_debug_val5_float8": [*LLAMA, "trainer.val_check_interval=5",
                                 "strategy.float8=tensorwise", "data.micro_batch_size=4", *SINGLE],

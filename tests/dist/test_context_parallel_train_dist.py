@@ -8,9 +8,9 @@ ran through the context-parallel step (so the match is not one of whole sequence
 window, so every rank's chunks hold parts of several) against one process with the same
 document mask (`llama_debug_val5_clip_eps_packed`); with the mask left out of the all-gather
 attention, cp2 differs from it by 5.6e-3 (train) and 8.1e-3 (validation), measured. The `hf_`
-cases train a tiny random Hugging Face Llama (and Qwen2), whose attention runs through
-transformers' registry (`parallel/hf_context_parallel.py`), against `hf_llama_lr1e-2` (and
-`hf_qwen2_lr1e-2`): 128 tokens, fp32, 10 steps, no validation."""
+cases train a tiny random Hugging Face Llama, whose attention runs through
+transformers' registry (`parallel/hf_context_parallel.py`), against `hf_llama_lr1e-2`: 128
+tokens, fp32, 10 steps, no validation."""
 
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ HF_BASE = [
     "model=hf_llama", "data=synthetic", "logger=none", "trainer.max_steps=10",
     "trainer.val_check_interval=null", "optim.lr=1e-2", "optim.warmup_steps=1", *baselines.QUIET,
 ]  # fmt: skip
-QWEN2 = "model.config.model_type=qwen2"
 CP2 = ["strategy=3d", "strategy.cp=2"]
 PACKED = "data.pack_documents=true"
 CASES = {  # name: (overrides, the layout summary.json must show)
@@ -78,7 +77,8 @@ CASES = {  # name: (overrides, the layout summary.json must show)
     "hf_cp2_ulysses": (
         [*CP2, "strategy.cp_mode=ulysses", "hardware.devices=2"], {"dp_shard": 1, "cp": 2, "tp": 1}
     ),
-    "hf_qwen2_cp2_allgather": ([*CP2, QWEN2, "hardware.devices=2"], {"dp_shard": 1, "cp": 2}),
+    # HF Qwen2 (q/k/v biases) at cp2 allgather ran here until 2026-12-04 (7.6e-8; cut for the
+    # suite's time: its attention goes through the same registry as hf_llama's).
 }  # fmt: skip
 
 
@@ -106,7 +106,7 @@ def _train(name: str, train_in, tmp_path_factory) -> tuple[dict, object]:
 def test_context_parallel_layouts_match_one_process(train_in, tmp_path_factory):
     failures = []
     for name, (overrides, degrees) in CASES.items():
-        kept = [o for o in overrides if o in (PACKED, QWEN2)]  # what the reference ran too
+        kept = [o for o in overrides if o == PACKED]  # what the reference ran too
         single = ["strategy=single", "hardware.devices=1"]
         reference = baselines.reference([*_base(name), *kept, *single])
         started = time.perf_counter()
