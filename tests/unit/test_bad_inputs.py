@@ -257,6 +257,10 @@ CASES = [
          env=(("REPLICA_GROUP_ID", "0"), ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:{closed_port}"))),
     Case('moe: dry run', fast('plan.dry_run=true', model='moe_debug', strategy='fsdp2'),
          'plan.dry_run does not build a mixture of experts (model.num_experts=4)'),
+    Case('dry run of ddp', fast('plan.dry_run=true', 'hardware=dgx_h100', strategy='ddp'),
+         'plan.dry_run builds the mesh strategies (3d, fsdp2, tp, pp, auto), not strategy=ddp'),
+    Case('dry run of cp', fast('plan.dry_run=true', 'hardware=dgx_h100', 'strategy.cp=2', 'data.seq_len=64', strategy='3d'),
+         'plan.dry_run does not build context parallelism yet (strategy.cp=2)'),
     Case('moe: context parallelism', fast('hardware.devices=2', 'strategy.cp=2', model='moe_debug', strategy='3d'),
          'strategy.cp=2 with a mixture of experts (model.num_experts=4) is not supported yet; use strategy.cp=1'),
     # Expert parallelism (strategy.ep): it splits the experts and borrows dp_shard x cp's ranks.
