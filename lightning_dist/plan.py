@@ -368,10 +368,10 @@ def replan_at_a_realistic_batch(cfg, model, hardware, overrides: list[str], resu
     neither `data.global_batch_size` nor `data.seq_len`), the plan at a realistic batch instead,
     said in one line on stderr, with the two overrides added to the ones its commands carry:
     (cfg, overrides, result). Anything else: the arguments unchanged."""
-    realistic = realistic_batch(Batch.of_config(cfg.data), model)
+    batch = Batch.of_config(cfg.data)
+    realistic = realistic_batch(batch, model)
     if result.chosen is not None or not realistic or batch_set_by_user(overrides):
         return cfg, overrides, result
-    batch = Batch.of_config(cfg.data)
     print(f"note: the CPU default batch of data={config_choice(overrides, 'data')} "
           f"({batch.global_batch_size} x {batch.seq_len} tokens) fits no layout of "
           f"{hardware.world_size} devices; planned at "
