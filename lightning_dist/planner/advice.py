@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lightning_dist.options.presets import GROUPS, KNOB_GROUP
 from lightning_dist.planner.labels import strategy_name
 
 COMM_COMPUTE_RULE = 0.3
@@ -27,11 +26,6 @@ steps, lost 14%; docs/SLOW_LINKS.md). Each option also turns the others off (com
 DiLoCo exclude each other); the advice prints only the knobs it changes."""
 
 
-def knob_default(name: str):
-    """The default of a knob, from the options group that declares it."""
-    return getattr(GROUPS[KNOB_GROUP[name]](), name)
-
-
 def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
     """Lines for a candidate over COMM_COMPUTE_RULE: each traffic option of its strategy,
     timed by `evaluate(settings)` (a Candidate), with its predicted tokens/s and gain; none
@@ -47,11 +41,12 @@ def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
         options = ({"reduce_dtype": "bf16"},)
     else:
         options = ()
-    current = st.options.knobs()
+    before = st.options.knobs()
     for knobs in options:
-        other = evaluate(replace(st, options=st.options.with_knobs(**knobs)))
+        after = st.options.with_knobs(**knobs)
+        other = evaluate(replace(st, options=after))
         gain = other.time.tokens_per_sec / t.tokens_per_sec - 1
-        changed = {k: v for k, v in knobs.items() if current.get(k, knob_default(k)) != v}
+        changed = {k: v for k, v in after.knobs().items() if k in knobs and before.get(k) != v}
         setting = " ".join(f"strategy.{k}={v}" for k, v in changed.items())
         lines.append(f"  {setting}: {other.time.tokens_per_sec:,.0f} tokens/s predicted "
                      f"({gain:+.0%}), comm/compute {other.time.comm_compute_ratio:.2f}")  # fmt: skip
