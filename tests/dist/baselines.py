@@ -81,7 +81,7 @@ REFERENCES: dict[str, list[str]] = {
     # tests/e2e/test_resume_e2e.py: epochs of 5 steps (20 samples), resumed at an epoch's end.
     "debug_fast_8_epoch5": ["debug=fast", "trainer.max_steps=8", "logger=none", "strategy=single",
                             "hardware.devices=1", "data.num_samples=20"],
-    # tests/cluster/test_elastic.py: an elastic job of 4, 2 and 4 ranks against one process.
+    # tests/cluster/test_elastic_agents.py: an elastic job of 4, 2 and 4 ranks against one process.
     "debug_fast_40": ["debug=fast", "trainer.max_steps=40", "logger=none", "strategy=single",
                       "hardware.devices=1"],
 }  # fmt: skip

@@ -1,7 +1,7 @@
 """Resuming in real `train.py` processes: under another gradient accumulation (a layout with
 fewer ranks, as an elastic job that shrank resumes), and a world that another world has fenced
 out of its checkpoint folder (lightning_dist/checkpoint/fence.py). The elastic job itself is
-tests/cluster/test_elastic.py."""
+tests/cluster/test_elastic_agents.py."""
 
 from __future__ import annotations
 

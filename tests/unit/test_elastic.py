@@ -1,6 +1,6 @@
 """Elastic jobs in one process: each torchrun round's node count, the settings our torchrun
 launcher sets, and the fence that lets one world at a time write a checkpoint folder. The job
-itself (two agents, a node lost and back) is tests/cluster/test_elastic.py."""
+itself (two agents, a node lost and back) is tests/cluster/test_elastic_agents.py."""
 
 from __future__ import annotations
 

@@ -45,10 +45,10 @@ def test_the_quiet_tests_are_left_out_of_the_parallel_dist_phase_and_run_alone(r
 
 
 def test_workers_get_the_heaviest_modules_first_and_unknown_ones_count_as_heavy(run_tests):
-    recorded = {"tests.cluster.test_slurm": 199.0, "tests.cluster.test_elastic": 125.0,
+    recorded = {"tests.cluster.test_slurm": 199.0, "tests.cluster.test_elastic_agents": 125.0,
                 "tests.cluster.test_process_ends": 35.0}  # fmt: skip
     order = run_tests.heaviest_first(["tests/cluster"], recorded)
-    assert order[:2] == ["tests/cluster/test_slurm.py", "tests/cluster/test_elastic.py"]
+    assert order[:2] == ["tests/cluster/test_slurm.py", "tests/cluster/test_elastic_agents.py"]
     assert order[-1] == "tests/cluster/test_process_ends.py"  # the only one under 60 s
     assert sorted(order) == sorted(
         p.relative_to(REPO_ROOT).as_posix()
@@ -70,3 +70,10 @@ def test_the_slowest_files_sum_their_tests(run_tests):
     ]
     assert run_tests.slowest_files(cases, 2) == [(7.0, "tests.dist.test_a"),
                                                  (5.0, "tests.e2e.test_b")]  # fmt: skip
+
+
+def test_test_modules_have_unique_basenames_so_plain_pytest_collects_every_tier():
+    # pytest imports test modules by basename where a folder has no __init__.py: two files named
+    # alike in two tiers stop `python -m pytest` at collection.
+    names = [p.name for p in (REPO_ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
