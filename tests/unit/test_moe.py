@@ -295,13 +295,13 @@ def test_published_flavors_build_on_meta_with_their_counts(flavor, total, active
 # --- a training run ---------------------------------------------------------------------------
 
 REFERENCE = "moe_debug_lr1e-2"
-MOE_STORED_MATCH = 1e-5
-"""How close a fresh run of the MoE reference comes to the stored one across CPUs: ten times
-looser than the dense references' `baselines.STORED_MATCH`. Other instruction sets take other
-matmul kernels, and ten steps at lr 1e-2 through the router and the grouped matmul carry the
-difference further: an AVX-512 EPYC differs from the file (written elsewhere) by 5.8e-6 (the
-largest step, measured 2026-12-04); bitwise on the machine that wrote it. The layouts held to this
-reference are held at 1e-4, so the check stays ten times tighter than what it protects."""
+MOE_STORED_MATCH = 1e-4
+"""How close a fresh run of the MoE reference comes to the stored one across CPUs: the bound of
+the layouts held to it. Other instruction sets take other matmul kernels, and ten steps at lr
+1e-2 through the router and the grouped matmul carry the difference further: an AVX-512 EPYC
+differs from the file (written elsewhere) by 5.8e-6, an "Intel Xeon Processor" VM by 5.7e-5 (the
+largest step; measured 2026-12-04 and 2026-12-06); bitwise on the machine that wrote it. On such
+a machine the layouts' 1e-4 against the file includes this difference."""
 
 
 def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, fitted_trainers):
