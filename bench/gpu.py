@@ -65,7 +65,7 @@ if str(ROOT) not in sys.path:
 
 KNOWN_GPUS = {"H100 PCIe": "gpu", "H100 NVL": "gpu", "H200": "dgx_h200", "H100": "dgx_h100",
               "A100": "dgx_a100", "4090": "rtx4090_x4"}  # fmt: skip
-"""GPU name fragment -> the conf/hardware spec whose per-device figures apply, first match
+"""GPU name fragment -> the lightning_dist/conf/hardware spec whose per-device figures apply, first match
 ("gpu": no datasheet figures, so no MFU; the PCIe and NVL H100s have other peaks than SXM)."""
 
 
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "--plan",
         metavar="SPEC",
         help="print the GPU rows as the planner sees "
-        "them on conf/hardware/SPEC (dgx_h200); no run, no GPU needed",
+        "them on lightning_dist/conf/hardware/SPEC (dgx_h200); no run, no GPU needed",
     )
     args = parser.parse_args(argv)
     if args.merge:

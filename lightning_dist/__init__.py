@@ -3,7 +3,8 @@ PyTorch Lightning Trainer — tuned FSDP, 3D parallelism, a pre-flight planner a
 
 from lightning_dist.runtime.strategy_names import register_when_lightning_loads
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The package's version (pyproject.toml reads it here; CHANGELOG.md says what each one brought)."""
 
 # Lazy, so that `import lightning_dist` (the planner, config composition) does not load Lightning.
 _EXPORTS = {

@@ -17,7 +17,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ["strategy=single", "hardware.devices=1"]
 
 
@@ -26,9 +25,8 @@ def run_train(overrides: list[str], run_dir: str | Path, *, timeout: float = 900
     directory; return its summary.json. Raises RuntimeError with the output tail on failure."""
     run_dir = Path(run_dir)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=REPO_ROOT)  # fmt: skip
+    cmd = [sys.executable, "-m", "lightning_dist", *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     summary_path = run_dir / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
         tail = (proc.stdout + proc.stderr)[-4000:]

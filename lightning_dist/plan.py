@@ -478,12 +478,10 @@ def dry_run_command(overrides: list[str]) -> int:
     that is removed afterwards; its exit status (2 with one line for a run it cannot build)."""
     import subprocess
     import tempfile
-    from pathlib import Path
 
     _check_choices(overrides)
-    train_py = Path(__file__).resolve().parents[1] / "train.py"
     with tempfile.TemporaryDirectory() as run_dir:
-        command = [sys.executable, str(train_py), *overrides, "plan.dry_run=true",
+        command = [sys.executable, "-m", "lightning_dist", *overrides, "plan.dry_run=true",
                    f"hydra.run.dir={run_dir}"]  # fmt: skip
         return subprocess.call(command)
 

@@ -1,4 +1,6 @@
-"""train(cfg): plan, build, fit, finish (the three stages of `lightning_dist/run/`).
+"""train(cfg): plan, build, fit, finish (the three stages of `lightning_dist/run/`); and `main()`,
+the command line that composes the config and calls it (`python train.py`, `python -m
+lightning_dist`, the `lightning-dist-train` command).
 
 Every check that can fail runs before the Trainer starts any process or collective, and it runs
 in every rank (Lightning's launcher re-runs `train.py` for ranks 1..N-1), so a bad config stops
@@ -11,6 +13,9 @@ import time
 from typing import Any
 
 from omegaconf import DictConfig
+
+NON_FINITE_EXIT_CODE = 3
+"""Exit status of a run that stopped at a non-finite loss (every rank stops at the same step)."""
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -70,3 +75,70 @@ def fit(run: Any, ckpt_path: str | None) -> None:
         raise  # not a config error: train.py ends this world without a restart
     except (NodePlacementError, CheckpointError) as e:
         raise ConfigError(str(e)) from e
+
+
+def main() -> None:
+    """The command line: Hydra composes `conf/train.yaml` (found as `pkg://lightning_dist.conf`,
+    so an installed wheel composes it too; a user's own config folder joins it with
+    `hydra.searchpath=[file://...]` or `--config-dir`) with the overrides, and `train(cfg)` runs
+    it. The process's exit status is the work's, never a C++ destructor's at teardown."""
+    import hydra
+
+    from lightning_dist.config import CONF_MODULE
+    from lightning_dist.run.errors import guard_command_line
+    from lightning_dist.runtime.process_end import run_then_end
+
+    guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
+    hydra_main = hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name="train",
+                            version_base="1.3")  # fmt: skip
+    run_then_end(hydra_main(_train_and_exit))
+
+
+def _train_and_exit(cfg: DictConfig) -> None:
+    """`train(cfg)` with the project's exit statuses: 2 and one line for a bad config, the
+    fence's, the non-finite loss's, the preemption's (see each constant)."""
+    import os
+    import sys
+
+    from lightning_dist.run.checks import check_config_text
+    from lightning_dist.run.errors import ConfigError, config_errors, report_config_error
+
+    try:  # a typo is reported before torch and Lightning are imported (seconds on a busy box)
+        with config_errors():
+            check_config_text(cfg)
+    except ConfigError as e:
+        report_config_error(e)
+    from lightning_dist.callbacks.nan_guard import NonFiniteError
+    from lightning_dist.callbacks.preemption import (
+        INTERRUPTED_EXIT_CODE,
+        PREEMPTED_EXIT_CODE,
+        REQUEUE_BY_SCRIPT,
+    )
+    from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
+
+    try:
+        result = train(cfg)
+    except ConfigError as e:
+        report_config_error(e)  # one line, secrets redacted, exit 2
+    except FencedOut as e:  # another world writes the checkpoint folder: end, do not restart
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(FENCED_OUT_EXIT_CODE)
+    except NonFiniteError as e:  # every rank stops at the same step; one of them says so
+        from lightning_dist.strategies.launch import rank_exit_code
+
+        if e.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(rank_exit_code(NON_FINITE_EXIT_CODE))
+    if result.get("plan_only") and not result["fits"]:
+        sys.exit(1)
+    if result.get("status") == "preempted":
+        from lightning_dist.strategies.launch import rank_exit_code
+
+        if result.get("requeue") and os.environ.get(REQUEUE_BY_SCRIPT):
+            sys.exit(0)  # the job script requeues (summary.json says so); srun sees no failure
+        ctrl_c = result.get("signal") == "SIGINT"
+        sys.exit(rank_exit_code(INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ Torch- and Lightning-free: the planner CLI and `train.py`'s first checks compose
 
 from lightning_dist.config.schemas import (
     CONF_DIR,
+    CONF_MODULE,
     TrainSchema,
     choice_names,
     compose_config,
@@ -14,6 +15,7 @@ from lightning_dist.config.schemas import (
 
 __all__ = [
     "CONF_DIR",
+    "CONF_MODULE",
     "TrainSchema",
     "choice_names",
     "compose_config",

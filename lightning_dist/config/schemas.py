@@ -21,7 +21,10 @@ from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs, MoEArgs
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""The YAML configs: `lightning_dist/conf/`, package data (`CONF_MODULE` to Hydra)."""
+CONF_MODULE = "lightning_dist.conf"
+"""The configs as a Python package: Hydra's `pkg://lightning_dist.conf` search path."""
 
 
 def _with_target(cls: type, target: str, name: str) -> type:
@@ -311,9 +314,9 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "train
     `paths.output_dir` must be overridden (or resolved by the caller) since no Hydra run
     directory exists here.
     """
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides or []))
 
 

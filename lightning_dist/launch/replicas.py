@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc-per-group", type=int, default=1, help="ranks in each group")
     parser.add_argument("--max-restarts", type=int, default=3,
                         help="relaunches of each group (torchrun --max-restarts)")  # fmt: skip
-    parser.add_argument("--script", default="train.py", help="the training script (train.py)")
+    parser.add_argument("--script", default=None,
+                        help="a training script (default: the package's, python -m lightning_dist)")  # fmt: skip
     return parser
 
 
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> None:
                LIGHTHOUSE_ENV: lighthouse.address()}  # fmt: skip
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.nproc_per_group}", f"--max-restarts={args.max_restarts}",
-               args.script, *overrides, f"hydra.run.dir={Path(run_dir) / f'group{group}'}"]  # fmt: skip
+               *([args.script] if args.script else ["-m", "lightning_dist"]), *overrides, f"hydra.run.dir={Path(run_dir) / f'group{group}'}"]  # fmt: skip
         groups.append(subprocess.Popen(cmd, env=env))
     try:
         codes = [exit_status(c) for c in _wait(groups)]

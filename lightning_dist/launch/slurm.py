@@ -29,7 +29,6 @@ from pathlib import Path
 from lightning_dist.callbacks.preemption import PREEMPTED_EXIT_CODE, REQUEUE_BY_SCRIPT
 from lightning_dist.hardware import HardwareSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGNAL_DEATH_STATUS = 128 + 10
 """srun's exit status when a task was ended by SIGUSR1 (signal 10 on Linux)."""
 
@@ -166,7 +165,7 @@ def sbatch_script(job: SlurmJob) -> str:
         "# watchdog (trainer.collective_timeout_s).",
         f"export {REQUEUE_BY_SCRIPT}=1",
     ]
-    train = [job.python, str(REPO_ROOT / "train.py"), *job.overrides]
+    train = [job.python, "-m", "lightning_dist", *job.overrides]  # = train.py, installed or not
     command = " ".join(shlex.quote(a) for a in train)
     resume = " ".join(_resume_overrides(job.overrides))
     step = f'{command} "hydra.run.dir=$run_dir" {resume}'.rstrip()

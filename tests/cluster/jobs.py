@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 TRAIN = [sys.executable, str(REPO_ROOT / "train.py")]
 FAST = ["debug=fast", "logger=none"]

@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 STEPS = 14
 RUN = ["debug=fast", "model=tiny", f"trainer.max_steps={STEPS}", "data.global_batch_size=8"]

@@ -26,9 +26,10 @@ from lightning_dist.parallel.nodes import (
     INTER_NODE,
     INTRA_NODE,
 )
-from lightning_dist.parity import REPO_ROOT, max_relative_difference
+from lightning_dist.parity import max_relative_difference
 from tests.dist import baselines
 from tests.dist.world import free_port
+from tests.repo import REPO_ROOT
 
 TOLERANCE = 1e-4
 BASE = ["debug=fast", "trainer.max_steps=4"]

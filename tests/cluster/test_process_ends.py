@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

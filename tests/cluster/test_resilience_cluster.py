@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from lightning_dist.checkpoint.format import read_full_state
-from lightning_dist.parity import REPO_ROOT
 from tests.cluster.jobs import FAST, Job, act_when, child_pid, train_job, wait_all
+from tests.repo import REPO_ROOT
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

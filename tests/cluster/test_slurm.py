@@ -27,8 +27,9 @@ import pytest
 import torch
 
 from lightning_dist.checkpoint.format import read_full_state
-from lightning_dist.parity import REPO_ROOT, max_relative_difference, reference_overrides
+from lightning_dist.parity import max_relative_difference, reference_overrides
 from tests.dist import baselines
+from tests.repo import REPO_ROOT
 
 SCRIPTS = REPO_ROOT / "scripts" / "slurm"
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")

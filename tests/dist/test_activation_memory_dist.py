@@ -12,7 +12,6 @@ import importlib.util
 import pytest
 import torch
 
-from lightning_dist.parity import REPO_ROOT
 from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
     context_parallel_layer_bytes,
@@ -21,6 +20,7 @@ from lightning_dist.planner.activations import (
 )
 from lightning_dist.planner.settings import TrainSettings
 from tests.dist.rank_scripts import run_in_world
+from tests.repo import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from lightning_dist.checkpoint.format import (
     tensor_shapes,
 )
 from lightning_dist.checkpoint.manifest import MANIFEST, open_manifest
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 from tests.unit.test_checkpoint_format import _saved
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}

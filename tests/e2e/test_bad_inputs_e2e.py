@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 from tests.unit.test_bad_inputs import (
     CASES,
     ENV_SECRET,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 # --- memory, resume, names ----------------------------------------------------------------------
 

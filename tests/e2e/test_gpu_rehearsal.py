@@ -12,8 +12,8 @@ import re
 import subprocess
 import sys
 
-from lightning_dist.parity import REPO_ROOT
 from lightning_dist.planner.calibration import load
+from tests.repo import REPO_ROOT
 
 ROWS = "fp8 ac=op compile|ac=full$|fsdp2| x[0-9]"
 

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
 from lightning_dist.runtime.record import smoothed_final_loss
+from tests.repo import REPO_ROOT
 
 FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.val_check_interval=null"]
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \| loss (\d+\.\d+)", re.MULTILINE)

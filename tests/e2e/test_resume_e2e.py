@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT, max_relative_difference, run_train
+from lightning_dist.parity import max_relative_difference, run_train
 from tests.dist import baselines
+from tests.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 STEPS = 30
 COMMAND = ["debug=fast", "strategy=single", "hardware.devices=1", f"trainer.max_steps={STEPS}",

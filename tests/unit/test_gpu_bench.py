@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
 from lightning_dist.planner.calibration import PATH, Calibration, load, save
+from tests.repo import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_dry_run_script_follows_the_hardware_profile(hardware, capsys):
     if spec.accelerator == "gpu":
         assert any(line.startswith("export NCCL_") for line in lines)
     (srun,) = [line for line in lines if line.startswith("srun ")]
-    assert "/train.py " in srun and " ".join(overrides) in srun
+    assert " -m lightning_dist " in srun and " ".join(overrides) in srun
     assert srun.endswith('"hydra.run.dir=$run_dir" trainer.resume=auto')
     assert 'scontrol requeue "$SLURM_JOB_ID"' in lines[-2]
 

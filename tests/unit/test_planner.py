@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
@@ -31,12 +32,9 @@ from lightning_dist.planner.memory import checkpointed_blocks, inflight_microbat
 from lightning_dist.planner.settings import COMPILE_SPEEDUP, SELECTIVE_RECOMPUTE_SHARE
 from lightning_dist.planner.timing import group_span
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
-
 
 def _yaml(group: str, name: str) -> dict:
-    raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{name}.yaml"))
     return {k: v for k, v in raw.items() if k not in ("defaults", "_target_")}
 
 
@@ -507,7 +505,6 @@ def test_inflight_microbatches_match_a_replay_of_torch_schedule_tables():
     microbatches the first and the last rank hold at their peak is the replayed tables'.
     (A denser grid, m from pp to 4pp for pp 2, 3, 4, 6, 8, matched too; it takes 10 s.)"""
     import importlib.util
-    from pathlib import Path
 
     from lightning_dist.planner.memory import inflight_microbatches
 
@@ -557,7 +554,6 @@ def test_bubble_formula_matches_a_replay_of_torch_schedule_tables():
     """bench/schedules.py replays each schedule's action table; the planner's formula agrees,
     and both zero-bubble schedules idle less than 1F1B and Interleaved1F1B."""
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "bench" / "schedules.py"
     spec = importlib.util.spec_from_file_location("bench_schedules", path)

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from lightning_dist.parity import REPO_ROOT
+from tests.repo import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

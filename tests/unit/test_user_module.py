@@ -20,8 +20,8 @@ from torch import nn
 from lightning_dist.layout import Layout
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.parallel.pipeline import StageBlocks, split_blocks, stage_modules
-from lightning_dist.parity import REPO_ROOT
 from lightning_dist.strategies.user_path import explain_stage_errors
+from tests.repo import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "examples" / "byo_model.py"
 DOC = REPO_ROOT / "docs" / "BRING_YOUR_OWN_MODEL.md"
