@@ -114,20 +114,27 @@ def test_a_fused_split_must_divide_each_part_by_tp():
         check_tp(gpt(), 2, plan={"blocks.*.ln_1": "colwise_fused(2)"})
 
 
-def test_a_fused_split_stops_under_fsdp_sharding():
-    check_tp(gpt(), 2, dp_shard=1)
-    with pytest.raises(ValueError, match=r"^blocks.0.attn.qkv is 'colwise_fused\(3\)', which does "
-                       r"not run under FSDP sharding yet \(dp_shard=2\).*use dp_replicate"):  # fmt: skip
-        check_tp(gpt(), 2, dp_shard=2)
+def test_a_fused_split_under_fsdp_must_divide_each_tp_slice_by_the_shard_size():
+    # width 36: 3 parts of 36 rows, 18 per rank at tp=2; FSDP2 shards those rows evenly only.
+    check_tp(gpt(36), 2, shard_size=2)
+    check_tp(gpt(36), 2, shard_size=6)
+    message = (
+        r"^blocks.0.attn.qkv is 'colwise_fused\(3\)': each part holds 18 rows per tp rank, "
+        r"which FSDP cannot split evenly over its 4 ranks \(dp_shard x cp\); choose a dp_shard "
+        r"that divides 18, or put the other ranks in dp_replicate$"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_tp(gpt(36), 2, shard_size=4)
 
 
-def test_the_3d_strategy_refuses_fsdp_sharding_of_a_fused_layer_before_launch():
+def test_the_3d_strategy_checks_fsdp_sharding_of_a_fused_layer_before_launch():
     from lightning_dist import Parallel3DStrategy
 
-    run = dict(devices=4, num_nodes=1, precision="32-true", accelerator="cpu", model=gpt())
-    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=1).check_run(**run)
-    with pytest.raises(ValueError, match=r"colwise_fused\(3\)', which does not .*dp_shard=2"):
-        Parallel3DStrategy(tp=2).check_run(**run)  # dp_shard: the remaining 2 ranks
+    run = dict(num_nodes=1, precision="32-true", accelerator="cpu", model=gpt(36))
+    Parallel3DStrategy(tp=2).check_run(devices=4, **run)  # dp_shard: the remaining 2 ranks
+    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=2).check_run(devices=8, **run)
+    with pytest.raises(ValueError, match=r"colwise_fused\(3\)': .* evenly over its 4 ranks"):
+        Parallel3DStrategy(tp=2).check_run(devices=8, **run)
 
 
 def test_plain_colwise_on_a_fused_name_warns_once(caplog):
