@@ -445,7 +445,8 @@ def module_internals(module: Any) -> ModuleInternals:
     checkpoint/canonical.py builds views of modules that share their entries under the very
     names (tied weights, a child held under two names, empty slots included); the public
     `named_*(recurse=False)` iterators drop duplicates and None, and a buffer's persistence has
-    no public query."""
+    no public query. parallel/fused.py runs a Linear's own forward on views of its parameters,
+    set in `_parameters` for the call (assigning a non-Parameter to a parameter is refused)."""
     return ModuleInternals(
         module._parameters, module._buffers, module._non_persistent_buffers_set, module._modules
     )
@@ -646,7 +647,8 @@ _ENTRIES = (
     _entry("_checkpoint_wrapped_module", f"{_CKPT_WRAPPER}.ActivationWrapper", "attribute",
            "lightning_dist.parallel.compile",
            "a checkpoint wrapper's inner module; the wrapper has no public accessor", TORCH),
-    _entry("_parameters", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
+    _entry("_parameters", _MODULE, "attribute",
+           ("lightning_dist.checkpoint.canonical", "lightning_dist.parallel.fused"),
            "see module_internals", TORCH, via="module_internals"),
     _entry("_buffers", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
            "see module_internals", TORCH, via="module_internals"),
@@ -665,6 +667,9 @@ _ENTRIES = (
            "a vocab-parallel embedding looks up local rows, a fused projection flattens its "
            "parts, an expert-parallel rank runs its experts; only forward changes what an "
            "instance computes", TORCH),
+    _entry("reset_parameters", "torch.nn.Linear", "patch", "lightning_dist.parallel.fused",
+           "a fused projection held by parts [n, O, in] draws nn.Linear's init from in_features "
+           "(torch's would read the fan-in of that shape)", TORCH),
     _entry("_apply", "torch.distributed.tensor.parallel.ParallelStyle", "hook",
            ("lightning_dist.parallel.tp", "lightning_dist.parallel.fused",
             "lightning_dist.parallel.sequence_parallel"),

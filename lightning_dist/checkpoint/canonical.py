@@ -112,11 +112,12 @@ def single_device_state(state: dict[str, dict[str, Any]], fused: set[str]):
     if not fused:
         return state
     out = {}
-    for top, values in state.items():
-        out[top] = {
-            key: single_device_view(value) if _is_fused(top, key, value, fused) else value
-            for key, value in values.items()
-        }
+    with torch.no_grad():  # views of the very local tensors, which loads write into
+        for top, values in state.items():
+            out[top] = {
+                key: single_device_view(value) if _is_fused(top, key, value, fused) else value
+                for key, value in values.items()
+            }
     return out
 
 

@@ -10,25 +10,24 @@ FSDP2 shards the same dimension (`fused_shard_placement`), so a rank holds its d
 its tp slice of each part, `(_StridedShard(1, tp), Shard(1))` over (dp_shard, tp): a placement
 DTensor reads correctly (`full_tensor()` is the single-device tensor). FSDP2 cannot shard the
 flat [n * O, in] weight: it cuts a rank's [q_r; k_r; v_r] rows into contiguous blocks, which
-mix parts and which no placement describes. The forward flattens the parts back: DTensor's view
-is a [n * O, in] weight strided over tp, `_StridedShard(0, n)`, with no communication; its
-linear keeps that placement on the output's last dimension, and the module returns the local
-[q_r, k_r, v_r] for the user's `.chunk(n, -1)`.
+mix parts and which no placement describes. The layer's own forward runs on the parts flattened
+back (`single_device_view`): a [n * O, in] weight strided over tp, `_StridedShard(0, n)`, with no
+communication; its linear keeps that placement on the output's last dimension, and the module
+returns the local [q_r, k_r, v_r] for the user's `.chunk(n, -1)`.
 
 Checkpoints hold the single-device [n * O, in] tensor: `single_device_view` is a DTensor of
-that shape over the same local memory, with the placements that describe it (torch 2.13's own
-view of the 2-D case names the wrong rows), which `checkpoint/pieces.py` writes and reads run
-by run. No Lightning here.
+that shape over the same local memory, with the placements that describe it, which
+`checkpoint/pieces.py` writes and reads run by run. No Lightning here.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import (
     DTensor,
@@ -40,7 +39,7 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.parallel import ColwiseParallel
 
-from lightning_dist._compat import strided_shard_class
+from lightning_dist._compat import module_internals, strided_shard_class
 
 FUSED_STYLE = re.compile(r"colwise_fused\(\s*(-?\d+)\s*\)")
 # Leaf-name fragments of fused projections (nanoGPT's c_attn, GPT-NeoX's query_key_value,
@@ -106,7 +105,9 @@ class FusedColwiseParallel(ColwiseParallel):
             self._prepare_input_fn, self.input_layouts, self.desired_input_layouts
         )
         setattr(module, FUSED_PARTS, self.parts)
-        module.forward = partial(_fused_linear, module)
+        # The class's own forward (nn.Linear's, a float8 Linear's), on the flat views.
+        module.forward = partial(_on_flat_views, module, partial(type(module).forward, module))
+        module.reset_parameters = partial(_reset_fused, module)
         return distribute_module(
             module, device_mesh, self._partition_fused, prepare_input, _local_output
         )
@@ -121,10 +122,27 @@ class FusedColwiseParallel(ColwiseParallel):
             module.register_parameter(pname, dist_param)
 
 
-def _fused_linear(module: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
-    bias = module.bias
-    weight = module.weight.flatten(0, 1)  # [n * O / tp, in] locally: q_r, k_r, v_r
-    return F.linear(inputs, weight, None if bias is None else bias.flatten())
+def _on_flat_views(module: nn.Linear, forward, *args: Any, **kwargs: Any) -> Any:
+    """`forward(*args, **kwargs)` with the weight and bias held by parts replaced, for the call,
+    by their flat [n * O / tp, in] views (q_r, k_r, v_r locally): a view, so the gradient
+    reaches the parameters, and FSDP's gathered ones are put back as they were."""
+    slots = module_internals(module).parameters
+    held = {name: slots[name] for name in ("weight", "bias") if slots.get(name) is not None}
+    slots.update({name: single_device_view(value) for name, value in held.items()})
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        slots.update(held)
+
+
+@torch.no_grad()
+def _reset_fused(module: nn.Linear) -> None:
+    # nn.Linear's initialisation, uniform within 1 / sqrt(in_features) for the weight and the
+    # bias: torch's would take the fan-in of the [n, O, in] shape the parts are held in (O * in).
+    bound = 1 / math.sqrt(module.in_features)
+    module.weight.uniform_(-bound, bound)
+    if module.bias is not None:
+        module.bias.uniform_(-bound, bound)
 
 
 def _local_output(module: nn.Module, outputs: DTensor, device_mesh) -> torch.Tensor:
@@ -160,15 +178,16 @@ def fused_shard_placement(model: nn.Module, shard_size: int):
 def single_device_view(tensor: torch.Tensor) -> torch.Tensor:
     """A fused tensor held by parts ([n, O, ...], see the module docstring) as the
     single-device [n * O, ...] tensor over the same memory: writing into the view's local
-    tensor writes into `tensor`'s. A DTensor's placements on dim 1 become strided placements
-    of dim 0 (each part cut the same way), those on later dims move down by one."""
+    tensor (under no_grad) writes into `tensor`'s, and a gradient through it reaches `tensor`.
+    A DTensor's placements on dim 1 become strided placements of dim 0 (each part cut the same
+    way), those on later dims move down by one. (DTensor's own flatten names the wrong rows
+    under FSDP and gives a spec that a float8 Linear's bias add reads as replicated.)"""
     if not isinstance(tensor, DTensor):
         return tensor.view(-1, *tensor.shape[2:])
     parts = tensor.shape[0]
     placements = [_merged(p, parts) for p in tensor.placements]
-    with torch.no_grad():
-        local = tensor.to_local()
-        local = local.view(-1, *local.shape[2:])  # a view, never a copy: loads land in it
+    local = tensor.to_local()
+    local = local.view(-1, *local.shape[2:])  # a view, never a copy: loads land in it
     shape = torch.Size([parts * tensor.shape[1], *tensor.shape[2:]])
     return DTensor.from_local(
         local, tensor.device_mesh, placements, run_check=False, shape=shape,
