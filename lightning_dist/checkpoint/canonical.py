@@ -106,25 +106,34 @@ def fused_tensors(module: nn.Module) -> set[str]:
 
 def single_device_state(state: dict[str, dict[str, Any]], fused: set[str]):
     """`state` ({"state_dict": model state, "optimizer_<i>": flat optimizer state}) with each
-    tensor of a parameter in `fused` (the weight and its optimizer state, under
-    `state.<name>.<key>`) replaced by its single-device view over the same memory: the shapes
-    and the order the files hold. New dicts; `state` itself is left as it is."""
-    if not fused:
+    tensor of a parameter in `fused` (the parameter and its optimizer state shaped like it,
+    under `state.<name>.<key>`) replaced by its single-device view over the same memory: the
+    shapes and the order the files hold. New dicts; `state` itself is left as it is."""
+    shapes = {
+        key: value.shape
+        for top, values in state.items()
+        if not top.startswith("optimizer_")
+        for key, value in values.items()
+        if key in fused and isinstance(value, torch.Tensor)
+    }
+    if not shapes:
         return state
     out = {}
     with torch.no_grad():  # views of the very local tensors, which loads write into
         for top, values in state.items():
             out[top] = {
-                key: single_device_view(value) if _is_fused(top, key, value, fused) else value
+                key: single_device_view(value) if _by_parts(top, key, value, shapes) else value
                 for key, value in values.items()
             }
     return out
 
 
-def _is_fused(top: str, key: str, value: Any, fused: set[str]) -> bool:
-    if not isinstance(value, torch.Tensor) or value.ndim < 2:  # a step count, a setting
+def _by_parts(top: str, key: str, value: Any, shapes: dict[str, torch.Size]) -> bool:
+    if not isinstance(value, torch.Tensor):
         return False
-    if not top.startswith("optimizer_"):
-        return key in fused
-    # The optimizer's flat keys: `state.<parameter name>.<key>`, `param_groups.<name>.<key>`.
-    return key.startswith("state.") and key[len("state.") :].rpartition(".")[0] in fused
+    name = key
+    if top.startswith("optimizer_"):  # flat keys: `state.<parameter name>.<key>`
+        if not key.startswith("state."):
+            return False
+        name = key[len("state.") :].rpartition(".")[0]
+    return name in shapes and value.shape == shapes[name]
