@@ -55,8 +55,8 @@ def strided_shard_class() -> type:
     rank holds every `split_factor`-th run of a dimension's shards, not one contiguous run.
 
     Why private: it is the only placement that describes a fused projection split part by part
-    (`"colwise_fused(n)"`, parallel/tp.py), so that `full_tensor()` and DTensor's linear keep the
-    single-device order; FSDP2 itself places it over TP. torch has no public name for it (2.13).
+    seen as one tensor (`"colwise_fused(n)"`, parallel/fused.py: its single-device view for the
+    checkpoint); FSDP2 itself places it over TP. torch has no public name for it (2.13).
     """
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -445,7 +445,8 @@ def module_internals(module: Any) -> ModuleInternals:
     checkpoint/canonical.py builds views of modules that share their entries under the very
     names (tied weights, a child held under two names, empty slots included); the public
     `named_*(recurse=False)` iterators drop duplicates and None, and a buffer's persistence has
-    no public query."""
+    no public query. parallel/fused.py runs a Linear's own forward on views of its parameters,
+    set in `_parameters` for the call (assigning a non-Parameter to a parameter is refused)."""
     return ModuleInternals(
         module._parameters, module._buffers, module._non_persistent_buffers_set, module._modules
     )
@@ -573,8 +574,8 @@ _ENTRIES = (
            via="async_collective_tensor_class"),
     _entry("torch.distributed.tensor.placement_types._StridedShard",
            "torch.distributed.tensor.placement_types", "import",
-           ("lightning_dist.parallel.tp", "lightning_dist.checkpoint.pieces"),
-           "the one placement that describes a fused projection split part by part",
+           ("lightning_dist.parallel.fused", "lightning_dist.checkpoint.pieces"),
+           "the placement of a fused projection's parts seen as one tensor, and FSDP2's over TP",
            TORCH, via="strided_shard_class"),
     _entry(_MEM_TRACKER, "torch.distributed._tools.mem_tracker", "import",
            "lightning_dist.parallel.memory",
@@ -646,7 +647,8 @@ _ENTRIES = (
     _entry("_checkpoint_wrapped_module", f"{_CKPT_WRAPPER}.ActivationWrapper", "attribute",
            "lightning_dist.parallel.compile",
            "a checkpoint wrapper's inner module; the wrapper has no public accessor", TORCH),
-    _entry("_parameters", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
+    _entry("_parameters", _MODULE, "attribute",
+           ("lightning_dist.checkpoint.canonical", "lightning_dist.parallel.fused"),
            "see module_internals", TORCH, via="module_internals"),
     _entry("_buffers", _MODULE, "attribute", "lightning_dist.checkpoint.canonical",
            "see module_internals", TORCH, via="module_internals"),
@@ -658,20 +660,26 @@ _ENTRIES = (
            "see module_internals; StageBlocks (a ModuleDict) redefines the dict API it would "
            "call, so reads its own children as ModuleDict itself does", TORCH,
            via="module_internals"),
-    _entry("forward", ("torch.nn.Embedding", "lightning_dist.models.moe.GroupedExperts"),
-           "patch", ("lightning_dist.parallel.tp", "lightning_dist.parallel.expert_parallel"),
-           "the vocab-parallel embedding looks up local rows with a mask, an expert-parallel "
-           "rank's experts run their local slices; only forward changes what an instance "
-           "computes from outside", TORCH),
+    _entry("forward",
+           ("torch.nn.Embedding", "torch.nn.Linear", "lightning_dist.models.moe.GroupedExperts"),
+           "patch", ("lightning_dist.parallel.tp", "lightning_dist.parallel.fused",
+                     "lightning_dist.parallel.expert_parallel"),
+           "a vocab-parallel embedding looks up local rows, a fused projection flattens its "
+           "parts, an expert-parallel rank runs its experts; only forward changes what an "
+           "instance computes", TORCH),
+    _entry("reset_parameters", "torch.nn.Linear", "patch", "lightning_dist.parallel.fused",
+           "a fused projection held by parts [n, O, in] draws nn.Linear's init from in_features "
+           "(torch's would read the fan-in of that shape)", TORCH),
     _entry("_apply", "torch.distributed.tensor.parallel.ParallelStyle", "hook",
-           ("lightning_dist.parallel.tp", "lightning_dist.parallel.sequence_parallel"),
+           ("lightning_dist.parallel.tp", "lightning_dist.parallel.fused",
+            "lightning_dist.parallel.sequence_parallel"),
            "the one method a custom tensor-parallel style implements (torch's styles do)", TORCH),
     _entry("_partition_embedding_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
            "attribute", "lightning_dist.parallel.tp",
            "RowwiseParallel's own sharding of an embedding, reused for the same placements",
            TORCH),
     _entry("_prepare_input_fn", "torch.distributed.tensor.parallel.ColwiseParallel",
-           "attribute", "lightning_dist.parallel.tp",
+           "attribute", "lightning_dist.parallel.fused",
            "ColwiseParallel's own input preparation, reused by the fused column-parallel style",
            TORCH),
     _entry("_prepare_output_fn", "torch.distributed.tensor.parallel.RowwiseParallel",

@@ -6,15 +6,22 @@ torch.compile insert. What it cannot see through is a pipeline: a rank holds its
 removed. `canonical_module` builds a view (new container modules, the same parameters) in which
 each rank's stages sit where they sit in the whole model, so `layers.5.attention.wq.weight` has
 that name on every layout and DCP can move it between stage counts and schedules.
+
+A fused projection split by tensor parallelism is held by parts, [n, O, in] for the
+single-device [n * O, in] (`parallel/fused.py`); `single_device_state` gives the files that
+shape and order.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import torch
 from torch import nn
 
 from lightning_dist._compat import module_internals
+from lightning_dist.parallel.fused import fused_layers, single_device_view
 
 WRAPPER_SEGMENTS = re.compile(
     r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.|^parts\.\d+\."
@@ -85,3 +92,48 @@ def _replace(root: nn.Module, path: list[str], module: nn.Module) -> nn.Module:
             child = module if len(path) == 1 else _replace(child, path[1:], module)
         view.add_module(name, child)
     return view
+
+
+def fused_tensors(module: nn.Module) -> set[str]:
+    """The single-device names of the parameters that `module` holds by parts (a fused
+    projection split by tensor parallelism, `parallel/fused.py`)."""
+    names = set()
+    for layer in fused_layers(module):
+        for pname, _ in module.get_submodule(layer).named_parameters(recurse=False):
+            names.add(WRAPPER_SEGMENTS.sub("", f"{layer}.{pname}"))
+    return names
+
+
+def single_device_state(state: dict[str, dict[str, Any]], fused: set[str]):
+    """`state` ({"state_dict": model state, "optimizer_<i>": flat optimizer state}) with each
+    tensor of a parameter in `fused` (the parameter and its optimizer state shaped like it,
+    under `state.<name>.<key>`) replaced by its single-device view over the same memory: the
+    shapes and the order the files hold. New dicts; `state` itself is left as it is."""
+    shapes = {
+        key: value.shape
+        for top, values in state.items()
+        if not top.startswith("optimizer_")
+        for key, value in values.items()
+        if key in fused and isinstance(value, torch.Tensor)
+    }
+    if not shapes:
+        return state
+    out = {}
+    with torch.no_grad():  # views of the very local tensors, which loads write into
+        for top, values in state.items():
+            out[top] = {
+                key: single_device_view(value) if _by_parts(top, key, value, shapes) else value
+                for key, value in values.items()
+            }
+    return out
+
+
+def _by_parts(top: str, key: str, value: Any, shapes: dict[str, torch.Size]) -> bool:
+    if not isinstance(value, torch.Tensor):
+        return False
+    name = key
+    if top.startswith("optimizer_"):  # flat keys: `state.<parameter name>.<key>`
+        if not key.startswith("state."):
+            return False
+        name = key[len("state.") :].rpartition(".")[0]
+    return name in shapes and value.shape == shapes[name]

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA, plain_optimizer
+from lightning_dist.checkpoint.canonical import fused_tensors, single_device_state
 from lightning_dist.checkpoint.manifest import (
     MANIFEST,
     CheckpointError,
@@ -68,7 +69,12 @@ def _plain(optimizer):
 
 
 def gather_state(module: nn.Module, optimizers: list, *, full: bool = False) -> dict[str, Any]:
-    """{"state_dict": model state, "optimizer_<i>": flat optimizer state} of this rank."""
+    """{"state_dict": model state, "optimizer_<i>": flat optimizer state} of this rank, in the
+    files' shapes (a fused projection held by parts as its single-device view, same memory)."""
+    return single_device_state(_module_state(module, optimizers, full), fused_tensors(module))
+
+
+def _module_state(module: nn.Module, optimizers: list, full: bool = False) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -188,10 +194,13 @@ def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: 
 
     open_manifest(path)
     require_resumable(path)
-    state = gather_state(module, optimizers)
-    shapes = {k: global_shape(v) for k, v in state[MODEL_KEY].items()}
+    state = _module_state(module, optimizers)
+    files = single_device_state(state, fused_tensors(module))
+    shapes = {k: global_shape(v) for k, v in files[MODEL_KEY].items()}
     check_model_shapes(path, shapes, whole_model=whole_model)
-    read_into(state, path, process_group=process_group)
+    read_into(files, path, process_group=process_group)
+    for top, values in files.items():  # tensors were filled in place, settings replaced
+        state[top].update({k: v for k, v in values.items() if not isinstance(v, torch.Tensor)})
     set_model_state_dict(module, state[MODEL_KEY], options=_options())
     for i, optimizer in enumerate(optimizers):
         set_optimizer_state_dict(module, _plain(optimizer), state[f"optimizer_{i}"],

@@ -13,7 +13,11 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
+from lightning_dist.checkpoint.canonical import (
+    WRAPPER_SEGMENTS,
+    fused_tensors,
+    single_device_state,
+)
 from lightning_dist.checkpoint.manifest import cannot_read
 from lightning_dist.checkpoint.safe import load
 from lightning_dist.checkpoint.weights import (
@@ -84,11 +88,13 @@ def load_weights(model: torch.nn.Module, path: Path, name_prefix: str = "") -> i
     def key(name: str) -> str:
         return WEIGHTS + canonical_name(name.removeprefix(name_prefix))
 
-    keyed = {key(name): t for name, t in state.items()}
+    # A fused projection held by parts is read through its single-device view (same memory).
+    files = single_device_state({WEIGHTS: state}, fused_tensors(model))[WEIGHTS]
+    keyed = {key(name): t for name, t in files.items()}
     single = not (dist.is_available() and dist.is_initialized())
     with one_process_io():
         load(keyed, info.path, no_dist=single)
-    set_model_state_dict(model, {name: keyed[key(name)] for name in state}, options=options)
+    set_model_state_dict(model, state, options=options)  # tensors filled in place
     return len(state)
 
 

@@ -2,8 +2,8 @@
 
 DCP describes a DTensor's local part as one chunk: its first global offset and its local shape.
 That holds for `Shard` and for FSDP2's strided shard over TP, but not for a fused projection
-split part by part (`"colwise_fused(n)"`, parallel/tp.py): rank r holds rows r of each of the n
-parts, n separate runs of rows. DCP would refuse to save it ("overlapping chunks"), and a chunk
+split part by part (`"colwise_fused(n)"`, parallel/fused.py), seen as its single-device tensor:
+rank r holds rows r of each of the n parts, n separate runs of rows (more under FSDP). DCP would refuse to save it ("overlapping chunks"), and a chunk
 at the first offset would load the wrong rows.
 
 The planners here write and read such a tensor as its runs, each a chunk at its own global

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
+from lightning_dist.parallel.fused import fused_shard_placement
 from lightning_dist.parallel.precision import MixedDtypes
 
 log = logging.getLogger(__name__)
@@ -110,15 +111,14 @@ def apply_fsdp(
             f"prefetch_forward={prefetch_forward} and prefetch_backward={prefetch_backward} "
             "must be 0 or more"
         )
-    from lightning_dist.parallel.tp import check_fused_fsdp, is_fused_param
-
-    for name, param in model.named_parameters():
-        if is_fused_param(param):
-            check_fused_fsdp(name, "colwise_fused", mesh.size(mesh.ndim - 1))
     if block_types is None:
         block_types = find_block_types(model)
     blocks = block_modules(model, block_types)
-    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload_policy}
+    # A fused projection split by tensor parallelism is sharded along its parts' rows
+    # (parallel/fused.py); every other parameter along dim 0.
+    placement = fused_shard_placement(model, mesh.size(mesh.ndim - 1))
+    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload_policy,
+               "shard_placement_fn": placement}  # fmt: skip
     options = {k: v for k, v in options.items() if v is not None}
     for i, block in enumerate(blocks):
         # Backward starts with the last block, so resharding it after forward would only

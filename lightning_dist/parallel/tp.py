@@ -19,13 +19,9 @@ into torch `ParallelStyle`s for the chosen options:
   no row-sharded rule for the embedding's backward and would hold a full [vocab, dim] gradient
   on every rank.)
 - a fused projection (`"colwise_fused(n)"`: one Linear computing q, k and v side by side) is
-  split part by part: its weight and bias are DTensors with torch's strided placement
-  (`_StridedShard(0, split_factor=n)`), so rank r holds the r-th slice of each of the n parts
-  and the full tensor (`full_tensor()`, a checkpoint) is the single-device one, in its order.
-  DTensor's linear keeps that placement on the output's last dimension without any
-  communication; the module returns the local [q_r, k_r, v_r] for the user's `.chunk(n, -1)`.
-  Plain `"colwise"` there would give rank 0 all of q and half of k: wrong math, silently, so
-  `check_tp` warns when a layer under plain colwise is named like a fused one.
+  split part by part, under FSDP sharding too (`parallel/fused.py`). Plain `"colwise"` there
+  would give rank 0 all of q and half of k: wrong math, silently, so `check_tp` warns when a
+  layer under plain colwise is named like a fused one.
 """
 
 from __future__ import annotations
@@ -38,11 +34,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from lightning_dist._compat import strided_shard_class
 from lightning_dist.models.protocol import TP_STYLES
+from lightning_dist.parallel.fused import (
+    FUSED_NAMES,
+    FusedColwiseParallel,
+    check_fused,
+    fused_parts,
+)
 from lightning_dist.parallel.sequence_parallel import GatherSequenceInput
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,6 @@ HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
 # The weight dimension each style splits (nn.Linear weights are [out, in]); "colwise_fused(n)"
 # splits dimension 0 too, each of its n parts on its own.
 SPLIT_DIM = {"embedding": 0, "colwise": 0, "output": 0, "rowwise": 1}
-FUSED_STYLE = re.compile(r"colwise_fused\(\s*(-?\d+)\s*\)")
-# Leaf-name fragments of fused projections (nanoGPT's c_attn, GPT-NeoX's query_key_value,
-# gate_up_proj, Wqkv...) and the number of parts each usually holds (None: unknown).
-FUSED_NAMES = {"qkv": 3, "c_attn": 3, "query_key_value": 3, "gate_up": 2, "fused": None}
-
-
-def fused_parts(style: Any) -> int | None:
-    """n of a `"colwise_fused(n)"` style, None for any other style (n is not checked here)."""
-    match = FUSED_STYLE.fullmatch(style.strip()) if isinstance(style, str) else None
-    return int(match.group(1)) if match else None
 
 
 def _split_dim(style: Any) -> int | None:
@@ -141,16 +132,15 @@ def check_tp(
     *,
     plan: dict[str, Any] | None = None,
     sequence_parallel: bool | str = False,
-    dp_shard: int = 1,
+    shard_size: int = 1,
 ) -> dict[str, Any]:
     """Check a plan against a (meta) model without a mesh; return the matched plan.
 
     Raises ValueError when a pattern matches nothing, when a split dimension is not divisible
     by `tp` (for `"colwise_fused(n)"`: the output features into n parts, each divisible by
-    `tp`), or when sequence parallelism is asked (True, not "auto") of a plan that has no
-    `"norm"` entries, or when a `"colwise_fused(n)"` layer would be sharded by FSDP too
-    (`dp_shard` > 1, see `check_fused_fsdp`). Warns (one log line) when a layer under plain
-    `"colwise"` is named like a fused projection.
+    `tp`, and each tp slice by FSDP's `shard_size`, dp_shard x cp), or when sequence
+    parallelism is asked (True, not "auto") of a plan that has no `"norm"` entries. Warns (one
+    log line) when a layer under plain `"colwise"` is named like a fused projection.
     """
     matched = match_plan(model, plan_for(model, plan))
     named = [s for s in matched.values() if isinstance(s, str)]
@@ -164,8 +154,7 @@ def check_tp(
         weight = getattr(module, "weight", None)
         dim = _split_dim(style)
         if fused_parts(style) is not None:
-            _check_fused(name, module, style, tp)
-            check_fused_fsdp(name, style, dp_shard)
+            check_fused(name, module, style, tp, shard_size)
         elif dim is not None and weight is not None and weight.shape[dim] % tp:
             raise ValueError(
                 f"{name}.weight dimension {dim} has size {weight.shape[dim]}, "
@@ -173,34 +162,6 @@ def check_tp(
             )
     _warn_unfused(matched)
     return matched
-
-
-def _check_fused(name: str, module: nn.Module, style: str, tp: int) -> None:
-    parts = fused_parts(style)
-    if not isinstance(module, nn.Linear):
-        raise ValueError(
-            f"TP plan style {style!r} of {name} needs an nn.Linear, got {type(module).__name__}"
-        )
-    out = module.weight.shape[0]
-    if out % parts or (out // parts) % tp:
-        raise ValueError(
-            f"{name} is {style!r} but its {out} output features do not split into {parts} "
-            f"equal parts each divisible by tp={tp}"
-        )
-
-
-def check_fused_fsdp(name: str, style: str, dp_shard: int) -> None:
-    """ValueError (one line) for a fused projection under FSDP sharding (`dp_shard` > 1).
-
-    FSDP2 would cut the rank's [q_r; k_r; v_r] rows into `dp_shard` contiguous blocks, which no
-    DTensor placement describes: training would compute the right thing, but the full weight
-    and every checkpoint would be wrong. Data-parallel replicas (`dp_replicate`) are fine."""
-    if dp_shard > 1:
-        raise ValueError(
-            f"{name} is {style!r}, which does not run under FSDP sharding yet (dp_shard="
-            f"{dp_shard}): its checkpoints would hold the wrong rows; use dp_replicate for data "
-            "parallelism with dp_shard=1 (or tensor and pipeline parallelism only)"
-        )
 
 
 _warned: set[str] = set()
@@ -335,52 +296,6 @@ class VocabParallelEmbedding(RowwiseParallel):
             module, device_mesh, self._partition_embedding_fn, None,
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )  # fmt: skip
-
-
-class FusedColwiseParallel(ColwiseParallel):
-    """A fused projection (one `nn.Linear` computing `parts` tensors side by side) split part
-    by part over the TP ranks: rank r holds rows r of each part, `_StridedShard(0,
-    split_factor=parts)`, for weight and bias. The input is replicated as for ColwiseParallel;
-    the output is the local [part_0 slice r, part_1 slice r, ...], so `.chunk(parts, -1)` on it
-    gives this rank's slice of each part."""
-
-    def __init__(self, parts: int) -> None:
-        super().__init__()
-        self.parts = parts
-
-    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        if not isinstance(module, nn.Linear):
-            raise ValueError(
-                f"TP style 'colwise_fused({self.parts})' needs an nn.Linear, got "
-                f"{type(module).__name__}"
-            )
-        prepare_input = partial(
-            self._prepare_input_fn, self.input_layouts, self.desired_input_layouts
-        )
-        return distribute_module(
-            module, device_mesh, self._partition_fused, prepare_input, _local_output
-        )
-
-    def _partition_fused(self, name: str, module: nn.Module, device_mesh) -> None:
-        placement = [strided_shard_class()(0, split_factor=self.parts)]
-        for pname, param in module.named_parameters(recurse=False):
-            dist_param = nn.Parameter(
-                distribute_tensor(param, device_mesh, placement, src_data_rank=None),
-                requires_grad=param.requires_grad,
-            )
-            module.register_parameter(pname, dist_param)
-
-
-def _local_output(module: nn.Module, outputs: DTensor, device_mesh) -> torch.Tensor:
-    # A strided shard of the last dimension: each rank's slice of every part, side by side.
-    return outputs.to_local()
-
-
-def is_fused_param(param: torch.Tensor) -> bool:
-    """Whether `param` is a DTensor split part by part (a `colwise_fused(n)` weight or bias)."""
-    return isinstance(param, DTensor) and any(
-        isinstance(p, strided_shard_class()) for p in param.placements
-    )
 
 
 def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> None:

@@ -139,7 +139,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
                               getattr(args, "num_experts", 0))  # fmt: skip
         if layout.tp > 1:
             check_tp(model, layout.tp, plan=tp.tp_plan, sequence_parallel=tp.sequence_parallel,
-                     dp_shard=layout.dp_shard)  # fmt: skip
+                     shard_size=layout.shard_size)  # fmt: skip
         if layout.pp > 1:
             split_blocks(model, layout.num_stages, self.options.pipeline.split_points)
         if layout.cp > 1:

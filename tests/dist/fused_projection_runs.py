@@ -1,20 +1,28 @@
-"""A GPT with a fused q/k/v projection (tests/fused_gpt.py) under Parallel3DStrategy, on 4 ranks.
+"""A GPT with a fused q/k/v projection (tests/fused_gpt.py) under Parallel3DStrategy, on 4 and 8 ranks.
 
 `main(out_dir)` runs in every rank of a started world of 4 (tests/dist/world.py), each run a
 Lightning `Trainer.fit` of 10 fp32 steps on the same fixed global batches of 8:
 
 - `tp2_pp2`: tp=2 x pp=2 with `"colwise_fused(3)"`; saves `tp2_pp2.ckpt` at step 10;
 - `tp2`: dp_replicate=2 x tp=2 (two TP groups of 2 ranks, each reading half of every batch);
-- `resumed`: the `tp2` layout resuming from `tp2_pp2.ckpt` for steps 11 and 12;
+- `fsdp_tp2`: dp_shard=2 x tp=2 (FSDP2 shards each part's rows over dp_shard); saves
+  `fsdp_tp2.ckpt` at step 10;
+- `resumed`: dp_shard=2 x tp=2 resuming from `tp2_pp2.ckpt` for steps 11 and 12;
+- `resumed_from_fsdp`: the `tp2` layout resuming from `fsdp_tp2.ckpt` for steps 11 and 12;
 - `unfused_tp2_pp2`: tp=2 x pp=2 with plain `"colwise"` on the fused projection.
 
+`main_8(out_dir)` runs in a world of 8: `fsdp_tp2_pp2`, dp_shard=2 x tp=2 x pp=2 (FSDP2 on each
+pipeline stage), saving `fsdp_tp2_pp2.ckpt` at step 10.
+
 Each rank also trains the model on its own, one device, plain PyTorch (12 steps): the
-reference. Rank 0 returns {run: [loss per step]}, the reference, and the largest difference
-between the checkpoint's weights and the reference's after step 10.
+reference. Rank 0 returns {run: [loss per step]}, the reference, and for each checkpoint the
+largest difference between its weights (read whole in one process) and the reference's after
+step 10.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -110,7 +118,7 @@ def fit(strategy: Parallel3DStrategy, *, steps: int = STEPS, ckpt_path=None,
         save_to: Path | None = None) -> list[float]:  # fmt: skip
     logger = StepLosses()
     trainer = L.Trainer(
-        accelerator="cpu", devices=4, strategy=strategy, max_steps=steps, logger=logger,
+        accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), strategy=strategy, max_steps=steps, logger=logger,
         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, precision="32-true", use_distributed_sampler=False,
     )  # fmt: skip
@@ -122,27 +130,47 @@ def fit(strategy: Parallel3DStrategy, *, steps: int = STEPS, ckpt_path=None,
 
 
 def main(out_dir: str) -> dict:
-    from lightning_dist.checkpoint.format import WEIGHTS, read_full_state
-
     out, started = Path(out_dir), time.perf_counter()
     ref_losses, ref_weights = reference(STEPS + 2)
-    ckpt = out / "tp2_pp2.ckpt"
+    ckpt, fsdp_ckpt = out / "tp2_pp2.ckpt", out / "fsdp_tp2.ckpt"
     tp2 = dict(tp=2, dp_replicate=2, dp_shard=1)  # two TP groups, each half of every batch
+    fsdp_tp2 = dict(tp=2, dp_shard=2)
     runs = {
         "tp2_pp2": fit(Parallel3DStrategy(tp=2, pp=2), save_to=ckpt),
         "tp2": fit(Parallel3DStrategy(**tp2)),
-        "resumed": fit(Parallel3DStrategy(**tp2), steps=STEPS + 2, ckpt_path=ckpt),
+        "fsdp_tp2": fit(Parallel3DStrategy(**fsdp_tp2), save_to=fsdp_ckpt),
+        "resumed": fit(Parallel3DStrategy(**fsdp_tp2), steps=STEPS + 2, ckpt_path=ckpt),
+        "resumed_from_fsdp": fit(Parallel3DStrategy(**tp2), steps=STEPS + 2, ckpt_path=fsdp_ckpt),
         "unfused_tp2_pp2": fit(Parallel3DStrategy(tp=2, pp=2, tp_plan=UNFUSED_PLAN)),
     }
     result = {"reference": ref_losses, **runs, "seconds": time.perf_counter() - started}
     if torch.distributed.get_rank() == 0:
-        # The checkpoint's weights, read whole in one process, against the reference's after
-        # the same 10 steps: each tensor's largest difference (a fused bias by part, q, k, v).
-        saved = read_full_state(ckpt, WEIGHTS)
-        result["weights"] = sorted(k.removeprefix(WEIGHTS) for k in saved)
-        result["weight_diff"] = {}
-        for name, value in ref_weights.items():
-            diff = (saved[WEIGHTS + name] - value).abs()
-            parts = diff.chunk(3) if name.endswith("qkv.bias") else [diff]
-            result["weight_diff"][name] = [part.max().item() for part in parts]
+        result["weights"] = sorted(ref_weights)
+        result["weight_diff"] = {p.name: weight_diff(p, ref_weights) for p in (ckpt, fsdp_ckpt)}
     return result
+
+
+def main_8(out_dir: str) -> dict:
+    started = time.perf_counter()
+    ref_losses, ref_weights = reference(STEPS)
+    ckpt = Path(out_dir) / "fsdp_tp2_pp2.ckpt"
+    losses = fit(Parallel3DStrategy(tp=2, pp=2, dp_shard=2), save_to=ckpt)
+    result = {"reference": ref_losses, "fsdp_tp2_pp2": losses}
+    if torch.distributed.get_rank() == 0:
+        result["weight_diff"] = {ckpt.name: weight_diff(ckpt, ref_weights)}
+    return {**result, "seconds": time.perf_counter() - started}
+
+
+def weight_diff(ckpt: Path, ref_weights: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """The checkpoint's weights, read whole in one process, against the reference's after the
+    same 10 steps: each tensor's largest difference (a fused bias by part, q, k, v)."""
+    from lightning_dist.checkpoint.format import WEIGHTS, read_full_state
+
+    saved = read_full_state(ckpt, WEIGHTS)
+    assert sorted(k.removeprefix(WEIGHTS) for k in saved) == sorted(ref_weights), ckpt
+    diffs = {}
+    for name, value in ref_weights.items():
+        diff = (saved[WEIGHTS + name] - value).abs()
+        parts = diff.chunk(3) if name.endswith("qkv.bias") else [diff]
+        diffs[name] = [part.max().item() for part in parts]
+    return diffs

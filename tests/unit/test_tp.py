@@ -114,20 +114,68 @@ def test_a_fused_split_must_divide_each_part_by_tp():
         check_tp(gpt(), 2, plan={"blocks.*.ln_1": "colwise_fused(2)"})
 
 
-def test_a_fused_split_stops_under_fsdp_sharding():
-    check_tp(gpt(), 2, dp_shard=1)
-    with pytest.raises(ValueError, match=r"^blocks.0.attn.qkv is 'colwise_fused\(3\)', which does "
-                       r"not run under FSDP sharding yet \(dp_shard=2\).*use dp_replicate"):  # fmt: skip
-        check_tp(gpt(), 2, dp_shard=2)
+def test_a_fused_split_under_fsdp_must_divide_each_tp_slice_by_the_shard_size():
+    # width 36: 3 parts of 36 rows, 18 per rank at tp=2; FSDP2 shards those rows evenly only.
+    check_tp(gpt(36), 2, shard_size=2)
+    check_tp(gpt(36), 2, shard_size=6)
+    message = (
+        r"^blocks.0.attn.qkv is 'colwise_fused\(3\)': each part holds 18 rows per tp rank, "
+        r"which FSDP cannot split evenly over its 4 ranks \(dp_shard x cp\); choose a dp_shard "
+        r"that divides 18, or put the other ranks in dp_replicate$"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_tp(gpt(36), 2, shard_size=4)
 
 
-def test_the_3d_strategy_refuses_fsdp_sharding_of_a_fused_layer_before_launch():
+def test_the_3d_strategy_checks_fsdp_sharding_of_a_fused_layer_before_launch():
     from lightning_dist import Parallel3DStrategy
 
-    run = dict(devices=4, num_nodes=1, precision="32-true", accelerator="cpu", model=gpt())
-    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=1).check_run(**run)
-    with pytest.raises(ValueError, match=r"colwise_fused\(3\)', which does not .*dp_shard=2"):
-        Parallel3DStrategy(tp=2).check_run(**run)  # dp_shard: the remaining 2 ranks
+    run = dict(num_nodes=1, precision="32-true", accelerator="cpu", model=gpt(36))
+    Parallel3DStrategy(tp=2).check_run(devices=4, **run)  # dp_shard: the remaining 2 ranks
+    Parallel3DStrategy(tp=2, dp_replicate=2, dp_shard=2).check_run(devices=8, **run)
+    with pytest.raises(ValueError, match=r"colwise_fused\(3\)': .* evenly over its 4 ranks"):
+        Parallel3DStrategy(tp=2).check_run(devices=8, **run)
+
+
+def test_placements_of_a_fused_tensor_held_by_parts_seen_as_one():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from lightning_dist._compat import strided_shard_class
+    from lightning_dist.parallel.fused import _merged
+
+    strided = strided_shard_class()
+    # [3, O, in] -> [3 * O, in]: tp's Shard(1) cuts each part, FSDP's strided shard each tp slice.
+    assert _merged(Shard(1), 3) == strided(0, split_factor=3)
+    assert _merged(strided(1, split_factor=2), 3) == strided(0, split_factor=6)
+    assert _merged(Shard(2), 3) == Shard(1) and _merged(Replicate(), 3) == Replicate()
+    assert _merged(Partial(), 3) == Partial()
+    with pytest.raises(ValueError, match="not split over its parts"):
+        _merged(Shard(0), 3)
+
+
+def test_the_files_see_a_fused_parameter_and_its_moments_as_the_single_device_tensor():
+    from lightning_dist.checkpoint.canonical import single_device_state
+
+    weight, moment = torch.randn(3, 4, 2), torch.randn(3, 4, 2)
+    state = {
+        "state_dict": {"model.qkv.weight": weight, "model.proj.weight": torch.randn(2, 4)},
+        "optimizer_0": {
+            "state.model.qkv.weight.exp_avg": moment,
+            "state.model.qkv.weight.step": torch.tensor(3.0),
+            "param_groups.model.qkv.weight.lr": 0.1,
+        },
+    }
+    files = single_device_state(state, {"model.qkv.weight"})
+    assert files["state_dict"]["model.qkv.weight"].shape == (12, 2)
+    assert files["optimizer_0"]["state.model.qkv.weight.exp_avg"].shape == (12, 2)
+    assert (
+        files["optimizer_0"]["state.model.qkv.weight.step"]
+        is state["optimizer_0"]["state.model.qkv.weight.step"]
+    )
+    assert files["state_dict"]["model.proj.weight"] is state["state_dict"]["model.proj.weight"]
+    files["state_dict"]["model.qkv.weight"].zero_()  # a view: a load lands in the parameter
+    assert not weight.any() and state["state_dict"]["model.qkv.weight"] is weight
+    assert single_device_state(state, set()) is state
 
 
 def test_plain_colwise_on_a_fused_name_warns_once(caplog):
