@@ -197,6 +197,11 @@ class IndexedWriter:
             info = np.iinfo(self.dtype)
             self._range = (info.min, info.max)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens written so far."""
+        return self._tokens
+
     def add(self, tokens) -> None:
         """Append one sequence (any array-like of ids) to the current document."""
         tokens = np.asarray(tokens)
