@@ -138,8 +138,9 @@ def prepare(
         )
         _remove_temporaries(folder, names[i])
     write_manifest(manifest_path, manifest)
-    settings = dict(tokenizer=tokenizer, fmt=fmt, field=field, folder=str(folder),
-                    shard_tokens=shard_tokens, skip_bad_records=skip_bad_records)  # fmt: skip
+    settings = dict(tokenizer=tokenizer, vocab_size=tok.vocab_size, eos_id=tok.eos_id, fmt=fmt,
+                    field=field, folder=str(folder), shard_tokens=shard_tokens,
+                    skip_bad_records=skip_bad_records)  # fmt: skip
     if tasks:
         count = min(workers, len(tasks))
         _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_shard)
