@@ -33,7 +33,7 @@ from lightning_dist.run.errors import ConfigError
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
-DTYPE_CODES = {
+DTYPE_CODES: dict[int, np.dtype] = {
     1: np.dtype(np.uint8),
     2: np.dtype(np.int8),
     3: np.dtype(np.int16),

@@ -62,6 +62,8 @@ def check_fused(name: str, module: nn.Module, style: str, tp: int, shard_size: i
     output features split into n parts, each divisible by tp and its tp slice by shard_size
     (FSDP2 shards a dimension other than the first only evenly)."""
     parts = fused_parts(style)
+    if parts is None:
+        raise ValueError(f"{name}: {style!r} is not a 'colwise_fused(n)' style")
     if not isinstance(module, nn.Linear):
         raise ValueError(
             f"TP plan style {style!r} of {name} needs an nn.Linear, got {type(module).__name__}"
@@ -106,10 +108,15 @@ class FusedColwiseParallel(ColwiseParallel):
         )
         setattr(module, FUSED_PARTS, self.parts)
         # The class's own forward (nn.Linear's, a float8 Linear's), on the flat views.
-        module.forward = partial(_on_flat_views, module, partial(type(module).forward, module))
-        module.reset_parameters = partial(_reset_fused, module)
+        module.forward = partial(_on_flat_views, module, partial(type(module).forward, module))  # type: ignore[method-assign]
+        module.reset_parameters = partial(_reset_fused, module)  # type: ignore[method-assign]
+        # torch types output_fn as returning None; it returns the module's output, as ours does.
         return distribute_module(
-            module, device_mesh, self._partition_fused, prepare_input, _local_output
+            module,
+            device_mesh,
+            self._partition_fused,
+            prepare_input,
+            _local_output,  # type: ignore[arg-type]
         )
 
     def _partition_fused(self, name: str, module: nn.Module, device_mesh) -> None:
@@ -199,7 +206,7 @@ def _merged(placement, parts: int):
     """`placement` of [n, O, ...] as one of [n * O, ...]. DTensor applies mesh dimensions in
     order, each to what the earlier ones left; a split of dim 1 into s runs of each part's
     rows (Shard: s = 1) is a split of the merged dim into n * s runs."""
-    strided = strided_shard_class()
+    strided: Any = strided_shard_class()
     if isinstance(placement, (Replicate, Partial)):
         return placement
     if isinstance(placement, strided) and placement.dim == 1:
