@@ -2,8 +2,10 @@
 was rejected.
 
 The layouts come from `space.py`, pruned so that 405B on 2048 nodes answers in a fraction of a
-second; micro-batch sizes are the powers of two dividing the per-rank batch, and a family
-stops growing them at the first that does not fit.
+second; micro-batch sizes are the powers of two and three times the powers of two dividing the
+per-rank batch (`space.micro_batch_values`), and a family stops growing them at the first that
+does not fit. Layouts train.py cannot run yet (ZeRO-1, embedding-only and loss-only pipeline
+chunks: `estimate.planner_only`) are ranked beside the others but never chosen.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightning_dist.planner.estimate import (
     float8_problem,
     mixed_fit,
     mixed_split,
+    planner_only,
     pp_problem,
     tp_problem,
 )
@@ -47,7 +50,7 @@ from lightning_dist.planner.space import (
     dp_splits,
     ep_values,
     layout_makers,
-    powers_dividing,
+    micro_batch_values,
     powers_of_two,
     pp_values,
     sharded_splits,
@@ -156,8 +159,15 @@ def plan_layouts(
     families, min_batch = _enumerate_families(search)
     best, misses, rejected = _search_families(search, families)
     rejected_list = [{"family": k, "reason": v} for k, v in rejected.items()]
-    if best:
-        return PlanResult(sorted(best, key=_rank), 0, rejected_list)
+    runnable = [c for c in best if c.planner_only is None]
+    if runnable:
+        ranked = sorted(best, key=_rank)
+        chosen = next(i for i, c in enumerate(ranked) if c.planner_only is None)
+        return PlanResult(ranked, chosen, rejected_list)
+    if best:  # only layouts train.py cannot run yet fit: shown, none chosen
+        ranked = sorted(best, key=_rank)
+        message = f"only planner-only layouts fit ({ranked[0].planner_only})"
+        return PlanResult(ranked, None, rejected_list, message)
     if not misses:
         message = no_layout_exists(search, min_batch, rejected)
         return PlanResult([], None, rejected_list, message)
@@ -295,7 +305,12 @@ def _search_families(
             continue
         tally = _search_family(search, family)
         if tally.fitting:
-            best.append(min(tally.fitting, key=_rank))
+            # The family's fastest, and its fastest runnable one where that is slower.
+            fastest = min(tally.fitting, key=_rank)
+            best.append(fastest)
+            runnable = [c for c in tally.fitting if c.planner_only is None]
+            if fastest.planner_only and runnable:
+                best.append(min(runnable, key=_rank))
         elif tally.smallest is not None:
             miss = tally.smallest
             misses.append(miss)
@@ -334,7 +349,7 @@ def _sweep_micro_batches(
     first that does not fit."""
     hardware = search.hardware
     base = search.base.with_knobs(activation_checkpointing=ac, cpu_offload=offload, **family.knobs)
-    for mbs in search.micro_batch_sizes or powers_dividing(family.per_rank):
+    for mbs in search.micro_batch_sizes or micro_batch_values(family.per_rank):
         settings = replace(base, micro_batch_size=mbs, sharding=family.mode)
         layout, problem = _build_layout(make_layout, family.per_rank, settings)
         if layout is None:
@@ -361,7 +376,8 @@ def _sweep_micro_batches(
             overlap=search.overlap,
             compile_speedup=search.compile_speedup,
         )
-        tally.fitting.append(Candidate(layout, settings, mem, t, True))
+        only = planner_only(search.model, layout, settings)
+        tally.fitting.append(Candidate(layout, settings, mem, t, True, None, only))
 
 
 def _build_layout(make_layout, per_rank: int, settings: TrainSettings):
