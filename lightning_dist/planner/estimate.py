@@ -232,6 +232,11 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
     max_seq = getattr(model, "max_seq_len", None)
     if problem is None and max_seq is not None and settings.seq_len > max_seq:
         problem = f"seq_len={settings.seq_len} exceeds the model's max_seq_len={max_seq}"
+    if problem is None and settings.sharding == "SHARD_OPTIMIZER" and layout.shard_size > 1:
+        problem = (
+            f"sharding=SHARD_OPTIMIZER (ZeRO-1) shards the optimizer over dp_replicate with the "
+            f"parameters whole; dp_shard x cp = {layout.shard_size} must be 1"
+        )
     if (
         problem is None
         and settings.offload

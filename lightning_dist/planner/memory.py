@@ -324,7 +324,8 @@ def model_state_bytes(
     replicated parameters between steps. Offload moves the sharded states to host memory.
     DiLoCo (`strategy.diloco_inner_steps`, DDP) adds its outer optimizer's state to the
     optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
-    (`parallel/diloco.py`).
+    (`parallel/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
+    and 1/dp of the optimizer states (an uneven last shard's padding is not counted).
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
@@ -333,6 +334,8 @@ def model_state_bytes(
     sharded = (shape.params - shape.experts) / n + shape.experts / n_experts
     device = [nbytes * sharded for nbytes in (p_b, g_b, o_b)]
     sync = settings.options.grad_sync
+    if settings.sharding == "SHARD_OPTIMIZER":
+        device[2] /= layout.dp
     if n == 1 and sync.diloco_inner_steps:  # DiLoCo's anchor and outer momentum, fp32
         device[2] += (4 + (4 if sync.diloco_outer_momentum else 0)) * shape.params
     if n > 1 and settings.offload:

@@ -34,7 +34,7 @@ from lightning_dist.planner.estimate import (
 )
 from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.labels import describe
-from lightning_dist.planner.memory import memory_per_device
+from lightning_dist.planner.memory import SHARDED_MODES, memory_per_device
 from lightning_dist.planner.mixed import mixed_problem
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
@@ -57,6 +57,10 @@ from lightning_dist.planner.space import (
 )
 from lightning_dist.planner.timing import step_time
 
+ZERO1_GAIN = 0.01
+"""A ZeRO-1 family is listed beside DDP's on the same degrees only when it is this much faster
+(its smaller optimizer states let a larger micro-batch or less recomputation fit); else it
+would repeat DDP's row with the same time."""
 CHECKPOINTING_CHOICES = (0, 2, "op", "op_alternate", "full")
 """The `activation_checkpointing` settings a search tries when none is pinned: off, every 2nd
 block, op-level (selective), op-level saving every other matmul, and every block, from the least
@@ -276,10 +280,10 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
     knobs = {"cp_mode": cp_mode} if cp > 1 else {}
     families = []
     for r, s, mode in splits:
-        split = mode != "NO_SHARD" and search.expert_parallel
+        split = mode in SHARDED_MODES and search.expert_parallel
         for ep in ep_values(search.model, s * cp) if split else [1]:
             key = f"{degrees} dp_replicate={r} dp_shard={s}" + (f" ep={ep}" if ep > 1 else "")
-            key += f" {mode}" if s * cp > 1 else ""
+            key += f" {mode}" if s * cp > 1 or mode == "SHARD_OPTIMIZER" else ""
             problem = Layout(dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep).experts_problem(
                 search.model
             )
@@ -299,11 +303,19 @@ def _search_families(
     best: list[Candidate] = []
     misses: list[Miss] = []
     rejected: dict[str, str] = {}
+    replicated: dict[str, Candidate] = {}  # DDP's fastest of each degrees
     for family in families:
         if family.problem is not None:
             rejected[family.key] = family.problem
             continue
         tally = _search_family(search, family)
+        if tally.fitting and family.mode == "NO_SHARD":
+            replicated[family.key] = min(tally.fitting, key=_rank)
+        ddp = replicated.get(family.key.removesuffix(" SHARD_OPTIMIZER"))
+        if tally.fitting and family.mode == "SHARD_OPTIMIZER" and ddp is not None:
+            zero1 = min(tally.fitting, key=_rank)
+            if zero1.time.step_seconds > (1 - ZERO1_GAIN) * ddp.time.step_seconds:
+                continue  # no faster than DDP on the same degrees: not worth a row
         if tally.fitting:
             # The family's fastest, and its fastest runnable one where that is slower.
             fastest = min(tally.fitting, key=_rank)
@@ -327,7 +339,8 @@ def _search_family(search: SearchInputs, family: _Family) -> _Tally:
     """Estimate the variants of one family: each AC option, schedule and micro-batch size,
     first without offload and, only if none of those fits, with it."""
     tally = _Tally()
-    offloads = (False, True) if (search.allow_offload and family.mode != "NO_SHARD") else (False,)
+    sharded = family.mode in SHARDED_MODES
+    offloads = (False, True) if (search.allow_offload and sharded) else (False,)
     for offload in offloads:
         if tally.fitting:
             break  # offload is only worth its host traffic when nothing else fits
@@ -403,6 +416,7 @@ def _complexity(c: Candidate) -> int:
         + (lay.dp_shard > 1)
         + hybrid
         + st.activation_checkpointing.enabled
+        + (st.sharding == "SHARD_OPTIMIZER")
         + 2 * st.offload
     )
 

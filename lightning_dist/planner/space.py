@@ -60,11 +60,12 @@ def layout_makers(model, pp, r, s, tp, schedules, cp=1, ep=1):
 
 
 def dp_splits(dp, pp, shard_start, modes):
-    """(dp_replicate, dp_shard, mode) options: DDP, full sharding, and HSDP splits whose shard
-    group is a power of two from one node's worth of ranks up to half of dp."""
+    """(dp_replicate, dp_shard, mode) options: DDP, ZeRO-1 over the replicas, full sharding,
+    and HSDP splits whose shard group is a power of two from one node's worth of ranks up to
+    half of dp."""
     if dp == 1:
         return [(1, 1, "NO_SHARD")]
-    splits = [(dp, 1, "NO_SHARD"), (1, dp, "FULL_SHARD")]
+    splits = [(dp, 1, "NO_SHARD"), (dp, 1, "SHARD_OPTIMIZER"), (1, dp, "FULL_SHARD")]
     if pp == 1:
         splits.append((1, dp, "SHARD_GRAD_OP"))  # under PP it behaves as FULL_SHARD does
     s = max(2, shard_start)
@@ -96,6 +97,8 @@ def sharded_splits(
     SHARD_GRAD_OP over them, in `modes`."""
     out = []
     for r, s, mode in splits:
+        if mode == "SHARD_OPTIMIZER":  # FSDP shards the parameters over cp already
+            continue
         options = [mode]
         if mode == "NO_SHARD":
             options = (
