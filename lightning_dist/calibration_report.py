@@ -1,4 +1,4 @@
-"""`python -m lightning_dist.calibration_report [--write] [--megatron]`: the planner against every row of
+"""`python -m lightning_dist.calibration_report [--write] [--megatron] [--refit]`: the planner against every row of
 its calibration (lightning_dist/planner/calibration.json): predicted, measured or published,
 error, and whether the row meets its target (`calibration.TARGETS`).
 
@@ -23,6 +23,13 @@ The published runs, predicted here by the current planner:
   the recomputed forward: `time.hfu`), predicted for the published layout (best schedule and
   micro-batch) with the math attention path of 2021 (no flash attention).
 
+- **llm-foundry's MPT table** (`scripts/train/benchmarking/README.md` in mosaicml/llm-foundry;
+  `calibration_foundry.py`): 15 FSDP rows, 7B to 70B on H100 and A100, 2K to 32K tokens, fitted
+  to nothing.
+
+Beside each published time row it prints the error as shipped, in-sample (every source fitted)
+and leave-one-source-out (`calibration_holdout.py`; `--refit` recomputes those fits).
+
 `published_rows()` gives them as calibration rows with the current planner's predictions;
 `--write` stores those in calibration.json (a test checks that the stored ones are current);
 `--megatron` prints the Megatron comparison as docs/PLANNER.md's table. A top-level module like
@@ -31,6 +38,7 @@ The published runs, predicted here by the current planner:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from lightning_dist.hardware import HardwareSpec
@@ -78,9 +86,23 @@ TORCHTITAN_RUNS = (
 
 def hardware(overrides: list[str]) -> HardwareSpec:
     """The HardwareSpec of conf/ with `overrides` (hardware=..., hardware.<field>=...)."""
+    return _composed_hardware(tuple(overrides))
+
+
+@functools.lru_cache(maxsize=64)
+def _composed_hardware(overrides: tuple[str, ...]) -> HardwareSpec:
+    """`hardware`, composed once per override set (a fit predicts every row many times)."""
     from lightning_dist.config import compose_config, hardware_spec
 
     return hardware_spec(compose_config([*overrides, "paths.output_dir=."]))
+
+
+@functools.lru_cache(maxsize=8)
+def config_model(name: str):
+    """The ModelArgs of conf/model/<name>.yaml, composed once."""
+    from lightning_dist.config import compose_config, model_spec
+
+    return model_spec(compose_config([f"model={name}", "paths.output_dir=."]))
 
 
 def torchtitan_hardware(nodes: int) -> HardwareSpec:
@@ -102,12 +124,17 @@ def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
     ]  # fmt: skip
 
 
-def torchtitan_candidate(run: TorchtitanRun):
-    from lightning_dist.config import compose_config, model_spec
+def torchtitan_label(run: TorchtitanRun) -> str:
+    """The row's layout name: 'fsdp 8 compile float8'."""
+    return f"fsdp {run.gpus}" + (" compile" if run.compile else "") + (
+        " float8" if run.float8 else "")  # fmt: skip
 
-    model = model_spec(compose_config(["model=llama3_8b", "paths.output_dir=."]))
+
+def torchtitan_candidate(run: TorchtitanRun, spec: HardwareSpec | None = None):
+    """The planner's estimate of the run on `spec` (default `torchtitan_hardware`)."""
+    model = config_model("llama3_8b")
     return estimate(
-        model, torchtitan_hardware(run.gpus // 8), Layout(dp_shard=run.gpus),
+        model, spec or torchtitan_hardware(run.gpus // 8), Layout(dp_shard=run.gpus),
         global_batch_size=2 * run.gpus, seq_len=8192, micro_batch_size=2,
         activation_checkpointing="op_alternate", compile=run.compile,
         float8="tensorwise" if run.float8 else "none", float8_all_gather=run.float8,
@@ -118,8 +145,7 @@ def torchtitan_rows() -> list[CalibrationRow]:
     rows = []
     for run in TORCHTITAN_RUNS:
         c = torchtitan_candidate(run)
-        label = f"fsdp {run.gpus}" + (" compile" if run.compile else "") + (
-            " float8" if run.float8 else "")  # fmt: skip
+        label = torchtitan_label(run)
         common = dict(
             source="published", model="Llama 3.1 8B", hardware="H100 96GB HBM2e 500W",
             layout=label, overrides=tuple(torchtitan_overrides(run)),
@@ -158,9 +184,35 @@ def megatron_rows() -> list[CalibrationRow]:
     return rows
 
 
+def foundry_rows() -> list[CalibrationRow]:
+    """llm-foundry's MPT rows (`calibration_foundry.py`): tokens/s per GPU."""
+    from lightning_dist.calibration_foundry import (
+        FOUNDRY,
+        FOUNDRY_RUNS,
+        foundry_candidate,
+        foundry_hardware_overrides,
+        mpt_model,
+    )  # fmt: skip
+
+    rows = []
+    for run in FOUNDRY_RUNS:
+        overrides = foundry_hardware_overrides(run)
+        c = foundry_candidate(run, hardware(overrides))
+        rows.append(CalibrationRow(
+            source="published", quantity="time.tokens_per_sec_per_device",
+            measured=run.tokens_per_gpu, predicted=c.time.tokens_per_sec / run.gpus,
+            model=f"MPT-{run.model} ({mpt_model(run.model, run.seq_len).num_params() / 1e9:.1f}B)",
+            hardware=overrides[0].partition("=")[2], layout=run.label,
+            planner_layout=c.describe(), precision=c.settings.precision, seq_len=run.seq_len,
+            global_batch_size=run.global_batch, origin=f"{FOUNDRY}, {run.table}",
+            date="2023-10-17", notes="fsdp FULL_SHARD over every GPU, flash attention",
+        ))  # fmt: skip
+    return rows
+
+
 def published_rows() -> list[CalibrationRow]:
     """Every published row, with the current planner's prediction."""
-    return torchtitan_rows() + megatron_rows()
+    return torchtitan_rows() + megatron_rows() + foundry_rows()
 
 
 @dataclass(frozen=True)
@@ -263,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                         "current predictions in calibration.json")  # fmt: skip
     parser.add_argument("--megatron", action="store_true", help="print the Megatron-LM "
                         "Table 1 comparison of docs/PLANNER.md instead")  # fmt: skip
+    parser.add_argument("--refit", action="store_true", help="refit the leave-one-source-out "
+                        "constants and store them (planner/holdout_fits.json)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.megatron:
         from lightning_dist.planner.megatron import TABLE1, compare_row, markdown
@@ -293,7 +347,28 @@ def main(argv: list[str] | None = None) -> int:
     print(table(held))
     missed = _missed(held)
     print(f"\n{len(held)} held-out rows, {len(held) - len(missed)} within the same targets")
+    print_holdout(refit=args.refit)
     return 0
+
+
+def print_holdout(refit: bool = False) -> None:
+    """The published time rows' errors as shipped, in-sample and leave-one-source-out
+    (`calibration_holdout.py`), and the plan's prediction band they give."""
+    from lightning_dist import calibration_holdout as holdout
+
+    if refit:
+        holdout.save_fits(holdout.refit())
+    fits = holdout.load_fits()
+    text, misses = holdout.holdout_report(fits["fits"])
+    print("\nLeave-one-source-out (time constants refitted without the row's source; in-sample: "
+          "fitted to every source; lightning_dist/planner/holdout_fits.json):\n")  # fmt: skip
+    print(text)
+    rows = text.count("\n") - 1
+    p10, p90 = fits["band"]
+    print(f"\n{rows} published time rows, {rows - len(misses)} within their targets left out of "
+          f"the fit; the 10th-90th percentile of those errors, {p10:+.1%} to {p90:+.1%}, is the "
+          "plan's band. Memory rows depend on no fitted constant: their error above is their "
+          "leave-one-source-out error.")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ LEGEND = f"""legend: the first word is the strategy that runs the row: single, d
   offload = parameters, gradients and optimizer state live in host memory (FSDP CPU offload),
   so `host GiB` holds them instead of the device; ep = expert-parallel ranks of a mixture of
   experts (borrowed from dp_shard: each holds 1/ep of every MoE layer's experts).
+  SHARD_OPTIMIZER = ZeRO-1: parameters and gradients whole on every replica, optimizer states
+  sharded over dp_replicate. A row marked "planner only" is one train.py cannot run yet (ZeRO-1;
+  more pipeline chunks than layers): it is never chosen and has no command.
   GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 
@@ -421,7 +424,7 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         by_category = (mem.params, mem.grads, mem.optimizer, mem.activations, mem.buffers)
         table.add_row(
             "*" if i == result.chosen else str(i),
-            cand.describe(),
+            cand.describe() + (" (planner only)" if cand.planner_only else ""),
             *(_gib(x) for x in by_category[: len(categories)]),
             _gib(mem.total) + ("" if cand.fits else " !"),
             *((_gib(mem.host),) if host else ()),
@@ -444,6 +447,8 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         console.print(f"run it: {_wrapped(command)}", highlight=False,
                       soft_wrap=True)  # fmt: skip
         console.print("(the command of row N: --command N; of every row: --command all)")
+        if hardware.accelerator == "gpu":
+            console.print(prediction_line(best), highlight=False)
         for line in slow_link_advice(shape, hardware, best, evaluate=lambda settings: evaluate(
                 shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM)):  # fmt: skip
             console.print(line, highlight=False)
@@ -454,12 +459,39 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
             console.print(f"  {item['family']}: {item['reason']}", highlight=False)
 
 
+def _sig3(x: float) -> float:
+    """`x` to three significant digits (a band is no more precise)."""
+    return float(f"{x:.3g}")
+
+
+def prediction_line(candidate) -> str:
+    """The chosen row's tokens/s, step time and MFU, each with its likely range: the 10th to
+    90th percentile of the time model's leave-one-source-out errors on published runs
+    (`calibration_holdout.prediction_band`; docs/PLANNER.md, "Uncertainty")."""
+    from lightning_dist.calibration_holdout import prediction_band
+
+    t = candidate.time
+    low, high = prediction_band(t.tokens_per_sec)
+    line = (f"predicted: tokens/s {t.tokens_per_sec:,.0f}, likely {_sig3(low):,.0f}-"
+            f"{_sig3(high):,.0f}; step "
+            f"{format_seconds(t.step_seconds)}, likely "
+            f"{format_seconds(t.step_seconds * t.tokens_per_sec / high)}-"
+            f"{format_seconds(t.step_seconds * t.tokens_per_sec / low)}")  # fmt: skip
+    if t.mfu is not None:
+        scale = t.mfu / t.tokens_per_sec
+        line += f"; MFU {t.mfu:.1%}, likely {low * scale:.1%}-{high * scale:.1%}"
+    return line + " (10th-90th percentile of the errors on published runs left out of the fit)"
+
+
 def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
     """`--command`: the train.py command of the chosen row, of row N, or of every shown row.
     Return False when there is none to print."""
     if which == "all":
         for i, cand in enumerate(result.candidates[:top]):
-            print(f"# {i}: {cand.describe()}\n{train_command(overrides, cand)}")
+            if cand.planner_only:
+                print(f"# {i}: {cand.describe()}: planner only, no command ({cand.planner_only})")
+            else:
+                print(f"# {i}: {cand.describe()}\n{train_command(overrides, cand)}")
         return bool(result.candidates)
     if which == "chosen":
         if result.chosen is None:
@@ -469,6 +501,9 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
         index = int(which)
     else:
         _fail(f"--command {which}: give a row number below {len(result.candidates)}, or all")
+    if result.candidates[index].planner_only:
+        _fail(f"--command {which}: row {index} is planner only, train.py cannot run it yet "
+              f"({result.candidates[index].planner_only}); pick another row")  # fmt: skip
     print(train_command(overrides, result.candidates[index]))
     return True
 

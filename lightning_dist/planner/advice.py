@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lightning_dist.planner.labels import strategy_name
+from lightning_dist.planner.settings import REPLICATED_MODES
 
 COMM_COMPUTE_RULE = 0.3
 """Communication over compute above which a run is link-bound (the sources' 30% rule)."""
@@ -37,7 +38,7 @@ def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
              "the same layout with less gradient traffic:"]  # fmt: skip
     if strategy_name(lay, st) == "ddp":  # the strategy with these knobs (options/presets.py)
         options = DDP_OPTIONS
-    elif st.sharding != "NO_SHARD" and st.gradient_reduce_bytes > 2:
+    elif st.sharding not in REPLICATED_MODES and st.gradient_reduce_bytes > 2:
         options = ({"reduce_dtype": "bf16"},)
     else:
         options = ()

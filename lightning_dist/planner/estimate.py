@@ -45,6 +45,9 @@ class Candidate:
     fits: bool
     reason: str | None = None
     """Why it does not fit, with the numbers; None when it fits."""
+    planner_only: str | None = None
+    """Why train.py cannot run it yet (`estimate.planner_only`), or None: such a candidate is
+    ranked and shown but never chosen, and has no train.py command."""
 
     @property
     def grad_accumulation(self) -> int:
@@ -75,6 +78,7 @@ class Candidate:
             "memory_bytes": self.memory.as_dict(),
             "fits": self.fits,
             "reason": self.reason,
+            "planner_only": self.planner_only,
             "step_seconds": t.step_seconds,
             "tokens_per_sec": t.tokens_per_sec,
             "mfu": t.mfu,
@@ -133,12 +137,39 @@ def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
     return None
 
 
+EXTRA_CHUNKS = 2
+"""Pipeline chunks the planner allows beyond one per layer: one that holds only the embedding
+and one that holds only the final norm, the output and the loss (Megatron-LM's
+account_for_embedding/loss_in_pipeline_split). torch's schedules run any module as a stage;
+our pipeline code gives every stage at least one block, so such layouts are planner only
+(`planner_only`)."""
+
+
 def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
-    """Why `pp` stages (of `virtual_stages` chunks each) cannot split the layers, or None."""
+    """Why `pp` stages (of `virtual_stages` chunks each) cannot split the layers, or None:
+    more chunks than the layers, and with several chunks a rank (interleaving) more than the
+    layers and the EXTRA_CHUNKS."""
     chunks = pp * (virtual_stages if pp > 1 else 1)
-    if chunks > model.n_layers:
+    if chunks > model.n_layers + (EXTRA_CHUNKS if chunks > pp else 0):
         extra = f" x virtual_stages={virtual_stages}" if virtual_stages > 1 else ""
-        return f"pp={pp}{extra} exceeds n_layers={model.n_layers}"
+        ends = f" + {EXTRA_CHUNKS} (an embedding-only and a loss-only chunk)" if extra else ""
+        return f"pp={pp}{extra} exceeds n_layers={model.n_layers}{ends}"
+    return None
+
+
+def planner_only(model, layout: Layout, settings: TrainSettings) -> str | None:
+    """Why train.py cannot run this layout yet though the planner models it, or None:
+    ZeRO-1 (`sharding=SHARD_OPTIMIZER`) has no code path, and the pipeline code puts at least
+    one block in every chunk (more chunks than layers need an embedding-only or loss-only
+    one)."""
+    if settings.sharding == "SHARD_OPTIMIZER":
+        return "ZeRO-1 (optimizer states sharded over dp_replicate) is not built yet"
+    if layout.pp > 1 and layout.num_stages > model.n_layers:
+        return (
+            f"pp={layout.pp} x virtual_stages={layout.virtual_stages} = {layout.num_stages} "
+            f"chunks exceed n_layers={model.n_layers}: the pipeline code has no embedding-only "
+            "or loss-only chunk yet"
+        )
     return None
 
 
@@ -160,8 +191,14 @@ def batch_problem(layout: Layout, settings: TrainSettings) -> str | None:
             f"schedule={layout.schedule} needs at least pp={pp} microbatches, the per-rank "
             f"batch of {per_rank} gives {m}"
         )
-    if pp > 1 and layout.schedule.startswith("Interleaved") and m % pp:
-        return f"schedule={layout.schedule} needs microbatches={m} divisible by pp={pp}"
+    rounds = max(1, m // pp)
+    if pp > 1 and layout.schedule.startswith("Interleaved") and m % rounds:
+        # torch's interleaved schedules run m microbatches in max(1, m // pp) equal rounds
+        # (m = 10 on pp = 4: two rounds of 5), not only m divisible by pp.
+        return (
+            f"schedule={layout.schedule} needs microbatches={m} to be a multiple of "
+            f"microbatches // pp = {rounds} (pp={pp})"
+        )
     return None
 
 
@@ -195,6 +232,11 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
     max_seq = getattr(model, "max_seq_len", None)
     if problem is None and max_seq is not None and settings.seq_len > max_seq:
         problem = f"seq_len={settings.seq_len} exceeds the model's max_seq_len={max_seq}"
+    if problem is None and settings.sharding == "SHARD_OPTIMIZER" and layout.shard_size > 1:
+        problem = (
+            f"sharding=SHARD_OPTIMIZER (ZeRO-1) shards the optimizer over dp_replicate with the "
+            f"parameters whole; dp_shard x cp = {layout.shard_size} must be 1"
+        )
     if (
         problem is None
         and settings.offload
@@ -246,7 +288,8 @@ def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, ov
     kwargs = {} if overlap is None else {"overlap": overlap}
     time = step_time(model, hardware, layout, settings, efficiency=efficiency,
                      compile_speedup=compile_speedup, **kwargs)  # fmt: skip
-    return Candidate(layout, settings, memory, time, problem is None, problem)
+    return Candidate(layout, settings, memory, time, problem is None, problem,
+                     planner_only(model, layout, settings))  # fmt: skip
 
 
 def mixed_fit(model, hardware, layout, settings, headroom):
@@ -303,6 +346,8 @@ def mixed_split(model, hardware, layout, settings, headroom):
     has none; a rank over its group's memory gets a block fewer until every rank fits or no
     split is left (then the last fitting attempt is kept and the fit check says why)."""
     if layout.pp == 1 or settings.options.pipeline.split_points:
+        return settings
+    if layout.num_stages > model.n_layers:  # end chunks (`memory.end_chunk_sizes`): no speed split
         return settings
     stages = layout.num_stages
     caps = [model.n_layers] * stages

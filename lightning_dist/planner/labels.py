@@ -64,7 +64,7 @@ def describe(layout: Layout, settings: TrainSettings, strategy: str | None = Non
     if layout.pp > 1:
         v = layout.virtual_stages
         parts.append(layout.schedule + (f"(v={v})" if v > 1 else ""))
-    if runs_fsdp(layout, settings):
+    if runs_fsdp(layout, settings) or settings.sharding == "SHARD_OPTIMIZER":
         parts.append(settings.sharding)
     parts.append(f"mbs={settings.micro_batch_size}")
     if settings.activation_checkpointing.enabled:

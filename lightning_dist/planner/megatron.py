@@ -79,21 +79,23 @@ def paper_flops_per_step(row: PublishedRow) -> float:
     return 96 * b * s * n * h * h * (1 + s / (6 * h) + VOCAB / (16 * n * h))
 
 
-def compare_row(row: PublishedRow, node) -> dict:
+def compare_row(row: PublishedRow, node, *, rank: bool = True) -> dict:
     """The planner on one row, on `node` (the HardwareSpec of one DGX A100 node,
     conf/hardware/dgx_a100.yaml) times the row's nodes, with Megatron's feature set: no ZeRO sharding, activation
     recomputation, 1F1B or interleaved schedules. Returns the published layout's best fitting
-    variant (schedule x micro-batch size), its rank among the planner's layouts (0 = chosen),
-    and both utilisation figures."""
+    variant (schedule x micro-batch size), its rank among the planner's layouts (0 = chosen;
+    with `rank=False` no search runs and rank and chosen are None: a fit's many calls), and
+    both utilisation figures."""
     model = gpt_model_args(row.hidden, row.layers, row.heads)
     hardware = replace(node, num_nodes=row.gpus // 8)
-    plan = plan_layouts(
-        model, hardware, global_batch_size=row.batch, seq_len=SEQ_LEN,
-        sharding_modes=("NO_SHARD",), activation_checkpointing=True, attention="math",
-    )  # fmt: skip
-    ranks = [
-        i for i, c in enumerate(plan.candidates) if (c.layout.tp, c.layout.pp) == (row.tp, row.pp)
-    ]
+    plan = None
+    if rank:
+        plan = plan_layouts(
+            model, hardware, global_batch_size=row.batch, seq_len=SEQ_LEN,
+            sharding_modes=("NO_SHARD",), activation_checkpointing=True, attention="math",
+        )  # fmt: skip
+    ranks = [i for i, c in enumerate(plan.candidates if plan else [])
+             if (c.layout.tp, c.layout.pp) == (row.tp, row.pp)]  # fmt: skip
     dp = row.gpus // (row.tp * row.pp)
     best = None
     for schedule in ("1F1B", "Interleaved1F1B") if row.pp > 1 else ("1F1B",):
@@ -119,7 +121,7 @@ def compare_row(row: PublishedRow, node) -> dict:
         result.update(
             label=best.describe(), memory_gib=best.memory.total / 2**30,
             mfu_percent=100 * best.time.mfu, paper_percent=paper_percent,
-            bubble=best.time.bubble_fraction, chosen=plan.best().describe(),
+            bubble=best.time.bubble_fraction, chosen=plan.best().describe() if plan else None,
         )  # fmt: skip
     return result
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from lightning_dist.layout import Layout, run_lengths, stage_sizes
+from lightning_dist.layout import Layout, balanced_split, run_lengths, stage_sizes
 from lightning_dist.planner.activations import (
     checkpointed_layer_bytes,
     context_parallel_layer_bytes,
@@ -106,7 +106,28 @@ class StageShape:
     """Of `layers`, the MoE blocks."""
 
 
+_SHAPES: dict = {}
+"""`stage_shapes` by (model, the layout fields it reads, split points): a search asks for the
+same stages at every micro-batch size, checkpointing choice and FSDP mode."""
+
+
 def stage_shapes(
+    model, layout: Layout, split_points: list[int] | None = None
+) -> list[tuple[str, StageShape]]:
+    """`cut_stages`, remembered (the shapes depend on the model, tp, ep, pp, the virtual
+    stages and whether the schedule is a V; not on the batch or the data-parallel split)."""
+    ep = expert_degree(layout)
+    key = (repr(model), layout.pp, layout.tp, ep, layout.virtual_stages,
+           layout.schedule == "ZBVZeroBubble", tuple(split_points or ()))  # fmt: skip
+    shapes = _SHAPES.get(key)
+    if shapes is None:
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        shapes = _SHAPES[key] = cut_stages(model, layout, split_points)
+    return list(shapes)
+
+
+def cut_stages(
     model, layout: Layout, split_points: list[int] | None = None
 ) -> list[tuple[str, StageShape]]:
     """One entry per pipeline rank ('only' without PP; 'first', 'rank r' ..., 'last'), with
@@ -150,7 +171,10 @@ def stage_shapes(
     else:
         blocks = (tuple(model.layer_params(i) for i in range(model.n_layers))
                   if is_moe(model) else model.block_params())  # fmt: skip
-        sizes = stage_sizes(model.n_layers, n, blocks, embedding, embedding + d)
+        if n > model.n_layers:
+            sizes = end_chunk_sizes(model.n_layers, n, blocks, embedding, embedding + d)
+        else:
+            sizes = stage_sizes(model.n_layers, n, blocks, embedding, embedding + d)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     out = []
     for rank in range(layout.pp):
@@ -160,6 +184,20 @@ def stage_shapes(
         first_blocks = tuple(starts[i] for i in ids)
         out.append((name, shape(0 in ids, n - 1 in ids, chunks, rank, first_blocks)))
     return out
+
+
+def end_chunk_sizes(
+    n_blocks: int, num_stages: int, block: int | tuple[int, ...], first: int, last: int
+) -> tuple[int, ...]:
+    """Blocks per stage when there are more stages than blocks (at most two more,
+    `estimate.EXTRA_CHUNKS`): the embedding (`first` parameters) and the output (`last`) are
+    cut as units of their own, so the first or the last stage may hold no block at all
+    (an embedding-only or a loss-only chunk); the balanced cut of `stage_sizes` otherwise."""
+    blocks = list(block) if isinstance(block, tuple) else [block] * n_blocks
+    runs = list(run_lengths(balanced_split([first, *blocks, last], num_stages), n_blocks + 2))
+    runs[0] -= 1
+    runs[-1] -= 1
+    return tuple(runs)
 
 
 def inflight_microbatches(layout: Layout, stage: str | int, microbatches: int) -> float:
@@ -286,7 +324,8 @@ def model_state_bytes(
     replicated parameters between steps. Offload moves the sharded states to host memory.
     DiLoCo (`strategy.diloco_inner_steps`, DDP) adds its outer optimizer's state to the
     optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
-    (`parallel/diloco.py`).
+    (`parallel/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
+    and 1/dp of the optimizer states (an uneven last shard's padding is not counted).
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
@@ -295,6 +334,8 @@ def model_state_bytes(
     sharded = (shape.params - shape.experts) / n + shape.experts / n_experts
     device = [nbytes * sharded for nbytes in (p_b, g_b, o_b)]
     sync = settings.options.grad_sync
+    if settings.sharding == "SHARD_OPTIMIZER":
+        device[2] /= layout.dp
     if n == 1 and sync.diloco_inner_steps:  # DiLoCo's anchor and outer momentum, fp32
         device[2] += (4 + (4 if sync.diloco_outer_momentum else 0)) * shape.params
     if n > 1 and settings.offload:

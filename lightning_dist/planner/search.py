@@ -2,8 +2,10 @@
 was rejected.
 
 The layouts come from `space.py`, pruned so that 405B on 2048 nodes answers in a fraction of a
-second; micro-batch sizes are the powers of two dividing the per-rank batch, and a family
-stops growing them at the first that does not fit.
+second; micro-batch sizes are the powers of two and three times the powers of two dividing the
+per-rank batch (`space.micro_batch_values`), and a family stops growing them at the first that
+does not fit. Layouts train.py cannot run yet (ZeRO-1, embedding-only and loss-only pipeline
+chunks: `estimate.planner_only`) are ranked beside the others but never chosen.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from lightning_dist.planner.estimate import (
     float8_problem,
     mixed_fit,
     mixed_split,
+    planner_only,
     pp_problem,
     tp_problem,
 )
 from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.labels import describe
-from lightning_dist.planner.memory import memory_per_device
+from lightning_dist.planner.memory import SHARDED_MODES, memory_per_device
 from lightning_dist.planner.mixed import mixed_problem
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
@@ -47,13 +50,17 @@ from lightning_dist.planner.space import (
     dp_splits,
     ep_values,
     layout_makers,
-    powers_dividing,
+    micro_batch_values,
     powers_of_two,
     pp_values,
     sharded_splits,
 )
 from lightning_dist.planner.timing import step_time
 
+ZERO1_GAIN = 0.01
+"""A ZeRO-1 family is listed beside DDP's on the same degrees only when it is this much faster
+(its smaller optimizer states let a larger micro-batch or less recomputation fit); else it
+would repeat DDP's row with the same time."""
 CHECKPOINTING_CHOICES = (0, 2, "op", "op_alternate", "full")
 """The `activation_checkpointing` settings a search tries when none is pinned: off, every 2nd
 block, op-level (selective), op-level saving every other matmul, and every block, from the least
@@ -156,8 +163,15 @@ def plan_layouts(
     families, min_batch = _enumerate_families(search)
     best, misses, rejected = _search_families(search, families)
     rejected_list = [{"family": k, "reason": v} for k, v in rejected.items()]
-    if best:
-        return PlanResult(sorted(best, key=_rank), 0, rejected_list)
+    runnable = [c for c in best if c.planner_only is None]
+    if runnable:
+        ranked = sorted(best, key=_rank)
+        chosen = next(i for i, c in enumerate(ranked) if c.planner_only is None)
+        return PlanResult(ranked, chosen, rejected_list)
+    if best:  # only layouts train.py cannot run yet fit: shown, none chosen
+        ranked = sorted(best, key=_rank)
+        message = f"only planner-only layouts fit ({ranked[0].planner_only})"
+        return PlanResult(ranked, None, rejected_list, message)
     if not misses:
         message = no_layout_exists(search, min_batch, rejected)
         return PlanResult([], None, rejected_list, message)
@@ -266,10 +280,10 @@ def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
     knobs = {"cp_mode": cp_mode} if cp > 1 else {}
     families = []
     for r, s, mode in splits:
-        split = mode != "NO_SHARD" and search.expert_parallel
+        split = mode in SHARDED_MODES and search.expert_parallel
         for ep in ep_values(search.model, s * cp) if split else [1]:
             key = f"{degrees} dp_replicate={r} dp_shard={s}" + (f" ep={ep}" if ep > 1 else "")
-            key += f" {mode}" if s * cp > 1 else ""
+            key += f" {mode}" if s * cp > 1 or mode == "SHARD_OPTIMIZER" else ""
             problem = Layout(dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep).experts_problem(
                 search.model
             )
@@ -289,13 +303,26 @@ def _search_families(
     best: list[Candidate] = []
     misses: list[Miss] = []
     rejected: dict[str, str] = {}
+    replicated: dict[str, Candidate] = {}  # DDP's fastest of each degrees
     for family in families:
         if family.problem is not None:
             rejected[family.key] = family.problem
             continue
         tally = _search_family(search, family)
+        if tally.fitting and family.mode == "NO_SHARD":
+            replicated[family.key] = min(tally.fitting, key=_rank)
+        ddp = replicated.get(family.key.removesuffix(" SHARD_OPTIMIZER"))
+        if tally.fitting and family.mode == "SHARD_OPTIMIZER" and ddp is not None:
+            zero1 = min(tally.fitting, key=_rank)
+            if zero1.time.step_seconds > (1 - ZERO1_GAIN) * ddp.time.step_seconds:
+                continue  # no faster than DDP on the same degrees: not worth a row
         if tally.fitting:
-            best.append(min(tally.fitting, key=_rank))
+            # The family's fastest, and its fastest runnable one where that is slower.
+            fastest = min(tally.fitting, key=_rank)
+            best.append(fastest)
+            runnable = [c for c in tally.fitting if c.planner_only is None]
+            if fastest.planner_only and runnable:
+                best.append(min(runnable, key=_rank))
         elif tally.smallest is not None:
             miss = tally.smallest
             misses.append(miss)
@@ -312,7 +339,8 @@ def _search_family(search: SearchInputs, family: _Family) -> _Tally:
     """Estimate the variants of one family: each AC option, schedule and micro-batch size,
     first without offload and, only if none of those fits, with it."""
     tally = _Tally()
-    offloads = (False, True) if (search.allow_offload and family.mode != "NO_SHARD") else (False,)
+    sharded = family.mode in SHARDED_MODES
+    offloads = (False, True) if (search.allow_offload and sharded) else (False,)
     for offload in offloads:
         if tally.fitting:
             break  # offload is only worth its host traffic when nothing else fits
@@ -334,7 +362,7 @@ def _sweep_micro_batches(
     first that does not fit."""
     hardware = search.hardware
     base = search.base.with_knobs(activation_checkpointing=ac, cpu_offload=offload, **family.knobs)
-    for mbs in search.micro_batch_sizes or powers_dividing(family.per_rank):
+    for mbs in search.micro_batch_sizes or micro_batch_values(family.per_rank):
         settings = replace(base, micro_batch_size=mbs, sharding=family.mode)
         layout, problem = _build_layout(make_layout, family.per_rank, settings)
         if layout is None:
@@ -361,7 +389,8 @@ def _sweep_micro_batches(
             overlap=search.overlap,
             compile_speedup=search.compile_speedup,
         )
-        tally.fitting.append(Candidate(layout, settings, mem, t, True))
+        only = planner_only(search.model, layout, settings)
+        tally.fitting.append(Candidate(layout, settings, mem, t, True, None, only))
 
 
 def _build_layout(make_layout, per_rank: int, settings: TrainSettings):
@@ -387,6 +416,7 @@ def _complexity(c: Candidate) -> int:
         + (lay.dp_shard > 1)
         + hybrid
         + st.activation_checkpointing.enabled
+        + (st.sharding == "SHARD_OPTIMIZER")
         + 2 * st.offload
     )
 

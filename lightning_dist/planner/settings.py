@@ -29,7 +29,12 @@ PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 # Optimizer states per parameter (Adam keeps m and v; plain SGD keeps nothing).
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 
-SHARDING_MODES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
+SHARDING_MODES = ("NO_SHARD", "SHARD_OPTIMIZER", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
+REPLICATED_MODES = ("NO_SHARD", "SHARD_OPTIMIZER")
+"""The modes whose parameters and gradients are whole on every data-parallel rank: DDP, and
+ZeRO-1 (`SHARD_OPTIMIZER`: the optimizer states sharded over the dp_replicate ranks, as
+Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer run it; modelled by the
+planner, not built in the code yet: `estimate.planner_only`)."""
 
 # --- cost-model constants (rough, documented; calibration refines them later) -------------
 
@@ -122,7 +127,8 @@ class TrainSettings:
     """Sequences per rank per forward pass (a pipeline microbatch under PP)."""
     sharding: str = "FULL_SHARD"
     """FSDP mode over dp_shard x cp (`Layout.shard_size`): NO_SHARD (DDP), SHARD_GRAD_OP,
-    FULL_SHARD or HYBRID_SHARD."""
+    FULL_SHARD or HYBRID_SHARD; or SHARD_OPTIMIZER (ZeRO-1 over dp_replicate with dp_shard = 1:
+    `REPLICATED_MODES`)."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
     accelerator: str = "gpu"
@@ -145,7 +151,7 @@ class TrainSettings:
         """Does FSDP compute with bf16 parameters under bf16-mixed? It does when it shards
         (dp_shard > 1) and `param_dtype` is bf16, or unset on a GPU. It then casts each unit's
         inputs to bf16, so the residual stream is bf16 too."""
-        if self.precision != "bf16-mixed" or self.sharding == "NO_SHARD":
+        if self.precision != "bf16-mixed" or self.sharding in REPLICATED_MODES:
             return False
         dtype = self.options.precision.param_dtype
         if dtype is None:
@@ -179,7 +185,7 @@ class TrainSettings:
         """Bytes per gradient element data parallelism reduces: FSDP's `reduce_dtype` (unset:
         the compute dtype; `parallel/precision.py`), DDP's the parameters' own (fp32 unless
         bf16-true) or its compression's (`strategy.grad_compression=bf16|fp16`: 2)."""
-        if self.sharding == "NO_SHARD":
+        if self.sharding in REPLICATED_MODES:
             halved = self.options.grad_sync.grad_compression in ("bf16", "fp16")
             return 2 if self.precision == "bf16-true" or halved else 4
         if self.precision == "32-true":

@@ -1,10 +1,13 @@
 """The space of layouts the search walks, pruned to what is worth estimating.
 
-TP takes powers of two inside a node; PP takes the divisors of the remaining ranks that are
-powers of two or divide the layer count (uneven splits are allowed, the busiest stage sets the
-pace); CP takes powers of two for long sequences (`cp_values`); DP is pure replication (DDP),
-pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a power-of-two shard group; interleaved
-schedules try 2, 4 and 8 chunks per rank.
+TP takes powers of two inside a node; PP takes every divisor of the remaining ranks up to the
+layer count (uneven splits are allowed, the busiest stage sets the pace: BLOOM-176B trained its
+70 layers on pp=12); CP takes powers of two for long sequences (`cp_values`); DP is pure
+replication (DDP), ZeRO-1 (`SHARD_OPTIMIZER`: replicated parameters and gradients, optimizer
+states sharded; planner only), pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a
+power-of-two shard group; interleaved schedules try 2, 4 and 8 chunks per rank, and up to two
+chunks more than the layers (an embedding-only and a loss-only chunk; planner only); micro-batch
+sizes are the powers of two and three times the powers of two dividing the per-rank batch.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def layout_makers(model, pp, r, s, tp, schedules, cp=1, ep=1):
     makers = []
     for sched in schedules:
         depths = (2,) if sched == "ZBVZeroBubble" else (2, 4, 8) if sched in INTERLEAVED else (1,)
+        extra = (model.n_layers + 2) // pp
+        if sched in INTERLEAVED and sched != "ZBVZeroBubble" and pp * extra > model.n_layers:
+            # Beside the powers of two, more chunks than layers / pp: every layer plus an
+            # embedding-only and a loss-only chunk (`memory.stage_shapes`; planner only).
+            depths += tuple({extra} - {*depths, 1})
         for v in depths:
             if pp_problem(model, pp, v) is None:
                 makers.append(
@@ -52,11 +60,12 @@ def layout_makers(model, pp, r, s, tp, schedules, cp=1, ep=1):
 
 
 def dp_splits(dp, pp, shard_start, modes):
-    """(dp_replicate, dp_shard, mode) options: DDP, full sharding, and HSDP splits whose shard
-    group is a power of two from one node's worth of ranks up to half of dp."""
+    """(dp_replicate, dp_shard, mode) options: DDP, ZeRO-1 over the replicas, full sharding,
+    and HSDP splits whose shard group is a power of two from one node's worth of ranks up to
+    half of dp."""
     if dp == 1:
         return [(1, 1, "NO_SHARD")]
-    splits = [(dp, 1, "NO_SHARD"), (1, dp, "FULL_SHARD")]
+    splits = [(dp, 1, "NO_SHARD"), (dp, 1, "SHARD_OPTIMIZER"), (1, dp, "FULL_SHARD")]
     if pp == 1:
         splits.append((1, dp, "SHARD_GRAD_OP"))  # under PP it behaves as FULL_SHARD does
     s = max(2, shard_start)
@@ -88,6 +97,8 @@ def sharded_splits(
     SHARD_GRAD_OP over them, in `modes`."""
     out = []
     for r, s, mode in splits:
+        if mode == "SHARD_OPTIMIZER":  # FSDP shards the parameters over cp already
+            continue
         options = [mode]
         if mode == "NO_SHARD":
             options = (
@@ -112,9 +123,19 @@ def ep_values(model, shard_size: int) -> list[int]:
 
 
 def pp_values(ranks: int, n_layers: int) -> list[int]:
-    """Pipeline degrees to try for `ranks` ranks, plus the first one past the layer count."""
-    values = [d for d in divisors(ranks) if d & (d - 1) == 0 or n_layers % d == 0]
+    """Pipeline degrees to try for `ranks` ranks: every divisor up to the layer count (stages
+    need not hold equal blocks), plus the first one past it (whose rejection the search
+    reports)."""
+    values = divisors(ranks)
     return [d for d in values if d <= n_layers] + [d for d in values if d > n_layers][:1]
+
+
+def micro_batch_values(per_rank: int) -> list[int]:
+    """Micro-batch sizes to try for a per-rank batch of `per_rank` sequences, ascending: the
+    powers of two and three times the powers of two that divide it (1, 2, 3, 4, 6, 8, 12, ...;
+    a per-rank batch of 96 tries 6 and 12, not only 4 and 8)."""
+    sizes = {p * k for p in powers_of_two(per_rank) for k in (1, 3)}
+    return sorted(b for b in sizes if per_rank % b == 0)
 
 
 def powers_of_two(limit: int) -> list[int]:

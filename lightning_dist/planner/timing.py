@@ -48,6 +48,9 @@ from lightning_dist.planner.traffic import (
 )
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
+ZERO1_BUCKET_PARAMS = 40e6
+"""Parameters per ZeRO-1 bucket: Megatron-LM's default, max(40M, 1M x dp) (`bucket_size` in
+megatron/core/distributed/distributed_data_parallel.py)."""
 STEP_SCALAR_ALL_REDUCES = 3
 """Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
 logged loss's mean (`lm/module.py`), the NaN guard's flags and the preemption check
@@ -352,7 +355,9 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     block (`parallel.fsdp.apply_fsdp` keeps it gathered); SHARD_GRAD_OP keeps the forward gather
     for backward. Under PP the stage stays gathered for the whole step: one
     all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
-    all-reduce of the gradient shard over dp_replicate after each reduce-scatter.
+    all-reduce of the gradient shard over dp_replicate after each reduce-scatter. ZeRO-1
+    (SHARD_OPTIMIZER) reduce-scatters the gradients under the last backward and all-gathers
+    the parameters under the first forward.
     """
     shape = max(shapes, key=lambda sh: sh.params)
     psi = shape.params
@@ -362,6 +367,15 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     if dp * layout.cp == 1:
         return [], 0.0
     volume = dp_volumes(layout, settings, shape, model)
+    if settings.sharding == "SHARD_OPTIMIZER":
+        # ZeRO-1: the reduce-scatter under the last backward (as DDP's all-reduce), the
+        # all-gather of the updated parameters under the next step's first forward (Megatron's
+        # overlap_param_gather), in Megatron's buckets, each a ring of dp - 1 steps.
+        bw, lat = link(tp, dp)
+        buckets = math.ceil(psi / max(ZERO1_BUCKET_PARAMS, 1e6 * dp))
+        scatter = volume.reduce_scatter / bw + buckets * (dp - 1) * lat
+        gather = volume.gather / bw + buckets * (dp - 1) * lat
+        return [(scatter, bwd), (gather, fwd)], 0.0
     if settings.sharding not in SHARDED_MODES or n == 1:
         bw, lat = link(tp, dp)
         inner = settings.options.grad_sync.diloco_inner_steps

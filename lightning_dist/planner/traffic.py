@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from lightning_dist.layout import Layout
 from lightning_dist.planner.experts import all_to_all_bytes, expert_degree
 from lightning_dist.planner.memory import SHARDED_MODES, StageShape, checkpointed_blocks
-from lightning_dist.planner.settings import TrainSettings
+from lightning_dist.planner.settings import TrainSettings, state_bytes
 
 
 def allreduce_volume(nbytes: float, n: int) -> float:
@@ -152,6 +152,18 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
     m = settings.microbatches(layout.dp)
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     n, r, psi = layout.shard_size, layout.dp_replicate, shape.params
+    if settings.sharding == "SHARD_OPTIMIZER":
+        # ZeRO-1: the gradients reduce-scattered once a step, each rank updates its shard of
+        # the parameters (in their own dtype) and all-gathers them: an all-reduce's bytes.
+        rest = state_bytes(settings.precision, settings.optimizer)[0]
+        return DPVolumes(
+            gather=allgather_volume(rest * psi, layout.dp),
+            regather=0.0,
+            reduce_scatter=reduce_scatter_volume(g_b * psi, layout.dp),
+            replicate_all_reduce=0.0,
+            all_reduce=0.0,
+            rounds=1,
+        )
     if settings.sharding not in SHARDED_MODES or n == 1:
         volume = allreduce_volume(ddp_gradient_bytes(settings, shape, model, layout.tp), layout.dp)
         return DPVolumes(0.0, 0.0, 0.0, 0.0, volume, 1)

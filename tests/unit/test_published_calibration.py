@@ -1,7 +1,8 @@
 """The planner against published runs (lightning_dist/calibration_report.py): the stored published rows
-of planner/calibration.json are the current planner's predictions, and every row meets its target
-(torchtitan's H100 tokens/s within 15% and reserved memory within 10%, Megatron-LM's percent of
-peak within 5 points)."""
+of planner/calibration.json are the current planner's predictions, and every row of the sources
+its constants were fitted to meets its target (torchtitan's H100 tokens/s within 15% and
+reserved memory within 10%, Megatron-LM's percent of peak within 5 points); llm-foundry's rows
+and the leave-one-source-out errors are printed with their misses (docs/PLANNER.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,12 @@ def test_the_stored_published_rows_are_the_planners_current_predictions(live):
 
 
 def test_time_rows_meet_their_targets(live):
-    time_rows = [r for r in live if r.quantity.startswith("time.")]
+    """The fitted sources' rows; llm-foundry's 15 are fitted to nothing (10 miss, printed)."""
+    time_rows = [
+        r for r in live if r.quantity.startswith("time.") and "llm-foundry" not in r.origin
+    ]
     assert len(time_rows) == 16
+    assert sum("llm-foundry" in r.origin for r in live) == 15
     for row in time_rows:
         assert abs(row_error(row)) <= TARGETS[(row.source, row.quantity)], (
             row.describe(),
@@ -47,10 +52,24 @@ def test_memory_rows_meet_their_targets(live):
 def test_the_command_prints_every_row_with_its_error(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert out.count("| published |") == 22 + 12 and "| measured-cpu |" in out
+    assert out.count("| published |") == 37 + 12 and "| measured-cpu |" in out
     assert "GPT 1008B" in out and "-4.8%" in out
-    assert "22 published rows, 22 within their targets" in out
+    assert "37 published rows, 27 within their targets; missed: MPT-70b H100" in out
     assert "12 held-out rows, 9 within the same targets" in out
+    # Beside each time row: as shipped, in-sample and leave-one-source-out.
+    assert out.count("| torchtitan |") == 6 and out.count("| llm-foundry |") == 15
+    assert "31 published time rows, 10 within their targets left out of the fit" in out
+
+
+def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
+    from lightning_dist import calibration_holdout as holdout
+
+    stored = holdout.load_fits()
+    errors = [e for s in holdout.SOURCES
+              for _, e, _ in holdout.relative_errors(stored["fits"][s], s)]  # fmt: skip
+    assert stored["band"] == pytest.approx(holdout.band(errors), abs=1e-9)
+    low, high = holdout.prediction_band(46000)
+    assert low < 46000 < high
 
 
 def test_the_held_out_time_rows_meet_the_time_target():

@@ -1,0 +1,124 @@
+"""The layouts the planner can express beyond powers of two (issue 50, point 4): uneven pipeline
+stages, micro-batches of 3 x 2^k, interleaving with microbatches torch's flex rounds accept,
+embedding-only and loss-only chunks, and ZeRO-1; the last two are planner only (never chosen,
+no train.py command)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_dist.layout import Layout
+from lightning_dist.models.args import ModelArgs
+from lightning_dist.planner import estimate, plan_layouts
+from lightning_dist.planner.memory import stage_shapes
+from lightning_dist.planner.space import micro_batch_values, pp_values
+from lightning_dist.planner.traffic import allreduce_volume, dp_volumes
+from tests.unit.test_planner import hardware, model
+
+BLOOM_176B = ModelArgs(
+    dim=14336, n_layers=70, n_heads=112, vocab_size=250880, ffn_hidden_size=38208,
+    max_seq_len=2048,
+)  # fmt: skip
+"""BLOOM-176B's shape (BigScience, 2022: 70 layers, hidden 14336, 112 heads, vocabulary
+250880, sequence 2048) with its GELU MLP of 4h as a SwiGLU of 8h/3 (the same parameters:
+`planner/megatron.gpt_model_args`)."""
+
+
+def test_a_176b_gpt_on_384_a100_gets_its_published_pp12_layout_with_uneven_stages():
+    # BLOOM trained on tp4 x pp12 x dp8: 12 divides neither 70 nor is a power of two.
+    assert 12 in pp_values(384 // 4, 70)
+    plan = plan_layouts(BLOOM_176B, hardware("dgx_a100", 48), global_batch_size=2048,
+                        seq_len=2048)  # fmt: skip
+    assert plan.chosen is not None
+    published = [
+        c for c in plan.candidates if (c.layout.tp, c.layout.pp, c.layout.dp) == (4, 12, 8)
+    ]
+    assert published and all(c.fits for c in published)
+    sizes = [sum(s.chunks) for _, s in stage_shapes(BLOOM_176B, published[0].layout)]
+    assert sum(sizes) == 70 and max(sizes) - min(sizes) <= 2 and len(set(sizes)) > 1
+    # ZeRO-1 (what BLOOM ran, DeepSpeed's BF16 optimizer) is among them, planner only.
+    zero1 = [c for c in published if c.settings.sharding == "SHARD_OPTIMIZER"]
+    assert zero1 and "ZeRO-1" in zero1[0].planner_only
+    assert plan.candidates[plan.chosen].planner_only is None
+
+
+def test_micro_batch_6_is_searched():
+    assert micro_batch_values(96) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96]
+    assert micro_batch_values(6) == [1, 2, 3, 6]
+    # On one CPU rank the whole batch of 6 runs as one micro-batch of 6.
+    plan = plan_layouts(model("llama_debug"), hardware("cpu"), global_batch_size=6, seq_len=64)
+    assert 6 in {c.settings.micro_batch_size for c in plan.candidates}
+
+
+def test_interleaving_takes_microbatches_torch_splits_into_equal_rounds():
+    llama, node = model("llama3_8b"), hardware("dgx_h100")
+    # m = 10 on pp = 4: two rounds of 5 (torch's ScheduleInterleaved1F1B flex rounds).
+    layout = Layout(pp=4, dp_replicate=2, schedule="Interleaved1F1B", virtual_stages=2)
+    c = estimate(llama, node, layout, global_batch_size=20, seq_len=2048, micro_batch_size=1,
+                 sharding="NO_SHARD")  # fmt: skip
+    assert c.layout.num_microbatches == 10 and c.time.bubble_fraction > 0
+    with pytest.raises(ValueError, match=r"microbatches=9 to be a multiple of .* = 2"):
+        estimate(llama, node, layout, global_batch_size=18, seq_len=2048, micro_batch_size=1,
+                 sharding="NO_SHARD")  # fmt: skip
+
+
+def test_more_chunks_than_layers_hold_an_embedding_only_and_a_loss_only_chunk():
+    small = ModelArgs(dim=256, n_layers=6, n_heads=4, vocab_size=32000, ffn_hidden_size=512)
+    node = hardware("dgx_h100")
+    layout = Layout(pp=2, dp_replicate=4, schedule="Interleaved1F1B", virtual_stages=4)
+    c = estimate(small, node, layout, global_batch_size=16, seq_len=512, micro_batch_size=1,
+                 sharding="NO_SHARD")  # fmt: skip
+    chunks = [s.chunks for _, s in stage_shapes(small, c.layout)]
+    assert sum(map(sum, chunks)) == 6 and chunks[0][0] == 0 and chunks[-1][-1] == 0
+    assert "no embedding-only" in c.planner_only
+    with pytest.raises(ValueError, match=r"exceeds n_layers=6 \+ 2"):
+        estimate(small, node, Layout(pp=2, dp_replicate=4, schedule="Interleaved1F1B",
+                                     virtual_stages=5),
+                 global_batch_size=16, seq_len=512, micro_batch_size=1)  # fmt: skip
+
+
+def test_zero1_shards_the_optimizer_over_dp_and_moves_an_all_reduces_bytes():
+    llama, node = model("llama3_8b"), hardware("dgx_h100", 2)
+    kw = dict(
+        global_batch_size=64, seq_len=2048, micro_batch_size=1, activation_checkpointing="full"
+    )
+    ddp = estimate(llama, node, Layout(dp_replicate=16), sharding="NO_SHARD", **kw)
+    zero1 = estimate(llama, node, Layout(dp_replicate=16), sharding="SHARD_OPTIMIZER", **kw)
+    assert zero1.memory.optimizer == ddp.memory.optimizer / 16
+    assert (zero1.memory.params, zero1.memory.grads) == (ddp.memory.params, ddp.memory.grads)
+    assert zero1.memory.activations == ddp.memory.activations
+    assert ddp.planner_only is None and "not built yet" in zero1.planner_only
+    # The plan's band: the prediction over 1 + the 90th and 10th leave-one-source-out errors.
+    from lightning_dist.calibration_holdout import prediction_band
+    from lightning_dist.plan import prediction_line
+
+    low, high = prediction_band(ddp.time.tokens_per_sec)
+    assert f"tokens/s {ddp.time.tokens_per_sec:,.0f}, likely {float(f'{low:.3g}'):,.0f}-" in (
+        prediction_line(ddp)
+    )
+    # Reduce-scatter of the fp32 gradients plus all-gather of the fp32 parameters.
+    _, shape = stage_shapes(llama, zero1.layout)[0]
+    volumes = dp_volumes(zero1.layout, zero1.settings, shape)
+    assert volumes.gather + volumes.reduce_scatter == pytest.approx(
+        allreduce_volume(4 * shape.params, 16)
+    )
+    # The same bytes; only the ring latencies of the buckets differ.
+    assert zero1.time.dp_comm_seconds == pytest.approx(ddp.time.dp_comm_seconds, rel=0.15)
+    with pytest.raises(ValueError, match="dp_shard x cp = 2 must be 1"):
+        estimate(llama, node, Layout(dp_replicate=8, dp_shard=2), sharding="SHARD_OPTIMIZER", **kw)
+
+
+def test_the_cli_marks_planner_only_rows_and_gives_them_no_command(capsys):
+    from lightning_dist import plan
+
+    overrides = ["model=llama3_8b", "hardware=dgx_a100", "hardware.num_nodes=2",
+                 "data.global_batch_size=64", "data.seq_len=2048"]  # fmt: skip
+    plan.main([*overrides, "--command", "all", "--top", "40"])
+    out = capsys.readouterr().out
+    assert "SHARD_OPTIMIZER" in out and "planner only, no command" in out
+    assert "SHARD_OPTIMIZER" not in "".join(x for x in out.splitlines() if x.startswith("python"))
+    row = next(int(x.split(":")[0][2:]) for x in out.splitlines() if "planner only" in x)
+    with pytest.raises(SystemExit) as exit_info:
+        plan.main([*overrides, "--command", str(row), "--top", "40"])
+    assert exit_info.value.code == 2
+    assert f"row {row} is planner only" in capsys.readouterr().err
