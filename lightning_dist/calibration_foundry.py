@@ -23,6 +23,7 @@ assumed at 700 W while dgx_h100's efficiency is fitted to torchtitan's 500 W one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
@@ -104,7 +105,9 @@ def foundry_hardware_overrides(run: FoundryRun) -> list[str]:
 
 def foundry_candidate(run: FoundryRun, hardware):
     """The planner's estimate of the run on `hardware` (a HardwareSpec of its machine)."""
-    dtypes = {} if run.pure_bf16 else {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    dtypes: dict[str, Any] = (
+        {} if run.pure_bf16 else {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    )
     return estimate(
         mpt_model(run.model, run.seq_len), hardware, Layout(dp_shard=run.gpus),
         global_batch_size=run.global_batch, seq_len=run.seq_len,

@@ -49,9 +49,15 @@ def stored_constants() -> TimeConstants:
     """The constants the planner runs with (conf/hardware and calibration.json)."""
     from lightning_dist.calibration_report import hardware
 
-    h100, a100 = (hardware([f"hardware={n}"]).matmul_efficiency for n in ("dgx_h100", "dgx_a100"))
+    h100, a100 = (_efficiency(hardware([f"hardware={n}"])) for n in ("dgx_h100", "dgx_a100"))
     return TimeConstants(h100, a100, compute.GEMM_HALF_DIM, compute.ATTENTION_SHARE,
                          compute.POINTWISE_SCALE)  # fmt: skip
+
+
+def _efficiency(spec) -> float:
+    if spec.matmul_efficiency is None:
+        raise ValueError(f"hardware {spec.name} has no matmul_efficiency to fit")
+    return spec.matmul_efficiency
 
 
 @contextmanager
@@ -97,13 +103,13 @@ def relative_errors(constants: TimeConstants, source: str, *, fitting: bool = Fa
                 out.append((f"GPT {row.billions:g}B", points / row.percent_of_peak,
                             5 / row.percent_of_peak))  # fmt: skip
         else:
-            for run in foundry.FOUNDRY_RUNS:
-                spec = report.hardware(foundry.foundry_hardware_overrides(run))
+            for mpt in foundry.FOUNDRY_RUNS:
+                spec = report.hardware(foundry.foundry_hardware_overrides(mpt))
                 eff = (
                     constants.h100_efficiency if "h100" in spec.name else constants.a100_efficiency
                 )
-                c = foundry.foundry_candidate(run, replace(spec, matmul_efficiency=eff))
-                out.append((run.label, c.time.tokens_per_sec / run.gpus / run.tokens_per_gpu - 1,
+                c = foundry.foundry_candidate(mpt, replace(spec, matmul_efficiency=eff))
+                out.append((mpt.label, c.time.tokens_per_sec / mpt.gpus / mpt.tokens_per_gpu - 1,
                             0.15))  # fmt: skip
     return out
 
