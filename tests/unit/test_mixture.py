@@ -1,0 +1,101 @@
+"""Weighted mixtures of data sources (lightning_dist/lm/mixture.py, lm/sources.py): realised
+shares, the stream independent of the world size and of where it resumes, a one-source mixture
+reading as the plain sampler, and token files read as the same ids as text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_dist.lm.data import MixtureDataModule
+from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
+from lightning_dist.lm.sampling import GlobalBatchSampler
+from lightning_dist.options.data import parse_sources
+
+
+def steps(sampler, count: int) -> list[list[int]]:
+    """The first `count` steps of one rank, one list of indices per step."""
+    per_step = sampler.grad_accumulation * sampler.micro_batch_size
+    flat = list(sampler)
+    return [flat[i * per_step : (i + 1) * per_step] for i in range(count)]
+
+
+def test_three_sources_realise_their_weights_within_a_point_over_1000_steps():
+    plan = MixturePlan([700, 300, 50], [0.5, 0.3, 0.2], global_batch_size=16, seed=3)
+    drawn = np.zeros(3)
+    for step in range(1000):
+        for source, window in plan.step_samples(step):
+            drawn[source] += 1
+            assert 0 <= window < plan.lengths[source]
+    shares = drawn / drawn.sum()
+    assert np.abs(shares - [0.5, 0.3, 0.2]).max() < 0.01, shares
+    # The 50-window source went through about 64 epochs, each in a new order.
+    assert plan.drawn_at(1000) == drawn.astype(int).tolist()
+    orders = {tuple(plan._window(2, e * 48 + i) for i in range(48)) for e in range(3)}
+    assert len(orders) == 3 and all(sorted(o) != list(o) for o in orders)
+
+
+def test_global_batches_are_the_same_set_on_1_2_and_4_ranks_and_after_a_resume():
+    lengths, weights, g = [40, 25, 9], [0.5, 0.3, 0.2], 8
+    offsets = [0, 40, 65]
+    reference = None
+    for dp, micro in ((1, 8), (1, 2), (2, 2), (4, 1), (4, 2)):
+        ranks = [steps(MixtureSampler(MixturePlan(lengths, weights, g, 7), offsets, micro,
+                                      r, dp), 6) for r in range(dp)]  # fmt: skip
+        batches = [sorted(i for rank in ranks for i in rank[k]) for k in range(6)]
+        reference = reference or batches
+        assert batches == reference, (dp, micro)
+    # Resumed at step 4 on 2 ranks, from the saved draws: the same steps 5 and 6.
+    saved = MixturePlan(lengths, weights, g, 7).drawn_at(4)
+    resumed_plan = MixturePlan(lengths, weights, g, 7)
+    resumed_plan.restore(4, saved)
+    ranks = [steps(MixtureSampler(resumed_plan, offsets, 2, r, 2, start_step=4), 2)
+             for r in range(2)]  # fmt: skip
+    assert [sorted(ranks[0][k] + ranks[1][k]) for k in range(2)] == reference[4:6]
+
+
+def test_one_source_reads_as_the_plain_sampler():
+    for epoch in range(3):
+        plain = GlobalBatchSampler(50, 8, 2, 1, 2, seed=5, start_step=3)
+        mixed = MixtureSampler(MixturePlan([50], [1.0], 8, 5), [0], 2, 1, 2, start_step=3)
+        plain.set_epoch(epoch)
+        mixed.set_epoch(epoch)
+        assert list(plain) == list(mixed) and len(plain) == len(mixed)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"path": "a", "weight": 0}, r"data.sources\[0\].weight=0 must be a finite number above 0"),
+        ({"path": "a", "weight": -1.5}, r"weight=-1.5 must be a finite number above 0"),
+        ({"path": "a", "weight": float("nan")}, r"weight=nan must be a finite number"),
+        ({"path": "a", "format": "csv"}, r"format='csv' is not one of text, tokens"),
+        ({"format": "tokens"}, r"data.sources\[0\] \(format=tokens\) has no path"),
+        ({"path": "a", "wieght": 1}, r"data.sources\[0\] has no key 'wieght'"),
+    ],
+)
+def test_bad_source_entries_name_the_entry(entry, message):
+    with pytest.raises(ValueError, match=message):
+        parse_sources([entry])
+
+
+def test_token_files_read_the_ids_text_tokenizes_to(tmp_path):
+    """The same corpus as text and as a uint16 token file (the byte tokenizer's ids, each file
+    ended by its end-of-text id): the same windows, train and validation alike."""
+    text = "".join(f"line {i}: the quick brown fox\n" for i in range(60))
+    (tmp_path / "corpus.txt").write_text(text)
+    ids = np.append(np.frombuffer(text.encode(), np.uint8), 256).astype("<u2")
+    ids.tofile(tmp_path / "corpus.bin")
+    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
+                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    as_text = MixtureDataModule(sources=[{"path": str(tmp_path / "corpus.txt")}], **common)
+    as_tokens = MixtureDataModule(
+        sources=[{"path": str(tmp_path / "corpus.bin"), "format": "tokens"}], **common
+    )
+    for dm in (as_text, as_tokens):
+        dm.setup("fit")
+    for split in ("train_set", "val_set"):
+        a, b = getattr(as_text, split), getattr(as_tokens, split)
+        assert len(a) == len(b) > 0
+        assert all(bool((a[i] == b[i]).all()) for i in range(len(a)))
+    assert as_tokens.inputs["sources"]["corpus.bin"]["tokens"] == len(ids)
