@@ -1,0 +1,389 @@
+"""Tokenize a corpus into indexed token shards, in parallel, resumably.
+
+`prepare(...)` (and `python -m lightning_dist.data prepare`) expands the input globs, keeps its
+slice of the files (file k belongs to slice k mod n: one slice per node or Slurm array task),
+and hands the files to N worker processes. A worker streams one file's documents
+(`records.iter_documents`), encodes each with its own single-threaded tokenizer, appends the
+end-of-document token, and writes shards of at most `shard_tokens` tokens (a document is never
+split) with `IndexedWriter`: under temporary names, renamed when complete. The main process
+records each finished shard in the manifest at once (`manifest.py`), so a prepare that is killed
+and started again skips every finished shard, and within a half-done file skips the documents
+those shards hold (they are read again, not tokenized again).
+
+Memory is bounded per worker by one record plus one shard's index (12 bytes per document),
+whatever the size of a file. Parallelism is across files: one huge file is one worker's.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import queue
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_dist.data.manifest import (
+    MANIFEST_FORMAT,
+    manifest_name,
+    read_manifest,
+    write_manifest,
+)
+from lightning_dist.data.records import DEFAULT_FIELD, FORMATS, ReadStats, iter_documents
+from lightning_dist.run.errors import ConfigError
+from lightning_dist.runtime.console import print_line
+
+DEFAULT_SHARD_TOKENS = 1 << 26
+"""Tokens per shard (64 Mi: 128 MiB of uint16): the unit of work lost to a kill."""
+_PROGRESS_S = 1.0
+# Tokenizers run their own thread pool (Rayon) unless told otherwise; N workers of one thread
+# each is what `--workers` promises, and what lets N workers scale on N cores.
+_ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "OMP_NUM_THREADS": "1"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One input file for a worker: where to start (documents and part already finished)."""
+
+    path: str
+    name: str
+    skip_documents: int
+    first_part: int
+
+
+def expand_inputs(patterns: list[str], fmt: str) -> list[Path]:
+    """The files (folders for hf_disk) the globs match, sorted; ConfigError for a glob that
+    matches nothing."""
+    found: set[Path] = set()
+    for pattern in patterns:
+        matches = [Path(m) for m in glob.glob(os.path.expanduser(pattern), recursive=True)]
+        matches = [m for m in matches if (m.is_dir() if fmt == "hf_disk" else not m.is_dir())]
+        if not matches:
+            raise ConfigError(
+                f"--input {pattern!r} matches no {'folder' if fmt == 'hf_disk' else 'file'}"
+            )
+        found.update(m.resolve() for m in matches)
+    return sorted(found)
+
+
+def input_names(files: list[Path]) -> list[str]:
+    """Each file's name relative to the files' common folder (stable when the corpus moves)."""
+    if len(files) == 1:
+        return [files[0].name]
+    common = Path(os.path.commonpath([str(f) for f in files]))
+    return [f.relative_to(common).as_posix() for f in files]
+
+
+def shard_name(source: str, part: int) -> str:
+    """The file name (without .bin/.idx) of part `part` of input `source`."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.rsplit("/", 1)[-1])[:48]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+    return f"{stem}-{digest}-{part:05d}"
+
+
+def prepare(
+    inputs: list[str],
+    output: str | os.PathLike,
+    *,
+    fmt: str = "jsonl",
+    field: str | None = None,
+    tokenizer: str | None = None,
+    workers: int = 1,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    skip_bad_records: bool = False,
+    progress: bool = True,
+    on_shard: Callable[[dict], None] | None = None,
+) -> dict:
+    """Tokenize this slice of `inputs` into `output`; returns the slice's final manifest.
+
+    `on_shard` is called here, in this process, with each finished shard's manifest record once
+    the manifest on disk lists it."""
+    from lightning_dist.data.indexed import indexed_dtype
+    from lightning_dist.lm.tokenizer import load_tokenizer
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    field = None if fmt == "text" else field or DEFAULT_FIELD
+    if not 0 <= shard_index < shard_count:
+        raise ConfigError(f"--shard-index {shard_index} must be in 0..{shard_count - 1}")
+    if workers < 1 or shard_tokens < 1:
+        raise ConfigError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
+    files = expand_inputs(inputs, fmt)
+    names = input_names(files)
+    mine = list(range(shard_index, len(files), shard_count))
+    tok = load_tokenizer(tokenizer)
+    folder = Path(output)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest_path = folder / manifest_name(shard_index, shard_count)
+    fresh = {
+        "format": MANIFEST_FORMAT,
+        "tokenizer": {"name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id},
+        "dtype": indexed_dtype(tok.vocab_size).name,
+        "input": {"format": fmt, "field": field},
+        "slice": [shard_index, shard_count],
+        "complete": False,
+        "files": {},
+        "shards": [],
+    }
+    manifest = _resume(manifest_path, fresh, folder) if manifest_path.exists() else fresh
+    tasks = []
+    for i in mine:
+        record = manifest["files"].setdefault(
+            names[i], {"bytes": _size(files[i]), "complete": False, "documents": 0, "skipped": 0}
+        )
+        if record["bytes"] != _size(files[i]):
+            raise ConfigError(
+                f"{files[i]} changed since {manifest_path} was written ({record['bytes']} -> "
+                f"{_size(files[i])} bytes); prepare into a new --output"
+            )
+        if record["complete"]:
+            continue
+        done = [s for s in manifest["shards"] if s["source"] == names[i]]
+        tasks.append(
+            FileTask(str(files[i]), names[i], sum(s["documents"] for s in done), len(done))
+        )
+        _remove_temporaries(folder, names[i])
+    write_manifest(manifest_path, manifest)
+    settings = dict(tokenizer=tokenizer, fmt=fmt, field=field, folder=str(folder),
+                    shard_tokens=shard_tokens, skip_bad_records=skip_bad_records)  # fmt: skip
+    if tasks:
+        count = min(workers, len(tasks))
+        _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_shard)
+    manifest["complete"] = True
+    write_manifest(manifest_path, manifest)
+    return manifest
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():  # an hf_disk folder: its files together
+        return sum(p.stat().st_size for p in sorted(path.iterdir()) if p.is_file())
+    return path.stat().st_size
+
+
+def _resume(path: Path, fresh: dict, folder: Path) -> dict:
+    """The manifest of an earlier prepare of this slice, less shards whose files are gone or of
+    the wrong size (and every later part of their file, which is redone); ConfigError when it
+    was made with another tokenizer or input format."""
+    old = read_manifest(path)
+    for key in ("tokenizer", "dtype", "input", "slice"):
+        if old.get(key) != fresh[key]:
+            raise ConfigError(
+                f"{path} was prepared with {key} {old.get(key)}, not {fresh[key]}; prepare into a "
+                "new --output (or delete that folder)"
+            )
+    kept, broken = [], set()
+    for shard in sorted(old["shards"], key=lambda s: (s["source"], s["part"])):
+        if shard["source"] not in broken and all(
+            _file_size(folder / f"{shard['name']}.{kind}") == shard[f"{kind}_bytes"]
+            for kind in ("bin", "idx")
+        ):
+            kept.append(shard)
+            continue
+        broken.add(shard["source"])
+        old["files"].get(shard["source"], {})["complete"] = False
+    old["shards"] = kept
+    old["complete"] = False
+    return old
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _remove_temporaries(folder: Path, source: str) -> None:
+    # Left by a killed worker of this slice (no other slice writes shards of this file).
+    prefix = shard_name(source, 0)[:-5]
+    for leftover in folder.glob(f"{glob.escape(prefix)}*.tmp-*"):
+        leftover.unlink(missing_ok=True)
+
+
+def _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_shard) -> None:
+    import multiprocessing
+
+    # spawn: a fresh interpreter per worker, so no tokenizer thread pool is inherited by fork.
+    context = multiprocessing.get_context("spawn")
+    todo, events = context.Queue(), context.Queue()
+    for task in sorted(tasks, key=lambda t: -_size(Path(t.path))):  # largest first
+        todo.put(task)
+    for _ in range(count):
+        todo.put(None)
+    saved = {key: os.environ.get(key) for key in _ONE_THREAD}
+    os.environ.update(_ONE_THREAD)  # inherited by the spawned workers
+    try:
+        procs = [context.Process(target=_worker, args=(todo, events, settings, os.getpid()),
+                                 daemon=True) for _ in range(count)]  # fmt: skip
+        for proc in procs:
+            proc.start()
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    meter = _Progress(len(tasks), progress)
+    try:
+        _collect(events, procs, len(tasks), manifest, manifest_path, meter, on_shard)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+        meter.close()
+    if progress:
+        print_line(meter.line())
+
+
+def _collect(events, procs, files_left, manifest, manifest_path, meter, on_shard) -> None:
+    while files_left:
+        try:
+            kind, payload = events.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(
+                    f"a prepare worker exited with status {dead[0].exitcode}"
+                ) from None
+            continue
+        if kind == "error":
+            raise ConfigError(payload)
+        if kind == "shard":
+            manifest["shards"].append(payload)
+            write_manifest(manifest_path, manifest)
+            if on_shard is not None:
+                on_shard(payload)
+        elif kind == "file":
+            name, documents, skipped = payload
+            manifest["files"][name].update(complete=True, documents=documents, skipped=skipped)
+            write_manifest(manifest_path, manifest)
+            files_left -= 1
+            meter.file_done()
+        elif kind == "tokens":
+            meter.add(*payload)
+
+
+def _worker(todo, events, settings: dict, parent: int) -> None:
+    """A worker process: files from `todo` until None; events back on `events`."""
+    from lightning_dist.lm.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings["tokenizer"])
+        while True:
+            try:
+                task = todo.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the prepare was killed: stop, not run on alone
+                    return
+                continue
+            if task is None:
+                return
+            _tokenize_file(task, tokenizer, settings, events, parent)
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError
+        events.put(("error", f"{e}"))
+    except KeyboardInterrupt:
+        pass
+
+
+def _tokenize_file(task: FileTask, tokenizer, settings, events, parent: int) -> None:
+    """One file into shards; each finished shard and the file's end reported on `events`."""
+    import numpy as np
+
+    from lightning_dist.data.indexed import IndexedWriter, indexed_dtype
+
+    dtype = indexed_dtype(tokenizer.vocab_size)
+    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    stats = ReadStats()
+    documents = iter_documents(task.path, settings["fmt"], field=settings["field"],
+                               skip_bad_records=settings["skip_bad_records"], stats=stats)  # fmt: skip
+    part, first, writer = task.first_part, task.skip_documents, None
+    tokens = count = 0
+    last_report = time.monotonic()
+    try:
+        for index, text in enumerate(documents):
+            if index < task.skip_documents:
+                continue  # in a finished shard
+            if writer is None:
+                name = shard_name(task.name, part)
+                writer = IndexedWriter(Path(settings["folder"]) / name, dtype)
+            ids = tokenizer.encode(text)
+            writer.add_document(np.concatenate([ids, eos]) if eos else ids)
+            tokens, count = tokens + len(ids) + len(eos), count + 1
+            if writer.tokens >= settings["shard_tokens"]:
+                events.put(("shard", _record(writer.close(), task, part, first, name)))
+                first, part, writer = index + 1, part + 1, None
+            if time.monotonic() - last_report > _PROGRESS_S:
+                if os.getppid() != parent:  # the prepare was killed: stop, not run on alone
+                    raise SystemExit(1)
+                events.put(("tokens", (tokens, count)))
+                tokens, count, last_report = 0, 0, time.monotonic()
+        if writer is not None:
+            events.put(("shard", _record(writer.close(), task, part, first, name)))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    events.put(("tokens", (tokens, count)))
+    events.put(("file", (task.name, stats.documents, stats.skipped)))
+
+
+def _record(summary, task: FileTask, part: int, first: int, name: str) -> dict:
+    base = Path(summary.prefix)
+    return {
+        "name": name,
+        "source": task.name,
+        "part": part,
+        "first_document": first,
+        "documents": summary.documents,
+        "tokens": summary.tokens,
+        "bin_sha256": summary.bin_sha256,
+        "idx_sha256": summary.idx_sha256,
+        "bin_bytes": base.with_name(base.name + ".bin").stat().st_size,
+        "idx_bytes": base.with_name(base.name + ".idx").stat().st_size,
+    }
+
+
+class _Progress:
+    """Files done, tokens and tokens/s: a live bar at a terminal, else a line every 10 s."""
+
+    def __init__(self, files: int, enabled: bool):
+        self.files, self.files_done, self.tokens, self.documents = files, 0, 0, 0
+        self.start = self.last_line = time.monotonic()
+        self.enabled = enabled
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("prepare", total=files)
+
+    def add(self, tokens: int, documents: int) -> None:
+        self.tokens, self.documents = self.tokens + tokens, self.documents + documents
+        self._show()
+
+    def file_done(self) -> None:
+        self.files_done += 1
+        self._show()
+
+    def line(self) -> str:
+        rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
+        return (f"prepare: {self.files_done}/{self.files} files, {self.documents:,} documents, "
+                f"{self.tokens:,} tokens, {rate:,.0f} tokens/s")  # fmt: skip
+
+    def _show(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.files_done, description=self.line())
+        elif self.enabled and time.monotonic() - self.last_line >= 10:
+            print_line(self.line())
+            self.last_line = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
