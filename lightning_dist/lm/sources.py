@@ -8,19 +8,24 @@ validation split apart.
 
 - `TextSource` (format `text`): files tokenized once into the content-hashed token cache
   (`token_cache.py`); `data=text` is this source alone.
+- `RecordSource` (formats `jsonl`, `parquet`, `hf_disk`): the text field of each record one
+  document (read by `data/records.py`), tokenized into the token cache like text.
 - `TokenFileSource` (format `tokens`): flat little-endian arrays of ids with no header (nanoGPT's
-  `.bin`), memory-mapped; the last `val_fraction` of each file's tokens is held out.
+  `.bin`), memory-mapped; the last `val_fraction` of each file's tokens is held out. Format
+  `megatron` is one over the `.bin` files of Megatron-Core indexed datasets (`megatron_source`).
 """
 
 from __future__ import annotations
 
 import glob
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 from torch.utils.data import ConcatDataset, Dataset
 
+from lightning_dist.data.indexed import token_file_dtype
 from lightning_dist.lm.datasets import TokenWindows
 from lightning_dist.lm.token_cache import (
     TokenCache,
@@ -31,7 +36,6 @@ from lightning_dist.lm.token_cache import (
     open_token_cache,
     relative_names,
     split_files,
-    token_dtype,
 )
 from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer
 from lightning_dist.options.data import DataSource
@@ -63,11 +67,11 @@ class TextSource:
         self.cache_dir = cache_dir
         try:
             split_files([], val_fraction)  # validates the fraction now rather than at prepare
-            self.files, skipped = find_files(spec.path, follow_symlinks=follow_symlinks)
+            self.files, skipped = self._find(follow_symlinks)
             sizes = file_sizes(self.files)
             self._check_splits(sizes)
             # Read once here, before any process waits on another: the key, and the text check.
-            self.key = cache_key(self.files, tokenizer, val_fraction)
+            self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
         except ValueError as e:
             raise _renamed(e, where) from e
         self.inputs = {
@@ -84,14 +88,25 @@ class TextSource:
         )  # fmt: skip
         self.cache: TokenCache | None = None
 
+    reader = ""
+    """How documents come out of the files, in the cache key: "" (each file one document)."""
+
+    def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
+        """The files whose bytes make the cache key, and the symlinks skipped finding them."""
+        return find_files(self.spec.path, follow_symlinks=follow_symlinks)
+
+    def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
+        """The files the cache tokenizes, and how to read documents out of each (None: whole)."""
+        return self.files, None
+
     def _check_splits(self, sizes: list[int]) -> None:
         """Each split holds a window, checked now rather than after the processes start: from
         the file sizes, exactly for the byte tokenizer (one id per byte, plus end of text)."""
         where = f"data.paths ({len(sizes)} files, {sum(sizes)} bytes)"
         if sum(sizes) == 0:
             raise ValueError(f"{where} holds no text; add non-empty files to data.paths")
-        if self.tokenizer.name != "byte":
-            return  # other tokenizers' counts are known after tokenizing, in windows()
+        if self.tokenizer.name != "byte" or self.reader:
+            return  # other tokenizers' and records' counts are known after tokenizing
         per_file = [n + (self.tokenizer.eos_id is not None) for n in sizes]
         if len(per_file) == 1:
             held_out = max(1, int(per_file[0] * self.val_fraction))
@@ -112,9 +127,10 @@ class TextSource:
 
     def prepare(self) -> None:
         """Tokenize the files into the cache unless an identical cache exists."""
+        files, documents = self._read()
         self.cache = build_token_cache(
-            self.files, self.tokenizer, val_fraction=self.val_fraction,
-            cache_dir=self.cache_dir, key=self.key,
+            files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir,
+            key=self.key, documents=documents,
         )  # fmt: skip
 
     def windows(self, split: str, separator: int | None) -> Dataset:
@@ -126,6 +142,62 @@ class TextSource:
             self.prepare()
         tokens = self.cache.tokens(split)
         return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+
+
+RECORD_SUFFIXES = {
+    "jsonl": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
+    "parquet": (".parquet",),
+}
+"""The files taken from a folder given as the path of a jsonl or parquet source."""
+
+
+class RecordSource(TextSource):
+    """Records of JSON Lines, Parquet or a `datasets.save_to_disk` folder (`data/records.py`
+    reads them, streamed): the text of `field` in each record is one document. Tokenized into
+    the token cache like text, keyed by the files' bytes and how they are read."""
+
+    @property
+    def reader(self) -> str:  # type: ignore[override]
+        return f"{self.spec.format}:{self.spec.field or 'text'}"
+
+    def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
+        fmt = self.spec.format
+        if fmt == "hf_disk":  # folders: every file of each is part of the key
+            self.folders = _matches(self.spec.path, self.where, folders=True)
+            return [f for d in self.folders for f in sorted(d.rglob("*")) if f.is_file()], 0
+        found = []
+        for match in _matches(self.spec.path, self.where):
+            if match.is_dir():
+                found += [f for f in sorted(match.rglob("*"))
+                          if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
+            else:
+                found.append(match)
+        if not found:
+            raise ValueError(f"{self.where}={self.spec.path!r} holds no {fmt} file")
+        return sorted(set(found)), 0
+
+    def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
+        from lightning_dist.data.records import iter_documents
+
+        fmt, field = self.spec.format, self.spec.field
+        if fmt == "hf_disk":  # one folder is read as a whole, named by its state.json
+            return [d / "state.json" for d in self.folders], lambda state: iter_documents(
+                state.parent, fmt, field=field
+            )
+        return self.files, lambda file: iter_documents(file, fmt, field=field)
+
+
+def _matches(path: str | list[str] | None, where: str, *, folders: bool = False) -> list[Path]:
+    """The files and folders that a path, a glob, or a list of them names."""
+    entries = [path] if isinstance(path, str) else list(path or [])
+    out = []
+    for entry in entries:
+        found = [Path(p) for p in sorted(glob.glob(str(Path(entry).expanduser()), recursive=True))]
+        found = [p for p in found if (p.is_dir() if folders else p.exists())]
+        if not found:
+            raise ValueError(f"{where}={entry!r} matches no {'folder' if folders else 'file'}")
+        out += found
+    return out
 
 
 def _token_files(path: str, where: str) -> list[Path]:
@@ -150,11 +222,13 @@ class TokenFileSource:
     silently index another row."""
 
     def __init__(self, spec: DataSource, *, name: str, where: str, seq_len: int,
-                 val_fraction: float, vocab_size: int | None):  # fmt: skip
+                 val_fraction: float, vocab_size: int | None, files: list[Path] | None = None,
+                 dtype: np.dtype | None = None):  # fmt: skip
         self.spec, self.name, self.where = spec, name, where
         self.seq_len, self.val_fraction = seq_len, val_fraction
-        self.dtype = np.dtype(spec.dtype or token_dtype(vocab_size or 0)).newbyteorder("<")
-        self.files = _token_files(str(spec.path), f"{where}.path")
+        dtype = dtype or np.dtype(spec.dtype or token_file_dtype(vocab_size or 0))
+        self.dtype = dtype.newbyteorder("<")
+        self.files = files or _token_files(str(spec.path), f"{where}.path")
         sizes = file_sizes(self.files)
         for file, size in zip(self.files, sizes, strict=True):
             if size % self.dtype.itemsize:
@@ -236,7 +310,36 @@ def build_source(spec: DataSource, *, index: int, where: str,
     if spec.format == "tokens":
         return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
-    raise ValueError(
-        f"{where}.format={spec.format} is not readable yet (text and tokens are); convert the "
-        "source to text or tokens"
-    )
+    if spec.format == "megatron":
+        return megatron_source(spec, name=name, where=where, seq_len=seq_len,
+                               val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
+    return RecordSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
+                        seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
+                        follow_symlinks=follow_symlinks)  # fmt: skip
+
+
+def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,
+                    val_fraction: float, vocab_size: int | None) -> TokenFileSource:  # fmt: skip
+    """A Megatron-Core indexed dataset (`prefix.bin` + `prefix.idx`, `data/indexed.py` checks
+    both) as a token source: its documents back to back, as Megatron's GPT dataset reads them.
+    `path` is the prefix (a `.bin` or `.idx` suffix is dropped), a glob of them, or a list."""
+    from lightning_dist.data.indexed import IndexedDataset
+
+    entries = [spec.path] if isinstance(spec.path, str) else list(spec.path or [])
+    named = [e for e in entries if Path(f"{e}.idx").expanduser().is_file()]  # bare prefixes
+    globbed = [e for e in entries if e not in named]
+    matches = [Path(e).expanduser() for e in named]
+    matches += _matches(globbed, f"{where}.path") if globbed else []
+    prefixes, dtypes = [], set()
+    for match in matches:
+        suffix = match.suffix if match.suffix in (".bin", ".idx") else ""
+        prefix = str(match)[: len(str(match)) - len(suffix)]
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+            dtypes.add(IndexedDataset(prefix).dtype)
+    if len(dtypes) > 1 or dtypes & {np.dtype(np.float32), np.dtype(np.float64)}:
+        raise ValueError(f"{where}: the indexed datasets hold {sorted(map(str, dtypes))} tokens; "
+                         "one integer dtype per source")  # fmt: skip
+    return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
+                           val_fraction=val_fraction, vocab_size=vocab_size,
+                           files=[Path(p + ".bin") for p in prefixes], dtype=dtypes.pop())  # fmt: skip

@@ -44,7 +44,7 @@ class DataSource:
     )  # fmt: skip
     dtype: str | None = knob(
         None, "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
-        "in it (model.vocab_size <= 65535, as the token cache), else uint32.",
+        "in it (model.vocab_size <= 65536), else uint32.",
     )  # fmt: skip
 
     def label(self, index: int) -> str:

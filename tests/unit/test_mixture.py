@@ -99,3 +99,43 @@ def test_token_files_read_the_ids_text_tokenizes_to(tmp_path):
         assert len(a) == len(b) > 0
         assert all(bool((a[i] == b[i]).all()) for i in range(len(a)))
     assert as_tokens.inputs["sources"]["corpus.bin"]["tokens"] == len(ids)
+
+
+def write_megatron(prefix, documents: list[np.ndarray]) -> None:
+    """An indexed dataset in Megatron-Core's documented layout (uint16 tokens, one sequence per
+    document), written here byte by byte rather than by our writer."""
+    import struct
+
+    lengths = np.array([len(d) for d in documents], "<i4")
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1]) * 2]).astype("<i8")
+    bounds = np.arange(len(documents) + 1, dtype="<i8")
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(documents), len(bounds))
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(header + lengths.tobytes() + pointers.tobytes() + bounds.tobytes())
+    np.concatenate(documents).astype("<u2").tofile(f"{prefix}.bin")
+
+
+def test_hf_datasets_on_disk_and_megatron_read_the_tokens_text_reads(tmp_path):
+    """One document three ways: a text file, the record of a `datasets.save_to_disk` folder,
+    and a Megatron indexed dataset of its byte ids: the same windows, train and validation."""
+    datasets = pytest.importorskip("datasets", reason="the [data] extra reads HF datasets")
+    text = "".join(f"row {i}: a lazy dog sleeps\n" for i in range(70))
+    (tmp_path / "doc.txt").write_text(text)
+    datasets.Dataset.from_dict({"body": [text]}).save_to_disk(str(tmp_path / "hf"))
+    ids = np.append(np.frombuffer(text.encode(), np.uint8), 256)
+    write_megatron(tmp_path / "mega", [ids[:300], ids[300:]])  # a document split in two
+    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
+                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    entries = {
+        "text": {"path": str(tmp_path / "doc.txt")},
+        "hf_disk": {"path": str(tmp_path / "hf"), "format": "hf_disk", "field": "body"},
+        "megatron": {"path": str(tmp_path / "mega"), "format": "megatron"},
+    }
+    read = {}
+    for fmt, entry in entries.items():
+        dm = MixtureDataModule(sources=[entry], **common)
+        dm.prepare_data()
+        dm.setup("fit")
+        read[fmt] = [[w.tolist() for w in ds] for ds in (dm.train_set, dm.val_set)]
+    assert read["text"][0] and read["text"][1]
+    assert read["hf_disk"] == read["text"] and read["megatron"] == read["text"]
