@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> None:
 
             merged = verify(args.folder, checksums=not args.sizes_only)
             tokens = sum(s["tokens"] for s in merged["shards"])
+            state = "ok" if merged["complete"] else "ok so far (a prepare did not finish)"
             print(f"{args.folder}: {len(merged['shards'])} shards, {tokens:,} tokens of "
-                  f"{merged['tokenizer']['name']}: ok")  # fmt: skip
+                  f"{merged['tokenizer']['name']}: {state}")  # fmt: skip
             return
         from lightning_dist.data.prepare import DEFAULT_SHARD_TOKENS, prepare
 

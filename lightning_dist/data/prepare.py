@@ -2,10 +2,11 @@
 
 `prepare(...)` (and `python -m lightning_dist.data prepare`) expands the input globs, keeps its
 slice of the files (file k belongs to slice k mod n: one slice per node or Slurm array task),
-and hands the files to N worker processes. A worker streams one file's documents
-(`records.iter_documents`), encodes each with its own single-threaded tokenizer, appends the
-end-of-document token, and writes shards of at most `shard_tokens` tokens (a document is never
-split) with `IndexedWriter`: under temporary names, renamed when complete. The main process
+and hands the files to N worker processes (`shard_worker.py`). A worker streams one file's
+documents (`records.iter_documents`), encodes them a batch at a time with its own
+single-threaded tokenizer, appends the end-of-document token, and writes shards of at most
+`shard_tokens` tokens (a document is never split) with `IndexedWriter`: under temporary names,
+renamed when complete. The main process
 records each finished shard in the manifest at once (`manifest.py`), so a prepare that is killed
 and started again skips every finished shard, and within a half-done file skips the documents
 those shards hold (they are read again, not tokenized again).
@@ -17,14 +18,11 @@ whatever the size of a file. Parallelism is across files: one huge file is one w
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import queue
-import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_dist.data.manifest import (
@@ -33,27 +31,17 @@ from lightning_dist.data.manifest import (
     read_manifest,
     write_manifest,
 )
-from lightning_dist.data.records import DEFAULT_FIELD, FORMATS, ReadStats, iter_documents
+from lightning_dist.data.records import DEFAULT_FIELD, FORMATS
+from lightning_dist.data.shard_worker import FileTask, shard_name, worker
 from lightning_dist.run.errors import ConfigError
 from lightning_dist.runtime.console import print_line
 
 DEFAULT_SHARD_TOKENS = 1 << 26
 """Tokens per shard (64 Mi: 128 MiB of uint16): the unit of work lost to a kill."""
-_PROGRESS_S = 1.0
 # Tokenizers run their own thread pool (Rayon) unless told otherwise; N workers of one thread
 # each is what `--workers` promises, and what lets N workers scale on N cores.
 _ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                "OMP_NUM_THREADS": "1"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class FileTask:
-    """One input file for a worker: where to start (documents and part already finished)."""
-
-    path: str
-    name: str
-    skip_documents: int
-    first_part: int
 
 
 def expand_inputs(patterns: list[str], fmt: str) -> list[Path]:
@@ -77,13 +65,6 @@ def input_names(files: list[Path]) -> list[str]:
         return [files[0].name]
     common = Path(os.path.commonpath([str(f) for f in files]))
     return [f.relative_to(common).as_posix() for f in files]
-
-
-def shard_name(source: str, part: int) -> str:
-    """The file name (without .bin/.idx) of part `part` of input `source`."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.rsplit("/", 1)[-1])[:48]
-    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
-    return f"{stem}-{digest}-{part:05d}"
 
 
 def prepare(
@@ -133,6 +114,12 @@ def prepare(
         "shards": [],
     }
     manifest = _resume(manifest_path, fresh, folder) if manifest_path.exists() else fresh
+    gone = sorted(set(manifest["files"]) - {names[i] for i in mine})
+    if gone:  # its shards would stay listed beside the same documents under a new name
+        raise ConfigError(
+            f"{manifest_path} lists input {gone[0]!r}, which is not among this slice's inputs; "
+            "give the same --input and slice as before, or prepare into a new --output"
+        )
     tasks = []
     for i in mine:
         record = manifest["files"].setdefault(
@@ -220,13 +207,16 @@ def _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_s
     saved = {key: os.environ.get(key) for key in _ONE_THREAD}
     os.environ.update(_ONE_THREAD)  # inherited by the spawned workers
     try:
-        procs = [context.Process(target=_worker, args=(todo, events, settings, os.getpid()),
+        procs = [context.Process(target=worker, args=(todo, events, settings, os.getpid()),
                                  daemon=True) for _ in range(count)]  # fmt: skip
         for proc in procs:
             proc.start()
     finally:
         for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     meter = _Progress(len(tasks), progress)
     try:
         _collect(events, procs, len(tasks), manifest, manifest_path, meter, on_shard)
@@ -266,86 +256,6 @@ def _collect(events, procs, files_left, manifest, manifest_path, meter, on_shard
             meter.file_done()
         elif kind == "tokens":
             meter.add(*payload)
-
-
-def _worker(todo, events, settings: dict, parent: int) -> None:
-    """A worker process: files from `todo` until None; events back on `events`."""
-    from lightning_dist.lm.tokenizer import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(settings["tokenizer"])
-        while True:
-            try:
-                task = todo.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:  # the prepare was killed: stop, not run on alone
-                    return
-                continue
-            if task is None:
-                return
-            _tokenize_file(task, tokenizer, settings, events, parent)
-    except (ValueError, OSError) as e:  # ConfigError is a ValueError
-        events.put(("error", f"{e}"))
-    except KeyboardInterrupt:
-        pass
-
-
-def _tokenize_file(task: FileTask, tokenizer, settings, events, parent: int) -> None:
-    """One file into shards; each finished shard and the file's end reported on `events`."""
-    import numpy as np
-
-    from lightning_dist.data.indexed import IndexedWriter, indexed_dtype
-
-    dtype = indexed_dtype(tokenizer.vocab_size)
-    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    stats = ReadStats()
-    documents = iter_documents(task.path, settings["fmt"], field=settings["field"],
-                               skip_bad_records=settings["skip_bad_records"], stats=stats)  # fmt: skip
-    part, first, writer = task.first_part, task.skip_documents, None
-    tokens = count = 0
-    last_report = time.monotonic()
-    try:
-        for index, text in enumerate(documents):
-            if index < task.skip_documents:
-                continue  # in a finished shard
-            if writer is None:
-                name = shard_name(task.name, part)
-                writer = IndexedWriter(Path(settings["folder"]) / name, dtype)
-            ids = tokenizer.encode(text)
-            writer.add_document(np.concatenate([ids, eos]) if eos else ids)
-            tokens, count = tokens + len(ids) + len(eos), count + 1
-            if writer.tokens >= settings["shard_tokens"]:
-                events.put(("shard", _record(writer.close(), task, part, first, name)))
-                first, part, writer = index + 1, part + 1, None
-            if time.monotonic() - last_report > _PROGRESS_S:
-                if os.getppid() != parent:  # the prepare was killed: stop, not run on alone
-                    raise SystemExit(1)
-                events.put(("tokens", (tokens, count)))
-                tokens, count, last_report = 0, 0, time.monotonic()
-        if writer is not None:
-            events.put(("shard", _record(writer.close(), task, part, first, name)))
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    events.put(("tokens", (tokens, count)))
-    events.put(("file", (task.name, stats.documents, stats.skipped)))
-
-
-def _record(summary, task: FileTask, part: int, first: int, name: str) -> dict:
-    base = Path(summary.prefix)
-    return {
-        "name": name,
-        "source": task.name,
-        "part": part,
-        "first_document": first,
-        "documents": summary.documents,
-        "tokens": summary.tokens,
-        "bin_sha256": summary.bin_sha256,
-        "idx_sha256": summary.idx_sha256,
-        "bin_bytes": base.with_name(base.name + ".bin").stat().st_size,
-        "idx_bytes": base.with_name(base.name + ".idx").stat().st_size,
-    }
 
 
 class _Progress:

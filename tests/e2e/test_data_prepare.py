@@ -56,6 +56,18 @@ def test_two_workers_write_every_document_once(tmp_path):
     assert {f: r["documents"] for f, r in manifest["files"].items()} == dict.fromkeys(docs, 120)
     assert verify(tmp_path / "out")["tokenizer"]["name"] == "byte"
 
+    # A tokenizer.json: the worker's batch encoding gives the ids the data pipeline's encode does.
+    from lightning_dist.lm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(word_tokenizer(tmp_path))
+    prepare([str(tmp_path / "in/a.jsonl")], tmp_path / "words", tokenizer=str(tokenizer.path),
+            progress=False)  # fmt: skip
+    shard = load_manifests(tmp_path / "words")["shards"][0]
+    data = IndexedDataset(tmp_path / "words" / shard["name"])
+    expected = [[*tokenizer.encode(text).tolist(), tokenizer.eos_id] for text in docs["a.jsonl"]]
+    assert [data.get(i).tolist() for i in range(len(data))] == expected
+    assert {3} < {t for doc in expected for t in doc}  # real words, not only [UNK]
+
 
 def test_a_killed_prepare_resumes_without_redoing_finished_shards(tmp_path):
     docs = corpus(tmp_path / "in")
@@ -95,6 +107,8 @@ def test_refusals_and_verify(tmp_path):
         prepare([pattern], tmp_path / "bad", progress=False)
     prepare([pattern], tmp_path / "skip", skip_bad_records=True, progress=False)
     assert load_manifests(tmp_path / "skip")["files"]["bad.jsonl"]["skipped"] == 1
+    with pytest.raises(ConfigError, match=r"lists input 'bad.jsonl', which is not among"):
+        prepare([str(tmp_path / "in/a.jsonl")], tmp_path / "skip", progress=False)
     with pytest.raises(ConfigError, match=r"--input '.*nothing\*' matches no file"):
         prepare([str(tmp_path / "nothing*")], tmp_path / "x")
     with pytest.raises(ConfigError, match=r"--shard-index 2 must be in 0..1"):
