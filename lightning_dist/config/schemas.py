@@ -117,6 +117,9 @@ class TextDataSchema(CorpusDataSchema):
 @dataclass(kw_only=True)
 class MixtureDataSchema(CorpusDataSchema):
     _target_: str = "lightning_dist.lm.data.MixtureDataModule"
+    skip_bad_records: bool = False
+    """jsonl, parquet and hf_disk sources: skip a malformed record (counted, one warning line
+    per file) instead of stopping with its file:line; a missing field stops either way."""
     sources: list[SourceSchema] = field(default_factory=list)  # type: ignore[valid-type]
     """The sources and their weights (docs/DATA.md); each entry's keys are
     `options.data.DataSource`'s fields."""

@@ -22,9 +22,8 @@ from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
-from lightning_dist.lm.sources import build_source
+from lightning_dist.lm.sources import build_source, checked_tokenizer
 from lightning_dist.lm.token_cache import resolve_files
-from lightning_dist.lm.tokenizer import describe, load_tokenizer
 from lightning_dist.options.data import DataSource, parse_sources
 
 __all__ = [
@@ -204,6 +203,7 @@ class MixtureDataModule(LMDataModule):
         seed: int = 0,
         vocab_size: int | None = None,
         pack_documents: bool = False,
+        skip_bad_records: bool = False,
         where: Sequence[str] | None = None,
     ):
         super().__init__(
@@ -216,32 +216,19 @@ class MixtureDataModule(LMDataModule):
             num_workers=num_workers,
         )
         self.specs = parse_sources(sources)
-        self.tokenizer = load_tokenizer(tokenizer)
+        self.tokenizer, self.separator = checked_tokenizer(
+            tokenizer, pack_documents=pack_documents, vocab_size=vocab_size,
+            formats=[s.format for s in self.specs],
+        )  # fmt: skip
         self.tokenizer_vocab_size = self.tokenizer.vocab_size
-        if pack_documents and self.tokenizer.eos_id is None:
-            raise ValueError(
-                f"data.pack_documents=true needs an end-of-text token between documents, and "
-                f"tokenizer {describe(self.tokenizer)} has none; use a tokenizer with one (or "
-                "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
-            )
-        self.separator = self.tokenizer.eos_id if pack_documents else None
-        if (
-            vocab_size is not None
-            and self.tokenizer_vocab_size > vocab_size
-            and any(s.format != "tokens" for s in self.specs)
-        ):
-            raise ValueError(
-                f"tokenizer vocabulary {self.tokenizer_vocab_size} ({describe(self.tokenizer)}) "
-                f"is larger than model vocab_size={vocab_size}; use a model with vocab_size >= "
-                f"{self.tokenizer_vocab_size} or a smaller tokenizer"
-            )
         self.val_fraction = val_fraction
         self.cache_dir = cache_dir
         where = list(where or (f"data.sources[{i}]" for i in range(len(self.specs))))
         self.sources = [
             build_source(spec, index=i, where=where[i], tokenizer=self.tokenizer,
                          seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
-                         follow_symlinks=follow_symlinks, vocab_size=vocab_size)
+                         follow_symlinks=follow_symlinks, vocab_size=vocab_size,
+                         skip_bad_records=skip_bad_records)
             for i, spec in enumerate(self.specs)
         ]  # fmt: skip
         self.names = [source.name for source in self.sources]

@@ -37,7 +37,7 @@ from lightning_dist.lm.token_cache import (
     relative_names,
     split_files,
 )
-from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer
+from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer, describe, load_tokenizer
 from lightning_dist.options.data import DataSource
 
 log = logging.getLogger(__name__)
@@ -156,9 +156,21 @@ class RecordSource(TextSource):
     reads them, streamed): the text of `field` in each record is one document. Tokenized into
     the token cache like text, keyed by the files' bytes and how they are read."""
 
+    def __init__(self, spec: DataSource, *, skip_bad_records: bool = False, **kwargs):
+        self.skip_bad_records = skip_bad_records
+        super().__init__(spec, **kwargs)
+        if open_token_cache(self.key, self.cache_dir) is None:
+            # Every record is read now, on every rank, so a bad one stops all of them in one
+            # line; found later, in prepare_data on one rank, it would leave the others waiting.
+            files, documents = self._read()
+            for file in files:
+                for _ in documents(file):
+                    pass
+
     @property
     def reader(self) -> str:  # type: ignore[override]
-        return f"{self.spec.format}:{self.spec.field or 'text'}"
+        skip = ":skip_bad_records" if self.skip_bad_records else ""
+        return f"{self.spec.format}:{self.spec.field or 'text'}{skip}"
 
     def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
         fmt = self.spec.format
@@ -179,12 +191,14 @@ class RecordSource(TextSource):
     def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
         from lightning_dist.data.records import iter_documents
 
-        fmt, field = self.spec.format, self.spec.field
+        fmt, field, skip = self.spec.format, self.spec.field, self.skip_bad_records
         if fmt == "hf_disk":  # one folder is read as a whole, named by its state.json
             return [d / "state.json" for d in self.folders], lambda state: iter_documents(
-                state.parent, fmt, field=field
+                state.parent, fmt, field=field, skip_bad_records=skip
             )
-        return self.files, lambda file: iter_documents(file, fmt, field=field)
+        return self.files, lambda file: iter_documents(
+            file, fmt, field=field, skip_bad_records=skip
+        )
 
 
 def _matches(path: str | list[str] | None, where: str, *, folders: bool = False) -> list[Path]:
@@ -297,10 +311,33 @@ class TokenFileSource:
         return sets[0] if len(sets) == 1 else ConcatDataset(sets)
 
 
+def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int | None,
+                      formats: list[str]) -> tuple[ByteTokenizer | HFTokenizer, int | None]:  # fmt: skip
+    """`data.tokenizer` loaded, and the id that ends documents under `pack_documents` (None
+    without): ValueError when packing has no end-of-text id, or when a source it tokenizes
+    would make ids the model (`vocab_size`) has no embedding for."""
+    tokenizer = load_tokenizer(path)
+    if pack_documents and tokenizer.eos_id is None:
+        raise ValueError(
+            f"data.pack_documents=true needs an end-of-text token between documents, and "
+            f"tokenizer {describe(tokenizer)} has none; use a tokenizer with one (or "
+            "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
+        )
+    tokenizes = any(f not in ("tokens", "megatron") for f in formats)
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size and tokenizes:
+        raise ValueError(
+            f"tokenizer vocabulary {tokenizer.vocab_size} ({describe(tokenizer)}) is larger "
+            f"than model vocab_size={vocab_size}; use a model with vocab_size >= "
+            f"{tokenizer.vocab_size} or a smaller tokenizer"
+        )
+    return tokenizer, tokenizer.eos_id if pack_documents else None
+
+
 def build_source(spec: DataSource, *, index: int, where: str,
                  tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
-                 cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None):  # fmt: skip
-    """The source of one `data.sources` entry (checked now: files, sizes, ids)."""
+                 cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None,
+                 skip_bad_records: bool = False):  # fmt: skip
+    """The source of one `data.sources` entry (checked now: files, sizes, ids, records)."""
     name = spec.label(index)
     if spec.format == "text":
         files_key = where if where == "data.paths" else f"{where}.path"
@@ -315,7 +352,8 @@ def build_source(spec: DataSource, *, index: int, where: str,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
     return RecordSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
                         seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
-                        follow_symlinks=follow_symlinks)  # fmt: skip
+                        follow_symlinks=follow_symlinks,
+                        skip_bad_records=skip_bad_records)  # fmt: skip
 
 
 def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,

@@ -195,6 +195,10 @@ CASES = [
     Case("token id above the vocabulary", fast("data.sources=[{{path: {tmp}/ids.bin, format: tokens}}]", "data.seq_len=16", data="mixture"),
          "ids.bin holds token id 600 (first at position 700), at or above the model's vocab_size=512",
          prepare=lambda tmp: write(tmp / "ids.bin", bytes(1400) + (600).to_bytes(2, "little") + bytes(100))),
+    Case("malformed JSON line in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", data="mixture"),
+         "docs.jsonl:3: not valid JSON", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": \n')),
+    Case("missing field in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl, field: body}}]", data="mixture"),
+         "body", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n')),
     Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
     Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
     # The strategies' own checks (moved from tests/dist: they need no process to fail).
