@@ -43,6 +43,8 @@ from lightning_dist.options.data import DataSource
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+"""Text and JSON Lines files decompressed as they are read (`data/records.py`)."""
 _SCAN_CHUNK = 1 << 24
 """Ids read at a time when a token file is checked against the vocabulary (32 MiB of uint16)."""
 
@@ -88,8 +90,12 @@ class TextSource:
         )  # fmt: skip
         self.cache: TokenCache | None = None
 
-    reader = ""
-    """How documents come out of the files, in the cache key: "" (each file one document)."""
+    @property
+    def reader(self) -> str:
+        """How documents come out of the files, in the cache key: "" (each file one document,
+        its bytes checked as text), or "text:decompressed" when a file is .gz or .zst."""
+        compressed = any(f.name.endswith(COMPRESSED_SUFFIXES) for f in self.files)
+        return "text:decompressed" if compressed else ""
 
     def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
         """The files whose bytes make the cache key, and the symlinks skipped finding them."""
@@ -97,7 +103,11 @@ class TextSource:
 
     def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
         """The files the cache tokenizes, and how to read documents out of each (None: whole)."""
-        return self.files, None
+        if not self.reader:
+            return self.files, None
+        from lightning_dist.data.records import iter_documents
+
+        return self.files, lambda file: iter_documents(file, "text")
 
     def _check_splits(self, sizes: list[int]) -> None:
         """Each split holds a window, checked now rather than after the processes start: from
@@ -168,7 +178,7 @@ class RecordSource(TextSource):
                     pass
 
     @property
-    def reader(self) -> str:  # type: ignore[override]
+    def reader(self) -> str:
         skip = ":skip_bad_records" if self.skip_bad_records else ""
         return f"{self.spec.format}:{self.spec.field or 'text'}{skip}"
 

@@ -139,3 +139,20 @@ def test_hf_datasets_on_disk_and_megatron_read_the_tokens_text_reads(tmp_path):
         read[fmt] = [[w.tolist() for w in ds] for ds in (dm.train_set, dm.val_set)]
     assert read["text"][0] and read["text"][1]
     assert read["hf_disk"] == read["text"] and read["megatron"] == read["text"]
+
+
+def test_compressed_text_reads_as_the_plain_file(tmp_path):
+    import gzip
+
+    text = "".join(f"{i} zipped words here\n" for i in range(40))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "doc.txt").write_text(text)
+    (tmp_path / "doc.txt.gz").write_bytes(gzip.compress(text.encode()))
+    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
+                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    read = []
+    for path in (tmp_path / "plain" / "doc.txt", tmp_path / "doc.txt.gz"):
+        dm = MixtureDataModule(sources=[{"path": str(path)}], **common)
+        dm.setup("fit")
+        read.append([w.tolist() for w in dm.train_set])
+    assert read[0] and read[0] == read[1]
