@@ -508,7 +508,7 @@ def test_what_was_read_is_listed(tmp_path, caplog):
     from lightning_dist.lm.data import TextDataModule
 
     corpus = _tree(tmp_path)
-    with caplog.at_level("INFO", logger="lightning_dist.lm.data"):
+    with caplog.at_level("INFO", logger="lightning_dist.lm.sources"):
         dm = TextDataModule(paths=[str(corpus)], seq_len=4, global_batch_size=2)
     assert dm.inputs["files"] == 2 and dm.inputs["bytes"] == len("inside") + len("inside too")
     assert dm.inputs["first_paths"] == [
