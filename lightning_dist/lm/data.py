@@ -289,15 +289,18 @@ class MixtureDataModule(LMDataModule):
         plan = self.plan_of_samples
         saved = self._saved_mixture
         if saved and self.resume_step:
-            if saved["names"] == self.names and saved["weights"] == [
-                float(w) for w in self.weights
-            ]:
+            same = (saved["names"], saved["weights"]) == (
+                self.names,
+                [float(w) for w in self.weights],
+            )
+            if same and sum(saved["drawn"]) == self.resume_step * self.global_batch_size:
                 plan.restore(self.resume_step, saved["drawn"])
-            else:  # another mixture: its stream is replayed from step 1 instead
+            else:  # another mixture or global batch: this one's stream from the saved step on
                 log.warning(
-                    "The checkpoint's data mixture (sources %s, weights %s) is not this run's "
-                    "(%s, %s): the samples of step %d on are this mixture's", saved["names"],
-                    saved["weights"], self.names, self.weights, self.resume_step + 1,
+                    "The checkpoint's data mixture (sources %s, weights %s, %d samples drawn) "
+                    "is not this run's (%s, %s, %d): the samples of step %d on are this run's",
+                    saved["names"], saved["weights"], sum(saved["drawn"]), self.names,
+                    self.weights, self.resume_step * self.global_batch_size, self.resume_step + 1,
                 )  # fmt: skip
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)

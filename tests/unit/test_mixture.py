@@ -115,13 +115,29 @@ def write_megatron(prefix, documents: list[np.ndarray]) -> None:
     np.concatenate(documents).astype("<u2").tofile(f"{prefix}.bin")
 
 
+def save_to_disk(folder, columns: dict[str, list]) -> None:
+    """A folder as `datasets.Dataset.save_to_disk` writes it (an Arrow stream file that its
+    state.json lists), written with pyarrow: importing `datasets` costs seconds
+    (tests/dist/test_mixture_resume_dist.py trains on one `datasets` wrote)."""
+    import json
+
+    import pyarrow as pa
+
+    folder.mkdir()
+    table = pa.table(columns)
+    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (folder / "state.json").write_text(json.dumps(state))
+
+
 def test_hf_datasets_on_disk_and_megatron_read_the_tokens_text_reads(tmp_path):
     """One document three ways: a text file, the record of a `datasets.save_to_disk` folder,
     and a Megatron indexed dataset of its byte ids: the same windows, train and validation."""
-    datasets = pytest.importorskip("datasets", reason="the [data] extra reads HF datasets")
     text = "".join(f"row {i}: a lazy dog sleeps\n" for i in range(70))
     (tmp_path / "doc.txt").write_text(text)
-    datasets.Dataset.from_dict({"body": [text]}).save_to_disk(str(tmp_path / "hf"))
+    save_to_disk(tmp_path / "hf", {"body": [text]})
     ids = np.append(np.frombuffer(text.encode(), np.uint8), 256)
     write_megatron(tmp_path / "mega", [ids[:300], ids[300:]])  # a document split in two
     common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
@@ -156,3 +172,23 @@ def test_compressed_text_reads_as_the_plain_file(tmp_path):
         dm.setup("fit")
         read.append([w.tolist() for w in dm.train_set])
     assert read[0] and read[0] == read[1]
+
+
+def test_the_checkpoint_holds_the_draws_and_a_resume_starts_from_them(tmp_path):
+    from types import SimpleNamespace
+
+    for i, n in enumerate((3000, 1200)):
+        np.random.default_rng(i).integers(0, 300, n).astype("<u2").tofile(tmp_path / f"{i}.bin")
+    kwargs = dict(sources=[{"path": str(tmp_path / f"{i}.bin"), "format": "tokens",
+                            "weight": w} for i, w in enumerate((0.7, 0.3))],
+                  seq_len=8, global_batch_size=4, val_batches=1, vocab_size=300)  # fmt: skip
+    first = MixtureDataModule(**kwargs)
+    first.setup("fit")
+    first.trainer = SimpleNamespace(global_step=5)
+    state = first.state_dict()
+    assert state["global_step"] == 5 and state["mixture"]["drawn"] == [14, 6]
+    step6 = list(first.train_dataloader())[5]
+    resumed = MixtureDataModule(**kwargs)
+    resumed.load_state_dict(state)
+    assert bool((next(iter(resumed.train_dataloader())) == step6).all())
+    assert 1 not in resumed.plan_of_samples._marks  # restored at step 5, not replayed from 0
