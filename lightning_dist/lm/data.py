@@ -334,10 +334,13 @@ class MixtureDataModule(LMDataModule):
             offset += len(val_set)
         return self._loader(Subset(self.val_set, pieces), sampler=None, batch_size=micro)
 
-    def mixture_summary(self, global_step: int) -> dict[str, Any]:
+    def mixture_summary(self, global_step: int) -> dict[str, Any] | None:
         """Each source's weight, samples drawn in `global_step` steps and share of the tokens
-        trained on (every sample has `seq_len` targets): summary.json's `data_mixture`."""
-        drawn = self.plan_of_samples.drawn_at(global_step) if self.plan_of_samples else []
+        trained on (every sample has `seq_len` targets): summary.json's `data_mixture`; None
+        before `setup()`."""
+        if self.plan_of_samples is None:
+            return None
+        drawn = self.plan_of_samples.drawn_at(global_step)
         total = max(sum(drawn), 1)
         weights = sum(self.weights)
         return {
