@@ -112,9 +112,9 @@ def compression(path: Path) -> str | None:
 
 def open_stream(path: Path) -> BinaryIO:
     """`path` opened for reading, decompressed as it is read when it ends in .gz or .zst."""
-    raw = open(path, "rb")  # noqa: SIM115 (the stream is returned; the caller closes it)
     if path.suffix == ".gz":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    raw = open(path, "rb")  # noqa: SIM115 (the stream is returned; the caller closes it)
     if path.suffix == ".zst":
         return io.BufferedReader(_ZstdReader(raw, path), buffer_size=1 << 20)  # type: ignore[return-value]
     return raw

@@ -56,6 +56,14 @@ def test_round_trip_with_documents_of_several_sequences(tmp_path, dtype):
     assert data.num_tokens == sum(len(s) for s in flat)
 
 
+def test_a_multimodal_index_has_its_modes_read_past(tmp_path):
+    write_indexed(tmp_path / "m", [[1, 2], [3]], np.int32)
+    with open(tmp_path / "m.idx", "ab") as f:
+        f.write(bytes([0, 1]))  # Megatron's int8 mode per sequence, after the document indices
+    data = IndexedDataset(tmp_path / "m")
+    assert [data.get(i).tolist() for i in range(len(data))] == [[1, 2], [3]]
+
+
 def test_an_empty_dataset_and_an_aborted_writer(tmp_path):
     write_indexed(tmp_path / "e", [], np.uint16)
     assert len(IndexedDataset(tmp_path / "e")) == 0
