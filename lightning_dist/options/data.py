@@ -96,6 +96,13 @@ def _check(source: DataSource, where: str) -> None:
             f"{where}.weight={w!r} must be a finite number above 0 (a source that should not "
             "be read is left out of data.sources)"
         )
+    paths = [source.path] if isinstance(source.path, str) else list(source.path or [])
+    remote = next((p for p in paths if "://" in str(p)), None)
+    if remote is not None:
+        raise ValueError(
+            f"{where}.path={remote!r} is a URL; remote sources are not read yet: copy the data "
+            "to a local (or mounted) folder and name that"
+        )
     if source.path is None and source.format != "text":
         raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")
     if source.dtype is not None and source.dtype not in TOKEN_DTYPES:
