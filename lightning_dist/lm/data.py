@@ -183,7 +183,9 @@ class MixtureDataModule(LMDataModule):
     from the sources by weight (`mixture.MixturePlan`: a function of (seed, step), not of the
     world size); validation reads every source's held-out windows, and the module logs each
     source's loss as `val/loss/<name>` when there are several. `tokenizer`, `pack_documents`,
-    `val_fraction`, `cache_dir` and `follow_symlinks` apply to every source.
+    `val_fraction`, `cache_dir`, `follow_symlinks` and `skip_bad_records` apply to every source.
+    `where`: how errors name each source (default `data.sources[i]`; `data.paths` for
+    `TextDataModule`).
     """
 
     def __init__(
