@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -48,13 +49,16 @@ class DataSource:
     )  # fmt: skip
 
     def label(self, index: int) -> str:
-        """The name it is logged under: `name`, else the last part of `path`, else source<i>."""
+        """The name it is logged under: `name`, else the last part of `path` (of a glob: the
+        folder it searches), else source<i>."""
         if self.name:
             return self.name
         if self.path and isinstance(self.path, str):
-            tail = self.path.rstrip("/").split("/")[-1]
-            return tail.split("*")[0].rstrip(".") or f"source{index}"
-        return "stdlib" if self.format == "text" else f"source{index}"
+            parts = self.path.rstrip("/").split("/")
+            fixed = list(itertools.takewhile(lambda p: not set(p) & set("*?["), parts))
+            tail = fixed[-1] if fixed else ""  # a glob is named by the folder it searches
+            return tail or f"source{index}"
+        return "stdlib" if self.path is None and self.format == "text" else f"source{index}"
 
 
 def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> list[DataSource]:
