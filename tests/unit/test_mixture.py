@@ -193,3 +193,13 @@ def test_the_checkpoint_holds_the_draws_and_a_resume_starts_from_them(tmp_path):
     resumed.load_state_dict(state)
     assert bool((next(iter(resumed.train_dataloader())) == step6).all())
     assert 1 not in resumed.plan_of_samples._marks  # restored at step 5, not replayed from 0
+
+
+def test_sources_are_named_by_their_path_and_names_are_unique():
+    sources = parse_sources([{"path": "corpus/web/*.jsonl", "format": "jsonl"},
+                             {"path": "corpus/code.txt"}, {"path": ["a", "b"]}, {}])  # fmt: skip
+    assert [s.label(i) for i, s in enumerate(sources)] == ["web", "code.txt", "source2", "stdlib"]
+    with pytest.raises(
+        ValueError, match=r"data.sources\[1\] is named 'web' like data.sources\[0\]"
+    ):
+        parse_sources([{"path": "x/web"}, {"path": "y/web/"}])
