@@ -180,8 +180,11 @@ def _write_report(run_dir: Path, out: Path) -> list[Path]:
 
     first = summary.get("first_step") or 0
     losses = list(enumerate(summary["losses"], start=first + 1))
+    # A mixture of several sources: each one's validation loss too (val/loss/<name>).
+    by_source = {f"validation: {key.removeprefix('val/loss/')}": points
+                 for key, points in metrics.items() if key.startswith("val/loss/")}  # fmt: skip
     lines("loss.png", "loss", "cross-entropy",
-          {"train": losses, "validation": metrics.get("val/loss", [])})  # fmt: skip
+          {"train": losses, "validation": metrics.get("val/loss", []), **by_source})  # fmt: skip
     lines("tokens_per_sec.png", "throughput", "tokens/s",
           {"tokens/s": metrics.get("throughput/tokens_per_sec", [])})  # fmt: skip
     lines("mfu.png", "model FLOPs utilisation", "MFU", {"MFU": metrics.get("throughput/mfu", [])})

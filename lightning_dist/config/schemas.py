@@ -68,11 +68,27 @@ class DocumentPackingSchema:
     that takes a document mask (ours; not Hugging Face models)."""
 
 
+def _source_schema() -> type:
+    """The schema of one `data.sources` entry: the fields of `options.data.DataSource`, with
+    their defaults (generated, so each is declared once; a misspelt key fails at compose)."""
+    from lightning_dist.options.data import DataSource
+
+    fields = [
+        (f.name, f.metadata.get("hydra_type") or f.type, field(default=f.default))
+        for f in dataclasses.fields(DataSource)
+    ]
+    return dataclasses.make_dataclass(
+        "SourceSchema", fields, kw_only=True, namespace={"__module__": __name__}
+    )
+
+
+SourceSchema = _source_schema()
+
+
 @dataclass(kw_only=True)
-class TextDataSchema(DocumentPackingSchema):
-    _target_: str = "lightning_dist.lm.data.TextDataModule"
-    paths: list[str] | None = None
-    """Files, directories or globs; null means the .py sources of Python's standard library."""
+class CorpusDataSchema(DocumentPackingSchema):
+    """The knobs of the data configs that read a corpus (data=text, data=mixture)."""
+
     tokenizer: str | None = None
     """Path to a Hugging Face tokenizer.json; null means byte-level (257 tokens)."""
     seq_len: int = 256
@@ -92,6 +108,24 @@ class TextDataSchema(DocumentPackingSchema):
     """Follow symlinks that lead out of a directory or glob root of `paths` (off: skip them)."""
     num_workers: int = 0
     seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass(kw_only=True)
+class TextDataSchema(CorpusDataSchema):
+    _target_: str = "lightning_dist.lm.data.TextDataModule"
+    paths: list[str] | None = None
+    """Files, directories or globs; null means the .py sources of Python's standard library."""
+
+
+@dataclass(kw_only=True)
+class MixtureDataSchema(CorpusDataSchema):
+    _target_: str = "lightning_dist.lm.data.MixtureDataModule"
+    skip_bad_records: bool = False
+    """jsonl, parquet and hf_disk sources: skip a malformed record (counted, one warning line
+    per file) instead of stopping with its file:line; a missing field stops either way."""
+    sources: list[SourceSchema] = field(default_factory=list)  # type: ignore[valid-type]
+    """The sources and their weights (docs/DATA.md); each entry's keys are
+    `options.data.DataSource`'s fields."""
 
 
 @dataclass(kw_only=True)
@@ -292,6 +326,7 @@ SCHEMAS: dict[str, type] = {
     "schema_moe": MoESchema,
     "schema_hf": HFModelSchema,
     "schema_text": TextDataSchema,
+    "schema_mixture": MixtureDataSchema,
     "schema_synthetic": SyntheticDataSchema,
     "schema_single": SingleSchema,
     "schema_ddp": DDPSchema,

@@ -22,6 +22,8 @@ _EXPORTS = {
     "GlobalBatchSampler": "sampling",
     "batch_plan": "sampling",
     "LMDataModule": "data",
+    "MixtureDataModule": "data",
+    "MixturePlan": "mixture",
     "SyntheticDataModule": "data",
     "TextDataModule": "data",
 }
@@ -31,6 +33,8 @@ __all__ = [
     "GlobalBatchSampler",
     "HFTokenizer",
     "LMDataModule",
+    "MixtureDataModule",
+    "MixturePlan",
     "SyntheticDataModule",
     "SyntheticTokens",
     "TextDataModule",
@@ -44,8 +48,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_dist.lm.data import LMDataModule, SyntheticDataModule, TextDataModule
+    from lightning_dist.lm.data import (
+        LMDataModule,
+        MixtureDataModule,
+        SyntheticDataModule,
+        TextDataModule,
+    )
     from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
+    from lightning_dist.lm.mixture import MixturePlan
     from lightning_dist.lm.sampling import GlobalBatchSampler, batch_plan
     from lightning_dist.lm.token_cache import (
         TokenCache,

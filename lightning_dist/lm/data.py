@@ -1,39 +1,35 @@
 """Datasets and Lightning datamodules for causal language modelling.
 
 Every sample is a window of `seq_len + 1` token ids; the model uses `w[:-1]` as inputs and
-`w[1:]` as targets. Training batches come from `GlobalBatchSampler`, so the set of samples of
-each optimizer step does not depend on the parallel layout. The Trainer must be built with
+`w[1:]` as targets. Training batches come from `GlobalBatchSampler` (a mixture of sources:
+`MixtureSampler`, its kind), so the set of samples of each optimizer step does not depend on
+the parallel layout. The Trainer must be built with
 `use_distributed_sampler=False` so Lightning keeps these samplers as they are.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, Dataset, Subset
+import numpy as np
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
+from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
-from lightning_dist.lm.token_cache import (
-    TokenCache,
-    build_token_cache,
-    cache_key,
-    file_sizes,
-    find_files,
-    open_token_cache,
-    relative_names,
-    resolve_files,
-    split_files,
-)
-from lightning_dist.lm.tokenizer import describe, load_tokenizer
+from lightning_dist.lm.sources import build_source, checked_tokenizer
+from lightning_dist.lm.token_cache import resolve_files
+from lightning_dist.options.data import DataSource, parse_sources
 
 __all__ = [
     "GlobalBatchSampler",
     "LMDataModule",
+    "MixtureDataModule",
     "SyntheticDataModule",
     "SyntheticTokens",
     "TextDataModule",
@@ -177,22 +173,25 @@ class LMDataModule(pl.LightningDataModule):
             self.setup("fit")
 
 
-class TextDataModule(LMDataModule):
-    """Windows of real text: files tokenized once into a memory-mapped cache.
+class MixtureDataModule(LMDataModule):
+    """A weighted mixture of data sources (`data.sources`; docs/DATA.md).
 
-    `paths` are files, directories or globs (see `resolve_files`; None means the standard
-    library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
-    `pack_documents`: windows carry each token's document (a file; the tokenizer's end-of-text
-    id ends each) and attention stays inside documents (`datasets.packed_window`).
-    `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
-    Files are resolved here, so a bad glob fails before training; the cache is built in
-    `prepare_data()` (once per node) and opened in `setup()` (on every rank).
+    `sources`: entries of `options.data.DataSource` (path, format, field, weight, name,
+    dtype). Each is found and checked here (files, sizes, ids against `vocab_size`), so a bad
+    one fails before training; text sources are tokenized in `prepare_data()` (once per node)
+    and every source is opened in `setup()` (on every rank). Training draws each global batch
+    from the sources by weight (`mixture.MixturePlan`: a function of (seed, step), not of the
+    world size); validation reads every source's held-out windows, and the module logs each
+    source's loss as `val/loss/<name>` when there are several. `tokenizer`, `pack_documents`,
+    `val_fraction`, `cache_dir`, `follow_symlinks` and `skip_bad_records` apply to every source.
+    `where`: how errors name each source (default `data.sources[i]`; `data.paths` for
+    `TextDataModule`).
     """
 
     def __init__(
         self,
         *,
-        paths: Sequence[str] | str | None = None,
+        sources: Sequence[Mapping[str, Any] | DataSource],
         tokenizer: str | None = None,
         seq_len: int = 256,
         global_batch_size: int = 16,
@@ -206,6 +205,8 @@ class TextDataModule(LMDataModule):
         seed: int = 0,
         vocab_size: int | None = None,
         pack_documents: bool = False,
+        skip_bad_records: bool = False,
+        where: Sequence[str] | None = None,
     ):
         super().__init__(
             seq_len=seq_len,
@@ -216,89 +217,176 @@ class TextDataModule(LMDataModule):
             seed=seed,
             num_workers=num_workers,
         )
-        self.tokenizer = load_tokenizer(tokenizer)
-        self.tokenizer_vocab_size = self.tokenizer.vocab_size
-        if pack_documents and self.tokenizer.eos_id is None:
-            raise ValueError(
-                f"data.pack_documents=true needs an end-of-text token between documents, and "
-                f"tokenizer {describe(self.tokenizer)} has none; use a tokenizer with one (or "
-                "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
-            )
-        self.separator = self.tokenizer.eos_id if pack_documents else None
-        if vocab_size is not None and self.tokenizer_vocab_size > vocab_size:
-            raise ValueError(
-                f"tokenizer vocabulary {self.tokenizer_vocab_size} ({describe(self.tokenizer)}) "
-                f"is larger than model vocab_size={vocab_size}; use a model with vocab_size >= "
-                f"{self.tokenizer_vocab_size} or a smaller tokenizer"
-            )
-        split_files([], val_fraction)  # validates the fraction now rather than at prepare time
-        self.val_fraction = val_fraction
-        self.files, skipped = find_files(paths, follow_symlinks=follow_symlinks)
-        sizes = file_sizes(self.files)
-        self.inputs = {
-            "files": len(self.files),
-            "bytes": sum(sizes),
-            "first_paths": [str(f) for f in self.files[:5]],
-            "skipped_symlinks": skipped,
-        }
-        """What the run reads: logged here and written to summary.json's `data`."""
-        log.info(
-            "Reading %d files, %d bytes (%s%s); %d symlinks leading out of data.paths skipped",
-            len(self.files), sum(sizes), ", ".join(self.inputs["first_paths"]),
-            ", ..." if len(self.files) > 5 else "", skipped,
+        self.specs = parse_sources(sources)
+        self.tokenizer, self.separator = checked_tokenizer(
+            tokenizer, pack_documents=pack_documents, vocab_size=vocab_size,
+            formats=[s.format for s in self.specs],
         )  # fmt: skip
-        self._check_splits(sizes, val_fraction)
-        # Read once here, before any process waits on another: the key, and the text check.
-        self.key = cache_key(self.files, self.tokenizer, val_fraction)
+        self.tokenizer_vocab_size = self.tokenizer.vocab_size
+        self.val_fraction = val_fraction
         self.cache_dir = cache_dir
-        self.cache: TokenCache | None = None
-
-    def _check_splits(self, sizes: list[int], val_fraction: float) -> None:
-        """Each split holds a window, checked now rather than after the processes start: from
-        the file sizes, exactly for the byte tokenizer (one id per byte, plus end of text)."""
-        where = f"data.paths ({len(sizes)} files, {sum(sizes)} bytes)"
-        if sum(sizes) == 0:
-            raise ValueError(f"{where} holds no text; add non-empty files to data.paths")
-        if self.tokenizer.name != "byte":
-            return  # other tokenizers' counts are known after tokenizing, in setup()
-        per_file = [n + (self.tokenizer.eos_id is not None) for n in sizes]
-        if len(per_file) == 1:
-            held_out = max(1, int(per_file[0] * val_fraction))
-            counts = {"train": per_file[0] - held_out, "val": held_out}
-        else:
-            is_val = split_files(relative_names(self.files), val_fraction)
-            counts = {
-                "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
-                "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
+        where = list(where or (f"data.sources[{i}]" for i in range(len(self.specs))))
+        self.sources = [
+            build_source(spec, index=i, where=where[i], tokenizer=self.tokenizer,
+                         seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
+                         follow_symlinks=follow_symlinks, vocab_size=vocab_size,
+                         skip_bad_records=skip_bad_records)
+            for i, spec in enumerate(self.specs)
+        ]  # fmt: skip
+        self.names = [source.name for source in self.sources]
+        self.weights = [spec.weight for spec in self.specs]
+        self.inputs: dict[str, Any] = {
+            "sources": {
+                s.name: {"format": spec.format, "weight": spec.weight, **s.inputs}
+                for s, spec in zip(self.sources, self.specs, strict=True)
             }
-        for split, n in counts.items():
-            if n < self.seq_len + 1:
-                raise ValueError(
-                    f"{where}: the {split} split has {n} tokens, too few for one window of "
-                    f"data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
-                    "data.seq_len" + (" or raise data.val_fraction" if split == "val" else "")
-                )
+        }
+        """What the run reads: written to summary.json's `data`."""
+        self.train_sets: list[Dataset] = []
+        self.val_sets: list[Dataset] = []
+        self.plan_of_samples: MixturePlan | None = None
+        self.val_batch_sources: list[str] = []
+        """The source of each of this rank's validation micro-batches, in order (several
+        sources only): the module logs each one's loss under its name."""
+        self._saved_mixture: dict[str, Any] | None = None
 
     def prepare_data(self) -> None:
-        """Tokenize the corpus into the cache unless an identical cache exists."""
-        self.cache = build_token_cache(
-            self.files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir,
-            key=self.key,
-        )  # fmt: skip
+        """Tokenize the text sources into the cache unless identical caches exist."""
+        for source in self.sources:
+            source.prepare()
 
     def setup(self, stage: str | None = None) -> None:
-        """Open the cached token files as memory maps (building them if prepare_data did not)."""
+        """Open every source's windows (building caches prepare_data did not)."""
         if self.train_set is not None:
             return
-        if self.cache is None:
-            self.cache = open_token_cache(self.key, self.cache_dir)
-        if self.cache is None:
-            # Used without a Trainer, or the cache folder is not shared with local rank 0.
-            self.prepare_data()
-        self.train_set, self.val_set = (
-            TokenWindows(self.cache.tokens(s), self.seq_len, split=s, separator=self.separator)
-            for s in ("train", "val")
+        self.train_sets = [s.windows("train", self.separator) for s in self.sources]
+        self.val_sets = [s.windows("val", self.separator) for s in self.sources]
+        self.plan_of_samples = MixturePlan(
+            [len(t) for t in self.train_sets], self.weights, self.global_batch_size, self.seed
         )
+        single = len(self.sources) == 1
+        self.train_set = self.train_sets[0] if single else ConcatDataset(self.train_sets)
+        self.val_set = self.val_sets[0] if single else ConcatDataset(self.val_sets)
+
+    # --- the position in the stream, saved in checkpoints ------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer steps taken and each source's draws before the next one."""
+        state: dict[str, Any] = dict(super().state_dict())
+        if "global_step" in state and self.plan_of_samples is not None:
+            state["mixture"] = {
+                "names": list(self.names),
+                "weights": [float(w) for w in self.weights],
+                "drawn": self.plan_of_samples.drawn_at(state["global_step"]),
+            }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._saved_mixture = state.get("mixture")
+
+    def train_dataloader(self) -> DataLoader:
+        """This rank's micro-batches of the mixture, in optimizer-step order."""
+        self._ensure_setup()
+        plan = self.plan_of_samples
+        saved = self._saved_mixture
+        if saved and self.resume_step:
+            same = (saved["names"], saved["weights"]) == (
+                self.names,
+                [float(w) for w in self.weights],
+            )
+            if same and sum(saved["drawn"]) == self.resume_step * self.global_batch_size:
+                plan.restore(self.resume_step, saved["drawn"])
+            else:  # another mixture or global batch: this one's stream from the saved step on
+                log.warning(
+                    "The checkpoint's data mixture (sources %s, weights %s, %d samples drawn) "
+                    "is not this run's (%s, %s, %d): the samples of step %d on are this run's",
+                    saved["names"], saved["weights"], sum(saved["drawn"]), self.names,
+                    self.weights, self.resume_step * self.global_batch_size, self.resume_step + 1,
+                )  # fmt: skip
+        rank, size = self.dp_rank_and_size()
+        micro, _ = self.plan(size)
+        offsets = np.cumsum([0] + [len(t) for t in self.train_sets[:-1]]).tolist()
+        sampler = MixtureSampler(
+            plan, offsets, micro, rank, size, start_step=self.resume_step, shares=self.dp_shares()
+        )
+        return self._loader(self.train_set, sampler=sampler, batch_size=micro)
+
+    def val_dataloader(self) -> DataLoader:
+        """This rank's share of every source's validation windows, source after source, each in
+        whole micro-batches (`val_batch_sources` names the source of each)."""
+        if len(self.sources) == 1:
+            return super().val_dataloader()
+        self._ensure_setup()
+        rank, size = self.dp_rank_and_size()
+        micro, _ = self.plan(size)
+        wanted = self.val_batches * self.global_batch_size
+        pieces, self.val_batch_sources, offset = [], [], 0
+        for name, val_set in zip(self.names, self.val_sets, strict=True):
+            per_rank = min(wanted, len(val_set)) // (size * micro) * micro
+            if per_rank == 0:
+                raise ValueError(
+                    f"source {name!r} holds {len(val_set)} validation windows, fewer than one "
+                    f"micro-batch for each of {size} data-parallel ranks ({size} x {micro}); "
+                    "raise data.val_fraction or give the source more data"
+                )
+            start = offset + rank * per_rank
+            pieces.extend(range(start, start + per_rank))
+            self.val_batch_sources.extend([name] * (per_rank // micro))
+            offset += len(val_set)
+        return self._loader(Subset(self.val_set, pieces), sampler=None, batch_size=micro)
+
+    def mixture_summary(self, global_step: int) -> dict[str, Any] | None:
+        """Each source's weight, samples drawn in `global_step` steps and share of the tokens
+        trained on (every sample has `seq_len` targets): summary.json's `data_mixture`; None
+        before `setup()`."""
+        if self.plan_of_samples is None:
+            return None
+        drawn = self.plan_of_samples.drawn_at(global_step)
+        total = max(sum(drawn), 1)
+        weights = sum(self.weights)
+        return {
+            name: {"weight": w / weights, "samples": n, "token_share": n / total}
+            for name, w, n in zip(self.names, self.weights, drawn, strict=True)
+        }
+
+
+class TextDataModule(MixtureDataModule):
+    """Windows of real text: a mixture of one text source (`data=text`).
+
+    `paths` are files, directories or globs (see `resolve_files`; None means the standard
+    library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
+    `pack_documents`: windows carry each token's document (a file; the tokenizer's end-of-text
+    id ends each) and attention stays inside documents (`datasets.packed_window`).
+    `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
+    Files are resolved here, so a bad glob fails before training; the cache is built in
+    `prepare_data()` (once per node) and opened in `setup()` (on every rank).
+    """
+
+    def __init__(self, *, paths: Sequence[str] | str | None = None, **kwargs: Any):
+        entries = [paths] if isinstance(paths, str) else list(paths or [])
+        source = DataSource(path=entries or None, format="text", name="text")
+        super().__init__(sources=[source], where=["data.paths"], **kwargs)
+        self.inputs = self.sources[0].inputs
+
+    @property
+    def files(self) -> list:
+        """The corpus files, sorted."""
+        return self.sources[0].files
+
+    @property
+    def key(self) -> str:
+        """The token cache's content-hash key."""
+        return self.sources[0].key
+
+    @property
+    def cache(self):
+        """The token cache once prepared or opened (None before)."""
+        return self.sources[0].cache
+
+    def mixture_summary(self, global_step: int) -> dict[str, Any] | None:
+        """None: one source has the whole share (summary.json keeps its `data` alone)."""
+        return None
 
 
 class SyntheticDataModule(LMDataModule):

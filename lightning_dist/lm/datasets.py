@@ -57,17 +57,19 @@ class TokenWindows(Dataset):
 
     def __getstate__(self) -> dict:
         # DataLoader workers pickle the dataset; pickling a memmap would copy the whole corpus,
-        # so workers reopen the file instead.
+        # so workers reopen the file instead (the same piece of it: a source's split is one).
         state = dict(self.__dict__)
         if isinstance(self.tokens, np.memmap) and self.tokens.filename:
-            state["tokens"] = (self.tokens.filename, self.tokens.dtype.str, self.tokens.offset)
+            t = self.tokens
+            state["tokens"] = (t.filename, t.dtype.str, t.offset, len(t))
         return state
 
     def __setstate__(self, state: dict) -> None:
         tokens = state["tokens"]
         if isinstance(tokens, tuple):
-            filename, dtype, offset = tokens
-            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset)
+            filename, dtype, offset, n = tokens
+            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset,
+                                        shape=(n,))  # fmt: skip
         self.__dict__.update(state)
 
 

@@ -64,6 +64,9 @@ class CausalLM(L.LightningModule):
         """Global validation loss of each validation run."""
         self.val_steps: list[int] = []
         """The optimizer step after which each validation ran (1-based, as in the console)."""
+        self.val_losses_by_source: dict[str, list[float]] = {}
+        """A mixture of several sources: each source's validation loss of each validation run
+        (`val/loss/<name>`; the datamodule's `val_batch_sources` names each batch's source)."""
         self._loss_sum = torch.zeros(())
         self._micro_steps = 0
         self._ppl_from_loss = False
@@ -228,6 +231,11 @@ class CausalLM(L.LightningModule):
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         loss, logits, targets = self._loss(batch)
         self.log("val/loss", loss, sync_dist=True, prog_bar=True)
+        sources = self._val_batch_sources()
+        if sources:
+            # Every rank's batch_idx-th batch comes from the same source (whole micro-batches
+            # of each, in source order), so the per-source means sync like val/loss.
+            self.log(f"val/loss/{sources[batch_idx]}", loss, sync_dist=True)
         self._ppl_from_loss = logits is None or isinstance(logits, DTensor)
         if not self._ppl_from_loss:
             self.val_perplexity.update(logits.float(), targets)
@@ -238,10 +246,18 @@ class CausalLM(L.LightningModule):
         if val is not None and not self.trainer.sanity_checking:
             self.val_losses.append(float(val))
             self.val_steps.append(int(self.trainer.global_step))
+            for name in dict.fromkeys(self._val_batch_sources()):
+                value = self.trainer.callback_metrics.get(f"val/loss/{name}")
+                if value is not None:
+                    self.val_losses_by_source.setdefault(name, []).append(float(value))
             if self._ppl_from_loss:
                 # Pipeline or vocab-split logits: every batch has as many tokens, so the
                 # perplexity is exp of the mean loss.
                 self.log("val/ppl", torch.exp(val))
+
+    def _val_batch_sources(self) -> list[str]:
+        datamodule = getattr(self.trainer, "datamodule", None) if attached_trainer(self) else None
+        return list(getattr(datamodule, "val_batch_sources", None) or [])
 
     # --- optimisation -------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,19 +313,26 @@ class TextCheck:
 
 
 def cache_key(
-    files: Sequence[Path], tokenizer: ByteTokenizer | HFTokenizer, val_fraction: float
+    files: Sequence[Path],
+    tokenizer: ByteTokenizer | HFTokenizer,
+    val_fraction: float,
+    reader: str = "",
 ) -> str:
-    """The content hash that names a cache (reads every file once, and refuses data that is not
-    text: `TextCheck`)."""
+    """The content hash that names a cache (reads every file once). Files read as text (no
+    `reader`) are refused when they are not text (`TextCheck`); `reader` names how records are
+    read out of other files (e.g. "jsonl:text") and is part of the key."""
     h = hashlib.sha256()
     h.update(
         f"format={CACHE_FORMAT}\0tok={tokenizer.name}\0vocab={tokenizer.vocab_size}\0".encode()
     )
     h.update(f"eos={tokenizer.eos_id}\0val_fraction={val_fraction!r}\0".encode())
+    if reader:  # absent for text files, so their keys stay those of earlier caches
+        h.update(f"reader={reader}\0".encode())
     text = TextCheck()
     for name, file in zip(relative_names(files), files, strict=True):
         data = file.read_bytes()
-        text.add(file, data)
+        if not reader:
+            text.add(file, data)
         # Length-prefixing keeps (name, bytes) boundaries unambiguous.
         h.update(f"{len(name)}:{name}{len(data)}:".encode())
         h.update(data)
@@ -340,8 +347,11 @@ def build_token_cache(
     val_fraction: float,
     cache_dir: str | Path | None = None,
     key: str | None = None,
+    documents: Callable[[Path], Iterable[str | bytes]] | None = None,
 ) -> TokenCache:
-    """Tokenize `files` into the cache, or reuse the cache when one with the same key exists."""
+    """Tokenize `files` into the cache, or reuse the cache when one with the same key exists.
+    Each file is one document, or the documents `documents(file)` reads out of it (records);
+    the end-of-text id ends each document."""
     directory = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     key = key or cache_key(files, tokenizer, val_fraction)
     existing = open_token_cache(key, directory)
@@ -359,10 +369,7 @@ def build_token_cache(
     try:
         with open(tmp["train"], "wb") as train_f, open(tmp["val"], "wb") as val_f:
             for i in _progress(range(len(files)), total=len(files)):
-                ids = tokenizer.encode(files[i].read_bytes())
-                if tokenizer.eos_id is not None:
-                    ids = np.append(ids, tokenizer.eos_id)
-                ids = ids.astype(dtype, copy=False)
+                ids = _file_ids(files[i], tokenizer, documents).astype(dtype, copy=False)
                 if len(files) == 1:
                     n_val = max(1, int(len(ids) * val_fraction))
                     train_f.write(ids[: len(ids) - n_val].tobytes())
@@ -398,6 +405,18 @@ def build_token_cache(
         time.perf_counter() - start,
     )
     return TokenCache(key=key, directory=directory, meta=meta, built=True)
+
+
+def _file_ids(
+    file: Path,
+    tokenizer: ByteTokenizer | HFTokenizer,
+    documents: Callable[[Path], Iterable[str | bytes]] | None,
+) -> np.ndarray:
+    """The ids of one file's documents, each ended by the end-of-text id (when there is one)."""
+    texts = documents(file) if documents is not None else [file.read_bytes()]
+    end = np.asarray([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=np.int64)
+    pieces = [np.concatenate([tokenizer.encode(text).astype(np.int64), end]) for text in texts]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
 def open_token_cache(key: str, cache_dir: str | Path | None = None) -> TokenCache | None:

@@ -46,6 +46,10 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     summary["command"] = command_line()
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(run.datamodule, "inputs", None)  # files, bytes, first paths
+    mixture = getattr(run.datamodule, "mixture_summary", None)  # several sources: their shares
+    if mixture is not None and mixture(trainer.global_step) is not None:
+        summary["data_mixture"] = mixture(trainer.global_step)
+        summary["val_losses_by_source"] = getattr(run.module, "val_losses_by_source", {})
     placement = contract_of(trainer.strategy).placement
     summary["nodes"] = placement.summary() if placement is not None else None
     for callback in run.callbacks:

@@ -181,6 +181,30 @@ CASES = [
     Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
     Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
          prepare=big_tokenizer),
+    # Mixtures of sources (data=mixture, data.sources): weights, files, token ids.
+    Case("source weight 0", fast("data.sources=[{{path: {tmp}/a.txt, weight: 0}}]", data="mixture"),
+         "data.sources[0].weight=0.0 must be a finite number above 0", prepare=lambda tmp: write(tmp / "a.txt", "a" * 900)),
+    Case("source weight negative", fast("data.sources=[{{path: {tmp}/a.txt}}, {{path: {tmp}/a.txt, name: b, weight: -0.5}}]", data="mixture"),
+         "data.sources[1].weight=-0.5 must be a finite number above 0", prepare=lambda tmp: write(tmp / "a.txt", "a" * 900)),
+    Case("source weight NaN", fast("data.sources=[{{path: {tmp}/a.txt, weight: nan}}]", data="mixture"),
+         "data.sources[0].weight=nan must be a finite number above 0", prepare=lambda tmp: write(tmp / "a.txt", "a" * 900)),
+    Case("source matches no file", fast("data.sources=[{{path: '{tmp}/none/*.txt'}}]", data="mixture"),
+         "data.sources[0].path: '{tmp}/none/*.txt' matches no file"),
+    Case("token source matches no file", fast("data.sources=[{{path: '{tmp}/*.bin', format: tokens}}]", data="mixture"),
+         "data.sources[0].path='{tmp}/*.bin' matches no file"),
+    Case("token id above the vocabulary", fast("data.sources=[{{path: {tmp}/ids.bin, format: tokens}}]", "data.seq_len=16", data="mixture"),
+         "ids.bin holds token id 600 (first at position 700), at or above the model's vocab_size=512",
+         prepare=lambda tmp: write(tmp / "ids.bin", bytes(1400) + (600).to_bytes(2, "little") + bytes(100))),
+    Case("truncated token file", fast("data.sources=[{{path: {tmp}/ids.bin, format: tokens}}]", data="mixture"),
+         "ids.bin has 2001 bytes, not a whole number of uint16 ids: a truncated file",
+         prepare=lambda tmp: write(tmp / "ids.bin", bytes(2001))),
+    Case("corrupt Megatron index", fast("data.sources=[{{path: {tmp}/mega, format: megatron}}]", data="mixture"),
+         "mega.idx is not a Megatron indexed-dataset index",
+         prepare=lambda tmp: (write(tmp / "mega.idx", b"MMIDXXXX" + bytes(40)), write(tmp / "mega.bin", bytes(8)))),
+    Case("malformed JSON line in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", data="mixture"),
+         "docs.jsonl:3: not valid JSON", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": \n')),
+    Case("missing field in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl, field: body}}]", data="mixture"),
+         "body", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n')),
     Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
     Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
     # The strategies' own checks (moved from tests/dist: they need no process to fail).
@@ -384,7 +408,7 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
     else:
         assert status == 2, lines
         assert len(lines) == 1 and lines[0].startswith("error:"), lines
-    assert case.expect in lines[0], lines
+    assert case.expect.format(tmp=tmp_path) in lines[0], lines
     assert SECRET not in lines[0]
     assert not (tmp_path / "marker").exists()
     assert not (tmp_path / "run" / "summary.json").exists()
@@ -490,7 +514,7 @@ def test_what_was_read_is_listed(tmp_path, caplog):
     from lightning_dist.lm.data import TextDataModule
 
     corpus = _tree(tmp_path)
-    with caplog.at_level("INFO", logger="lightning_dist.lm.data"):
+    with caplog.at_level("INFO", logger="lightning_dist.lm.sources"):
         dm = TextDataModule(paths=[str(corpus)], seq_len=4, global_batch_size=2)
     assert dm.inputs["files"] == 2 and dm.inputs["bytes"] == len("inside") + len("inside too")
     assert dm.inputs["first_paths"] == [

@@ -1,0 +1,393 @@
+"""Data sources: each entry of `data.sources` (`options.data.DataSource`) as token windows.
+
+A source is found and checked when it is built (its files, its sizes, its ids against the
+model's vocabulary), so a bad source fails before any process starts; its tokens are prepared
+in `prepare()` (once per node: the token cache of text) and opened in `windows()` on every rank.
+Every source gives the same kind of samples: `TokenWindows` of `seq_len + 1` ids, train and
+validation split apart.
+
+- `TextSource` (format `text`): files tokenized once into the content-hashed token cache
+  (`token_cache.py`); `data=text` is this source alone.
+- `RecordSource` (formats `jsonl`, `parquet`, `hf_disk`): the text field of each record one
+  document (read by `data/records.py`), tokenized into the token cache like text.
+- `TokenFileSource` (format `tokens`): flat little-endian arrays of ids with no header (nanoGPT's
+  `.bin`), memory-mapped; the last `val_fraction` of each file's tokens is held out. Format
+  `megatron` is one over the `.bin` files of Megatron-Core indexed datasets (`megatron_source`).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import ConcatDataset, Dataset
+
+from lightning_dist.data.indexed import token_file_dtype
+from lightning_dist.lm.datasets import TokenWindows
+from lightning_dist.lm.token_cache import (
+    TokenCache,
+    build_token_cache,
+    cache_key,
+    file_sizes,
+    find_files,
+    open_token_cache,
+    relative_names,
+    split_files,
+)
+from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer, describe, load_tokenizer
+from lightning_dist.options.data import DataSource
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val")
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+"""Text and JSON Lines files decompressed as they are read (`data/records.py`)."""
+_SCAN_CHUNK = 1 << 24
+"""Ids read at a time when a token file is checked against the vocabulary (32 MiB of uint16)."""
+
+
+def _renamed(error: ValueError, where: str) -> ValueError:
+    """The token cache's errors name `data.paths`; a source of a mixture is `where`."""
+    if where == "data.paths":
+        return error
+    return ValueError(str(error).replace("data.paths", where, 1))
+
+
+class TextSource:
+    """Text files, each one document, tokenized once into the token cache.
+
+    `where` names the setting in errors (`data.paths`, or `data.sources[i].path`)."""
+
+    def __init__(self, spec: DataSource, *, name: str, where: str,
+                 tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
+                 cache_dir: str | None, follow_symlinks: bool):  # fmt: skip
+        self.spec, self.name, self.where = spec, name, where
+        self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
+        self.cache_dir = cache_dir
+        try:
+            split_files([], val_fraction)  # validates the fraction now rather than at prepare
+            self.files, skipped = self._find(follow_symlinks)
+            sizes = file_sizes(self.files)
+            self._check_splits(sizes)
+            # Read once here, before any process waits on another: the key, and the text check.
+            self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
+        except ValueError as e:
+            raise _renamed(e, where) from e
+        self.inputs = {
+            "files": len(self.files),
+            "bytes": sum(sizes),
+            "first_paths": [str(f) for f in self.files[:5]],
+            "skipped_symlinks": skipped,
+        }
+        """What the source reads: logged here and written to summary.json's `data`."""
+        log.info(
+            "Reading %d files, %d bytes (%s%s); %d symlinks leading out of %s skipped",
+            len(self.files), sum(sizes), ", ".join(self.inputs["first_paths"]),
+            ", ..." if len(self.files) > 5 else "", skipped, where,
+        )  # fmt: skip
+        self.cache: TokenCache | None = None
+
+    @property
+    def reader(self) -> str:
+        """How documents come out of the files, in the cache key: "" (each file one document,
+        its bytes checked as text), or "text:decompressed" when a file is .gz or .zst."""
+        compressed = any(f.name.endswith(COMPRESSED_SUFFIXES) for f in self.files)
+        return "text:decompressed" if compressed else ""
+
+    def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
+        """The files whose bytes make the cache key, and the symlinks skipped finding them."""
+        return find_files(self.spec.path, follow_symlinks=follow_symlinks)
+
+    def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
+        """The files the cache tokenizes, and how to read documents out of each (None: whole)."""
+        if not self.reader:
+            return self.files, None
+        from lightning_dist.data.records import iter_documents
+
+        return self.files, lambda file: iter_documents(file, "text")
+
+    def _check_splits(self, sizes: list[int]) -> None:
+        """Each split holds a window, checked now rather than after the processes start: from
+        the file sizes, exactly for the byte tokenizer (one id per byte, plus end of text)."""
+        where = f"data.paths ({len(sizes)} files, {sum(sizes)} bytes)"
+        if sum(sizes) == 0:
+            raise ValueError(f"{where} holds no text; add non-empty files to data.paths")
+        if self.tokenizer.name != "byte" or self.reader:
+            return  # other tokenizers' and records' counts are known after tokenizing
+        per_file = [n + (self.tokenizer.eos_id is not None) for n in sizes]
+        if len(per_file) == 1:
+            held_out = max(1, int(per_file[0] * self.val_fraction))
+            counts = {"train": per_file[0] - held_out, "val": held_out}
+        else:
+            is_val = split_files(relative_names(self.files), self.val_fraction)
+            counts = {
+                "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
+                "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
+            }
+        for split, n in counts.items():
+            if n < self.seq_len + 1:
+                raise ValueError(
+                    f"{where}: the {split} split has {n} tokens, too few for one window of "
+                    f"data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
+                    "data.seq_len" + (" or raise data.val_fraction" if split == "val" else "")
+                )
+
+    def prepare(self) -> None:
+        """Tokenize the files into the cache unless an identical cache exists."""
+        files, documents = self._read()
+        self.cache = build_token_cache(
+            files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir,
+            key=self.key, documents=documents,
+        )  # fmt: skip
+
+    def windows(self, split: str, separator: int | None) -> Dataset:
+        """The split's windows over the cache (built here if `prepare` did not run)."""
+        if self.cache is None:
+            self.cache = open_token_cache(self.key, self.cache_dir)
+        if self.cache is None:
+            # Used without a Trainer, or the cache folder is not shared with local rank 0.
+            self.prepare()
+        tokens = self.cache.tokens(split)
+        return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+
+
+RECORD_SUFFIXES = {
+    "jsonl": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
+    "parquet": (".parquet",),
+}
+"""The files taken from a folder given as the path of a jsonl or parquet source."""
+
+
+class RecordSource(TextSource):
+    """Records of JSON Lines, Parquet or a `datasets.save_to_disk` folder (`data/records.py`
+    reads them, streamed): the text of `field` in each record is one document. Tokenized into
+    the token cache like text, keyed by the files' bytes and how they are read."""
+
+    def __init__(self, spec: DataSource, *, skip_bad_records: bool = False, **kwargs):
+        self.skip_bad_records = skip_bad_records
+        super().__init__(spec, **kwargs)
+        if open_token_cache(self.key, self.cache_dir) is None:
+            # Every record is read now, on every rank, so a bad one stops all of them in one
+            # line; found later, in prepare_data on one rank, it would leave the others waiting.
+            files, documents = self._read()
+            for file in files:
+                for _ in documents(file):
+                    pass
+
+    @property
+    def reader(self) -> str:
+        skip = ":skip_bad_records" if self.skip_bad_records else ""
+        return f"{self.spec.format}:{self.spec.field or 'text'}{skip}"
+
+    def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
+        fmt = self.spec.format
+        if fmt == "hf_disk":  # folders: every file of each is part of the key
+            self.folders = _matches(self.spec.path, self.where, folders=True)
+            return [f for d in self.folders for f in sorted(d.rglob("*")) if f.is_file()], 0
+        found = []
+        for match in _matches(self.spec.path, self.where):
+            if match.is_dir():
+                found += [f for f in sorted(match.rglob("*"))
+                          if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
+            else:
+                found.append(match)
+        if not found:
+            raise ValueError(f"{self.where}={self.spec.path!r} holds no {fmt} file")
+        return sorted(set(found)), 0
+
+    def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
+        from lightning_dist.data.records import iter_documents
+
+        fmt, field, skip = self.spec.format, self.spec.field, self.skip_bad_records
+        if fmt == "hf_disk":  # one folder is read as a whole, named by its state.json
+            return [d / "state.json" for d in self.folders], lambda state: iter_documents(
+                state.parent, fmt, field=field, skip_bad_records=skip
+            )
+        return self.files, lambda file: iter_documents(
+            file, fmt, field=field, skip_bad_records=skip
+        )
+
+
+def _matches(path: str | list[str] | None, where: str, *, folders: bool = False) -> list[Path]:
+    """The files and folders that a path, a glob, or a list of them names."""
+    entries = [path] if isinstance(path, str) else list(path or [])
+    out = []
+    for entry in entries:
+        found = [Path(p) for p in sorted(glob.glob(str(Path(entry).expanduser()), recursive=True))]
+        found = [p for p in found if (p.is_dir() if folders else p.exists())]
+        if not found:
+            raise ValueError(f"{where}={entry!r} matches no {'folder' if folders else 'file'}")
+        out += found
+    return out
+
+
+def _token_files(path: str, where: str) -> list[Path]:
+    """The files of a `tokens` source: a file, every file of a folder, or a glob's files."""
+    root = Path(path).expanduser()
+    if root.is_file():
+        return [root]
+    if root.is_dir():
+        found = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+    else:
+        found = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if Path(p).is_file())
+    if not found:
+        raise ValueError(f"{where}={path!r} matches no file; point it at token files")
+    return found
+
+
+class TokenFileSource:
+    """Flat token files: little-endian uint16 or uint32 ids, no header, memory-mapped.
+
+    Every id is checked against `vocab_size` when the source is built (one pass over the files,
+    `_SCAN_CHUNK` ids at a time): an id the model has no embedding for would fail mid-run, or
+    silently index another row."""
+
+    def __init__(self, spec: DataSource, *, name: str, where: str, seq_len: int,
+                 val_fraction: float, vocab_size: int | None, files: list[Path] | None = None,
+                 dtype: np.dtype | None = None):  # fmt: skip
+        self.spec, self.name, self.where = spec, name, where
+        self.seq_len, self.val_fraction = seq_len, val_fraction
+        dtype = dtype or np.dtype(spec.dtype or token_file_dtype(vocab_size or 0))
+        self.dtype = dtype.newbyteorder("<")
+        self.files = files or _token_files(str(spec.path), f"{where}.path")
+        sizes = file_sizes(self.files)
+        for file, size in zip(self.files, sizes, strict=True):
+            if size % self.dtype.itemsize:
+                raise ValueError(
+                    f"{where}: {file} has {size} bytes, not a whole number of "
+                    f"{self.dtype.name} ids: a truncated file, or not {self.dtype.name} "
+                    f"(set {where}.dtype)"
+                )
+        self.counts = [size // self.dtype.itemsize for size in sizes]
+        if vocab_size is not None:
+            self._check_vocabulary(vocab_size)
+        self.inputs = {
+            "files": len(self.files),
+            "bytes": sum(sizes),
+            "tokens": sum(self.counts),
+            "first_paths": [str(f) for f in self.files[:5]],
+        }
+        log.info("Reading %d token files, %d tokens (%s)", len(self.files), sum(self.counts),
+                 ", ".join(self.inputs["first_paths"]))  # fmt: skip
+        for split in SPLITS:  # fails now, before any process starts
+            if not self._parts(split):
+                raise ValueError(
+                    f"{where}: the {split} split holds no window of data.seq_len={seq_len} "
+                    f"({sum(self.counts)} tokens in {len(self.files)} files, data.val_fraction="
+                    f"{val_fraction}); add tokens or lower data.seq_len"
+                )
+
+    def _check_vocabulary(self, vocab_size: int) -> None:
+        for file, count in zip(self.files, self.counts, strict=True):
+            ids = np.memmap(file, dtype=self.dtype, mode="r") if count else np.zeros(0)
+            for start in range(0, count, _SCAN_CHUNK):
+                chunk = ids[start : start + _SCAN_CHUNK]
+                top = int(chunk.max())
+                if top >= vocab_size:
+                    at = start + int(np.argmax(chunk >= vocab_size))
+                    raise ValueError(
+                        f"{self.where}: {file} holds token id {top} (first at position {at}), "
+                        f"at or above the model's vocab_size={vocab_size}; use a model with "
+                        f"model.vocab_size > {top}, or check {self.where}.dtype "
+                        f"({self.dtype.name}) and the tokenizer that wrote it"
+                    )
+
+    def _parts(self, split: str) -> list[tuple[Path, int, int]]:
+        """(file, first id, ids) of each file's piece of `split` that holds a whole window."""
+        parts = []
+        for file, count in zip(self.files, self.counts, strict=True):
+            held_out = max(1, int(count * self.val_fraction))
+            start, n = (0, count - held_out) if split == "train" else (count - held_out, held_out)
+            if n >= self.seq_len + 1:
+                parts.append((file, start, n))
+        return parts
+
+    def prepare(self) -> None:
+        """Nothing to prepare: the files are read as they are."""
+
+    def windows(self, split: str, separator: int | None) -> Dataset:
+        """The split's windows, file by file (a window never spans two files)."""
+        sets = [
+            TokenWindows(
+                np.memmap(file, dtype=self.dtype, mode="r", offset=start * self.dtype.itemsize,
+                          shape=(n,)),
+                self.seq_len, split=split, separator=separator,
+            )
+            for file, start, n in self._parts(split)
+        ]  # fmt: skip
+        return sets[0] if len(sets) == 1 else ConcatDataset(sets)
+
+
+def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int | None,
+                      formats: list[str]) -> tuple[ByteTokenizer | HFTokenizer, int | None]:  # fmt: skip
+    """`data.tokenizer` loaded, and the id that ends documents under `pack_documents` (None
+    without): ValueError when packing has no end-of-text id, or when a source it tokenizes
+    would make ids the model (`vocab_size`) has no embedding for."""
+    tokenizer = load_tokenizer(path)
+    if pack_documents and tokenizer.eos_id is None:
+        raise ValueError(
+            f"data.pack_documents=true needs an end-of-text token between documents, and "
+            f"tokenizer {describe(tokenizer)} has none; use a tokenizer with one (or "
+            "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
+        )
+    tokenizes = any(f not in ("tokens", "megatron") for f in formats)
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size and tokenizes:
+        raise ValueError(
+            f"tokenizer vocabulary {tokenizer.vocab_size} ({describe(tokenizer)}) is larger "
+            f"than model vocab_size={vocab_size}; use a model with vocab_size >= "
+            f"{tokenizer.vocab_size} or a smaller tokenizer"
+        )
+    return tokenizer, tokenizer.eos_id if pack_documents else None
+
+
+def build_source(spec: DataSource, *, index: int, where: str,
+                 tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
+                 cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None,
+                 skip_bad_records: bool = False):  # fmt: skip
+    """The source of one `data.sources` entry (checked now: files, sizes, ids, records)."""
+    name = spec.label(index)
+    if spec.format == "text":
+        files_key = where if where == "data.paths" else f"{where}.path"
+        return TextSource(spec, name=name, where=files_key, tokenizer=tokenizer, seq_len=seq_len,
+                          val_fraction=val_fraction, cache_dir=cache_dir,
+                          follow_symlinks=follow_symlinks)  # fmt: skip
+    if spec.format == "tokens":
+        return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
+                               val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
+    if spec.format == "megatron":
+        return megatron_source(spec, name=name, where=where, seq_len=seq_len,
+                               val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
+    return RecordSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
+                        seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
+                        follow_symlinks=follow_symlinks,
+                        skip_bad_records=skip_bad_records)  # fmt: skip
+
+
+def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,
+                    val_fraction: float, vocab_size: int | None) -> TokenFileSource:  # fmt: skip
+    """A Megatron-Core indexed dataset (`prefix.bin` + `prefix.idx`, `data/indexed.py` checks
+    both) as a token source: its documents back to back, as Megatron's GPT dataset reads them.
+    `path` is the prefix (a `.bin` or `.idx` suffix is dropped), a glob of them, or a list."""
+    from lightning_dist.data.indexed import IndexedDataset
+
+    entries = [spec.path] if isinstance(spec.path, str) else list(spec.path or [])
+    named = [e for e in entries if Path(f"{e}.idx").expanduser().is_file()]  # bare prefixes
+    globbed = [e for e in entries if e not in named]
+    matches = [Path(e).expanduser() for e in named]
+    matches += _matches(globbed, f"{where}.path") if globbed else []
+    prefixes, dtypes = [], set()
+    for match in matches:
+        suffix = match.suffix if match.suffix in (".bin", ".idx") else ""
+        prefix = str(match)[: len(str(match)) - len(suffix)]
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+            dtypes.add(IndexedDataset(prefix).dtype)
+    if len(dtypes) > 1 or dtypes & {np.dtype(np.float32), np.dtype(np.float64)}:
+        raise ValueError(f"{where}: the indexed datasets hold {sorted(map(str, dtypes))} tokens; "
+                         "one integer dtype per source")  # fmt: skip
+    return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
+                           val_fraction=val_fraction, vocab_size=vocab_size,
+                           files=[Path(p + ".bin") for p in prefixes], dtype=dtypes.pop())  # fmt: skip

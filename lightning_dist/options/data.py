@@ -1,0 +1,113 @@
+"""A data source of `data.sources` (conf/data/mixture.yaml): each field declared once, with
+`knob()`, and validated where the source is built (`DataSource`), naming the bad value as
+`data.sources[<i>].<field>`. Plain Python, like the strategy option classes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from lightning_dist.options.knobs import knob
+
+SOURCE_FORMATS = ("text", "tokens", "jsonl", "parquet", "hf_disk", "megatron")
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSource:
+    """One source of a mixture: where its documents are, how to read them, how often to draw."""
+
+    path: str | list[str] | None = knob(
+        None, "A file, a directory, a glob (** crosses directories), or a list of them; "
+        "format=text: null means the .py sources of Python's standard library.",
+        hydra_type=Any,
+    )  # fmt: skip
+    format: str = knob(
+        "text", "text (each file one document), tokens (a flat little-endian array of token "
+        "ids, no header: nanoGPT's .bin), jsonl (field), parquet (field is the column), "
+        "hf_disk (datasets.save_to_disk; field is the column) or megatron (an indexed "
+        "dataset's .bin/.idx prefix).",
+    )  # fmt: skip
+    field: str | None = knob(
+        None, "The JSON field or column that holds the text (jsonl, parquet, hf_disk); null "
+        "means text.",
+    )  # fmt: skip
+    weight: float = knob(
+        1.0, "Relative share of the training samples drawn from this source (normalised over "
+        "the sources); a finite number above 0.",
+    )  # fmt: skip
+    name: str | None = knob(
+        None, "The source's name in the logs (val/loss/<name>) and summary.json; null: the "
+        "file or folder name of path.",
+    )  # fmt: skip
+    dtype: str | None = knob(
+        None, "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
+        "in it (model.vocab_size <= 65536), else uint32.",
+    )  # fmt: skip
+
+    def label(self, index: int) -> str:
+        """The name it is logged under: `name`, else the last part of `path` (of a glob: the
+        folder it searches), else source<i>."""
+        if self.name:
+            return self.name
+        if self.path and isinstance(self.path, str):
+            parts = self.path.rstrip("/").split("/")
+            fixed = list(itertools.takewhile(lambda p: not set(p) & set("*?["), parts))
+            tail = fixed[-1] if fixed else ""  # a glob is named by the folder it searches
+            return tail or f"source{index}"
+        return "stdlib" if self.path is None and self.format == "text" else f"source{index}"
+
+
+def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> list[DataSource]:
+    """`data.sources` as `DataSource`s, checked: ValueError naming `data.sources[<i>]` for an
+    unknown format or dtype, a weight that is not a finite number above 0, a source other than
+    text without a path, and two sources of one name."""
+    if not entries:
+        raise ValueError("data.sources is empty; give at least one {path: ..., format: ...}")
+    known = {f.name for f in fields(DataSource)}
+    sources = []
+    for i, entry in enumerate(entries):
+        where = f"data.sources[{i}]"
+        if not isinstance(entry, DataSource):
+            entry = dict(entry)
+            unknown = sorted(set(entry) - known)
+            if unknown:
+                raise ValueError(f"{where} has no key {unknown[0]!r}; its keys are: "
+                                 f"{', '.join(sorted(known))}")  # fmt: skip
+            entry = DataSource(**entry)
+        _check(entry, where)
+        sources.append(entry)
+    names = [s.label(i) for i, s in enumerate(sources)]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ValueError(
+                f"data.sources[{i}] is named {name!r} like data.sources[{names.index(name)}]; "
+                "give one of them another name (data.sources[i].name)"
+            )
+    return sources
+
+
+def _check(source: DataSource, where: str) -> None:
+    if source.format not in SOURCE_FORMATS:
+        raise ValueError(f"{where}.format={source.format!r} is not one of "
+                         f"{', '.join(SOURCE_FORMATS)}")  # fmt: skip
+    w = source.weight
+    if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+        raise ValueError(
+            f"{where}.weight={w!r} must be a finite number above 0 (a source that should not "
+            "be read is left out of data.sources)"
+        )
+    paths = [source.path] if isinstance(source.path, str) else list(source.path or [])
+    remote = next((p for p in paths if "://" in str(p)), None)
+    if remote is not None:
+        raise ValueError(
+            f"{where}.path={remote!r} is a URL; remote sources are not read yet: copy the data "
+            "to a local (or mounted) folder and name that"
+        )
+    if source.path is None and source.format != "text":
+        raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")
+    if source.dtype is not None and source.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{where}.dtype={source.dtype!r} is not one of uint16, uint32 (or null)")
