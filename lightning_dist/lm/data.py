@@ -45,6 +45,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+class ValidationSplitTooSmall(ValueError):
+    """The validation split holds less than one micro-batch for each data-parallel rank: the
+    same on every rank, so `train()` reports it as one line (a configuration error)."""
+
+
 class LMDataModule(pl.LightningDataModule):
     """Shared batching for the language-model datamodules.
 
@@ -136,19 +141,35 @@ class LMDataModule(pl.LightningDataModule):
         )  # fmt: skip
         return self._loader(train_set, sampler=sampler, batch_size=micro)
 
+    more_validation = "give the validation split more windows"
+    """How to give the validation split more windows (said by `check_validation`)."""
+
+    def validation_windows(self) -> int | None:
+        """Windows in the validation split (None: not known before `setup()`)."""
+        return None if self.val_set is None else len(self.val_set)
+
+    def check_validation(self, dp_size: int, micro: int) -> None:
+        """`ValidationSplitTooSmall` in one line when the validation split (where its size is
+        known) has less than one micro-batch of `micro` windows for each of `dp_size` ranks."""
+        windows = self.validation_windows()
+        if windows is not None and windows < dp_size * micro:
+            raise ValidationSplitTooSmall(
+                f"the validation split has {windows} windows of data.seq_len={self.seq_len}, "
+                f"fewer than one micro-batch for each of {dp_size} data-parallel ranks "
+                f"({dp_size} x {micro} = {dp_size * micro}); {self.more_validation}, lower "
+                "data.per_rank_batch_size, or turn validation off with "
+                "trainer.val_check_interval=null"
+            )
+
     def val_dataloader(self) -> DataLoader:
         """This rank's shard of the validation windows, in micro-batches of the training size."""
         self._ensure_setup()
         val_set = self.val_set
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
+        self.check_validation(size, micro)  # other tokenizers' counts are known only now
         wanted = self.val_batches * self.global_batch_size
         per_rank = min(wanted, len(val_set)) // (size * micro) * micro
-        if per_rank == 0:
-            raise ValueError(
-                f"the validation split has {len(val_set)} windows, fewer than one micro-batch "
-                f"for each of {size} data-parallel ranks ({size} x {micro})"
-            )
         if per_rank * size < wanted:
             log.warning(
                 "Validation uses %d windows, fewer than data.val_batches=%d x "
@@ -225,6 +246,8 @@ class TextDataModule(LMDataModule):
                 "the byte-level one, data.tokenizer=null) or data.pack_documents=false"
             )
         self.separator = self.tokenizer.eos_id if pack_documents else None
+        self.val_tokens: int | None = None
+        """The validation split's tokens, known before tokenizing for the byte tokenizer."""
         if vocab_size is not None and self.tokenizer_vocab_size > vocab_size:
             raise ValueError(
                 f"tokenizer vocabulary {self.tokenizer_vocab_size} ({describe(self.tokenizer)}) "
@@ -247,9 +270,10 @@ class TextDataModule(LMDataModule):
             len(self.files), sum(sizes), ", ".join(self.inputs["first_paths"]),
             ", ..." if len(self.files) > 5 else "", skipped,
         )  # fmt: skip
-        self._check_splits(sizes, val_fraction)
-        # Read once here, before any process waits on another: the key, and the text check.
+        # Read once here, before any process waits on another: the key, and the text check
+        # (before the sizes: a small compressed file is refused as not text, not as too short).
         self.key = cache_key(self.files, self.tokenizer, val_fraction)
+        self._check_splits(sizes, val_fraction)
         self.cache_dir = cache_dir
         self.cache: TokenCache | None = None
 
@@ -271,13 +295,22 @@ class TextDataModule(LMDataModule):
                 "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
                 "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
             }
-        for split, n in counts.items():
-            if n < self.seq_len + 1:
-                raise ValueError(
-                    f"{where}: the {split} split has {n} tokens, too few for one window of "
-                    f"data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
-                    "data.seq_len" + (" or raise data.val_fraction" if split == "val" else "")
-                )
+        self.val_tokens = counts["val"]  # checked against the batch where it is known
+        if counts["train"] < self.seq_len + 1:
+            raise ValueError(
+                f"{where}: the train split has {counts['train']} tokens, too few for one window "
+                f"of data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
+                "data.seq_len"
+            )
+
+    more_validation = "raise data.val_fraction or add text"
+
+    def validation_windows(self) -> int | None:
+        if self.val_set is not None:
+            return len(self.val_set)
+        if self.val_tokens is None:
+            return None
+        return max(0, (self.val_tokens - 1) // self.seq_len)  # as TokenWindows counts them
 
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache unless an identical cache exists."""
@@ -295,16 +328,22 @@ class TextDataModule(LMDataModule):
         if self.cache is None:
             # Used without a Trainer, or the cache folder is not shared with local rank 0.
             self.prepare_data()
-        self.train_set, self.val_set = (
-            TokenWindows(self.cache.tokens(s), self.seq_len, split=s, separator=self.separator)
-            for s in ("train", "val")
-        )
+        self.train_set = TokenWindows(self.cache.tokens("train"), self.seq_len, split="train",
+                                      separator=self.separator)  # fmt: skip
+        val = self.cache.tokens("val")
+        # Too short for one window: no validation windows (check_validation says so, if used).
+        self.val_set = (
+            TokenWindows(val, self.seq_len, split="val", separator=self.separator)
+            if len(val) > self.seq_len else []
+        )  # fmt: skip
 
 
 class SyntheticDataModule(LMDataModule):
     """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks.
     `pack_documents`: windows of several documents, each ended by id `vocab_size - 1`
     (`datasets.SyntheticTokens`)."""
+
+    more_validation = "raise data.val_samples"
 
     def __init__(
         self,
