@@ -814,6 +814,10 @@ _ENTRIES = (
     _entry("threading._threading_atexits", "threading", "attribute", "lightning_dist.runtime.process_end",
            "the hooks threading's shutdown runs before joining threads (concurrent.futures "
            "stops its workers there); no public call", PYTHON),
+    _entry("excepthook", "sys", "patch", "lightning_dist.runtime.refusal",
+           "Python's documented hook for unhandled exceptions, wrapped (the hook before is "
+           "called for all but our refusals) so that a user's own script prints a refusal in "
+           "one line", PYTHON),
     _entry("exec_module", "importlib.abc.Loader", "patch", "lightning_dist.runtime.strategy_names",
            "registers our strategies once lightning.pytorch has loaded, without importing it; "
            "the import system has no post-import hook", PYTHON),

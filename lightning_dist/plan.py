@@ -99,14 +99,35 @@ def _compose(overrides: list[str]):
         _fail(str(err))
     _check_choices(overrides)
     from lightning_dist.config import compose_config, hardware_spec, model_spec
+    from lightning_dist.run.errors import report_config_error
 
     try:
         cfg = compose_config(overrides)
         check_config_text(cfg, choices={})  # the group choices: _check_choices above
         return cfg, model_spec(cfg), hardware_spec(cfg)
-    except Exception as err:  # Hydra/OmegaConf errors: one line, no traceback
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        _fail(" ".join(lines[:3]) or type(err).__name__)
+    except Exception as err:  # Hydra/OmegaConf errors: one line as train.py's, no traceback
+        report_config_error(err)
+
+
+def names_a_strategy(overrides: list[str]) -> bool:
+    """Whether the command line sets `strategy=...` or a `strategy.<knob>`: without either,
+    the planner searches every layout and train.yaml's default strategy plays no part."""
+    return any(o.lstrip("+~").partition("=")[0].split(".")[0] == "strategy" for o in overrides)
+
+
+def _check_strategy(cfg, overrides: list[str]) -> None:
+    """A strategy the command line names is checked as `train.py ... plan.only=true` checks it
+    (the same function, `run.strategy_checks.check_strategy_settings`): one line, exit status 2."""
+    if not names_a_strategy(overrides):
+        return
+    from lightning_dist.run.errors import ConfigError, config_errors, report_config_error
+    from lightning_dist.run.strategy_checks import check_strategy_settings
+
+    try:
+        with config_errors():
+            check_strategy_settings(cfg)
+    except ConfigError as err:
+        report_config_error(err)
 
 
 def compile_settings(strategy: Any) -> dict[str, Any]:
@@ -543,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.dry_run:
         return dry_run_command(ns.overrides)
     cfg, model, hardware = _compose(ns.overrides)
+    _check_strategy(cfg, ns.overrides)
     cfg, overrides, result = replan_at_a_realistic_batch(
         cfg, model, hardware, ns.overrides, _plan(cfg, model, hardware)
     )

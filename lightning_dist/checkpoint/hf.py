@@ -25,14 +25,8 @@ from typing import Any
 import torch
 
 from lightning_dist.models.args import ModelArgs, MoEArgs
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral")
-UNREPRESENTABLE = {
-    "qwen2": "q/k/v biases",
-    "qwen2_moe": "q/k/v biases, and a shared expert scaled by sigmoid(shared_expert_gate(x))",
-    "qwen3_moe": "q_norm and k_norm: an RMSNorm on each head's queries and keys",
-}
-"""What our model lacks of the Hugging Face architectures that are closest to it."""
+from lightning_dist.models.hf import IMPORTABLE_MODEL_TYPES as SUPPORTED_MODEL_TYPES
+from lightning_dist.models.hf import NOT_IMPORTABLE as UNREPRESENTABLE
 
 # Per layer: our name -> Hugging Face name (both relative to the layer).
 LAYER_NAMES = {

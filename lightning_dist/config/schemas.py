@@ -216,7 +216,8 @@ class TrainerSchema:
     """Lightning precision; null takes the hardware's default."""
     gradient_clip_val: float | None = 1.0
     val_check_interval: int | None = 100
-    """Validate every this many optimizer steps; null validates only at the end."""
+    """Validate every this many optimizer steps; null: no validation (and no validation split
+    is needed)."""
     log_every_n_steps: int = 1
     """Send the logged metrics to the loggers (the metrics CSV, W&B) every this many optimizer
     steps; 1: every step's loss, however short the run."""

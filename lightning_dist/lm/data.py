@@ -41,6 +41,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+class ValidationSplitTooSmall(ValueError):
+    """The validation split holds less than one micro-batch for each data-parallel rank: the
+    same on every rank, so `train()` reports it as one line (a configuration error)."""
+
+
 class LMDataModule(pl.LightningDataModule):
     """Shared batching for the language-model datamodules.
 
@@ -132,19 +137,35 @@ class LMDataModule(pl.LightningDataModule):
         )  # fmt: skip
         return self._loader(train_set, sampler=sampler, batch_size=micro)
 
+    more_validation = "give the validation split more windows"
+    """How to give the validation split more windows (said by `check_validation`)."""
+
+    def validation_windows(self) -> int | None:
+        """Windows in the validation split (None: not known before `setup()`)."""
+        return None if self.val_set is None else len(self.val_set)
+
+    def check_validation(self, dp_size: int, micro: int) -> None:
+        """`ValidationSplitTooSmall` in one line when the validation split (where its size is
+        known) has less than one micro-batch of `micro` windows for each of `dp_size` ranks."""
+        windows = self.validation_windows()
+        if windows is not None and windows < dp_size * micro:
+            raise ValidationSplitTooSmall(
+                f"the validation split has {windows} windows of data.seq_len={self.seq_len}, "
+                f"fewer than one micro-batch for each of {dp_size} data-parallel ranks "
+                f"({dp_size} x {micro} = {dp_size * micro}); {self.more_validation}, lower "
+                "data.per_rank_batch_size, or turn validation off with "
+                "trainer.val_check_interval=null"
+            )
+
     def val_dataloader(self) -> DataLoader:
         """This rank's shard of the validation windows, in micro-batches of the training size."""
         self._ensure_setup()
         val_set = self.val_set
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
+        self.check_validation(size, micro)  # other tokenizers' counts are known only now
         wanted = self.val_batches * self.global_batch_size
         per_rank = min(wanted, len(val_set)) // (size * micro) * micro
-        if per_rank == 0:
-            raise ValueError(
-                f"the validation split has {len(val_set)} windows, fewer than one micro-batch "
-                f"for each of {size} data-parallel ranks ({size} x {micro})"
-            )
         if per_rank * size < wanted:
             log.warning(
                 "Validation uses %d windows, fewer than data.val_batches=%d x "
@@ -249,6 +270,18 @@ class MixtureDataModule(LMDataModule):
         """The source of each of this rank's validation micro-batches, in order (several
         sources only): the module logs each one's loss under its name."""
         self._saved_mixture: dict[str, Any] | None = None
+
+    more_validation = "raise data.val_fraction or add text"
+
+    def validation_windows(self) -> int | None:
+        """Windows in the validation split: counted once set up, else from each source's
+        validation tokens where all are known before tokenizing (byte-level text)."""
+        if self.val_set is not None:
+            return len(self.val_set)
+        tokens = [getattr(source, "val_tokens", None) for source in self.sources]
+        if any(n is None for n in tokens):
+            return None
+        return sum(max(0, (n - 1) // self.seq_len) for n in tokens)  # as TokenWindows counts
 
     def prepare_data(self) -> None:
         """Tokenize the text sources into the cache unless identical caches exist."""
@@ -393,6 +426,8 @@ class SyntheticDataModule(LMDataModule):
     """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks.
     `pack_documents`: windows of several documents, each ended by id `vocab_size - 1`
     (`datasets.SyntheticTokens`)."""
+
+    more_validation = "raise data.val_samples"
 
     def __init__(
         self,

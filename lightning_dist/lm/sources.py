@@ -67,13 +67,16 @@ class TextSource:
         self.spec, self.name, self.where = spec, name, where
         self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
         self.cache_dir = cache_dir
+        self.val_tokens: int | None = None
+        """The validation split's tokens, known before tokenizing for the byte tokenizer."""
         try:
             split_files([], val_fraction)  # validates the fraction now rather than at prepare
             self.files, skipped = self._find(follow_symlinks)
             sizes = file_sizes(self.files)
-            self._check_splits(sizes)
-            # Read once here, before any process waits on another: the key, and the text check.
+            # Read once here, before any process waits on another: the key, and the text check
+            # (before the sizes: a small compressed file is refused as not text, not as short).
             self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
+            self._check_splits(sizes)
         except ValueError as e:
             raise _renamed(e, where) from e
         self.inputs = {
@@ -127,13 +130,13 @@ class TextSource:
                 "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
                 "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
             }
-        for split, n in counts.items():
-            if n < self.seq_len + 1:
-                raise ValueError(
-                    f"{where}: the {split} split has {n} tokens, too few for one window of "
-                    f"data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
-                    "data.seq_len" + (" or raise data.val_fraction" if split == "val" else "")
-                )
+        self.val_tokens = counts["val"]  # held to the batch by the datamodule's check
+        if counts["train"] < self.seq_len + 1:
+            raise ValueError(
+                f"{where}: the train split has {counts['train']} tokens, too few for one window "
+                f"of data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
+                "data.seq_len"
+            )
 
     def prepare(self) -> None:
         """Tokenize the files into the cache unless an identical cache exists."""
@@ -151,6 +154,8 @@ class TextSource:
             # Used without a Trainer, or the cache folder is not shared with local rank 0.
             self.prepare()
         tokens = self.cache.tokens(split)
+        if split == "val" and len(tokens) <= self.seq_len:
+            return []  # no validation window: the datamodule's check_validation says so if used
         return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
 
 

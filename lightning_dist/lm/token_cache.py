@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import sysconfig
 import time
@@ -89,6 +90,14 @@ def find_files(
     return sorted(found), skipped
 
 
+def special_file_kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a folder is, in a few words."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
 class _Walker:
     """Directory walks and glob matching that follow a symlink only inside the entry's root.
 
@@ -105,6 +114,11 @@ class _Walker:
         path = Path(entry).expanduser()
         if path.is_file():  # named explicitly: taken wherever a link leads
             return [path.resolve()]
+        if path.exists() and not path.is_dir():  # a named pipe, socket or device: no text file
+            raise ValueError(
+                f"data.paths: {entry!r} is {special_file_kind(path)}, not a regular file; point "
+                "data.paths at text files or folders of them"
+            )
         if path.is_dir():
             self.root = path.resolve()
             return self._text_files(path, self.root, frozenset())
@@ -282,6 +296,14 @@ def invalid_utf8_bytes(data: bytes) -> int:
     return count
 
 
+COMPRESSED_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+)  # fmt: skip
+"""The first bytes of the compressed formats a corpus is often shipped in."""
+
+
 class TextCheck:
     """Fed each file's bytes as the cache key reads them: refuses data that is not text (a NUL
     byte in a file, or more than `MAX_NOT_UTF8` of all bytes invalid UTF-8), with ValueError
@@ -292,6 +314,12 @@ class TextCheck:
         self.worst: tuple[int, Path | None] = (0, None)
 
     def add(self, file: Path, data: bytes) -> None:
+        packed = next((name for magic, name in COMPRESSED_MAGIC if data.startswith(magic)), None)
+        if packed:  # checked first: compressed bytes hold NULs too, which would say less
+            raise ValueError(
+                f"data.paths: {file} is {packed}, not text; decompress it or leave it out of "
+                "data.paths"
+            )
         if b"\0" in data:
             raise ValueError(
                 f"data.paths: {file} is not text (it holds NUL bytes at offset "

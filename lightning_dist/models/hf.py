@@ -39,6 +39,16 @@ _LLAMA_DEFAULTS: dict[str, Any] = {
     "rope_theta": 10000.0,
 }
 
+IMPORTABLE_MODEL_TYPES = ("llama", "mistral", "mixtral")
+"""The Hugging Face architectures `python -m lightning_dist.checkpoint import` converts into our
+model exactly (checkpoint/hf.py)."""
+NOT_IMPORTABLE = {
+    "qwen2": "q/k/v biases",
+    "qwen2_moe": "q/k/v biases, and a shared expert scaled by sigmoid(shared_expert_gate(x))",
+    "qwen3_moe": "q_norm and k_norm: an RMSNorm on each head's queries and keys",
+}
+"""What our model lacks of the Hugging Face architectures that are closest to it."""
+
 HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 """Hugging Face mixtures of experts that `to_model_args` describes as `MoEArgs`."""
 
@@ -247,6 +257,11 @@ class HFCausalLM(nn.Module):
     pipeline_blocks = "hf_model.model.layers"
     pipeline_first = ("hf_model.model.embed_tokens",)
     pipeline_last = ("hf_model.model.norm", "hf_model.lm_head")
+
+    @property
+    def model_type(self) -> str:
+        """The Hugging Face architecture (`config.model_type`: llama, mixtral, qwen2_moe, ...)."""
+        return str(self.hf_model.config.model_type)
 
     def __init__(self, spec: HFModelSpec):
         super().__init__()

@@ -51,6 +51,7 @@ from torch import nn
 
 from lightning_dist._compat import unflatten_mesh
 from lightning_dist.layout import Layout
+from lightning_dist.models.hf import IMPORTABLE_MODEL_TYPES, NOT_IMPORTABLE
 from lightning_dist.models.moe import moe_layers, run_grouped_experts
 
 log = logging.getLogger(__name__)
@@ -140,19 +141,34 @@ def check_expert_parallel(model: nn.Module, ep: int, tp: int = 1, pp: int = 1,
     if num_experts and not ours:
         for name, degree in (("tp", tp), ("pp", pp)):
             if degree > 1:
+                importable, advice = _import_advice(model, "runs under tp, pp and ep")
                 raise ValueError(
                     f"strategy.{name}={degree} with a Hugging Face mixture of experts "
                     f"({type(model).__name__}, {num_experts} experts) is not supported: use "
-                    "dp_replicate and dp_shard, or import it into our MoE model (python -m "
-                    "lightning_dist.checkpoint import DIR), which runs under tp, pp and ep"
+                    f"dp_replicate and dp_shard"
+                    + (f", or {advice}" if importable else f"; {advice}")
                 )
     if ep > 1 and not ours:
+        importable, advice = _import_advice(model, "ep splits")
         raise ValueError(
             f"strategy.ep={ep} splits the experts of our MoE layers (models/moe.py), and "
-            f"{type(model).__name__} has none; import a Hugging Face mixture of experts first "
-            "(python -m lightning_dist.checkpoint import DIR) and train the checkpoint it writes "
-            "(trainer.init_from=..., with the model overrides it prints), or set strategy.ep=1"
+            f"{type(model).__name__} has none; "
+            + (f"{advice}, or set strategy.ep=1" if importable else f"{advice}: set strategy.ep=1")
         )
+
+
+def _import_advice(model: nn.Module, gain: str) -> tuple[bool, str]:
+    """Whether `python -m lightning_dist.checkpoint import` can turn this Hugging Face model
+    into our MoE model (which `gain`), and the advice that agrees with the import: how to, or,
+    for an architecture it refuses, what our model lacks of it."""
+    kind = getattr(model, "model_type", None)  # HFCausalLM's Hugging Face architecture
+    if kind is None or kind in IMPORTABLE_MODEL_TYPES:
+        return True, (f"import it into our MoE model, which {gain} (python -m "
+                      "lightning_dist.checkpoint import DIR; train the checkpoint it writes with "
+                      "trainer.init_from=... and the model overrides it prints)")  # fmt: skip
+    lacks = NOT_IMPORTABLE.get(kind, "an architecture the import does not convert")
+    return False, (f"model_type={kind} cannot be imported into our MoE model (ours has no "
+                   f"{lacks}; import converts {', '.join(IMPORTABLE_MODEL_TYPES)})")  # fmt: skip
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> nn.Module:

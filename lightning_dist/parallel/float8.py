@@ -66,11 +66,45 @@ ROUTER_GATES = ("router.gate",)
 experts, and it reads its weight directly (`F.linear` in float32), not through the module."""
 
 
+def kept_by_design(fqn: str) -> bool:
+    """The output projection and a router gate stay out of float8 whatever their sizes."""
+    return fqn.split(".")[-1] in OUTPUT_PROJECTIONS or fqn.endswith(ROUTER_GATES)
+
+
 def keeps_high_precision(module: nn.Module, fqn: str) -> bool:
     """Whether a linear layer stays out of float8 (see the module doc)."""
-    if fqn.split(".")[-1] in OUTPUT_PROJECTIONS or fqn.endswith(ROUTER_GATES):
+    if kept_by_design(fqn):
         return True
     return module.in_features % 16 != 0 or module.out_features % 16 != 0
+
+
+def check_float8_layers(model: nn.Module, recipe: str) -> str | None:
+    """Before launch, on the model built on the meta device: ValueError in one line when
+    `recipe` would convert none of its linear layers (every one kept for a size that is not a
+    multiple of 16, or by design); the text of one warning when it leaves some out for their
+    sizes; None when every layer not kept by design converts (or `recipe` is none)."""
+    if recipe == "none":
+        return None
+    linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
+    candidates = [(fqn, m) for fqn, m in linears if not kept_by_design(fqn)]
+    misfit = [(fqn, m) for fqn, m in candidates if keeps_high_precision(m, fqn)]
+    if not misfit:
+        return None
+    fqn, first = misfit[0]
+    example = f"{fqn} is {first.in_features} x {first.out_features}"
+    if len(misfit) == len(candidates):
+        raise ValueError(
+            f"strategy.float8={recipe} converts no linear layer of {type(model).__name__}: a "
+            f"float8 matmul needs both sizes of a layer to be multiples of 16, and each of its "
+            f"{len(candidates)} candidate layers has one that is not (e.g. {example}); use "
+            "model sizes that are multiples of 16, or strategy.float8=none"
+        )
+    return (
+        f"strategy.float8={recipe} converts {len(candidates) - len(misfit)} of "
+        f"{len(candidates)} candidate linear layers; {len(misfit)} stay in high precision "
+        f"because a size is not a multiple of 16 (e.g. {example}); use model sizes that are "
+        "multiples of 16 to convert them"
+    )
 
 
 @contextmanager

@@ -62,6 +62,41 @@ def replica_group_id(groups: int) -> int:
     return int(raw)
 
 
+LIGHTHOUSE_PROBE_S = 3.0
+"""How long the check before launch waits for the Lighthouse to accept a connection."""
+
+
+def check_lighthouse(address: str, timeout_s: float = LIGHTHOUSE_PROBE_S) -> None:
+    """Before launch: ValueError in one line unless something accepts a TCP connection at the
+    Lighthouse address (`TORCHFT_LIGHTHOUSE`) within `timeout_s`; without one, torchft's
+    manager would retry for over a minute after every rank had started, then fail in a
+    traceback."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"http://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number
+        host = port = None
+    if not host or not port:
+        raise ValueError(
+            f"{LIGHTHOUSE_ENV}={address!r} is not a Lighthouse address: give http://HOST:PORT "
+            "(torchft_lighthouse binds [::]:29510 by default)"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        raise ValueError(
+            f"strategy=ft_hsdp: no torchft Lighthouse answers at {address} ({LIGHTHOUSE_ENV}: "
+            f"{reason}); start the job with `python -m lightning_dist.launch replicas --groups "
+            "N --nproc-per-group M <train.py overrides>`, which starts one, or start torchft's "
+            f"own (`torchft_lighthouse --min_replicas 1 --bind [::]:{port}`) on {host}"
+        ) from e
+
+
 def local_tensor(value: torch.Tensor) -> torch.Tensor:
     """The rank's own piece of a tensor (a DTensor's shard, else the tensor)."""
     return value.to_local() if isinstance(value, DTensor) else value

@@ -48,6 +48,8 @@ def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
     chosen = {} if plan.batch == spec.batch else {"micro_batch_size": plan.batch.micro_batch_size}
     with config_errors():
         datamodule = build(spec.data, "data", vocab_size=spec.model.vocab_size, **chosen)
+        if spec.trainer.val_check_interval:  # null: no validation, no validation split needed
+            check_validation_split(plan, datamodule)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     fix_hydra_child_command()
     L.seed_everything(spec.seed, workers=True, verbose=False)
@@ -71,6 +73,17 @@ def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
         trainer = build_trainer(plan, callbacks, logger)
     return BuiltRun(trainer=trainer, module=module, datamodule=datamodule, callbacks=callbacks,
                     logger=logger, stats=stats, history=history, context=context)  # fmt: skip
+
+
+def check_validation_split(plan: RunPlan, datamodule: Any) -> None:
+    """Before launch: the validation split holds a micro-batch for every data-parallel rank
+    (where its size is known before tokenizing; else the data loader checks it on every rank)."""
+    from lightning_dist.contract import contract_of
+    from lightning_dist.layout import batch_plan
+
+    shares = contract_of(plan.strategy).data_shares(plan.layout)
+    micro, _ = batch_plan(plan.batch.global_batch_size, shares, plan.batch.micro_batch_size)
+    datamodule.check_validation(shares, micro)
 
 
 def build_module(plan: RunPlan):
@@ -179,6 +192,7 @@ def build_trainer(plan: RunPlan, callbacks: list, logger: Any):
         gradient_clip_val=t.gradient_clip_val,
         val_check_interval=(t.val_check_interval * accumulate) if t.val_check_interval else None,
         check_val_every_n_epoch=None if t.val_check_interval else 1,
+        limit_val_batches=None if t.val_check_interval else 0,  # null: no validation at all
         log_every_n_steps=t.log_every_n_steps,
         num_sanity_val_steps=t.num_sanity_val_steps,
         enable_checkpointing=t.enable_checkpointing or bool(t.checkpoint.every_n_train_steps),

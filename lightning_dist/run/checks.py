@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
+from lightning_dist.runtime.console import launch_rank_zero
 
 BYTES_PER_CPU_RANK = 0.5 * 2**30
 """What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""
@@ -25,15 +26,6 @@ CPU_RANKS_PER_CORE = 8
 MIN_CPU_RANK_LIMIT = 8
 STATE_BYTES_PER_PARAM = 16
 """fp32 weights, gradients and AdamW's two moments."""
-
-
-def launch_rank_zero() -> bool:
-    """True in the process that launches the run (and in global rank 0 under torchrun/SLURM)."""
-    if "RANK" in os.environ:
-        return os.environ["RANK"] == "0"
-    if os.environ.get("SLURM_PROCID", "0") != "0":  # an srun task; Lightning sets RANK later
-        return False
-    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def warn_once(message: str) -> None:
@@ -171,14 +163,15 @@ def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) ->
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
-    """The precision that runs: CPUs have no fp16 autocast, so `16-mixed` runs as bf16-mixed
-    (Lightning does the same with a warning); say so once and record what runs."""
-    if accelerator == "cpu" and str(precision) in ("16-mixed", "16"):
-        warn_once(
-            f"trainer.precision={precision} has no fp16 autocast on CPUs; running bf16-mixed "
-            "(set trainer.precision=bf16-mixed or 32-true to silence this)"
+    """The precision that runs. CPUs have no fp16 autocast, so `16-mixed` (or `16-true`) on a
+    CPU is refused in one line rather than run as bf16-mixed: that is what Lightning would
+    substitute, but a run asked for fp16 would then train and record numbers of another format
+    (8 bits of mantissa instead of 11, no loss scaling)."""
+    if accelerator == "cpu" and str(precision) in ("16-mixed", "16", "16-true"):
+        raise ValueError(
+            f"trainer.precision={precision}: CPUs have no fp16 autocast; set "
+            "trainer.precision=bf16-mixed (what Lightning would run instead) or 32-true"
         )
-        return "bf16-mixed"
     return str(precision)
 
 

@@ -7,10 +7,12 @@ import sys
 
 from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.redaction import redact_text
+from lightning_dist.runtime.refusal import Refusal
 
 
-class ConfigError(ValueError):
-    """A configuration or machine problem, reported as one line before training starts."""
+class ConfigError(Refusal):
+    """A configuration or machine problem found by train.py, reported as one line before
+    training starts (`report_config_error`)."""
 
 
 @contextlib.contextmanager

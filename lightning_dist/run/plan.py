@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightning_dist.checkpoint.store import RunCheckpoints
-from lightning_dist.config.targets import build
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch, Layout, batch_plan
 from lightning_dist.run.spec import RunSpec
+from lightning_dist.run.strategy_checks import build_strategy, check_built_strategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,31 +68,19 @@ def plan_run(cfg: DictConfig) -> RunPlan:
 def make_plan(spec: RunSpec) -> RunPlan:
     """Build the strategy, check it against the model, batch and machine, find the resume
     point and verify its checkpoint."""
-    from lightning_dist.run.checks import check_cpu_capacity, resolve_precision
+    from lightning_dist.run.checks import resolve_precision
 
     hardware, trainer = spec.hardware, spec.trainer
     precision = resolve_precision(trainer.precision or hardware.precision, hardware.accelerator)
-    batch = spec.batch
     if spec.strategy_name == "auto":
         strategy, batch = build_planned_strategy(spec)
     else:
         strategy = build_strategy(
             spec.strategy, hardware, collective_timeout_s=trainer.collective_timeout_s
         )
+        batch = spec.batch
+    devices, num_nodes = check_built_strategy(spec, strategy, batch, precision)
     contract = contract_of(strategy)
-    if trainer.checkpoint.async_save:
-        contract.enable_async_save()
-    devices = 1 if contract.single_process else hardware.resolved_devices()
-    num_nodes = 1 if contract.single_process else hardware.num_nodes
-    if hardware.accelerator == "cpu" and not (spec.plan.only or spec.plan.dry_run):
-        check_cpu_capacity(devices, spec.model.num_params())
-    if spec.data.get("pack_documents"):
-        check_packed_documents(spec.model)
-    check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
-                   precision=precision)  # fmt: skip
-    if not contract.single_process and spec.strategy_name != "auto":  # auto plans each round
-        check_every_round(strategy, spec.model, batch, hardware, devices, precision,
-                          node_counts=spec.node_counts)  # fmt: skip
     checkpoints = RunCheckpoints.of(trainer, spec.run_dir)
     ckpt_path, resume_note = checkpoints.start_point()
     if ckpt_path and contract.heals_from_peer():
@@ -125,20 +112,6 @@ def checkpoint_step(path: str) -> int | None:
         return None
 
 
-def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
-                   collective_timeout_s: float | None = None, **overrides: Any):  # fmt: skip
-    """Instantiate `conf/strategy/*.yaml` with Hydra. A distributed strategy (its schema
-    declares `process_group_backend`) gets the hardware's backend when that is null, and
-    `collective_timeout_s` as the timeout of its process groups."""
-    if "process_group_backend" in strategy_cfg:
-        if strategy_cfg.process_group_backend is None:
-            overrides.setdefault("process_group_backend", hardware.backend)
-        if collective_timeout_s is not None:
-            overrides.setdefault("timeout", timedelta(seconds=collective_timeout_s))
-    config = OmegaConf.masked_copy(strategy_cfg, [k for k in strategy_cfg if k != "name"])
-    return build(config, "strategy", **overrides, _convert_="all")
-
-
 def build_planned_strategy(spec: RunSpec) -> tuple[Any, Batch]:
     """`strategy=auto`: the planner's best layout, and the batch with its micro-batch size."""
     from lightning_dist.run.preflight import planned_strategy
@@ -158,61 +131,6 @@ def build_planned_strategy(spec: RunSpec) -> tuple[Any, Batch]:
 def resolve_layout(strategy: Any, world_size: int, num_nodes: int = 1) -> Layout:
     """The layout a strategy runs on `world_size` ranks over `num_nodes` nodes."""
     return contract_of(strategy).layout_for(world_size // num_nodes, num_nodes)
-
-
-def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec, *,
-                   devices: int, num_nodes: int, precision: str) -> None:  # fmt: skip
-    """The strategy's own checks of the whole run: world size, precision, accelerator, batch
-    split, the model's classes (built on the meta device), and the sequence's cut into
-    context-parallel chunks."""
-    import torch
-
-    with torch.device("meta"):
-        built = model.build()
-    contract_of(strategy).check_run(
-        devices=devices, num_nodes=num_nodes, model=built, precision=precision,
-        accelerator=hardware.accelerator, global_batch_size=batch.global_batch_size,
-        micro_batch_size=batch.micro_batch_size,
-    )  # fmt: skip
-    contract_of(strategy).layout_for(devices, num_nodes).check_sequence(batch.seq_len)
-
-
-def check_packed_documents(model: Any) -> None:
-    """ValueError in one line unless the model (built on the meta device) keeps attention
-    inside each packed document: its `forward` takes `documents` (`takes_documents`)."""
-    import torch
-
-    with torch.device("meta"):
-        built = model.build()
-    if not getattr(built, "takes_documents", False):
-        raise ValueError(
-            f"data.pack_documents=true needs a model that keeps attention inside each document "
-            f"(forward(tokens, positions, documents), as lightning_dist's Transformer); "
-            f"{type(built).__name__} takes no document mask: use data.pack_documents=false"
-        )
-
-
-def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,
-                      devices: int, precision: str, *, node_counts: tuple[int, ...]) -> None:  # fmt: skip
-    """An elastic job runs on any of `node_counts` (hardware.min_nodes to num_nodes): in every
-    round, before step 1, `check_strategy` for the counts other than this round's, so that a
-    layout that a later round could not hold stops the first one, with the count named."""
-    for nodes in node_counts:
-        if nodes == hardware.num_nodes:
-            continue  # this round's: checked already
-        try:
-            check_strategy(strategy, model, batch, hardware, devices=devices, num_nodes=nodes,
-                           precision=precision)  # fmt: skip
-            contract = contract_of(strategy)
-            shares = contract.data_shares(contract.layout_for(devices, nodes))
-            batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)
-        except ValueError as e:
-            raise ValueError(
-                f"an elastic round on {nodes} of hardware.min_nodes={node_counts[0]} to "
-                f"hardware.num_nodes={node_counts[-1]} nodes fails: {e}; raise "
-                "hardware.min_nodes, or pick a layout that every node count in that range can "
-                "hold"
-            ) from e
 
 
 def check_launch(plan: RunPlan) -> None:

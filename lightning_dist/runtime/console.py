@@ -9,6 +9,7 @@ unbuffered stream and atomic for lines under the pipe's 4 KiB.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -16,3 +17,12 @@ def print_line(text: str) -> None:
     """Write `text` and a newline to stderr in one call, then flush."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def launch_rank_zero() -> bool:
+    """True in the process that launches the run (and in global rank 0 under torchrun/SLURM)."""
+    if "RANK" in os.environ:
+        return os.environ["RANK"] == "0"
+    if os.environ.get("SLURM_PROCID", "0") != "0":  # an srun task; Lightning sets RANK later
+        return False
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"

@@ -9,6 +9,8 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
 - Lightning's "💡 Tip ... litlogger" advert, on every Trainer;
 - torch's `broadcast_buffers` deprecation, raised by the DDP wrapper on every rank for an
   argument Lightning's DDPStrategy passes through (`strategy.broadcast_buffers`);
+- torch's pytree notice that torchao's enums are "now natively supported" (two lines whenever
+  transformers imports torchao, e.g. to build a Mixtral or Qwen2-MoE model);
 - Lightning's hint that `srun` exists but is unused, printed by every rank of a local run on any
   machine with Slurm installed: local runs there are deliberate, and a run that needs Slurm
   (`hardware.num_nodes` above 1) already stops with its own error (docs/LAUNCH.md).
@@ -53,6 +55,7 @@ def quiet_third_party() -> None:
         "ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning
     )
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def quiet_known_warnings() -> None:

@@ -32,6 +32,7 @@ from lightning_dist.parallel.nodes import (
     mesh_groups,
 )
 from lightning_dist.parallel.simulate import apply_simulated_speed
+from lightning_dist.runtime.refusal import install_refusal_hook, refusals
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
 
@@ -55,10 +56,12 @@ def build_options(
 ) -> tuple[StrategyOptions, dict[str, Any]]:
     """Split a strategy's keyword arguments into its knobs, built into `StrategyOptions` by
     its preset, and the rest (Lightning's own: accelerator, parallel_devices, ...)."""
+    install_refusal_hook()  # a user's own script reports our refusals in one line too
     knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in KNOB_GROUP}
     if options is not None and knobs:
         raise TypeError(f"{owner.__name__}: pass options= or knobs ({', '.join(knobs)}), not both")
-    return options or PRESETS[preset].build(knobs, owner.__name__), kwargs
+    with refusals():
+        return options or PRESETS[preset].build(knobs, owner.__name__), kwargs
 
 
 class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
@@ -163,6 +166,7 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
     def setup_environment(self) -> None:
         self.join_process_group()
         super().setup_environment()
+        install_refusal_hook()  # outside torch.distributed's, which init_process_group installs
         self.place_on_nodes()
 
     def join_process_group(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
@@ -32,8 +33,10 @@ import torch
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.parallel.elastic import restart_attempt
 from lightning_dist.parallel.replica_groups import (
+    LIGHTHOUSE_ENV,
     ReplicaGroupFellBehind,
     ReplicaGroups,
+    check_lighthouse,
     load_training_state,
     local_tensor,
     replica_group_id,
@@ -112,6 +115,7 @@ class FTHSDPStrategy(Parallel3DStrategy):
 
     def check_environment(self) -> None:
         replica_group_id(self.group_count)  # started by the launcher
+        check_lighthouse(os.environ[LIGHTHOUSE_ENV])  # and its Lighthouse is up
 
     def heals_from_peer(self) -> bool:
         # Relaunched by its torchrun into a running job: the peers hold newer state than the

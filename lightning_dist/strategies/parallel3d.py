@@ -49,6 +49,7 @@ from lightning_dist.parallel.pipeline import PipelinedModel, split_blocks
 from lightning_dist.parallel.precision import check_param_dtype
 from lightning_dist.parallel.tp import check_tp, loss_parallel_context, plain_tensor
 from lightning_dist.planner.estimate import float8_problem
+from lightning_dist.runtime.refusal import Refusal, install_refusal_hook, refusals
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy
@@ -80,9 +81,11 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         timeout: timedelta | None = default_pg_timeout,
         **knobs: Any,
     ) -> None:
+        install_refusal_hook()  # a user's own script reports our refusals in one line too
         if options is not None and knobs:
             raise TypeError(f"{type(self).__name__}: pass options= or knobs, not both")
-        self.options = options or PRESETS[self.preset].build(knobs, type(self).__name__)
+        with refusals():
+            self.options = options or PRESETS[self.preset].build(knobs, type(self).__name__)
         super().__init__(
             save_distributed_checkpoint=self.options.checkpoint_format.state_dict_type == "sharded",
             process_group_backend=self.options.process.process_group_backend,
@@ -152,8 +155,10 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     def setup_environment(self) -> None:
         self.join_process_group()
         self._setup_distributed()
-        layout = self.layout_for(self.num_processes, self.num_nodes)
-        check_param_dtype(self.options.precision.param_dtype, self.precision_plugin.precision)
+        install_refusal_hook()  # outside torch.distributed's, which init_process_group installs
+        with refusals():  # alike on every rank: one line from rank 0 (runtime/refusal.py)
+            layout = self.layout_for(self.num_processes, self.num_nodes)
+            check_param_dtype(self.options.precision.param_dtype, self.precision_plugin.precision)
         self._device_mesh = layout.build_mesh(self.root_device.type)
         self.place_on_nodes(self._device_mesh)
         set_module_device_mesh(self.lightning_module, self._device_mesh)
@@ -177,7 +182,8 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         `model(inputs, target, loss_fn)`.
         """
         layout = self.layout
-        self.check_model(model, layout)
+        with refusals():
+            self.check_model(model, layout)
         init_sharded = self.options.fsdp.init_sharded
         if not init_sharded:
             model = materialize(model, self.root_device, init_seed)
@@ -207,7 +213,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
 
         self.accelerator.setup(trainer)
         if self.options.float8.float8 != "none" and not self._parallelize_called:
-            raise ValueError(
+            raise Refusal(
                 f"strategy.float8={self.options.float8.float8} converts models built through "
                 "parallelize_model (lightning_dist's models, or a configure_model() that calls "
                 "it); this module built or sharded its layers itself: call "
@@ -244,7 +250,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
     def _require_data_parallel_only(self) -> None:
         layout = self.layout
         if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-            raise ValueError(
+            raise Refusal(
                 f"{type(self).__name__} with tp={layout.tp}, pp={layout.pp}, cp={layout.cp}, "
                 f"ep={layout.ep}: the LightningModule "
                 "must build its model in configure_model() and pass it to "

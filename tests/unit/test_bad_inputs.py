@@ -5,13 +5,13 @@ The table runs in this process, through the same `train()` and `report_config_er
 `train.py`'s main, with the Trainer replaced by a tripwire: a row that gets past the checks
 trips it instead of training. Its "fsdp: " and "3d: " rows are the strategies' own checks; its
 "W&B" rows run with no W&B login and a closed local port for a server. Also: the target
-allowlist, CPU capacity, what counts as a secret, the bf16 plan of fp16 on CPU, schemas that are
-not choices, data symlinks, W&B's offline fallback and the server and key W&B would use. (The
+allowlist, CPU capacity, what counts as a secret, schemas that are not choices, data symlinks, W&B's offline fallback and the server and key W&B would use. (The
 real `train.py` processes are tests/e2e/test_bad_inputs_e2e.py.)
 """
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import time
@@ -141,6 +141,12 @@ CASES = [
          "cannot read", prepare=lambda tmp: write(tmp / "locked.txt", "x" * 500).chmod(0)),
     Case("data too short", fast("data.paths=[{tmp}/short.txt]", "data.seq_len=32", data="text"),
          "the train split has 10 tokens", prepare=lambda tmp: write(tmp / "short.txt", "x" * 10)),
+    Case("validation split under one micro-batch",
+         fast("data.paths=[{tmp}/small.txt]", "data.seq_len=32", "trainer.val_check_interval=5", data="text"),
+         "the validation split has 3 windows of data.seq_len=32, fewer than one micro-batch for each of 1 data-parallel ranks (1 x 16 = 16); raise data.val_fraction or add text, lower data.per_rank_batch_size, or turn validation off with trainer.val_check_interval=null",
+         prepare=lambda tmp: write(tmp / "small.txt", "word " * 1000)),
+    Case("validation samples under one micro-batch", fast("data.val_samples=4", "trainer.val_check_interval=5"),
+         "the validation split has 4 windows of data.seq_len=128, fewer than one micro-batch for each of 1 data-parallel ranks (1 x 8 = 8); raise data.val_samples"),
     Case("binary garbage in a data file", fast("data.paths=[{tmp}/mixed]", "data.seq_len=32", data="text"),
          "mixed/b.txt is not text (it holds NUL bytes at offset 600)",
          prepare=lambda tmp: (write(tmp / "mixed/a.txt", "text " * 200),
@@ -149,6 +155,11 @@ CASES = [
          "not text: 65% of its 1776 bytes are not valid UTF-8 (at most 30%); the worst file is",
          prepare=lambda tmp: (write(tmp / "latin/a.txt", "a" * 600),
                               write(tmp / "latin/b.txt", bytes(range(0xC0, 0x100)) * 18 + b"b" * 24))),
+    Case("data path is a named pipe", fast("data.paths=[{tmp}/pipe.txt]", data="text"),
+         "pipe.txt' is a named pipe (FIFO), not a regular file", prepare=lambda tmp: os.mkfifo(tmp / "pipe.txt")),
+    Case("small gzip as data", fast("data.paths=[{tmp}/small.txt.gz]", data="text"),
+         "small.txt.gz is gzip-compressed, not text; decompress it",
+         prepare=lambda tmp: write(tmp / "small.txt.gz", gzip.compress(bytes(range(256)) * 8))),
     Case("checkpoint folder below a file", fast("trainer.checkpoint.dirpath={tmp}/notes.txt/ckpts"),
          "(trainer.checkpoint.dirpath) is below a file, ", prepare=lambda tmp: write(tmp / "notes.txt", "x")),
     Case("checkpoint folder is a file", fast("trainer.checkpoint.dirpath={tmp}/notes.txt"),
@@ -166,7 +177,8 @@ CASES = [
          prepare=lambda tmp: write(tmp / "run" / "metrics" / "metrics.csv", "step\n0\n")),
     Case("run name that leaves its folder", fast("run_name=../elsewhere"), "run_name='../elsewhere' must be one folder name"),
     Case("keep no checkpoint", fast("trainer.checkpoint.keep_last=0"), "trainer.checkpoint.keep_last=0 must be 1 or more"),
-    Case("fp16 on CPU", fast("trainer.precision=16-mixed"), "running bf16-mixed", warning=True),
+    Case("fp16 on CPU", fast("trainer.precision=16-mixed"),
+         "trainer.precision=16-mixed: CPUs have no fp16 autocast; set trainer.precision=bf16-mixed"),
     Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
     Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
     Case("more CPU processes than cores", fast("hardware.devices=100", strategy="ddp"),
@@ -262,6 +274,12 @@ CASES = [
          'strategy.float8_all_gather=true needs strategy.float8=tensorwise (torchao gathers float8 weights only with one scale per tensor)'),
     Case('float8: recipe', fast('strategy.float8=fp4'),
          "strategy.float8='fp4' is not one of none, tensorwise, rowwise"),
+    Case('float8: no layer it can convert', fast('strategy.float8=tensorwise', 'model.dim=72'),
+         'strategy.float8=tensorwise converts no linear layer of Transformer: a float8 matmul needs both sizes of a layer to be multiples of 16, and each of its 28 candidate layers has one that is not (e.g. layers.0.attention.wq is 72 x 72)'),
+    Case('float8: no layer it can convert, plan.only', fast('strategy.float8=tensorwise', 'model.dim=72', 'plan.only=true'),
+         'strategy.float8=tensorwise converts no linear layer of Transformer'),
+    Case('float8: some layers it cannot convert', fast('strategy.float8=tensorwise', 'model.ffn_hidden_size=136'),
+         'strategy.float8=tensorwise converts 16 of 28 candidate linear layers; 12 stay in high precision because a size is not a multiple of 16 (e.g. layers.0.feed_forward.w1 is 64 x 136)', warning=True),
     Case('float8: with tp', fast('hardware.devices=2', 'strategy.float8=rowwise', strategy='tp'),
          'strategy.float8=rowwise with tp=2 is not supported yet (tensorwise is); set strategy.float8=tensorwise or none, or tp=1'),
     # Mixture of experts (model=moe_debug): its options, and the layout it cannot run yet.
@@ -297,7 +315,9 @@ CASES = [
     Case('moe: expert width under ep', fast('hardware.devices=4', 'strategy.ep=2', 'model.expert_hidden_size=63', model='moe_debug', strategy='3d'),
          'model.expert_hidden_size=63 is not divisible by dp_shard x cp / ep = 4 / 2 = 2, the ranks FSDP splits each expert\'s weights over'),
     Case('moe: ep on a Hugging Face mixture of experts', fast('model=hf_llama', 'model.config.model_type=mixtral', '+model.config.num_local_experts=4', '+model.config.num_experts_per_tok=2', 'hardware.devices=2', 'strategy.ep=2', strategy='3d'),
-         'strategy.ep=2 splits the experts of our MoE layers (models/moe.py), and HFCausalLM has none; import a Hugging Face mixture of experts first'),
+         'strategy.ep=2 splits the experts of our MoE layers (models/moe.py), and HFCausalLM has none; import it into our MoE model, which ep splits (python -m lightning_dist.checkpoint import DIR'),
+    Case('moe: ep on a Hugging Face MoE the import refuses', fast('model=hf_llama', 'model.config.model_type=qwen2_moe', '+model.config.num_experts=4', '+model.config.moe_intermediate_size=64', '+model.config.shared_expert_intermediate_size=64', 'hardware.devices=2', 'strategy.ep=2', strategy='3d'),
+         'HFCausalLM has none; model_type=qwen2_moe cannot be imported into our MoE model (ours has no q/k/v biases'),
     Case('moe: tp on a Hugging Face mixture of experts', fast('model=hf_llama', 'model.config.model_type=mixtral', '+model.config.num_local_experts=4', '+model.config.num_experts_per_tok=2', 'hardware.devices=2', 'strategy.tp=2', strategy='3d'),
          'strategy.tp=2 with a Hugging Face mixture of experts (HFCausalLM, 4 experts) is not supported: use dp_replicate and dp_shard'),
     # Elastic jobs (hardware.min_nodes): every node count in the range must hold the layout.
@@ -327,6 +347,9 @@ CASES = [
          "unknown config key logger.grup: lightning_dist.run.loggers.wandb_logger takes project"),
     Case("callback key misspelt", fast("+callbacks.progress.every=1"),
          "unknown config key callbacks.progress.every"),
+    Case('ft_hsdp: no Lighthouse at the address', fast('hardware.devices=2', strategy='ft_hsdp'),
+         'strategy=ft_hsdp: no torchft Lighthouse answers at http://127.0.0.1:',
+         env=(("REPLICA_GROUP_ID", "0"), ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:{closed_port}")), within=10),
     Case('ft_hsdp: gradient accumulation', fast('hardware.devices=2', 'data.global_batch_size=16', 'data.per_rank_batch_size=2', strategy='ft_hsdp'),
          'strategy=ft_hsdp takes no gradient accumulation: data.global_batch_size=16 over 4 data-parallel ranks (2 groups x 2) needs 2 micro-batches of 2; set data.per_rank_batch_size=4'),
 ]  # fmt: skip
@@ -414,6 +437,45 @@ def test_bad_input(case, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+PLANNER_CASES = [
+    fast("hardware.devices=4", "strategy.pp=2", "strategy.split_points=[9]", strategy="3d"),
+    fast("hardware.devices=4", "strategy.cp=3", strategy="3d"),
+    fast("hardware.devices=4", "strategy.ep=8", strategy="3d", model="moe_debug"),
+    fast("hardware.devices=4", "strategy.cp=2", "data.seq_len=126", strategy="3d"),
+]
+"""Strategy settings that the planner CLI once planned around without a word."""
+
+
+def test_the_planner_cli_refuses_what_plan_only_refuses(tmp_path, monkeypatch, capsys):
+    """`python -m lightning_dist.plan` runs train.py's strategy checks (one function,
+    `run.strategy_checks.check_built_strategy`): the same one line, exit status 2."""
+    from lightning_dist.plan import main
+
+    for overrides in PLANNER_CASES:
+        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
+        status, lines = run_in_process([*overrides, "plan.only=true"], run_dir, monkeypatch, capsys)
+        assert status == 2 and len(lines) == 1, lines
+        with pytest.raises(SystemExit) as planner:
+            main(list(overrides))
+        assert planner.value.code == 2, overrides
+        assert capsys.readouterr().err.splitlines() == lines, overrides
+
+
+def test_without_validation_a_short_validation_split_is_no_error(tmp_path, monkeypatch, capsys):
+    """trainer.val_check_interval=null: no validation, so a validation split of no window (30
+    tokens of data.seq_len=32) passes the checks, and the data module trains without it."""
+    from lightning_dist.lm.data import TextDataModule
+
+    corpus = write(tmp_path / "small.txt", "word " * 300)
+    overrides = fast(f"data.paths=[{corpus}]", "data.seq_len=32", data="text")
+    assert run_in_process(list(overrides), tmp_path / "run", monkeypatch, capsys) == (0, [])
+    data = TextDataModule(paths=[str(corpus)], seq_len=32, global_batch_size=2,
+                          cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert data.validation_windows() == 0
+    data.setup("fit")
+    assert len(data.val_set) == 0 and next(iter(data.train_dataloader())).shape == (2, 33)
+
+
 def test_only_the_environment_or_python_widen_the_allowlist(monkeypatch):
     from lightning_dist.config.targets import ALLOW_TARGETS_ENV, check_target
 
@@ -458,13 +520,6 @@ def test_what_counts_as_a_secret(monkeypatch):
     assert redact({"run": {"token": "abc", "tokenizer": "t.json", "note": ENV_SECRET}}) == {
         "run": {"token": REDACTED, "tokenizer": "t.json", "note": REDACTED}
     }
-
-
-def test_fp16_on_cpu_plans_the_bf16_that_runs(tmp_path):
-    from lightning_dist.run.plan import plan_run
-
-    cfg = compose_config([*fast("trainer.precision=16-mixed"), f"paths.output_dir={tmp_path}"])
-    assert plan_run(cfg).precision == "bf16-mixed"
 
 
 def test_schemas_are_not_choices():

@@ -448,14 +448,13 @@ def test_text_datamodule_end_to_end(tmp_path):
 
 def test_text_datamodule_short_val_split_is_clear(tmp_path):
     write_corpus(tmp_path / "corpus", 1)
-    # Known from the file sizes, so it fails when the datamodule is built, before any process.
-    with pytest.raises(ValueError, match="val split has .* tokens.*val_fraction"):
-        TextDataModule(
-            paths=[str(tmp_path / "corpus")],
-            seq_len=100,
-            val_fraction=0.01,
-            cache_dir=str(tmp_path),
-        )
+    # Known from the file sizes, so the run's build stage refuses it before any process (when
+    # it validates: tests/unit/test_bad_inputs.py).
+    dm = TextDataModule(
+        paths=[str(tmp_path / "corpus")], seq_len=100, val_fraction=0.01, cache_dir=str(tmp_path)
+    )
+    with pytest.raises(ValueError, match="validation split has 0 windows .*data.val_fraction"):
+        dm.check_validation(1, 1)
 
 
 @pytest.fixture(scope="session")
