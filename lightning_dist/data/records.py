@@ -153,11 +153,12 @@ class _ZstdReader(io.RawIOBase):
         out = []
         try:
             while chunk:
+                if self._frame.eof:  # a file of several frames: the next one starts here (a
+                    # frame may end exactly where a read ended, leaving no unused data)
+                    self._frame = self._decompressor.decompressobj()
                 self._started = True
                 out.append(self._frame.decompress(chunk))
                 chunk = self._frame.unused_data if self._frame.eof else b""
-                if chunk:  # a file of several frames: the next one starts here
-                    self._frame = self._decompressor.decompressobj()
         except self._zstd.ZstdError as e:
             raise _corrupt(self._path, "zstd", str(e)) from e
         return b"".join(out)
@@ -190,6 +191,22 @@ def _decompressing(path: Path) -> Iterator[None]:
         yield
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise _corrupt(path, "gzip", str(e)) from e
+
+
+TEXT_HEAD_BYTES = 1 << 16
+"""How much of a compressed text file `check_text_head` decompresses before a run starts."""
+
+
+def check_text_head(path: Path) -> None:
+    """ConfigError (one line) when the start of a compressed text file does not decompress to
+    text: checked before the ranks start, where the whole file is only read when tokenized."""
+    with open_stream(path) as stream, _decompressing(path):
+        head = stream.read(TEXT_HEAD_BYTES)
+    if b"\0" in head:
+        raise ConfigError(
+            f"{path} decompresses to data that is not text (a NUL byte at offset "
+            f"{head.index(0)}); leave it out or give its documents as text"
+        )
 
 
 def _text(path: Path, column: str, skip_bad_records: bool, stats: ReadStats) -> Iterator[str]:

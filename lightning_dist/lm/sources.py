@@ -76,6 +76,7 @@ class TextSource:
             # Read once here, before any process waits on another: the key, and the text check
             # (before the sizes: a small compressed file is refused as not text, not as short).
             self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
+            self._check_compressed_text()
             self._check_splits(sizes)
         except ValueError as e:
             raise _renamed(e, where) from e
@@ -111,6 +112,16 @@ class TextSource:
         from lightning_dist.data.records import iter_documents
 
         return self.files, lambda file: iter_documents(file, "text")
+
+    def _check_compressed_text(self) -> None:
+        """The text check of compressed files (the cache key reads their compressed bytes)."""
+        if self.reader != "text:decompressed":
+            return
+        from lightning_dist.data.records import check_text_head
+
+        for file in self.files:
+            if file.name.endswith(COMPRESSED_SUFFIXES):
+                check_text_head(file)
 
     def _check_splits(self, sizes: list[int]) -> None:
         """Each split holds a window, checked now rather than after the processes start: from

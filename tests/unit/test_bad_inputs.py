@@ -158,7 +158,7 @@ CASES = [
     Case("data path is a named pipe", fast("data.paths=[{tmp}/pipe.txt]", data="text"),
          "pipe.txt' is a named pipe (FIFO), not a regular file", prepare=lambda tmp: os.mkfifo(tmp / "pipe.txt")),
     Case("small gzip as data", fast("data.paths=[{tmp}/small.txt.gz]", data="text"),
-         "small.txt.gz is gzip-compressed, not text; decompress it",
+         "small.txt.gz decompresses to data that is not text (a NUL byte at offset 0)",
          prepare=lambda tmp: write(tmp / "small.txt.gz", gzip.compress(bytes(range(256)) * 8))),
     Case("checkpoint folder below a file", fast("trainer.checkpoint.dirpath={tmp}/notes.txt/ckpts"),
          "(trainer.checkpoint.dirpath) is below a file, ", prepare=lambda tmp: write(tmp / "notes.txt", "x")),

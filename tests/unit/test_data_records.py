@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,22 @@ def test_zstd_of_several_frames_and_a_named_field(tmp_path):
     frames = b"".join(zstandard.ZstdCompressor().compress(jsonl_bytes([d], "body")) for d in DOCS)
     path = write(tmp_path / "multi.jsonl.zst", frames)
     assert list(iter_documents(path, "jsonl", field="body")) == DOCS
+
+
+def test_zstd_frame_that_ends_exactly_where_a_read_ends(tmp_path):
+    # The reader takes 256 KiB of compressed bytes at a time: a first frame of exactly that
+    # size leaves no unused data, and the second frame must still start a new decompressor.
+    compressor = zstandard.ZstdCompressor()
+
+    def noise(n: int) -> bytes:  # incompressible, no NUL: zstd stores it in raw blocks
+        return random.Random(0).randbytes(n).replace(b"\0", b"x")
+
+    overhead = len(compressor.compress(noise(200_000))) - 200_000
+    first = compressor.compress(noise((1 << 18) - overhead))
+    assert len(first) == 1 << 18
+    path = write(tmp_path / "two.txt.zst", first + compressor.compress(b"tail"))
+    (doc,) = iter_documents(path, "text")
+    assert doc.endswith("tail") and len(doc) > 100_000
 
 
 def test_parquet_reads_batches_of_a_column(tmp_path):
