@@ -10,7 +10,10 @@ set -euo pipefail
 checkout=$(pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/wheel" .
+# Built from the committed tree in a folder of its own: a stale build/ in the checkout cannot
+# slip old files into the wheel.
+mkdir "$work/src" && git archive HEAD | tar -x -C "$work/src"
+python -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/wheel" "$work/src"
 python -m venv "$work/venv"
 deps=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

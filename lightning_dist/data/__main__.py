@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         tokens = sum(s["tokens"] for s in manifest["shards"])
         print(f"{args.output}: {len(manifest['shards'])} shards, {tokens:,} tokens")
-    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError; a folder not writable
         report_config_error(e)
 
 

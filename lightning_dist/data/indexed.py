@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_dist.run.errors import ConfigError
+from lightning_dist.runtime.refusal import ConfigError
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -49,7 +49,8 @@ _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, doc
 
 def indexed_dtype(vocab_size: int) -> np.dtype:
     """The token dtype of an indexed dataset for a vocabulary: uint16 when every id fits, else
-    int32 (the format has no uint32; Megatron's own preprocessing makes the same choice)."""
+    int32 (the format has no uint32). Megatron's own preprocessing switches to int32 a little
+    earlier, below 65,500 ids; either reads the other's files."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
 
 

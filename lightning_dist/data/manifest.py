@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from lightning_dist.data.indexed import file_sha256
-from lightning_dist.run.errors import ConfigError
+from lightning_dist.runtime.refusal import ConfigError
 
 MANIFEST_FORMAT = 1
 _MANIFEST_NAME = re.compile(r"manifest(-\d+-of-\d+)?\.json")
@@ -53,6 +53,10 @@ def read_manifest(path: Path) -> dict:
         if manifest["format"] != MANIFEST_FORMAT:
             raise ValueError(f"format {manifest['format']}, expected {MANIFEST_FORMAT}")
         manifest["tokenizer"]["name"], manifest["shards"]  # noqa: B018 (present, or KeyError)
+        for shard in manifest["shards"]:  # a shard's files are read beside the manifest only
+            name = str(shard["name"])
+            if not name or Path(name).name != name or name in (".", ".."):
+                raise ValueError(f"shard name {name!r} leads out of its folder")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path} is not a prepare manifest ({e})") from e
     return manifest

@@ -33,8 +33,8 @@ from lightning_dist.data.manifest import (
 )
 from lightning_dist.data.records import DEFAULT_FIELD, FORMATS
 from lightning_dist.data.shard_worker import FileTask, shard_name, worker
-from lightning_dist.run.errors import ConfigError
 from lightning_dist.runtime.console import print_line
+from lightning_dist.runtime.refusal import ConfigError
 
 DEFAULT_SHARD_TOKENS = 1 << 26
 """Tokens per shard (64 Mi: 128 MiB of uint16): the unit of work lost to a kill."""
@@ -238,8 +238,9 @@ def _collect(events, procs, files_left, manifest, manifest_path, meter, on_shard
         except queue.Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(
-                    f"a prepare worker exited with status {dead[0].exitcode}"
+                raise ConfigError(
+                    f"a prepare worker exited with status {dead[0].exitcode} (killed, or out of "
+                    "memory?); run the same command again: finished shards are kept"
                 ) from None
             continue
         if kind == "error":

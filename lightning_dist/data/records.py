@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from lightning_dist.run.errors import ConfigError
 from lightning_dist.runtime.console import print_line
+from lightning_dist.runtime.refusal import ConfigError
 
 FORMATS = ("text", "jsonl", "parquet", "hf_disk")
 COMPRESSED_SUFFIXES = (".gz", ".zst")

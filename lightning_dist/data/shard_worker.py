@@ -80,6 +80,8 @@ def worker(todo, events, settings: dict, parent: int) -> None:
             tokenize_file(task, encode, settings, events, parent)
     except (ValueError, OSError) as e:  # ConfigError is a ValueError
         events.put(("error", f"{e}"))
+    except Exception as e:  # noqa: BLE001 - the parent prints one line, not this child's traceback
+        events.put(("error", f"{type(e).__name__}: {e}"))
     except KeyboardInterrupt:
         pass
 

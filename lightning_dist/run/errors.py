@@ -7,12 +7,9 @@ import sys
 
 from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.redaction import redact_text
-from lightning_dist.runtime.refusal import Refusal
+from lightning_dist.runtime.refusal import ConfigError, Refusal
 
-
-class ConfigError(Refusal):
-    """A configuration or machine problem found by train.py, reported as one line before
-    training starts (`report_config_error`)."""
+__all__ = ["ConfigError", "Refusal", "config_errors", "report_config_error"]
 
 
 @contextlib.contextmanager

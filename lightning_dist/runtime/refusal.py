@@ -27,6 +27,12 @@ class Refusal(ValueError):
     """A configuration or machine problem, reported as one line before training starts."""
 
 
+class ConfigError(Refusal):
+    """A configuration or machine problem found by train.py, reported as one line before
+    training starts (`run.errors.report_config_error`). Defined on this floor so that the data
+    readers (`data/`) raise it without importing the run's floor."""
+
+
 @contextlib.contextmanager
 def refusals() -> Iterator[None]:
     """Re-raise a ValueError of the checks run inside as a `Refusal` (with it as the cause):
