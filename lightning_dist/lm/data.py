@@ -19,7 +19,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
-from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows
+from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.sources import build_source, checked_tokenizer
@@ -81,8 +81,8 @@ class LMDataModule(pl.LightningDataModule):
         self.val_batches = val_batches
         self.seed = seed
         self.num_workers = num_workers
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
+        self.train_set: WindowSet = None
+        self.val_set: WindowSet = None
         self.tokenizer_vocab_size: int = 0
         self.resume_step = 0
 
@@ -263,8 +263,8 @@ class MixtureDataModule(LMDataModule):
             }
         }
         """What the run reads: written to summary.json's `data`."""
-        self.train_sets: list[Dataset] = []
-        self.val_sets: list[Dataset] = []
+        self.train_sets: list[WindowSet] = []
+        self.val_sets: list[WindowSet] = []
         self.plan_of_samples: MixturePlan | None = None
         self.val_batch_sources: list[str] = []
         """The source of each of this rank's validation micro-batches, in order (several
@@ -279,9 +279,10 @@ class MixtureDataModule(LMDataModule):
         if self.val_set is not None:
             return len(self.val_set)
         tokens = [getattr(source, "val_tokens", None) for source in self.sources]
-        if any(n is None for n in tokens):
+        known = [n for n in tokens if n is not None]
+        if len(known) < len(tokens):
             return None
-        return sum(max(0, (n - 1) // self.seq_len) for n in tokens)  # as TokenWindows counts
+        return sum(max(0, (n - 1) // self.seq_len) for n in known)  # as TokenWindows counts
 
     def prepare_data(self) -> None:
         """Tokenize the text sources into the cache unless identical caches exist."""
@@ -322,6 +323,7 @@ class MixtureDataModule(LMDataModule):
         """This rank's micro-batches of the mixture, in optimizer-step order."""
         self._ensure_setup()
         plan = self.plan_of_samples
+        assert plan is not None  # set up above
         saved = self._saved_mixture
         if saved and self.resume_step:
             same = (saved["names"], saved["weights"]) == (
@@ -339,7 +341,7 @@ class MixtureDataModule(LMDataModule):
                 )  # fmt: skip
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
-        offsets = np.cumsum([0] + [len(t) for t in self.train_sets[:-1]]).tolist()
+        offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()
         sampler = MixtureSampler(
             plan, offsets, micro, rank, size, start_step=self.resume_step, shares=self.dp_shares()
         )
@@ -354,11 +356,12 @@ class MixtureDataModule(LMDataModule):
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
         wanted = self.val_batches * self.global_batch_size
-        pieces, self.val_batch_sources, offset = [], [], 0
+        pieces: list[int] = []
+        self.val_batch_sources, offset = [], 0
         for name, val_set in zip(self.names, self.val_sets, strict=True):
             per_rank = min(wanted, len(val_set)) // (size * micro) * micro
             if per_rank == 0:
-                raise ValueError(
+                raise ValidationSplitTooSmall(
                     f"source {name!r} holds {len(val_set)} validation windows, fewer than one "
                     f"micro-batch for each of {size} data-parallel ranks ({size} x {micro}); "
                     "raise data.val_fraction or give the source more data"

@@ -7,6 +7,8 @@ the dict `packed_window` makes: the ids as "tokens" and each one's document id a
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -19,6 +21,12 @@ def packed_window(tokens: torch.Tensor, separator: int | None) -> torch.Tensor |
     if separator is None:
         return tokens
     return {"tokens": tokens, "documents": document_ids(tokens, separator)}
+
+
+WindowSet = Any
+"""A split's windows: a map-style dataset with `len()` (TokenWindows, SyntheticTokens, their
+ConcatDataset, or an empty list). torch types `Dataset` without `__len__`, so the checker cannot
+follow `len()` of one; this name says what is meant where the type cannot."""
 
 
 class TokenWindows(Dataset):

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset
 
 from lightning_dist.data.indexed import token_file_dtype
-from lightning_dist.lm.datasets import TokenWindows
+from lightning_dist.lm.datasets import TokenWindows, WindowSet
 from lightning_dist.lm.token_cache import (
     TokenCache,
     build_token_cache,
@@ -89,7 +89,7 @@ class TextSource:
         """What the source reads: logged here and written to summary.json's `data`."""
         log.info(
             "Reading %d files, %d bytes (%s%s); %d symlinks leading out of %s skipped",
-            len(self.files), sum(sizes), ", ".join(self.inputs["first_paths"]),
+            len(self.files), sum(sizes), ", ".join(str(f) for f in self.files[:5]),
             ", ..." if len(self.files) > 5 else "", skipped, where,
         )  # fmt: skip
         self.cache: TokenCache | None = None
@@ -157,13 +157,14 @@ class TextSource:
             key=self.key, documents=documents,
         )  # fmt: skip
 
-    def windows(self, split: str, separator: int | None) -> Dataset:
+    def windows(self, split: str, separator: int | None) -> WindowSet:
         """The split's windows over the cache (built here if `prepare` did not run)."""
         if self.cache is None:
             self.cache = open_token_cache(self.key, self.cache_dir)
         if self.cache is None:
             # Used without a Trainer, or the cache folder is not shared with local rank 0.
             self.prepare()
+        assert self.cache is not None  # prepared just above
         tokens = self.cache.tokens(split)
         if split == "val" and len(tokens) <= self.seq_len:
             return []  # no validation window: the datamodule's check_validation says so if used
@@ -189,6 +190,7 @@ class RecordSource(TextSource):
             # Every record is read now, on every rank, so a bad one stops all of them in one
             # line; found later, in prepare_data on one rank, it would leave the others waiting.
             files, documents = self._read()
+            assert documents is not None  # records are always read through records.py
             for file in files:
                 for _ in documents(file):
                     pass
@@ -324,7 +326,7 @@ class TokenFileSource:
     def prepare(self) -> None:
         """Nothing to prepare: the files are read as they are."""
 
-    def windows(self, split: str, separator: int | None) -> Dataset:
+    def windows(self, split: str, separator: int | None) -> WindowSet:
         """The split's windows, file by file (a window never spans two files)."""
         sets = [
             TokenWindows(

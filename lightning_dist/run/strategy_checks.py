@@ -30,7 +30,7 @@ def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
             overrides.setdefault("process_group_backend", hardware.backend)
         if collective_timeout_s is not None:
             overrides.setdefault("timeout", timedelta(seconds=collective_timeout_s))
-    config = OmegaConf.masked_copy(strategy_cfg, [k for k in strategy_cfg if k != "name"])
+    config = OmegaConf.masked_copy(strategy_cfg, [str(k) for k in strategy_cfg if k != "name"])
     return build(config, "strategy", **overrides, _convert_="all")
 
 
