@@ -31,6 +31,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -184,8 +185,9 @@ def mesh_groups(mesh, layout: Layout, parts=()) -> dict[str, tuple[str, int]]:
     renamed = {"dp_shard_mod_ep": "dp_shard_cp" if layout.cp > 1 else "dp_shard"}
     for part in parts:
         for param in part.parameters():
-            param_mesh = getattr(param, "device_mesh", None)
-            for i, name in enumerate(getattr(param_mesh, "mesh_dim_names", None) or ()):
+            param_mesh: Any = getattr(param, "device_mesh", None)
+            names = param_mesh.mesh_dim_names if param_mesh is not None else None
+            for i, name in enumerate(names or ()):
                 if param_mesh.size(i) > 1:
                     group = param_mesh.get_group(name).group_name
                     dims.setdefault(group, (renamed.get(name, name), param_mesh.size(i)))

@@ -67,7 +67,7 @@ def balance_routing(model: nn.Module) -> int:
     how many layers it changed."""
     layers = moe_layers(model)
     for moe in layers:
-        moe.count_routes = partial(_balanced_routes, moe.num_experts)
+        moe.count_routes = partial(_balanced_routes, moe.num_experts)  # type: ignore[method-assign]
         if isinstance(moe.run_experts, ExpertParallel):
             moe.run_experts = BalancedExpertParallel(moe.run_experts.group)
     return len(layers)

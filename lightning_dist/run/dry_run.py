@@ -87,6 +87,13 @@ def check_dry_run(plan: Any) -> None:
             f"plan.dry_run builds the Llama-style models of conf/model (ModelArgs), not "
             f"{type(plan.model).__name__}"
         )
+    experts = getattr(plan.model, "num_experts", 0)
+    if experts and plan.precision != "bf16-mixed":
+        raise ValueError(
+            f"plan.dry_run of a mixture of experts (model.num_experts={experts}) runs under "
+            f"trainer.precision=bf16-mixed only, not {plan.precision}: torch's fake grouped "
+            "matmul takes bf16 operands only; set trainer.precision=bf16-mixed for the dry run"
+        )
     options = plan.strategy.options
     if options.compile.backend is not None or options.sharding.cpu_offload:
         raise ValueError(
