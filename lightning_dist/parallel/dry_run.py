@@ -20,6 +20,10 @@ chunks therefore run on their own, forward and backward in the order its schedul
 of its real outputs (forward) and input gradients (backward). FSDP's no-sync between
 microbatches follows `torch.distributed.pipelining`'s stage: gradients are reduced and
 resharded only in the last microbatch's backward.
+
+Context parallelism runs as training feeds it (this rank's chunks of each sequence at their true
+positions). A mixture of experts routes as a balanced router would (`dry_run_experts.py`): the
+routing needs values, which fake tensors do not hold.
 """
 
 from __future__ import annotations
