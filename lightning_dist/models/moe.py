@@ -231,11 +231,7 @@ class MoE(nn.Module):
         # Each token's k copies, sorted by expert (stable: in token order within an expert).
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)
-        by_sequence = torch.bincount(
-            flat + self.num_experts * (torch.arange(flat.numel(), device=flat.device)
-                                       // (seqlen * self.top_k)),
-            minlength=bsz * self.num_experts,
-        ).view(bsz, self.num_experts)  # fmt: skip
+        by_sequence = self.count_routes(flat, bsz)
         counts = by_sequence.sum(0)
         rows = tokens.index_select(0, order // self.top_k)
         if self.run_experts is None:
@@ -254,6 +250,16 @@ class MoE(nn.Module):
             if aux is not None and self.aux_grad_scale is not None:
                 mixed = _AuxLossGradient.apply(mixed, aux, self.aux_grad_scale)
         return mixed.view(bsz, seqlen, dim)
+
+    def count_routes(self, flat: torch.Tensor, bsz: int) -> torch.Tensor:
+        """Copies routed to each expert in each sequence [bsz, num_experts] (int64) from the
+        chosen experts `flat` [bsz x seqlen x top_k]. An instance attribute of the same name
+        replaces it: the dry run's balanced routing (`parallel/dry_run_experts.py`)."""
+        per_sequence = flat.numel() // bsz
+        sequence = torch.arange(flat.numel(), device=flat.device) // per_sequence
+        return torch.bincount(
+            flat + self.num_experts * sequence, minlength=bsz * self.num_experts
+        ).view(bsz, self.num_experts)
 
     def _record(self, scores: torch.Tensor, by_sequence: torch.Tensor,
                 counts: torch.Tensor) -> torch.Tensor | None:  # fmt: skip

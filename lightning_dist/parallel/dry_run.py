@@ -20,6 +20,10 @@ chunks therefore run on their own, forward and backward in the order its schedul
 of its real outputs (forward) and input gradients (backward). FSDP's no-sync between
 microbatches follows `torch.distributed.pipelining`'s stage: gradients are reduced and
 resharded only in the last microbatch's backward.
+
+Context parallelism runs as training feeds it (this rank's chunks of each sequence at their true
+positions). A mixture of experts routes as a balanced router would (`dry_run_experts.py`): the
+routing needs values, which fake tensors do not hold.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -169,15 +174,29 @@ def each_in_a_fresh_process(function: Callable[[int], RankDryRun],
         return pool.map(function, ranks, chunksize=1)
 
 
-def mesh_groups(mesh, layout: Layout) -> dict[str, tuple[str, int]]:
+def mesh_groups(mesh, layout: Layout, parts=()) -> dict[str, tuple[str, int]]:
     """Group name -> (mesh dimension, size) for every dimension above size 1, and the world
-    (gradient clipping's all-reduce of the squared norm)."""
+    (gradient clipping's all-reduce of the squared norm); then those of the meshes the
+    parameters of `parts` live on: FSDP's dp_shard x cp flattened (`dp_shard_cp`), expert
+    parallelism's `ep`, and the experts' FSDP group, named as the planner names the traffic it
+    carries (the shard dimension's: `planner.traffic.DPVolumes.expert_gather`)."""
     import torch.distributed as dist
 
-    dims = {dist.group.WORLD.group_name: ("world", layout.world_size)}
+    dims = {}
     for dim, size in layout.degrees().items():
         if size > 1:
             dims[mesh[dim].get_group().group_name] = (dim, size)
+    renamed = {"dp_shard_mod_ep": "dp_shard_cp" if layout.cp > 1 else "dp_shard"}
+    for part in parts:
+        for param in part.parameters():
+            param_mesh: Any = getattr(param, "device_mesh", None)
+            names = param_mesh.mesh_dim_names if param_mesh is not None else None
+            for i, name in enumerate(names or ()):
+                if param_mesh.size(i) > 1:
+                    group = param_mesh.get_group(name).group_name
+                    dims.setdefault(group, (renamed.get(name, name), param_mesh.size(i)))
+    # A dimension over every rank is the world's group: its name wins.
+    dims.setdefault(dist.group.WORLD.group_name, ("world", layout.world_size))
     return dims
 
 
@@ -221,6 +240,8 @@ def dry_run_rank(
     `planner.traffic.ring_volume`, passed in: parallel/ does not import the planner).
     """
     from lightning_dist.parallel.clip import clip_grad_norm_global
+    from lightning_dist.parallel.context_parallel import chunk_positions
+    from lightning_dist.parallel.dry_run_experts import balance_routing
     from lightning_dist.parallel.parallelize import model_parts, parallelize
     from lightning_dist.parallel.tp import loss_parallel_context, uses_sequence_parallel
 
@@ -241,14 +262,20 @@ def dry_run_rank(
         model = parallelize(model, mesh, layout, device=torch.device("cpu"), options=options,
                             precision=precision)  # fmt: skip
         parts = model_parts(model)
-        counter = CollectiveCounter(mesh_groups(mesh, layout), ring_volume)
+        for part in parts:
+            balance_routing(part)
+        counter = CollectiveCounter(mesh_groups(mesh, layout, parts), ring_volume)
+        # Context parallelism: this rank's chunks of each sequence, at their true positions.
+        local_len, positions = seq_len // layout.cp, None
+        if layout.cp > 1:
+            positions = chunk_positions(seq_len, layout.cp, mesh["cp"].get_local_rank())
         micro_steps: list[Traffic] = []
         with fake_tensor_mode():
             for part in parts:
                 part.to_empty(device="cpu")
             params = [p for part in parts for p in part.parameters()]
             optimizer = torch.optim.AdamW(params)
-            boundary = (micro_batch_size, seq_len // (layout.tp if sp else 1), args.dim)
+            boundary = (micro_batch_size, local_len // (layout.tp if sp else 1), args.dim)
             for _ in range(min(accumulate, 2)):
                 counter.traffic = Traffic()
                 # As Lightning's step: the precision plugin's autocast around it all, backward
@@ -257,11 +284,12 @@ def dry_run_rank(
                         _autocast(precision):  # fmt: skip
                     if layout.pp > 1:
                         _pipeline_micro_step(model, layout, mesh["pp"].get_local_rank(),
-                                             counter.traffic, boundary, seq_len, args.vocab_size,
-                                             _compute_dtype(options, layout))  # fmt: skip
+                                             counter.traffic, boundary, local_len,
+                                             args.vocab_size, _compute_dtype(options, layout),
+                                             positions)  # fmt: skip
                     else:
-                        tokens = _tokens(micro_batch_size, seq_len, args.vocab_size)
-                        _loss(model(tokens), tokens).backward()
+                        tokens = _tokens(micro_batch_size, local_len, args.vocab_size)
+                        _loss(model(tokens, **_extra(positions)), tokens).backward()
                 micro_steps.append(counter.traffic)
             counter.traffic = Traffic()
             with counter:
@@ -280,6 +308,11 @@ def dry_run_rank(
 
 def _tokens(batch: int, seq_len: int, vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (batch, seq_len))
+
+
+def _extra(positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The model's keyword inputs: a context-parallel rank's token positions."""
+    return {} if positions is None else {"positions": positions}
 
 
 def _autocast(precision: str):
@@ -326,23 +359,23 @@ def _actions(model, layout: Layout, pp_rank: int) -> list[tuple[str, int, int]]:
 
 def _pipeline_micro_step(model, layout: Layout, pp_rank: int, traffic: Traffic,
                          boundary: tuple[int, ...], seq_len: int, vocab_size: int,
-                         dtype: torch.dtype) -> None:  # fmt: skip
+                         dtype: torch.dtype, positions: torch.Tensor | None) -> None:  # fmt: skip
     """One schedule step of this rank's chunks in its schedule's order (see module doc)."""
     from torch.distributed.fsdp import FSDPModule
 
     parts = dict(zip(model.stage_ids, model.parts, strict=True))
     last_stage, last_mb = layout.num_stages - 1, layout.num_microbatches - 1
-    batch = boundary[0]
+    batch, extra = boundary[0], _extra(positions)
     saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
     for kind, stage, mb in _actions(model, layout, pp_rank):
         part = parts[stage]
         if kind == "F":
             if stage == 0:
                 inputs = None
-                output = part(_tokens(batch, seq_len, vocab_size))
+                output = part(_tokens(batch, seq_len, vocab_size), **extra)
             else:
                 inputs = torch.empty(boundary, dtype=dtype).requires_grad_()
-                output = part(inputs)
+                output = part(inputs, **extra)
             if stage == last_stage:
                 output = _loss(output, _tokens(batch, seq_len, vocab_size))
             else:

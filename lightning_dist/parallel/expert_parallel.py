@@ -109,14 +109,23 @@ class ExpertParallel:
 
     def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor):
         group = self.group
-        sent = counts.view(dist.get_world_size(group), -1)  # [peer, its expert]: rows sent
-        received = torch.empty_like(sent)  # [peer, my expert]: rows that peer sends me
-        dist.all_to_all_single(received, sent.contiguous(), group=group)
-        send_rows, recv_rows = sent.sum(1).tolist(), received.sum(1).tolist()
+        received, send_rows, recv_rows = self.exchange_counts(counts)
         rows = _AllToAll.apply(x, recv_rows, send_rows, group)
         # The module call, so FSDP gathers the experts' shards first.
-        out = experts(rows, received.sum(0), _by_local_expert(received))
+        out = experts(rows, received.sum(0), self.by_local_expert(received))
         return _AllToAll.apply(out, send_rows, recv_rows, group)
+
+    def exchange_counts(self, counts: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+        """(rows each peer sends me for each of my experts [peer, my expert], rows I send to
+        each peer, rows each peer sends me) from my `counts` [num_experts]: step (1)."""
+        sent = counts.view(dist.get_world_size(self.group), -1)  # [peer, its expert]: rows sent
+        received = torch.empty_like(sent)  # [peer, my expert]: rows that peer sends me
+        dist.all_to_all_single(received, sent.contiguous(), group=self.group)
+        return received, sent.sum(1).tolist(), received.sum(1).tolist()
+
+    def by_local_expert(self, received: torch.Tensor) -> torch.Tensor:
+        """The order that sorts the received rows by local expert (`_by_local_expert`)."""
+        return _by_local_expert(received)
 
 
 def _local_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor,

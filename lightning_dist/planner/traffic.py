@@ -175,6 +175,8 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
     regathered = p_b * (psi - kept) - fp8 * max(shape.layers - 1, 0)
     # A mixture of experts: the routed experts (1/ep of them here) shard over n / ep ranks,
     # the rest over n; each volume splits by the experts' share of the stage's parameters.
+    # Every layer's experts reshard after forward, the last block's too
+    # (`parallel.expert_parallel.apply_expert_fsdp`): backward gathers them all again.
     n_e, e = max(n // expert_degree(layout), 1), shape.experts / psi if psi else 0.0
     shard = g_b * psi * ((1 - e) / n + e / n_e)
     return DPVolumes(
@@ -185,7 +187,7 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
         all_reduce=0.0,
         rounds=m if layout.pp == 1 else 1,
         expert_gather=allgather_volume(e * gathered, n_e),
-        expert_regather=allgather_volume(e * regathered, n_e) if full else 0.0,
+        expert_regather=allgather_volume(e * gathered, n_e) if full else 0.0,
         expert_reduce_scatter=reduce_scatter_volume(e * g_b * psi, n_e),
     )
 

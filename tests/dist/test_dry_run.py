@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
-from lightning_dist.models.args import ModelArgs
+from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.options import PRESETS
 from lightning_dist.parallel.dry_run import Traffic, dry_run_rank, each_in_a_fresh_process
 from lightning_dist.planner import estimate
@@ -28,9 +28,10 @@ def _yaml(group: str, name: str) -> dict:
 
 
 DEBUG = ModelArgs(**_yaml("model", "llama_debug"))
+MOE_DEBUG = MoEArgs(**_yaml("model", "moe_debug"))  # routed as a balanced router would
 H100 = HardwareSpec(**_yaml("hardware", "dgx_h100"))  # 8 devices: the world of every case
 CASES = {
-    # name: (layout knobs, global batch, per-rank micro-batch or None)
+    # name: (layout knobs, global batch, per-rank micro-batch or None[, model: DEBUG])
     "hsdp 2x4, 2 micro-steps": ({"dp_replicate": 2, "dp_shard": 4}, 16, 1),
     "tp2 + SP x fsdp4": ({"tp": 2, "dp_shard": 4}, 8, None),
     # float8 linears whose weights FSDP gathers in float8 (one byte each; planner/timing.py)
@@ -51,22 +52,25 @@ CASES = {
         16,
         None,
     ),  # fmt: skip
+    "cp2 all-gather x tp2 + SP x fsdp2": ({"cp": 2, "tp": 2, "dp_shard": 2}, 8, None),
+    "ep4 x fsdp8, experts": ({"ep": 4, "dp_shard": 8}, 8, None, MOE_DEBUG),
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_each_rank_holds_and_sends_what_the_planner_predicts(name):
-    knobs, global_batch, micro = CASES[name]
+    knobs, global_batch, micro, *rest = CASES[name]
+    model = rest[0] if rest else DEBUG
     options = options_on_device(PRESETS["3d"].build(knobs, "dry run"), "bf16-mixed", "gpu")
     layout = options.declared_layout(1).resolve(H100.world_size)
-    cand = estimate(DEBUG, H100, layout, global_batch_size=global_batch, seq_len=64,
+    cand = estimate(model, H100, layout, global_batch_size=global_batch, seq_len=64,
                     precision="bf16-mixed", micro_batch_size=micro, options=options)  # fmt: skip
     layout, settings = cand.layout, cand.settings
-    shapes = [s for _, s in stage_shapes(DEBUG, layout)]
+    shapes = [s for _, s in stage_shapes(model, layout)]
     steps = cand.grad_accumulation // (layout.num_microbatches if layout.pp > 1 else 1)
     run = partial(
         dry_run_rank,
-        DEBUG.build,
+        model.build,
         layout,
         options=options,
         precision="bf16-mixed",
@@ -82,7 +86,7 @@ def test_each_rank_holds_and_sends_what_the_planner_predicts(name):
         assert got.param_bytes == pytest.approx(params, rel=0.02), (name, rank)
         assert got.grad_bytes == pytest.approx(grads, rel=0.02), (name, rank)
         assert got.optimizer_bytes == pytest.approx(optimizer, rel=0.02), (name, rank)
-        want = traffic_by_dim(DEBUG, layout, settings, shape)
+        want = traffic_by_dim(model, layout, settings, shape)
         assert want, "every case moves data over some dimension"
         for dim, volume in want.items():
             assert got.traffic.volume.get(dim, 0.0) == pytest.approx(volume, rel=0.05), (
