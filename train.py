@@ -17,6 +17,8 @@ from lightning_dist.run.errors import (
 )
 
 NON_FINITE_EXIT_CODE = 3
+CHECKPOINT_WRITE_EXIT_CODE = 2
+"""A checkpoint that could not be written: like a configuration error, the user's to fix."""
 
 guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
 
@@ -37,15 +39,23 @@ def main(cfg) -> None:
         REQUEUE_BY_SCRIPT,
     )
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
+    from lightning_dist.checkpoint.format import CheckpointWriteError
     from lightning_dist.train import train
 
     try:
         result = train(cfg)
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
-    except FencedOut as e:  # another world writes the checkpoint folder: end, do not restart
+    except CheckpointWriteError as e:  # the checkpoint folder became unwritable mid-run
+        from lightning_dist.strategies.launch import rank_exit_code
+
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(FENCED_OUT_EXIT_CODE)
+        sys.exit(rank_exit_code(CHECKPOINT_WRITE_EXIT_CODE))
+    except FencedOut as e:  # another world writes the checkpoint folder: this one stops
+        from lightning_dist.strategies.launch import rank_exit_code
+
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(rank_exit_code(FENCED_OUT_EXIT_CODE))
     except NonFiniteError as e:  # every rank stops at the same step; one of them says so
         from lightning_dist.strategies.launch import rank_exit_code
 

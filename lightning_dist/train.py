@@ -39,7 +39,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_launch(plan)
     run = build_run(plan, started)
     start_record(plan, run)
-    fit(run, ckpt_path=plan.ckpt_path)
+    from lightning_dist.checkpoint.format import CheckpointWriteError
+    from lightning_dist.run.finish import write_stopped_summary
+
+    try:
+        fit(run, ckpt_path=plan.ckpt_path)
+    except CheckpointWriteError as e:  # every rank, at the same save: keep the steps trained
+        saved = write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
+                                      status="checkpoint_failed", error=str(e))  # fmt: skip
+        raise CheckpointWriteError(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
 
 
