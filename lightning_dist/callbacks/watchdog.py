@@ -105,7 +105,7 @@ class HangWatchdog(Callback):
         self._enter("data", trainer.global_step + 1)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._enter("checkpoint")
+        self._enter("checkpoint", trainer.global_step)  # the step it saves
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._enter("validation")
