@@ -54,7 +54,7 @@ def main(cfg) -> None:
     except FencedOut as e:  # another world writes the checkpoint folder: this one stops
         from lightning_dist.strategies.launch import rank_exit_code
 
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
         sys.exit(rank_exit_code(FENCED_OUT_EXIT_CODE))
     except NonFiniteError as e:  # every rank stops at the same step; one of them says so
         from lightning_dist.strategies.launch import rank_exit_code
@@ -71,6 +71,15 @@ def main(cfg) -> None:
             sys.exit(0)  # the job script requeues (summary.json says so); srun sees no failure
         ctrl_c = result.get("signal") == "SIGINT"
         sys.exit(rank_exit_code(INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE))
+
+
+def _rank_named() -> str:
+    """`rank <r>: ` in a process of a multi-rank job (its line is one of several), else ''."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"rank {dist.get_rank()}: "
+    return ""
 
 
 if __name__ == "__main__":

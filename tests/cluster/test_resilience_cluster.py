@@ -110,7 +110,7 @@ def first_wave(tmp_path_factory):
         failed.preempted = json.loads((failed.run_dir / "summary.json").read_text())
         fallback = lost.with_name("checkpoints.fallback") / f"step{failed.preempted['steps']}.ckpt"
         resumed["unwritable"] = train_job(*UNWRITABLE[:4], f"trainer.ckpt_path={fallback}",
-                                          run_dir=failed.run_dir)  # fmt: skip
+                                          run_dir=root / "unwritable_resumed")  # fmt: skip
     for name in SIGNALS:  # both resumes at once
         job = jobs[name]
         if job.code == 75 and (job.run_dir / "summary.json").exists():
