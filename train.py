@@ -20,7 +20,7 @@ NON_FINITE_EXIT_CODE = 3
 CHECKPOINT_WRITE_EXIT_CODE = 2
 REPLICA_GROUP_EXIT_CODE = 6
 """strategy=ft_hsdp: a group behind the others (torchrun relaunches it, and it heals from a
-peer) or relaunched with no peer left to heal from."""
+peer), relaunched with no peer left to heal from, or left without its Lighthouse."""
 """A checkpoint that could not be written: like a configuration error, the user's to fix."""
 
 guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
@@ -43,18 +43,23 @@ def main(cfg) -> None:
     )
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
     from lightning_dist.checkpoint.format import CheckpointWriteError
-    from lightning_dist.parallel.replica_groups import ReplicaGroupAlone, ReplicaGroupFellBehind
+    from lightning_dist.parallel.replica_groups import (
+        LighthouseLost,
+        ReplicaGroupAlone,
+        ReplicaGroupFellBehind,
+    )
     from lightning_dist.train import train
 
     try:
         result = train(cfg)
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
-    except CheckpointWriteError as e:  # the checkpoint folder became unwritable mid-run
+    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run; the line names the rank
         from lightning_dist.strategies.launch import rank_exit_code
 
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(rank_exit_code(CHECKPOINT_WRITE_EXIT_CODE))
+        lost = isinstance(e, LighthouseLost)
+        sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
     except (ReplicaGroupAlone, ReplicaGroupFellBehind) as e:  # ft_hsdp: torchrun relaunches
         print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
         sys.exit(REPLICA_GROUP_EXIT_CODE)

@@ -40,15 +40,28 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = build_run(plan, started)
     start_record(plan, run)
     from lightning_dist.checkpoint.format import CheckpointWriteError
+    from lightning_dist.parallel.replica_groups import LighthouseLost
     from lightning_dist.run.finish import write_stopped_summary
 
     try:
         fit(run, ckpt_path=plan.ckpt_path)
-    except CheckpointWriteError as e:  # every rank, at the same save: keep the steps trained
-        saved = write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
-                                      status="checkpoint_failed", error=str(e))  # fmt: skip
-        raise CheckpointWriteError(f"rank {run.trainer.global_rank}: {e}{saved}") from None
+    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
+        status = "checkpoint_failed" if isinstance(e, CheckpointWriteError) else "lighthouse_lost"
+        saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
+        saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
+                                       status=status, error=str(e))  # fmt: skip
+        raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
+
+
+def last_checkpoint_words(plan: Any) -> str:
+    """`; its last checkpoint is <path> (step N)`, or that there is none, for a run's line."""
+    from lightning_dist.checkpoint.store import latest_checkpoint
+
+    latest = latest_checkpoint(plan.checkpoints.dirpath)
+    if latest.path is None:
+        return f"; no checkpoint in {plan.checkpoints.dirpath}"
+    return f"; its last checkpoint is {latest.path} (step {latest.step})"
 
 
 def dry_run_and_print(plan: Any) -> dict[str, Any]:

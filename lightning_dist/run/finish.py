@@ -88,9 +88,11 @@ def write_stopped_summary(plan: RunPlan, run: BuiltRun, *, wall_seconds: float,
     summary.update(steps=trainer.global_step, status=status, error=error, command=command_line())
     path = plan.spec.run_dir / "summary.json"
     try:
+        if path.is_file() and json.loads(path.read_text()).get("steps", 0) >= trainer.global_step:
+            return f"; {path} (an earlier attempt's) holds more steps and is kept"
         text = json.dumps(finite_or_none(summary), indent=2, allow_nan=False)
         path.write_text(redact_text(text) + "\n")
-    except OSError as e:
+    except (OSError, ValueError) as e:
         return f"; summary.json not written either ({e})"
     return f"; the losses of steps 1-{trainer.global_step} are in {path}"
 
