@@ -105,7 +105,7 @@ class HangWatchdog(Callback):
         self._enter("data", trainer.global_step + 1)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._enter("checkpoint", trainer.global_step)  # the step it saves
+        self._enter("checkpoint")  # after step N, while the next is N + 1 (no step backwards)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._enter("validation")
