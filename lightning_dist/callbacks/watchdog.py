@@ -78,6 +78,8 @@ class HangWatchdog(Callback):
         self._started = time.time()
         self._answered = time.monotonic()
         """When the store last answered a whole round of this rank's heartbeat thread."""
+        self._thawed = False
+        """Set when this process itself was frozen (`_was_frozen`)."""
         self._beats: dict[int, dict] = {}
         """The other ranks' heartbeats as last read."""
         self._exiting = threading.Lock()
@@ -151,7 +153,12 @@ class HangWatchdog(Callback):
         and so would its newer heartbeats); False once the watchdog is stopped."""
         read_at = time.monotonic()
         while (now := time.monotonic()) < deadline:
-            if self._changed.wait(max(0.0, min(deadline, read_at) - now)):
+            wait = max(0.0, min(deadline, read_at) - now)
+            changed = self._changed.wait(wait)
+            if self._was_frozen(time.monotonic() - now - wait):
+                self._thawed = True
+                return not self._stop.is_set()
+            if changed:
                 if self._stop.is_set() or self._rank0_ended():
                     return False
                 self._changed.clear()
@@ -163,6 +170,16 @@ class HangWatchdog(Callback):
                 if self._rank != 0 and 0 in self._beats:  # the key exists: get cannot wait
                     self._beats[0] = json.loads(self._store.get("hb/0"))
                 read_at = time.monotonic() + TICK
+        return True
+
+    def _was_frozen(self, overslept: float) -> bool:
+        """Whether a wait lasted `stall_seconds` / 2 longer than asked: this process itself was
+        frozen (its whole group stopped, a suspended machine), not only the ranks it watches.
+        The others' heartbeats are then old by its own clock: it judges none of them until
+        they have had a round to beat again."""
+        if overslept <= self.stall_seconds / 2:
+            return False
+        self._progress_time = self._answered = time.monotonic()
         return True
 
     def _rank0_ended(self) -> bool:
@@ -185,6 +202,9 @@ class HangWatchdog(Callback):
                 now = time.time()
                 self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(now)))
                 others, verdict = self._read_others()
+                if self._thawed:  # frozen itself: the others' beats are old by its clock
+                    self._thawed, self._answered = False, time.monotonic()
+                    continue
             except Exception as e:  # the store lives in rank 0: it is gone
                 if not self._stop.is_set() and not self._rank0_ended():
                     self._stalled(0, self._beats.get(0), f"its heartbeat store closed ({e})",
@@ -222,7 +242,12 @@ class HangWatchdog(Callback):
     def _guard(self) -> None:
         """Rank 0 frozen: the heartbeat thread waits in a store call that never returns (also
         while it ends the process: a verdict it records can block the same way)."""
-        while not self._stop.wait(self.interval) or self._exiting.locked():
+        while True:
+            asked = time.monotonic()
+            if self._stop.wait(self.interval) and not self._exiting.locked():
+                return
+            if self._was_frozen(time.monotonic() - asked - self.interval):
+                continue
             silent = time.monotonic() - self._answered
             problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
             if self._exiting.locked():

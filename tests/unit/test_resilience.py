@@ -176,3 +176,20 @@ def test_the_watchdog_knows_a_peer_process_has_ended_only_where_it_sees_its_pid(
     elsewhere = {**beat, "pid": 2**31 - 1, "process": {**beat["process"], "pid_namespace": "x"}}
     assert not process_ended(elsewhere)
     assert not process_ended({**beat, "pid": os.getpid()})  # never this process itself
+
+
+def test_the_watchdog_knows_when_its_own_process_was_frozen():
+    """A wait that overslept by more than half the stall limit: this process itself was stopped
+    (a whole replica group under SIGSTOP), so the others' old heartbeats are not held against
+    them, and the store's silence starts counting anew."""
+    import time
+
+    from lightning_dist.callbacks.watchdog import HangWatchdog
+
+    watchdog = HangWatchdog(stall_seconds=10)
+    watchdog._answered = watchdog._progress_time = time.monotonic() - 40
+    assert not watchdog._was_frozen(4.0) and time.monotonic() - watchdog._answered > 39
+    assert watchdog._was_frozen(40.0)  # a SIGSTOP of 40 s
+    assert (
+        time.monotonic() - watchdog._answered < 1 and time.monotonic() - watchdog._progress_time < 1
+    )
