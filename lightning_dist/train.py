@@ -16,6 +16,11 @@ from omegaconf import DictConfig
 
 NON_FINITE_EXIT_CODE = 3
 """Exit status of a run that stopped at a non-finite loss (every rank stops at the same step)."""
+CHECKPOINT_WRITE_EXIT_CODE = 2
+"""A checkpoint that could not be written: like a configuration error, the user's to fix."""
+REPLICA_GROUP_EXIT_CODE = 6
+"""strategy=ft_hsdp: a group behind the others (torchrun relaunches it, and it heals from a
+peer), relaunched with no peer left to heal from, or left without its Lighthouse."""
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -44,8 +49,29 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_launch(plan)
     run = build_run(plan, started)
     start_record(plan, run)
-    fit(run, ckpt_path=plan.ckpt_path)
+    from lightning_dist.checkpoint.format import CheckpointWriteError
+    from lightning_dist.parallel.replica_groups import LighthouseLost
+    from lightning_dist.run.finish import write_stopped_summary
+
+    try:
+        fit(run, ckpt_path=plan.ckpt_path)
+    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
+        status = "checkpoint_failed" if isinstance(e, CheckpointWriteError) else "lighthouse_lost"
+        saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
+        saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
+                                       status=status, error=str(e))  # fmt: skip
+        raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
+
+
+def last_checkpoint_words(plan: Any) -> str:
+    """`; its last checkpoint is <path> (step N)`, or that there is none, for a run's line."""
+    from lightning_dist.checkpoint.store import latest_checkpoint
+
+    latest = latest_checkpoint(plan.checkpoints.dirpath)
+    if latest.path is None:
+        return f"; no checkpoint in {plan.checkpoints.dirpath}"
+    return f"; its last checkpoint is {latest.path} (step {latest.step})"
 
 
 def dry_run_and_print(plan: Any) -> dict[str, Any]:
@@ -117,14 +143,31 @@ def _train_and_exit(cfg: DictConfig) -> None:
         REQUEUE_BY_SCRIPT,
     )
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
+    from lightning_dist.checkpoint.format import CheckpointWriteError
+    from lightning_dist.parallel.replica_groups import (
+        LighthouseLost,
+        ReplicaGroupAlone,
+        ReplicaGroupFellBehind,
+    )
 
     try:
         result = train(cfg)
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
-    except FencedOut as e:  # another world writes the checkpoint folder: end, do not restart
+    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run; the line names the rank
+        from lightning_dist.strategies.launch import rank_exit_code
+
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(FENCED_OUT_EXIT_CODE)
+        lost = isinstance(e, LighthouseLost)
+        sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
+    except (ReplicaGroupAlone, ReplicaGroupFellBehind) as e:  # ft_hsdp: torchrun relaunches
+        print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
+        sys.exit(REPLICA_GROUP_EXIT_CODE)
+    except FencedOut as e:  # another world writes the checkpoint folder: this one stops
+        from lightning_dist.strategies.launch import rank_exit_code
+
+        print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
+        sys.exit(rank_exit_code(FENCED_OUT_EXIT_CODE))
     except NonFiniteError as e:  # every rank stops at the same step; one of them says so
         from lightning_dist.strategies.launch import rank_exit_code
 
@@ -140,6 +183,15 @@ def _train_and_exit(cfg: DictConfig) -> None:
             sys.exit(0)  # the job script requeues (summary.json says so); srun sees no failure
         ctrl_c = result.get("signal") == "SIGINT"
         sys.exit(rank_exit_code(INTERRUPTED_EXIT_CODE if ctrl_c else PREEMPTED_EXIT_CODE))
+
+
+def _rank_named() -> str:
+    """`rank <r>: ` in a process of a multi-rank job (its line is one of several), else ''."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"rank {dist.get_rank()}: "
+    return ""
 
 
 if __name__ == "__main__":

@@ -26,6 +26,20 @@ class KillAtStep(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopAtStep(Callback):
+    """Rank `rank`, once it has finished optimizer step `step`, waits `seconds` as the next
+    batch starts (a slow data read: its heartbeat says where it is) and then SIGSTOPs itself:
+    the hang watchdog must name step `step` + 1, phase data (tests/cluster/test_stopped_rank.py)."""
+
+    def __init__(self, step: int, rank: int = 0, seconds: float = 1.0) -> None:
+        self.step, self.rank, self.seconds = step, rank, seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            time.sleep(self.seconds)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class KillEvery(Callback):
     """SIGKILL rank `rank` after optimizer step (attempt + 1) x `every` on the first `times`
     torchrun attempts: failures `every` steps apart in training progress (bench/goodput.py)."""

@@ -2,8 +2,10 @@
 
 Every rank runs a heartbeat thread that writes `(step, phase, time, host, pid)` into a small
 key-value store (a `torch.distributed.TCPStore` hosted by rank 0, separate from the process
-group's) every `interval` seconds and reads everyone else's. The thread keeps beating while the
-main thread waits inside a collective, so a rank is stalled when:
+group's) as it enters each step and phase (so the line names where a rank really stopped, not
+where it was at its last round), reads rank 0's every `TICK` seconds (that store dies with rank
+0, and rank 0's newer heartbeats with it) and everyone else's every `interval` seconds. The
+thread keeps beating while the main thread waits inside a collective, so a rank is stalled when:
 
 - its heartbeat is older than `stall_seconds` (the process is frozen: SIGSTOP, a dead host), or
 - it is behind this rank's step while this rank has not advanced for `stall_seconds` (it is
@@ -36,15 +38,22 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dist.runtime.console import print_line
+from lightning_dist.runtime.process_identity import (
+    PROCESS_ID,
+    process_ended,
+    same_host,
+    start_time,
+)
 
 STALLED_EXIT_CODE = 4
+TICK = 0.1
+"""Seconds between two reads of rank 0's heartbeat by each other rank (see the module doc)."""
 VERDICT = "verdict"
 """The store key of the first stall seen: {rank, problem, beat, by}."""
 
@@ -60,12 +69,17 @@ class HangWatchdog(Callback):
         self.step, self.phase = 0, "start"
         self._progress_time = time.monotonic()
         self._stop = threading.Event()
+        self._changed = threading.Event()
+        """Set on every step and phase: a rank's last heartbeat names where it really stopped
+        (a round every `interval` would name a step several steps old)."""
         self._thread: threading.Thread | None = None
         self._store = None
         self._rank, self._world = 0, 1
         self._started = time.time()
         self._answered = time.monotonic()
         """When the store last answered a whole round of this rank's heartbeat thread."""
+        self._thawed = False
+        """Set when this process itself was frozen (`_was_frozen`)."""
         self._beats: dict[int, dict] = {}
         """The other ranks' heartbeats as last read."""
         self._exiting = threading.Lock()
@@ -77,9 +91,11 @@ class HangWatchdog(Callback):
         self.phase = phase
         if step is not None and step != self.step:
             self.step, self._progress_time = step, time.monotonic()
+        self._changed.set()  # the heartbeat thread sends it now, not at its next round
 
+    # `step` is the optimizer step a rank works on, from 1: the next one once a step has ended.
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._enter("forward", trainer.global_step)
+        self._enter("forward", trainer.global_step + 1)
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self._enter("backward")
@@ -88,10 +104,10 @@ class HangWatchdog(Callback):
         self._enter("optimizer")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._enter("data", trainer.global_step)
+        self._enter("data", trainer.global_step + 1)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._enter("checkpoint")
+        self._enter("checkpoint")  # after step N, while the next is N + 1 (no step backwards)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._enter("validation")
@@ -102,7 +118,7 @@ class HangWatchdog(Callback):
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        self._store = _heartbeat_store(self._rank, self.interval)
+        self._store = _heartbeat_store(self._rank, self.interval, self.stall_seconds)
         self._progress_time = time.monotonic()
         self._started = time.time()
         # The first beat before step 1: a rank that freezes early, even before its thread's
@@ -129,18 +145,70 @@ class HangWatchdog(Callback):
     def _heartbeat(self, now: float) -> dict[str, Any]:
         return {"step": self.step, "phase": self.phase, "time": now,
                 "host": socket.gethostname(), "pid": os.getpid(),
-                "process": _PROCESS_ID}  # fmt: skip
+                "process": PROCESS_ID}  # fmt: skip
+
+    def _send_changes_until(self, deadline: float) -> bool:
+        """Until `deadline` (monotonic): send this rank's heartbeat as it enters a step or phase
+        (50 a second at most), and read rank 0's every `TICK` seconds (its store dies with it,
+        and so would its newer heartbeats); False once the watchdog is stopped."""
+        read_at = time.monotonic()
+        while (now := time.monotonic()) < deadline:
+            wait = max(0.0, min(deadline, read_at) - now)
+            changed = self._changed.wait(wait)
+            if self._was_frozen(time.monotonic() - now - wait):
+                self._thawed = True
+                return not self._stop.is_set()
+            if changed:
+                if self._stop.is_set() or self._rank0_ended():
+                    return False
+                self._changed.clear()
+                self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
+                time.sleep(0.02)
+            if self._stop.is_set() or self._rank0_ended():
+                return False
+            if time.monotonic() >= read_at:
+                if self._rank != 0 and 0 in self._beats:  # the key exists: get cannot wait
+                    self._beats[0] = json.loads(self._store.get("hb/0"))
+                read_at = time.monotonic() + TICK
+        return True
+
+    def _was_frozen(self, overslept: float) -> bool:
+        """Whether a wait lasted `stall_seconds` / 2 longer than asked: this process itself was
+        frozen (its whole group stopped, a suspended machine), not only the ranks it watches.
+        The others' heartbeats are then old by its own clock: it judges none of them until
+        they have had a round to beat again."""
+        if overslept <= self.stall_seconds / 2:
+            return False
+        self._progress_time = self._answered = time.monotonic()
+        return True
+
+    def _rank0_ended(self) -> bool:
+        """Rank 0's process (on this host) has ended: its store is gone, and a call to it would
+        only print C++ stack dumps as it fails."""
+        beat = self._beats.get(0)
+        if self._rank == 0 or not beat or not process_ended(beat):
+            return False
+        self._stalled(0, beat, f"its process (pid {beat['pid']}) has ended", store_answers=False)
+        return True
 
     def _beat(self) -> None:
         self._read_first_beats()
-        while not self._stop.wait(self.interval):
-            now = time.time()
+        while True:
             try:
+                if not self._send_changes_until(time.monotonic() + self.interval):
+                    return
+                if self._rank0_ended():
+                    return
+                now = time.time()
                 self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(now)))
                 others, verdict = self._read_others()
+                if self._thawed:  # frozen itself: the others' beats are old by its clock
+                    self._thawed, self._answered = False, time.monotonic()
+                    continue
             except Exception as e:  # the store lives in rank 0: it is gone
-                if not self._stop.is_set():
-                    self._stalled(0, self._beats.get(0), f"its heartbeat store closed ({e})")
+                if not self._stop.is_set() and not self._rank0_ended():
+                    self._stalled(0, self._beats.get(0), f"its heartbeat store closed ({e})",
+                                  store_answers=False)  # fmt: skip
                 return
             self._answered, self._beats = time.monotonic(), {**self._beats, **others}
             if self._stop.is_set():
@@ -174,7 +242,12 @@ class HangWatchdog(Callback):
     def _guard(self) -> None:
         """Rank 0 frozen: the heartbeat thread waits in a store call that never returns (also
         while it ends the process: a verdict it records can block the same way)."""
-        while not self._stop.wait(self.interval) or self._exiting.locked():
+        while True:
+            asked = time.monotonic()
+            if self._stop.wait(self.interval) and not self._exiting.locked():
+                return
+            if self._was_frozen(time.monotonic() - asked - self.interval):
+                continue
             silent = time.monotonic() - self._answered
             problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
             if self._exiting.locked():
@@ -203,7 +276,7 @@ class HangWatchdog(Callback):
         return None
 
     def _problem(self, beat: dict, now: float) -> str | None:
-        if _process_ended(beat):
+        if process_ended(beat):
             return f"its process (pid {beat['pid']}) has ended"
         age = now - beat["time"]
         if age > self.stall_seconds:
@@ -226,7 +299,7 @@ class HangWatchdog(Callback):
         if store_answers and seen_by is None:
             rank, beat, problem, seen_by = self._first_verdict(rank, beat, problem)
         where = (
-            f" at step {beat['step']} (phase: {beat['phase']}, host {beat['host']})" if beat else ""
+            f" in step {beat['step']} (phase: {beat['phase']}, host {beat['host']})" if beat else ""
         )
         seen = f" (seen by rank {seen_by})" if seen_by not in (None, self._rank) else ""
         print_line(
@@ -236,14 +309,14 @@ class HangWatchdog(Callback):
         )
         if store_answers:
             self._acknowledge(rank)
-        if beat and _same_host(beat) and beat["pid"] != os.getpid():
+        if beat and same_host(beat) and beat["pid"] != os.getpid():
             # A store call blocked on the killed rank would print C++ frames as it fails.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
             if rank == 0 and not store_answers:
                 # The other survivors' guards fire within a beat of this one: let them say so
                 # before the store they wait on closes under them.
                 time.sleep(2 * self.interval)
-            if _start_time(beat["pid"]) == beat["process"]["start"]:  # that rank, not a reuse
+            if start_time(beat["pid"]) == beat["process"]["start"]:  # that rank, not a reuse
                 try:
                     os.kill(beat["pid"], signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -275,62 +348,6 @@ class HangWatchdog(Callback):
             pass
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (state first), or [] when there
-    is no such process (or no /proc)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-
-def _start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, field 22), or None."""
-    fields = _stat(pid)
-    return fields[19] if fields else None
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
-
-
-def _namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return ""
-
-
-_PROCESS_ID = {
-    "boot": _read("/proc/sys/kernel/random/boot_id"),
-    "pid_namespace": _namespace(),
-    "start": _start_time(os.getpid()),
-}
-"""What tells this process from another with its pid: the machine's boot, its pid namespace
-(containers with the host's network share its hostname, not its pids) and its start time."""
-
-
-def _same_host(beat: dict) -> bool:
-    """Whether the rank of this heartbeat runs where this process can see its pid: the same
-    boot and pid namespace (known only where /proc tells)."""
-    theirs, ours = beat.get("process") or {}, _PROCESS_ID
-    known = ours["boot"] and ours["pid_namespace"] and ours["start"]
-    return bool(known) and all(theirs.get(k) == ours[k] for k in ("boot", "pid_namespace"))
-
-
-def _process_ended(beat: dict) -> bool:
-    """Whether the rank of this heartbeat ran where this process sees its pid, and that process
-    is gone (no such pid, another process with it, or a zombie: killed, its parent not yet
-    told)."""
-    if not _same_host(beat) or beat["pid"] == os.getpid():
-        return False
-    fields = _stat(beat["pid"])
-    return not fields or fields[19] != beat["process"]["start"] or fields[0] in ("Z", "X")
-
-
 def _lost_peer(exception: BaseException | None) -> bool:
     """A collective or point-to-point operation that failed because a peer went away: gloo
     raises a plain RuntimeError saying so (which the pipeline schedule wraps), torch a
@@ -352,10 +369,12 @@ def _lost_peer(exception: BaseException | None) -> bool:
     return False
 
 
-def _heartbeat_store(rank: int, interval: float):
-    """A TCPStore served by rank 0 on a free port of MASTER_ADDR, joined by every rank."""
+def _heartbeat_store(rank: int, interval: float, stall_seconds: float):
+    """A TCPStore served by rank 0 on a free port of MASTER_ADDR, joined by every rank. A call
+    to a frozen rank 0 waits until the guard thread ends the process (`stall_seconds`): a
+    shorter timeout only has the client print C++ warnings as it retries."""
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    timeout = timedelta(seconds=max(5.0, 3 * interval))
+    timeout = timedelta(seconds=max(5.0, stall_seconds + 4 * interval + 10))
     store = None
     if rank == 0:
         store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)

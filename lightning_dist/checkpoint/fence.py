@@ -8,8 +8,10 @@ next number in `<folder>/.writers/`: it creates `<n>.json` (exclusively: of two 
 for one number, one gets the next) describing itself. The highest number holds the folder.
 Before every save, rank 0 reads the holder; a world that no longer holds the folder stops,
 every rank at the same save, with one line naming the world that took over, and writes nothing.
-It exits with status 0 (`FENCED_OUT_EXIT_CODE`): torchrun restarts a world that fails, and a
-restarted copy would claim the folder back from the world that replaced it.
+It exits with `FENCED_OUT_EXIT_CODE`, non-zero: the job did not finish. torchrun restarts a
+world that fails, and a restarted copy would claim the folder back from the world that replaced
+it, so the fenced-out world leaves a mark (`<n>.fenced`, with its torchrun run id) and a world of
+the same torchrun run refuses to claim the folder again: it stops before step 1 the same way.
 
 Each checkpoint records its writer's number (`writer` in manifest.json), and each world the step
 it resumed from. A world can still finish one save after another world has chosen its resume
@@ -31,8 +33,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning_dist.checkpoint.safe import CheckpointError
 
 WRITERS = ".writers"
-FENCED_OUT_EXIT_CODE = 0
-"""A fenced-out world has done nothing wrong and must not be restarted (see the module doc)."""
+FENCED_OUT_EXIT_CODE = 5
+"""A fenced-out world did not finish its job; its restarts refuse to claim the folder back
+(see the module doc)."""
+RUN_ID = "TORCHELASTIC_RUN_ID"
+"""torchrun's id of the job, the same in every world it restarts."""
 WRITER_KEY = "checkpoint_writer"
 """The writer's number in a saved checkpoint's dict (and `writer` in its manifest)."""
 
@@ -72,6 +77,26 @@ class FolderFence:
             with os.fdopen(fd, "w") as f:
                 json.dump({**world, "number": number, "started": time.time()}, f)
             return number
+
+    def mark_fenced_out(self, number: int) -> None:
+        """Record that world `number` was fenced out (best effort: the folder may be gone)."""
+        run_id = self.world(number).get("run_id")
+        try:
+            (self.folder / f"{number}.fenced").write_text(json.dumps({"run_id": run_id}))
+        except OSError:
+            pass
+
+    def fenced_out_run(self, run_id: str | None) -> int | None:
+        """The number of a world of torchrun run `run_id` that was fenced out, or None."""
+        if not run_id or not self.folder.is_dir():
+            return None
+        for mark in sorted(self.folder.glob("*.fenced")):
+            try:
+                if json.loads(mark.read_text()).get("run_id") == run_id:
+                    return int(mark.name.removesuffix(".fenced"))
+            except (OSError, ValueError):
+                continue
+        return None
 
     def world(self, number: int) -> dict[str, Any]:
         """What world `number` wrote about itself ({} if unreadable)."""
@@ -132,16 +157,30 @@ class CheckpointFence(Callback):
         self.number: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        number = None
+        number, refused = None, None
         if trainer.is_global_zero:
-            number = self.fence.claim(
-                {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
-                 "resumed_from": trainer.global_step, "pid": os.getpid(),
-                 "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
-            )  # fmt: skip
+            refused = self.fence.fenced_out_run(os.environ.get(RUN_ID))
+            if refused is None:
+                number = self.fence.claim(
+                    {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
+                     "resumed_from": trainer.global_step, "pid": os.getpid(),
+                     "run_id": os.environ.get(RUN_ID)}
+                )  # fmt: skip
+        refused = trainer.strategy.broadcast(refused)
+        if refused is not None:  # a torchrun restart of a world that was fenced out
+            raise FencedOut(
+                f"the checkpoint folder {self.fence.folder.parent} was taken over from world "
+                f"{refused} of this torchrun job ({RUN_ID}={os.environ.get(RUN_ID)}); this "
+                "restart does not claim it back (resume from the newer world's checkpoints)"
+            )
         self.number = trainer.strategy.broadcast(number)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         holder = self.fence.holder() if trainer.is_global_zero else None
-        self.fence.check(self.number, trainer.strategy.broadcast(holder))
+        try:
+            self.fence.check(self.number, trainer.strategy.broadcast(holder))
+        except FencedOut:
+            if trainer.is_global_zero:
+                self.fence.mark_fenced_out(self.number)
+            raise
         checkpoint[WRITER_KEY] = self.number

@@ -88,16 +88,63 @@ def _module_state(module: nn.Module, optimizers: list, full: bool = False) -> di
     return state
 
 
-def prepare_folder(path: Path, *, rank0: bool, barrier) -> None:
+def prepare_folder(path: Path, *, rank0: bool, barrier=None) -> None:
     """An empty folder at `path`: an older checkpoint of the same name (a rewritten last.ckpt, a
-    file of the old format) is removed first, so no stale shard survives beside the new ones."""
+    file of the old format) is removed first, so no stale shard survives beside the new ones.
+    Rank 0 makes it; the others wait at `barrier` (None: the caller's `write_on_every_rank`
+    is the meeting point)."""
     if rank0:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
         path.mkdir(parents=True)
-    barrier()
+    if barrier is not None:
+        barrier()
+
+
+class CheckpointWriteError(Exception):
+    """A checkpoint that could not be written (the folder became unwritable, the disk filled,
+    the mount was lost): the same one-line message on every rank, which stops the run."""
+
+
+def _os_error_text(error: BaseException) -> str | None:
+    """`[Errno 28] No space left on device: 'path'` of an OSError, or of the first OSError a
+    DCP `CheckpointException` carries for one of its ranks; None for anything else."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    if isinstance(error, CheckpointException):
+        for rank, (failure, _) in sorted(error.failures.items()):
+            text = _os_error_text(failure)
+            if text:
+                return f"{text} (rank {rank})"
+        return None
+    if isinstance(error, OSError):
+        return str(error)
+    return None
+
+
+def write_on_every_rank(write, *, group=None) -> None:
+    """Run `write` (this rank's part of a save, collective or not) and meet the other ranks:
+    if it failed with an OSError on any rank, every rank raises `CheckpointWriteError` with the
+    first rank's error. Every rank reaches the one meeting collective (an all-gather) whether
+    its part failed or not, so none waits in a collective for a rank that gave up."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import CheckpointException
+
+    error = None
+    try:
+        write()
+    except (OSError, CheckpointException) as e:
+        error = _os_error_text(e)
+        if error is None:
+            raise
+    if dist.is_available() and dist.is_initialized():
+        errors: list[str | None] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, error, group=group)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise CheckpointWriteError(error)
 
 
 def finish_folder(path: Path, meta: dict[str, Any], manifest_fields: dict[str, Any]) -> None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -46,6 +48,20 @@ class ReplicaGroupFellBehind(RuntimeError):
 
 class ReplicaGroupAlone(RuntimeError):
     """A relaunched group found no other group to heal from."""
+
+
+class LighthouseLost(RuntimeError):
+    """The torchft Lighthouse does not answer: no group can form a quorum (its host ended)."""
+
+
+def lighthouse_answers(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether anything accepts a connection at the Lighthouse's `http://host:port`."""
+    parsed = urlsplit(address if "://" in address else f"http://{address}")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def replica_group_id(groups: int) -> int:
@@ -199,7 +215,18 @@ class ReplicaGroups:
     def quorum(self) -> int:
         """The quorum of the next step (a healing group loads its peer's state in here);
         returns the number of groups in it."""
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except Exception as e:  # torchft's TimeoutError after ft_timeout_s, among others
+            address = os.environ.get(LIGHTHOUSE_ENV, "")
+            if not address or lighthouse_answers(address):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise LighthouseLost(
+                f"replica group {self.group_id}: the torchft Lighthouse at {address} does not "
+                f"answer (the quorum failed after strategy.ft_timeout_s={self.timeout_s}: "
+                f"{first}); no group can train without it, so this group stops"
+            ) from None
         return self.manager.num_participants()
 
     def first_quorum(self) -> int:

@@ -76,6 +76,31 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     return summary
 
 
+def write_stopped_summary(plan: RunPlan, run: BuiltRun, *, wall_seconds: float,
+                          status: str, error: str) -> str:  # fmt: skip
+    """A run that stopped on an error after training steps (a checkpoint it could not write):
+    rank 0 writes summary.json with every step trained so far, `status` and `error`, and no
+    collective runs (the ranks may not meet again). Returns words for the run's one line."""
+    trainer = run.trainer
+    if not trainer.is_global_zero:
+        return ""
+    from lightning_dist.runtime.record import command_line
+    from lightning_dist.runtime.redaction import redact_text
+
+    summary = build_summary(plan, run, world_size=trainer.world_size, wall_seconds=wall_seconds)
+    summary.update(run.history.record(trainer.global_step))
+    summary.update(steps=trainer.global_step, status=status, error=error, command=command_line())
+    path = plan.spec.run_dir / "summary.json"
+    try:
+        if path.is_file() and json.loads(path.read_text()).get("steps", 0) >= trainer.global_step:
+            return f"; {path} (an earlier attempt's) holds more steps and is kept"
+        text = json.dumps(finite_or_none(summary), indent=2, allow_nan=False)
+        path.write_text(redact_text(text) + "\n")
+    except (OSError, ValueError) as e:
+        return f"; summary.json not written either ({e})"
+    return f"; the losses of steps 1-{trainer.global_step} are in {path}"
+
+
 def write_run_report(run_dir) -> None:
     """`python -m lightning_dist.report <run dir>` at the end of the run (`report=true`); one
     line instead where matplotlib is not installed."""

@@ -58,14 +58,17 @@ class FormatCheckpointHooks:
         rank0 = self.global_rank == 0
         if self._async_saves is not None:
             self._async_saves.wait()  # the previous save finishes before its folder is reused
-        ckpt.prepare_folder(path, rank0=rank0, barrier=self.barrier)
-        if self._async_saves is not None:
+            ckpt.prepare_folder(path, rank0=rank0, barrier=self.barrier)
             self._async_saves.save(state, path, checkpoint, fields, rank0=rank0)
             return
-        ckpt.save_state(state, path)
-        if rank0:
-            ckpt.finish_folder(path, checkpoint, fields)
-        self.barrier()
+        try:
+            _write_folder(state, path, checkpoint, fields, rank0=rank0)
+        except ckpt.CheckpointWriteError as e:
+            # The steps trained since the last save are kept in a folder beside this one.
+            raise ckpt.CheckpointWriteError(
+                f"cannot write the checkpoint {path} ({e}); "
+                + _save_fallback(state, path, checkpoint, fields, rank0=rank0)
+            ) from None
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint of any strategy and layout into this one (see CHECKPOINTS.md)."""
@@ -122,6 +125,30 @@ class FormatCheckpointHooks:
                 "lightning_dist": lightning_dist.__version__,
             },
         }
+
+
+FALLBACK_SUFFIX = ".fallback"
+"""The folder beside an unwritable checkpoint folder that takes its last save."""
+
+
+def _write_folder(state: dict, path: Path, meta: dict, fields: dict, *, rank0: bool) -> None:
+    """One synchronous save into `path` on every rank; `CheckpointWriteError` on every rank
+    when a rank's part of it failed with an OSError (checkpoint/format.py)."""
+    ckpt.write_on_every_rank(lambda: ckpt.prepare_folder(path, rank0=rank0))
+    ckpt.write_on_every_rank(lambda: ckpt.save_state(state, path))
+    ckpt.write_on_every_rank(lambda: rank0 and ckpt.finish_folder(path, meta, fields))
+
+
+def _save_fallback(state: dict, path: Path, meta: dict, fields: dict, *, rank0: bool) -> str:
+    """Save into `<checkpoint folder>.fallback/` instead; what was saved, as words for the
+    run's one line."""
+    fallback = path.parent.with_name(path.parent.name + FALLBACK_SUFFIX) / path.name
+    try:
+        ckpt.write_on_every_rank(lambda: rank0 and fallback.parent.mkdir(exist_ok=True))
+        _write_folder(state, fallback, meta, fields, rank0=rank0)
+    except ckpt.CheckpointWriteError as e:
+        return f"the fallback save to {fallback} failed too ({e}); this step's state is lost"
+    return f"saved it to {fallback} instead: resume with trainer.ckpt_path={fallback}"
 
 
 def _model_args(module: nn.Module) -> dict[str, Any]:

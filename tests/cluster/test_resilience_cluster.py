@@ -1,14 +1,16 @@
 """Surviving the cluster, end to end: real runs of train.py on the debug model (gloo ranks). A
 NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP rank checkpoints,
 and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); torchrun
-restarts a killed rank, which resumes and finishes bitwise. (A stopped rank is
+restarts a killed rank, which resumes and finishes bitwise; a checkpoint folder that turns
+unwritable stops every rank with one line, its last save in a fallback folder that resumes
+bitwise. (A stopped rank is
 test_stopped_rank.py; the NaN guard and the checkpoint scan in one process are
 tests/unit/test_resilience.py; an asynchronous save against a synchronous one is
 tests/dist/test_fsdp_dist.py.)
 
 The jobs are independent, and most of their time is spent waiting (a slowed rank), so they run
-at once, started by a module fixture: the NaN, signal, uninterrupted and torchrun jobs, then the
-two resumes together. Each test checks its own job's outcome.
+at once, started by a module fixture: the NaN, signal, uninterrupted, torchrun and unwritable
+jobs, then the three resumes together. Each test checks its own job's outcome.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +36,7 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
     return read_full_state(path, "state_dict.")
 
 
-# --- the first wave: NaN, signals, the uninterrupted run, torchrun --------------------------
+# --- the first wave: NaN, signals, the uninterrupted run, torchrun, a lost checkpoint folder -
 
 DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
          "trainer.checkpoint.every_n_train_steps=5", "trainer.checkpoint.save_last=true"]  # fmt: skip
@@ -41,6 +44,24 @@ SIGNALS = {"sigterm_rank1": (signal.SIGTERM, 1), "sigusr1_rank0": (signal.SIGUSR
 # After step 5, rank 1 sleeps 1 s per step (math unchanged): the signal lands well before 12.
 SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0",
         "+callbacks.slow.from_step=5"]  # fmt: skip
+
+
+# The checkpoint folder turns unwritable after step 2 (as a full disk or a lost mount would):
+# rank 0 is slowed (math unchanged) so that the run is still going when it does.
+UNWRITABLE = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
+              "trainer.checkpoint.every_n_train_steps=2",
+              "+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.rank=0",
+              "+callbacks.slow.seconds=0.3"]  # fmt: skip
+
+
+def _unwritable(folder: Path, on: bool) -> None:
+    """Make `folder` unwritable, or writable again. As root (who ignores permissions) by the
+    immutable attribute, otherwise by permissions: either way, creating anything in it fails
+    with an OSError, as on a full disk or a read-only mount."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if on else "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555 if on else 0o755)
 
 
 def _logged(name: str) -> list[str]:
@@ -70,12 +91,26 @@ def first_wave(tmp_path_factory):
                          "+callbacks.kill.step=7", f"hydra.run.dir={root / 'torchrun'}"],
                         root / "torchrun"),
         **{name: train_job(*DDP12, *_logged(name), *SLOW, run_dir=root / name) for name in SIGNALS},
+        "unwritable": train_job(*UNWRITABLE, run_dir=root / "unwritable"),
     }  # fmt: skip
-    act_when(jobs, {name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
-                     for name in SIGNALS}, timeout=300)  # fmt: skip
-    deadline = time.monotonic() + 600
-    wait_all(jobs.values(), lambda job: deadline)
+    lost = root / "unwritable" / "checkpoints"
+    actions = {name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
+               for name in SIGNALS}  # fmt: skip
+    actions["unwritable"] = (lost / "step2.ckpt", lambda job: _unwritable(lost, True))
+    try:
+        act_when(jobs, actions, timeout=300)
+        deadline = time.monotonic() + 600
+        wait_all(jobs.values(), lambda job: deadline)
+    finally:
+        if jobs["unwritable"].acted_at is not None:
+            _unwritable(lost, False)
     resumed = {}
+    failed = jobs["unwritable"]
+    if failed.code == 2 and (failed.run_dir / "summary.json").exists():
+        failed.preempted = json.loads((failed.run_dir / "summary.json").read_text())
+        fallback = lost.with_name("checkpoints.fallback") / f"step{failed.preempted['steps']}.ckpt"
+        resumed["unwritable"] = train_job(*UNWRITABLE[:4], f"trainer.ckpt_path={fallback}",
+                                          run_dir=root / "unwritable_resumed")  # fmt: skip
     for name in SIGNALS:  # both resumes at once
         job = jobs[name]
         if job.code == 75 and (job.run_dir / "summary.json").exists():
@@ -135,6 +170,33 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(name,
         _state(jobs["full"].run_dir / "checkpoints" / "last.ckpt"),
     )
     assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+# --- a checkpoint folder that turns unwritable ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_steps(first_wave):
+    """After step 2 the checkpoint folder turns unwritable: the next save goes to
+    checkpoints.fallback/, each rank prints one line naming the folder and the OS error, rank 0
+    writes summary.json with every step trained, exit 2; the fallback resumes to the end, with
+    the uninterrupted run's losses."""
+    jobs, resumed = first_wave
+    job, err = jobs["unwritable"], jobs["unwritable"].stderr
+    assert job.code == 2 and job.preempted, err[-3000:]
+    assert job.ended_at - job.acted_at < 30  # at the first save after, with no timeout
+    summary, step = job.preempted, job.preempted["steps"]
+    assert summary["status"] == "checkpoint_failed" and len(summary["losses"]) == step > 2
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], err[-3000:]
+    folder = job.run_dir / "checkpoints"
+    for line in lines:
+        assert f"cannot write the checkpoint {folder / f'step{step}.ckpt'} ([Errno" in line
+        assert f"saved it to {folder.with_name('checkpoints.fallback')}" in line
+    assert "Traceback" not in err and "Exception raised from" not in err, err[-3000:]
+    full, after = _summary(jobs["full"]), _summary(resumed["unwritable"])
+    assert after["first_step"] == step and after["steps"] == 12
+    assert after["losses"] == full["losses"]
 
 
 # --- elastic restart under torchrun ---------------------------------------------------------

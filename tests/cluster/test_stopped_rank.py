@@ -21,15 +21,25 @@ from tests.cluster.jobs import Job, act_when, alive, cmdline, train_job, wait_al
 
 THREE_D = ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
            "hardware.devices=4"]  # fmt: skip
+DDP = ["strategy=ddp", "hardware.devices=2"]
 STOPPED = {  # name: (layout, world size, the rank stopped, trainer.collective_timeout_s)
     # Rank 0 (it hosts the heartbeat store and started the other ranks) and the last rank; the
     # 4-rank jobs start first (see stopped_jobs).
     "3d_tp2_pp2_rank0": (THREE_D, 4, 0, 60),
     "3d_tp2_pp2_last": (THREE_D, 4, 3, 60),
-    "ddp_rank0": (["strategy=ddp", "hardware.devices=2"], 2, 0, 60),
-    "ddp_last": (["strategy=ddp", "hardware.devices=2"], 2, 1, 60),
+    "ddp_rank0": (DDP, 2, 0, 60),
+    "ddp_last": (DDP, 2, 1, 60),
     "fsdp2": (["strategy=fsdp2", "hardware.devices=2"], 2, 1, 60),
+    # Rank 0 stops itself once step 31 is done (tests/faults.py), or dies after 30: the others
+    # name the step it reached (its heartbeat goes out as it enters each step and phase, where
+    # a round every 3 s would name one many steps old).
+    "ddp_rank0_stops_itself": ([*DDP, "+callbacks.f._target_=tests.faults.StopAtStep",
+                                "+callbacks.f.step=31"], 2, 0, 60),
+    "ddp_rank0_killed": ([*DDP, "+callbacks.f._target_=tests.faults.KillAtStep",
+                          "+callbacks.f.step=30", "+callbacks.f.rank=0"], 2, 0, 60),
 }  # fmt: skip
+SELF_INFLICTED = {"ddp_rank0_stops_itself": "in step 32 (phase: data", "ddp_rank0_killed": ""}
+"""The jobs whose rank stops or dies by itself, and how the others' line must name its place."""
 
 
 def _rank_pids(proc: subprocess.Popen, world: int) -> dict[int, int]:
@@ -55,7 +65,8 @@ def _stop(name: str):
         _, world, rank, _ = STOPPED[name]
         job.pids = _rank_pids(job.proc, world)
         job.stopped_pid = job.pids[rank]
-        os.kill(job.stopped_pid, signal.SIGSTOP)
+        if name not in SELF_INFLICTED:
+            os.kill(job.stopped_pid, signal.SIGSTOP)
 
     return act
 
@@ -102,7 +113,9 @@ def test_a_stopped_rank_stops_every_rank_and_is_named(name, stopped_jobs):
     named = [line for line in err.splitlines() if "stopped making progress" in line]
     assert len(named) == world - 1, err[-3000:]  # one line from each survivor
     assert all(line.startswith(f"error: rank {rank} stopped making progress") for line in named)
-    assert "Traceback" not in err, err[-3000:]
+    assert all(SELF_INFLICTED.get(name, "") in line for line in named), named
+    # No traceback, nor a C++ stack dump from a call to rank 0's store as it went.
+    assert "Traceback" not in err and "Exception raised from" not in err, err[-3000:]
     for _ in range(50):  # the stopped rank was killed, not left behind, nor any other
         if not any(alive(pid) for pid in job.pids.values()):
             break

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE
 from lightning_dist.parity import max_relative_difference, run_train
 from tests.dist import baselines
 from tests.repo import REPO_ROOT
@@ -41,7 +42,8 @@ def test_a_resume_under_another_accumulation_reads_whole_global_batches(tmp_path
 def test_a_world_fenced_out_of_its_folder_stops_at_its_next_save(tmp_path):
     """After step 3 a newer world claims the folder (tests/faults.py ClaimFolderAtStep): this
     one saves nothing after step 3 and stops with one line naming the world that took over,
-    exit status 0 so that torchrun would not restart it."""
+    exit status 5 (non-zero: its job did not finish), and leaves the mark that stops a torchrun
+    restart of it from claiming the folder back."""
     cmd = [sys.executable, str(REPO_ROOT / "tests" / "toy_train.py"), *SINGLE,
            "trainer.max_steps=6", "trainer.checkpoint.every_n_train_steps=1",
            "+callbacks.claim._target_=tests.faults.ClaimFolderAtStep", "+callbacks.claim.step=3",
@@ -49,7 +51,9 @@ def test_a_world_fenced_out_of_its_folder_stops_at_its_next_save(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 0 and len(errors) == 1, result.stderr[-3000:]
+    assert result.returncode == FENCED_OUT_EXIT_CODE != 0, result.stderr[-3000:]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / ".writers" / "1.fenced").is_file()
     assert "is now written by world 2 (8 ranks on 2 node(s)" in errors[0]
     assert "Traceback" not in result.stderr
     saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*.ckpt"))

@@ -58,6 +58,17 @@ def test_the_newest_world_holds_the_folder_and_an_older_one_is_fenced_out(tmp_pa
     assert "this world 1 (4 ranks on 2 node(s)" in str(e.value)
 
 
+def test_a_torchrun_restart_of_a_fenced_out_world_does_not_claim_the_folder_back(tmp_path):
+    fence = FolderFence(tmp_path / "checkpoints")
+    first = fence.claim({"world_size": 2, "run_id": "job-a"})
+    fence.claim({"world_size": 2, "run_id": "job-b"})  # a split-off copy took the folder over
+    assert fence.fenced_out_run("job-a") is None  # not fenced out until its next save says so
+    fence.mark_fenced_out(first)
+    assert fence.fenced_out_run("job-a") == first  # its restarts (same run id) refuse
+    assert fence.fenced_out_run("job-b") is None and fence.fenced_out_run(None) is None
+    assert fence.numbers() == [1, 2]  # the mark is no claim
+
+
 def test_two_worlds_racing_for_one_number_get_two(tmp_path):
     fence = FolderFence(tmp_path)
     fence.claim({"world_size": 2})

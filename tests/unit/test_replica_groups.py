@@ -110,3 +110,19 @@ def test_gradient_accumulation_and_a_replicated_group_are_refused_before_any_pro
     assert strategy.data_shares(strategy.layout_for(2, 1)) == 4
     with pytest.raises(ValueError, match="dp_replicate=2 must be 1 inside a group"):
         FTHSDPStrategy(dp_replicate=2).layout_for(4, 1)
+
+
+def test_a_lost_lighthouse_is_told_from_a_slow_one():
+    """A quorum that failed is a lost Lighthouse only when nothing accepts a connection at its
+    address (parallel/replica_groups.py, LighthouseLost)."""
+    import socket
+
+    from lightning_dist.parallel.replica_groups import lighthouse_answers
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        assert lighthouse_answers(address)
+    assert not lighthouse_answers(address)  # closed: the Lighthouse's process has ended
+    assert not lighthouse_answers("not an address")

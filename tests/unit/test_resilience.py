@@ -163,16 +163,33 @@ def test_the_watchdog_tells_a_lost_peer_from_other_errors():
 
 
 def test_the_watchdog_knows_a_peer_process_has_ended_only_where_it_sees_its_pid():
-    from lightning_dist.callbacks.watchdog import _PROCESS_ID, _process_ended, _start_time
+    from lightning_dist.runtime.process_identity import PROCESS_ID, process_ended, start_time
 
     parent = os.getppid()  # a live process that is not this one
-    beat = {"host": "h", "pid": parent, "process": {**_PROCESS_ID, "start": _start_time(parent)}}
-    assert beat["process"]["start"] is not None and not _process_ended(beat)
+    beat = {"host": "h", "pid": parent, "process": {**PROCESS_ID, "start": start_time(parent)}}
+    assert beat["process"]["start"] is not None and not process_ended(beat)
     # Its number now held by another process (another start time): the rank's process ended.
-    assert _process_ended({**beat, "process": {**beat["process"], "start": "1"}})
+    assert process_ended({**beat, "process": {**beat["process"], "start": "1"}})
     # No process with the number at all (above any pid_max).
-    assert _process_ended({**beat, "pid": 2**31 - 1})
+    assert process_ended({**beat, "pid": 2**31 - 1})
     # The same number in another container (its own pid namespace) tells nothing here.
     elsewhere = {**beat, "pid": 2**31 - 1, "process": {**beat["process"], "pid_namespace": "x"}}
-    assert not _process_ended(elsewhere)
-    assert not _process_ended({**beat, "pid": os.getpid()})  # never this process itself
+    assert not process_ended(elsewhere)
+    assert not process_ended({**beat, "pid": os.getpid()})  # never this process itself
+
+
+def test_the_watchdog_knows_when_its_own_process_was_frozen():
+    """A wait that overslept by more than half the stall limit: this process itself was stopped
+    (a whole replica group under SIGSTOP), so the others' old heartbeats are not held against
+    them, and the store's silence starts counting anew."""
+    import time
+
+    from lightning_dist.callbacks.watchdog import HangWatchdog
+
+    watchdog = HangWatchdog(stall_seconds=10)
+    watchdog._answered = watchdog._progress_time = time.monotonic() - 40
+    assert not watchdog._was_frozen(4.0) and time.monotonic() - watchdog._answered > 39
+    assert watchdog._was_frozen(40.0)  # a SIGSTOP of 40 s
+    assert (
+        time.monotonic() - watchdog._answered < 1 and time.monotonic() - watchdog._progress_time < 1
+    )
