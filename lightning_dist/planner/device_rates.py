@@ -30,6 +30,7 @@ V ~ f (clock ~ power^exponent, 1/3 as the starting value) and fits the exponent
 
 from __future__ import annotations
 
+import functools
 import math
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -69,6 +70,7 @@ def _interpolate(xs, ys, x: float) -> float:
     return known[-1][1]
 
 
+@functools.lru_cache(maxsize=256)  # the search asks for a few (length, head dim) pairs, often
 def flash_attention_share(seq_len: float, head_dim: float, causal: bool, hopper: bool) -> float:
     """FlashAttention-2's measured forward + backward rate as a share of the bf16 peak of the
     card it was measured on, at `seq_len` keys and `head_dim`, causal or not."""
