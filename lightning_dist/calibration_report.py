@@ -12,11 +12,10 @@ The published runs, predicted here by the current planner:
   tokens per second per GPU and memory per GPU (torchtitan logs the CUDA caching allocator's
   peak reserved memory). The GPUs are H100 SXM with 96 GB of HBM2e (2.4 TB/s) at a 500 W power
   limit, "between SXM and NVL" in peak FLOP/s: `hardware=dgx_h100 hardware.memory_gib=96
-  hardware.memory_gbytes_per_sec=2400`, the SXM peak of 989 TFLOP/s as the datasheet figure,
-  and the lower clocks of the 500 W limit in dgx_h100's `matmul_efficiency` (fitted to these
-  rows; conservative for a 700 W part). torchtitan's op policy saves every other matmul's
-  output (its `_save_list` and mm counter): ours under `activation_checkpointing=op_alternate`,
-  which the rows are predicted with. Memory is the caching allocator's reserved memory,
+  hardware.memory_gbytes_per_sec=2400 hardware.power_w=500`, the SXM peak of 989 TFLOP/s as
+  the datasheet figure, the 500 W limit's lower clock from `power_w` (planner/device_rates.py).
+  torchtitan's op policy saves every other matmul's output (its `_save_list` and mm counter):
+  ours under `activation_checkpointing=op_alternate`, which the rows are predicted with. Memory is the caching allocator's reserved memory,
   `MemoryBreakdown.reserved` (live tensors and the allocator's slack, no CUDA context).
 - **Megatron-LM Table 1** (Narayanan et al., SC 2021; planner/megatron.py): GPT models from
   1.7B to 1T on DGX A100 80 GB, as the percentage of peak the paper reports (its FLOPs count
@@ -108,14 +107,16 @@ def config_model(name: str):
 def torchtitan_hardware(nodes: int) -> HardwareSpec:
     """conf/hardware/dgx_h100.yaml with the benchmark's 96 GB of HBM2e at 2.4 TB/s."""
     return hardware(["hardware=dgx_h100", f"hardware.num_nodes={nodes}",
-                     "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400"])  # fmt: skip
+                     "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400",
+                     "hardware.power_w=500"])  # fmt: skip
 
 
 def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
     """train.py overrides of the run `torchtitan_candidate` predicts (stored with its rows)."""
     return [
         "model=llama3_8b", "hardware=dgx_h100", f"hardware.num_nodes={run.gpus // 8}",
-        "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400", "strategy=fsdp2",
+        "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400", "hardware.power_w=500",
+        "strategy=fsdp2",
         "strategy.dp_replicate=1",  # FSDP over every GPU (fsdp2 replicates per node otherwise)
         f"data.global_batch_size={2 * run.gpus}", "data.seq_len=8192",
         "data.micro_batch_size=2", "strategy.activation_checkpointing=op_alternate",
@@ -232,7 +233,8 @@ class HeldOutRun:
 
 _TT = "compile, float8 tensorwise with the float8 all-gather (assumed)"
 _F8 = dict(compile=True, float8="tensorwise", float8_all_gather=True)
-_H100 = ("hardware=dgx_h100", "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400")
+_H100 = ("hardware=dgx_h100", "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400",
+         "hardware.power_w=500")  # fmt: skip
 HELD_OUT = (
     HeldOutRun("8B fsdp 8, 32k tokens", "llama3_8b", (*_H100, "hardware.num_nodes=1"),
                Layout(dp_shard=8), dict(global_batch_size=8, seq_len=32768, micro_batch_size=1,
@@ -267,7 +269,7 @@ HELD_OUT = (
                Layout(dp_shard=32), dict(global_batch_size=64, seq_len=8192, micro_batch_size=2,
                activation_checkpointing="op_alternate", **_F8), 10938, 47.96,
                "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",
-               "700 W H200s (dgx_h200 takes the 500 W H100's efficiency); the run also compiled "
+               "700 W H200s (dgx_h200 takes the H100's efficiency at 700 W); the run also compiled "
                "its loss, which our code does not (our eager loss holds 12 bytes a logit)"),
 )  # fmt: skip
 """Published runs held out of every fit: the rest of torchtitan's H100 benchmark, its async-TP

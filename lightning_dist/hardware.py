@@ -60,7 +60,14 @@ class HardwareSpec:
     matmul_efficiency: float | None = None
     """Fraction of `peak_tflops_*` that large matmuls sustain in training on this device
     (clocks under its power limit, kernel quality); the planner lowers it for small matmul
-    shapes. None: the planner's CPU default (planner/settings.py DEFAULT_EFFICIENCY)."""
+    shapes. None: the planner's CPU default (planner/settings.py DEFAULT_EFFICIENCY).
+    On a GPU of known datasheet power (planner/compute.py DATASHEET_POWER_W) it is the fraction
+    at that power; `power_w` below it lowers the sustained clock."""
+    power_w: float | None = None
+    """The power limit each device runs at, watts (`nvidia-smi -pl`): the datasheet TDP unless
+    the site caps it. Below the datasheet TDP the sustained clock drops, and with it every
+    compute rate the planner uses (planner/compute.py `sustained_clock_share`). None: unknown
+    (no power scaling)."""
     intra_node_gbytes_per_sec: float | None = None
     """Device-to-device bandwidth inside a node, GB/s per device and direction (NVLink, PCIe)."""
     inter_node_gbytes_per_sec: float | None = None
@@ -104,6 +111,10 @@ class HardwareSpec:
             raise ValueError(
                 f"hardware.matmul_efficiency={self.matmul_efficiency} must be in (0, 1]: the "
                 "fraction of the peak that large matmuls sustain"
+            )
+        if self.power_w is not None and self.power_w <= 0:
+            raise ValueError(
+                f"hardware.power_w={self.power_w} must be positive (or null when unknown)"
             )
         if self.memory_gbytes_per_sec is not None and self.memory_gbytes_per_sec <= 0:
             raise ValueError(
@@ -165,6 +176,7 @@ class HardwareSpec:
             "memory_gib",
             "memory_gbytes_per_sec",
             "matmul_efficiency",
+            "power_w",
             "intra_node_gbytes_per_sec",
             "inter_node_gbytes_per_sec",
             "cpus_per_node",

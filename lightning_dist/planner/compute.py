@@ -7,9 +7,13 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
   `shape_factor(M, N, K)` of the peak, where M is the microbatch's tokens and N, K the
   per-rank weight's sizes (after TP). Small dimensions fill fewer tiles and waves: each one
   of size x costs x / (x + GEMM_HALF_DIM) of the large-shape rate;
-- **attention** (SDPA): flash attention runs the causal half of QK^T and AV at
-  ATTENTION_SHARE x the matmul rate; the math path runs them whole at the matmul rate and
-  moves the s x s scores through memory (MATH_SCORE_PASSES times, fp32 softmax included);
+- **attention** (SDPA): flash attention at FlashAttention-2's measured rate for the sequence
+  length, head dim and masking (`device_rates.flash_attention_share`: published kernel
+  figures, not fitted); the math path runs QK^T and AV whole at the matmul rate and moves the
+  s x s scores through memory (MATH_SCORE_PASSES times, fp32 softmax included);
+- **clock**: every compute rate scales with the clock the GPU sustains at its power limit
+  (`hardware.power_w` against the datasheet power: `device_rates.sustained_clock_share`, its
+  exponent CLOCK_POWER_EXPONENT fitted);
 - **pointwise ops** (norms, residual adds, RoPE, SwiGLU's product, the loss): bytes moved
   over the memory bandwidth. Eager mode launches one kernel per op, each reading and writing
   whole tensors: POINTWISE_BYTES per element of the residual stream (d), of the attention
@@ -32,11 +36,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_dist.planner.calibration import correction
+from lightning_dist.planner.device_rates import (
+    FLASH2_FWD_BWD_FLOPS_PER_FORWARD,
+    flash_attention_share,
+    sustained_clock_share,
+)
 
 GEMM_HALF_DIM = correction("gemm_half_dim", "gpu")
 """A matmul dimension of this size runs at half the large-shape rate (fitted; calibration.json)."""
-ATTENTION_SHARE = correction("attention_share", "gpu")
-"""Flash attention's rate as a share of the matmul rate (fitted; calibration.json)."""
+CLOCK_POWER_EXPONENT = correction("clock_power_exponent", "gpu")
+"""Sustained clock ~ (power limit / datasheet power) ** this (fitted; calibration.json: no
+published clock-versus-power table for bf16 matmuls was found, device_rates.py)."""
 POINTWISE_SCALE = correction("pointwise_scale", "gpu")
 """Achieved memory traffic of eager pointwise kernels over the count below (fitted)."""
 COMPILED_POINTWISE_SHARE = 1 / 3
@@ -147,15 +157,19 @@ def microbatch_compute(
     rows (`expert_matmuls`, over `ep` ranks' tokens), in bf16 also under float8, and the
     permutation around them (MOE_PERMUTE_BYTES a routed element); under op-level checkpointing
     the grouped matmuls run again (the policy saves no grouped-matmul output)."""
-    speed = peak * hardware.matmul_efficiency
+    clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16,
+                                  CLOCK_POWER_EXPONENT)  # fmt: skip
+    speed = peak * hardware.matmul_efficiency * clock
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
     shapes = block_matmuls(model, tp)
-    block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency
+    block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency * clock
     head_dim = model.head_dim
-    if attention == "flash":  # the causal half, heads split over tp
-        attn = 6.0 * tokens * seq_len * d / tp / (speed * ATTENTION_SHARE)
-        attn *= (2.0 if masked else 1.0) / shape_factor(seq_len, head_dim, head_dim)
+    if attention == "flash":  # heads split over tp; FLOPs as FlashAttention-2's benchmark counts
+        hopper = hardware.peak_tflops_fp8 is not None
+        rate = peak * clock * flash_attention_share(seq_len, head_dim, not masked, hopper)
+        forward = (4.0 if masked else 2.0) * tokens * seq_len * d / tp
+        attn = FLASH2_FWD_BWD_FLOPS_PER_FORWARD * forward / rate
     else:
         attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth

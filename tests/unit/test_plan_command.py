@@ -214,7 +214,7 @@ def test_the_planner_cli_uses_the_same_words(capsys):
     assert lines[3].startswith("warning: model=tiny (3.3M parameters) is a CPU model")
     assert "NO_SHARD" not in "\n".join(lines)
     rows = [line.split() for line in lines if line[:3].strip() in ("*", "1", "2")]
-    assert [r[1] for r in rows] == ["ddp", "fsdp2", "3d"] and rows[0][-6:-4] == ["155", "µs"]
+    assert [r[1] for r in rows] == ["ddp", "fsdp2", "3d"] and rows[0][-6:-4] == ["146", "µs"]
     chosen = lines.index("chosen: ddp dp_replicate=8 mbs=2")
     assert lines[chosen + 1].startswith("per-rank batch: 2 sequences x 256 tokens (one forward)")
     assert lines[chosen + 2] == "run it: python train.py hardware=dgx_h100 strategy=ddp"

@@ -1,0 +1,63 @@
+"""The time model's published device physics: FlashAttention-2's measured rate by sequence
+length, head dim and masking, and the clock a power limit leaves (planner/device_rates.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from omegaconf import OmegaConf
+
+from lightning_dist.config import CONF_DIR
+from lightning_dist.hardware import HardwareSpec
+from lightning_dist.models.args import ModelArgs
+from lightning_dist.planner.compute import CLOCK_POWER_EXPONENT, microbatch_compute
+from lightning_dist.planner.device_rates import flash_attention_share, sustained_clock_share
+
+
+def _hardware(name: str) -> HardwareSpec:
+    return HardwareSpec(
+        **OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hardware" / f"{name}.yaml"))
+    )
+
+
+def test_attention_rate_is_the_figures_bar_between_and_held_past_16k():
+    # H100, causal, head dim 128: 308 TFLOP/s at 8k, 328 at 16k (flash2_h100_fwd_bwd_benchmark.png)
+    assert flash_attention_share(8192, 128, True, hopper=True) == pytest.approx(308 / 989)
+    assert flash_attention_share(32768, 128, True, True) == pytest.approx(328 / 989)
+    between = flash_attention_share(8192 * math.sqrt(2), 128, True, True)
+    assert between == pytest.approx((308 + 328) / 2 / 989)
+    # A100, causal, head dim 64 vs 128 at 2k: 140 and 155; head dim 96 half-way in log2 terms
+    assert flash_attention_share(2048, 64, True, False) == pytest.approx(140 / 312)
+    assert flash_attention_share(2048, 96, True, False) == pytest.approx(
+        (140 + (155 - 140) * math.log2(1.5)) / 312
+    )
+    # a bar hidden behind the figure's legend is not guessed: the next measured one is used
+    assert flash_attention_share(512, 128, False, False) == pytest.approx(187 / 312)
+    assert flash_attention_share(4096, 128, False, True) > flash_attention_share(
+        4096, 128, True, True
+    )
+
+
+def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
+    assert sustained_clock_share(700, 989, 0.5) == 1.0
+    assert sustained_clock_share(800, 989, 0.5) == 1.0  # no faster than the datasheet clock
+    assert sustained_clock_share(500, 989, 0.5) == pytest.approx((5 / 7) ** 0.5)
+    assert sustained_clock_share(None, 989, 0.5) == sustained_clock_share(300, 42.0, 0.5) == 1.0
+    model = ModelArgs(dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, vocab_size=1000,
+                      ffn_hidden_size=14336)  # fmt: skip
+    full = _hardware("dgx_h100")
+    capped = replace(full, power_w=500)
+    assert full.power_w == 700 and _hardware("dgx_a100").power_w == 400
+    kwargs = dict(tp=1, layers=2, has_output=False, checkpointed=0, mode="none", tokens=8192,
+                  seq_len=8192, peak=989e12, compiled=True, sequence_parallel=False,
+                  attention="flash")  # fmt: skip
+    slow = microbatch_compute(model, capped, **kwargs).seconds
+    fast = microbatch_compute(model, full, **kwargs).seconds
+    clock = (5 / 7) ** CLOCK_POWER_EXPONENT
+    assert fast < slow < fast / clock  # the memory-bound pointwise term does not slow down
+    longer = microbatch_compute(model, full, **{**kwargs, "seq_len": 32768}).seconds
+    assert longer > fast  # each token attends over four times the keys
+    with pytest.raises(ValueError, match="hardware.power_w=0"):
+        replace(full, power_w=0)
