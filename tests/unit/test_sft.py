@@ -8,16 +8,23 @@ records: tests/unit/test_bad_inputs.py.)"""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_dist.lm.chat import ChatRenderer, encode_conversation, load_chat_template
+from lightning_dist.lm.chat import (
+    ChatRenderer,
+    conversation,
+    encode_conversation,
+    load_chat_template,
+)
 from lightning_dist.lm.data import MixtureDataModule
 from lightning_dist.lm.module import IGNORE, CausalLM
 from lightning_dist.lm.tokenizer import ByteTokenizer
 from lightning_dist.models.args import ModelArgs
+from lightning_dist.run.errors import ConfigError
 
 ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=260,
                  ffn_hidden_size=64, max_seq_len=64)  # fmt: skip
@@ -117,3 +124,18 @@ def test_a_tokenizer_folder_chat_template_is_used(tmp_path):
         [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "x"
     )
     assert pieces == [("[user]hi[assistant]", False), ("yo", True)]
+
+
+@pytest.mark.parametrize(
+    ("record", "expect"),
+    [
+        ([{"role": "user", "content": "hi"}], "a JSON list, not a chat record"),
+        ({"prompt": "hi"}, "field 'response' is missing or not a string"),
+        ({"messages": [{"role": "user"}]}, "message 0 is not a {role, content} object"),
+        ({"messages": []}, "'messages' is list, not a non-empty list"),
+    ],
+)
+def test_bad_chat_records_are_named_by_file_and_line(record, expect):
+    # The rows that run train() are in tests/unit/test_bad_inputs.py; these are the rest.
+    with pytest.raises(ConfigError, match=re.escape(f"f.jsonl:3: {expect}")):
+        conversation(record, "f.jsonl:3")
