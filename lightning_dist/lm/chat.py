@@ -259,6 +259,13 @@ class ChatSource:
                     + (" or raise data.val_fraction" if split == "val" else "")
                 )
 
+    @property
+    def val_tokens(self) -> int:
+        """The validation split's tokens (known once built: the mixture's pre-start check of
+        the validation split reads it)."""
+        assert self.splits is not None
+        return len(self.splits["val"][0])
+
     def windows(self, split: str, separator: int | None) -> ChatWindows:
         """The split's windows, each with its loss mask."""
         self.prepare()
