@@ -19,6 +19,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
+from lightning_dist.lm.chat import ChatWindows, LossScaledSampler
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
@@ -342,9 +343,15 @@ class MixtureDataModule(LMDataModule):
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
         offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()
-        sampler = MixtureSampler(
-            plan, offsets, micro, rank, size, start_step=self.resume_step, shares=self.dp_shares()
-        )
+        start, shares = self.resume_step, self.dp_shares()
+        if isinstance(self.train_set, ChatWindows):  # each sample carries its step's loss scale
+            sampler: MixtureSampler = LossScaledSampler(
+                self.train_set, plan, offsets, micro, rank, size, start_step=start, shares=shares
+            )
+        else:
+            sampler = MixtureSampler(
+                plan, offsets, micro, rank, size, start_step=start, shares=shares
+            )
         return self._loader(self.train_set, sampler=sampler, batch_size=micro)
 
     def val_dataloader(self) -> DataLoader:

@@ -32,6 +32,18 @@ from lightning_dist.models.moe import (
 )
 from lightning_dist.parallel.context_parallel import context_parallel_of
 
+IGNORE = -100
+"""The target of a masked position (cross-entropy's default ignore_index): it adds no loss."""
+
+
+def _loss_scale(batch: dict, trained: torch.Tensor) -> float:
+    """Targets over trained targets: of the step's global batch when the sampler sent it
+    (`loss_scale`, training), else of this batch (validation, a batch outside a Trainer)."""
+    if "loss_scale" in batch:
+        return float(batch["loss_scale"].flatten()[0])
+    count = int(trained.sum())
+    return trained.numel() / count if count else 0.0
+
 
 class CausalLM(L.LightningModule):
     """Next-token prediction over batches of `seq_len + 1` token windows."""
@@ -57,7 +69,7 @@ class CausalLM(L.LightningModule):
         self.init_seed = init_seed
         self.model: torch.nn.Module | None = None
         self._matrix_names: set[str] = set()
-        self.val_perplexity = Perplexity()
+        self.val_perplexity = Perplexity(ignore_index=IGNORE)
         self.step_losses: list[float] = []
         """Global train loss of each optimizer step (mean over ranks and micro-batches)."""
         self.val_losses: list[float] = []
@@ -69,6 +81,8 @@ class CausalLM(L.LightningModule):
         (`val/loss/<name>`; the datamodule's `val_batch_sources` names each batch's source)."""
         self._loss_sum = torch.zeros(())
         self._micro_steps = 0
+        self._loss_scale: float | None = None
+        """The batch's loss scale under a loss mask (`loss_fn`), None without one."""
         self._ppl_from_loss = False
         self.loss_chunk_tokens = int(getattr(model_spec, "loss_chunk_tokens", 0) or 0)
         """Tokens per chunk of a loss that never holds the whole logits; 0: plain loss."""
@@ -125,11 +139,21 @@ class CausalLM(L.LightningModule):
         after the model's forward: FSDP keeps the root unit (which holds it) gathered until
         backward.
         """
+        scale = self._loss_scale
         if self._heads:
             weight = self._heads[0].weight
             loss = chunked_cross_entropy(logits, weight, targets, self.loss_chunk_tokens)
-        else:
+        elif scale is None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        else:
+            flat = logits.flatten(0, 1).float()
+            loss = F.cross_entropy(flat, targets.flatten(), reduction="sum") / targets.numel()
+        if scale is not None:
+            # A loss mask (supervised fine-tuning): masked targets are IGNORE and add nothing
+            # to the sum; `scale` is the global batch's targets over its trained ones, so the
+            # mean of these over micro-batches, pipeline microbatches and ranks (every one
+            # holds as many targets) is the mean over the global batch's trained targets.
+            loss = loss * scale
         # With loss parallelism the logits, and so the loss, are DTensors; hand on a plain one.
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
@@ -139,7 +163,15 @@ class CausalLM(L.LightningModule):
         tokens = batch["tokens"] if isinstance(batch, dict) else batch
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         extra = {}
-        if isinstance(batch, dict):  # rotary positions restart at every document
+        self._loss_scale = None
+        if isinstance(batch, dict) and "loss_mask" in batch:
+            # Supervised fine-tuning: only the trained targets count (`lm/chat.py`); the
+            # mask rides in the targets, so it is split with them below (context parallelism)
+            # and cut with them into pipeline microbatches.
+            trained = batch["loss_mask"][:, 1:].bool()
+            targets = targets.masked_fill(~trained, IGNORE)
+            self._loss_scale = _loss_scale(batch, trained)
+        if isinstance(batch, dict) and "documents" in batch:  # positions restart per document
             documents = batch["documents"][:, :-1]
             extra = {"positions": document_positions(documents), "documents": documents}
         if self._context is not None:

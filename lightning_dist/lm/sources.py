@@ -10,6 +10,8 @@ validation split apart.
   (`token_cache.py`); `data=text` is this source alone.
 - `RecordSource` (formats `jsonl`, `parquet`, `hf_disk`): the text field of each record one
   document (read by `data/records.py`), tokenized into the token cache like text.
+- `ChatSource` (format `chat`, `lm/chat.py`): chat records of supervised fine-tuning, each
+  window with the loss mask of the assistant's tokens.
 - `TokenFileSource` (format `tokens`): flat little-endian arrays of ids with no header (nanoGPT's
   `.bin`), memory-mapped; the last `val_fraction` of each file's tokens is held out. Format
   `megatron` is one over the `.bin` files of Megatron-Core indexed datasets (`megatron_source`).
@@ -174,6 +176,7 @@ class TextSource:
 RECORD_SUFFIXES = {
     "jsonl": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
     "parquet": (".parquet",),
+    "chat": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
 }
 """The files taken from a folder given as the path of a jsonl or parquet source."""
 
@@ -205,16 +208,7 @@ class RecordSource(TextSource):
         if fmt == "hf_disk":  # folders: every file of each is part of the key
             self.folders = _matches(self.spec.path, self.where, folders=True)
             return [f for d in self.folders for f in sorted(d.rglob("*")) if f.is_file()], 0
-        found = []
-        for match in _matches(self.spec.path, self.where):
-            if match.is_dir():
-                found += [f for f in sorted(match.rglob("*"))
-                          if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
-            else:
-                found.append(match)
-        if not found:
-            raise ValueError(f"{self.where}={self.spec.path!r} holds no {fmt} file")
-        return sorted(set(found)), 0
+        return record_files(self.spec.path, fmt, self.where), 0
 
     def _read(self) -> tuple[list[Path], Callable[[Path], Iterable[str]] | None]:
         from lightning_dist.data.records import iter_documents
@@ -227,6 +221,20 @@ class RecordSource(TextSource):
         return self.files, lambda file: iter_documents(
             file, fmt, field=field, skip_bad_records=skip
         )
+
+
+def record_files(path: str | list[str] | None, fmt: str, where: str) -> list[Path]:
+    """The files of a jsonl, parquet or chat source: files, folders' files, globs' matches."""
+    found = []
+    for match in _matches(path, where):
+        if match.is_dir():
+            found += [f for f in sorted(match.rglob("*"))
+                      if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
+        else:
+            found.append(match)
+    if not found:
+        raise ValueError(f"{where}={path!r} holds no {fmt} file")
+    return sorted(set(found))
 
 
 def _matches(path: str | list[str] | None, where: str, *, folders: bool = False) -> list[Path]:
@@ -375,6 +383,13 @@ def build_source(spec: DataSource, *, index: int, where: str,
     if spec.format == "tokens":
         return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
+    if spec.format == "chat":
+        from lightning_dist.lm.chat import ChatSource
+
+        files = record_files(spec.path, "chat", f"{where}.path")
+        return ChatSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
+                          tokenizer_path=getattr(tokenizer, "path", None), seq_len=seq_len,
+                          val_fraction=val_fraction, files=files)  # fmt: skip
     if spec.format == "megatron":
         return megatron_source(spec, name=name, where=where, seq_len=seq_len,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from lightning_dist.options.knobs import knob
 
-SOURCE_FORMATS = ("text", "tokens", "jsonl", "parquet", "hf_disk", "megatron")
+SOURCE_FORMATS = ("text", "tokens", "jsonl", "parquet", "hf_disk", "megatron", "chat")
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
@@ -29,7 +29,9 @@ class DataSource:
         "text", "text (each file one document), tokens (a flat little-endian array of token "
         "ids, no header: nanoGPT's .bin), jsonl (field), parquet (field is the column), "
         "hf_disk (datasets.save_to_disk; field is the column) or megatron (an indexed "
-        "dataset's .bin/.idx prefix).",
+        "dataset's .bin/.idx prefix) or chat (JSON Lines of {messages: [{role, content}, ...]} "
+        "or {prompt, response}: supervised fine-tuning, the loss on the assistant's tokens "
+        "only; docs/SFT.md).",
     )  # fmt: skip
     field: str | None = knob(
         None, "The JSON field or column that holds the text (jsonl, parquet, hf_disk); null "
@@ -87,6 +89,12 @@ def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> l
                 f"data.sources[{i}] is named {name!r} like data.sources[{names.index(name)}]; "
                 "give one of them another name (data.sources[i].name)"
             )
+    chat = [i for i, s in enumerate(sources) if s.format == "chat"]
+    if chat and len(sources) > 1:
+        raise ValueError(
+            f"data.sources[{chat[0]}] (format=chat) is mixed with other sources; a chat "
+            "source is the only source of a run (put its records in one source's files)"
+        )
     return sources
 
 

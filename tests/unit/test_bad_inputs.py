@@ -105,6 +105,8 @@ WANDB_KEY = (("WANDB_API_KEY", "fake" * 10),)
 
 
 ATTACK = "'touch {marker}'"
+CHAT_OK = '{"prompt": "2+2?", "response": "4"}\n'
+"""A good chat record, so the bad one after it is found at line 2."""
 CASES = [
     # Code execution through `_target_`, in every group that builds something.
     Case("strategy target", fast(f"+strategy.command={ATTACK}", "strategy._target_=os.system"),
@@ -217,6 +219,17 @@ CASES = [
          "docs.jsonl:3: not valid JSON", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": \n')),
     Case("missing field in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl, field: body}}]", data="mixture"),
          "body", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n')),
+    # Chat records of supervised fine-tuning (format: chat, lm/chat.py), named by file:line.
+    Case("chat record with no assistant turn", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
+         "chat.jsonl:2: no assistant turn", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": [{"role": "user", "content": "hi"}]}\n')),
+    Case("chat message of an unknown role", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
+         "chat.jsonl:2: message 0 has role 'robot', not one of system, user, assistant, tool", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": [{"role": "robot", "content": "hi"}]}\n')),
+    Case("chat messages not a list", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
+         "chat.jsonl:2: 'messages' is str, not a non-empty list", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": "hi"}\n')),
+    Case("chat record without its fields", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
+         "chat.jsonl:2: no field 'messages' nor 'prompt'/'response'", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"text": "hi"}\n')),
+    Case("chat source mixed with another", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}, {{path: {tmp}/a.txt}}]", data="mixture"),
+         "data.sources[0] (format=chat) is mixed with other sources", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK)),
     Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
     Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
     # The strategies' own checks (moved from tests/dist: they need no process to fail).
