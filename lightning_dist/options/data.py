@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -61,7 +62,9 @@ class DataSource:
         if self.name:
             return self.name
         if self.path and isinstance(self.path, str):
-            parts = self.path.rstrip("/").split("/")
+            # A URL's user:password@ (credentials) is never part of a name.
+            path = re.sub(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^@]*@", r"\1", self.path)
+            parts = path.rstrip("/").split("/")
             fixed = list(itertools.takewhile(lambda p: not set(p) & set("*?["), parts))
             tail = fixed[-1] if fixed else ""  # a glob is named by the folder it searches
             return tail or f"source{index}"
