@@ -115,7 +115,8 @@ def print_prediction(plan: Any) -> bool:
               f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
     loader = loader_warning(plan, memory.get("tokens_per_sec"))
-    print(f"  data loader: {loader or 'keeps up (lightning_dist/data/loader_rates.json)'}")
+    if loader:  # silent when the loaders keep up (the README shows this output as it is)
+        print(f"  warning: {loader}")
     print(f"  {best_layout_hint(batch, strategy_cfg, spec, hardware, precision)}")
     return candidate.fits
 
