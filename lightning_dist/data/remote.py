@@ -58,7 +58,8 @@ def _filesystem(url: str, storage_options: Mapping[str, Any], where: str):
     options = dict(storage_options)
     if protocol in ("s3", "s3a") and not _CREDENTIAL_OPTIONS & set(options):
         _check_aws_credentials(url, where)
-    fs = cls(**options, skip_instance_cache=True)
+    fs = cls(**options)  # fsspec keeps one per options: its client is made once per process
+    fs.invalidate_cache()  # but its listings are read afresh: a changed object must show
     return fs, cls._strip_protocol(url)
 
 
@@ -127,7 +128,7 @@ class RemoteCache:
 
     def _copies(self) -> list[Path]:
         return [p for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(_SIDE)
-                and ".part-" not in p.name] if self.root.exists() else []  # fmt: skip
+                and ".part-" not in p.name and p.parent != self.root] if self.root.exists() else []  # fmt: skip
 
     def make_room(self, keep: set[Path], needed: int) -> None:
         """Evict copies not in `keep`, least recently used first, until `needed` more fit."""
