@@ -35,6 +35,11 @@ _ASSIGNMENT = re.compile(r"(?P<name>[~+]*[A-Za-z_][\w.\-/@]*)=(?P<value>[^\s,;'\
 # secret may hold "/", so everything up to the @ goes (a key with an @ in it loses its head).
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^@\s'\"]+@")
 
+# `name: value` inside a YAML flow mapping of an override (`data.sources=[{key: ..., ...}]`).
+_FLOW_ENTRY = re.compile(
+    r"(?P<name>[A-Za-z_][\w\-]*):\s*(?P<q>['\"]?)(?P<value>[^\s{\[,;'\"\]}]+)(?P=q)"
+)
+
 _remembered: set[str] = set()
 
 
@@ -67,6 +72,9 @@ def secret_values() -> set[str]:
 def redact_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """`text` with `name=value` of secret names, and every secret value, replaced."""
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _FLOW_ENTRY.sub(
+        lambda m: f"{m['name']}: {REDACTED}" if is_secret_key(m["name"]) else m[0], text
+    )
     text = _ASSIGNMENT.sub(
         lambda m: f"{m['name']}={REDACTED}" if is_secret_key(m["name"]) else m[0], text
     )

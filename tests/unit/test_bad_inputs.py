@@ -483,6 +483,11 @@ def test_what_counts_as_a_secret(monkeypatch):
         "path": f"s3://{REDACTED}@corpus/a.jsonl", "storage_options": {
             "key": REDACTED, "secret": REDACTED, "endpoint_url": "http://127.0.0.1:9",
             "client_kwargs": {"aws_session_token": REDACTED}}}]}  # fmt: skip
+    override = (
+        "data.sources=[{path: 's3://c/a', storage_options: {key: AKIA0123, secret: 'x/y+z0'}}]"
+    )
+    assert redact_text(override) == (f"data.sources=[{{path: 's3://c/a', storage_options: "
+                                      f"{{key: {REDACTED}, secret: {REDACTED}}}}}]")  # fmt: skip
 
 
 def test_fp16_on_cpu_plans_the_bf16_that_runs(tmp_path):
