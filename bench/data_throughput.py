@@ -11,6 +11,10 @@ how loaded the machine is: equal for 1 and 2 workers means the work splits witho
 
     python bench/make_corpus.py --size 100M --part-mb 4        # the corpus and tokenizer
     python bench/data_throughput.py --files 4 --repeats 5
+
+`--loader` instead measures what the pre-flight reads: tokens/s of one loader worker (the
+training DataLoader of `MixtureDataModule`, num_workers=0) per source format, over a corpus it
+writes itself, and writes them to lightning_dist/data/loader_rates.json (`bench/loader_rates.py`).
 """
 
 from __future__ import annotations
@@ -113,6 +117,13 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the first N parts (0: all)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--loader", action="store_true",
+                        help="loader tokens/s per format (bench/loader_rates.py's options)")  # fmt: skip
+    if "--loader" in sys.argv:
+        from bench.loader_rates import main as loader_main
+
+        loader_main()
+        return
     args = parser.parse_args()
     corpus = Path(args.corpus)
     parts = sorted((corpus / args.format).glob("part-*"))

@@ -123,6 +123,11 @@ class MixtureDataSchema(CorpusDataSchema):
     skip_bad_records: bool = False
     """jsonl, parquet and hf_disk sources: skip a malformed record (counted, one warning line
     per file) instead of stopping with its file:line; a missing field stops either way."""
+    remote_cache_gib: float = 50.0
+    """Sources whose path is a URL (s3://, any fsspec protocol): the most their local copies,
+    in `<cache_dir>/remote/`, may hold, in GiB; copies of earlier runs are evicted least
+    recently used first. A run whose remote shards need more, or one shard above it, is refused
+    before any download (every shard of a run is kept while it trains)."""
     sources: list[SourceSchema] = field(default_factory=list)  # type: ignore[valid-type]
     """The sources and their weights (docs/DATA.md); each entry's keys are
     `options.data.DataSource`'s fields."""

@@ -23,7 +23,7 @@ from lightning_dist.lm.chat import ChatWindows, LossScaledSampler
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
-from lightning_dist.lm.sources import build_source, checked_tokenizer
+from lightning_dist.lm.sources import build_source, checked_tokenizer, local_specs
 from lightning_dist.lm.token_cache import resolve_files
 from lightning_dist.options.data import DataSource, parse_sources
 
@@ -228,6 +228,7 @@ class MixtureDataModule(LMDataModule):
         vocab_size: int | None = None,
         pack_documents: bool = False,
         skip_bad_records: bool = False,
+        remote_cache_gib: float = 50.0,
         where: Sequence[str] | None = None,
     ):
         super().__init__(
@@ -248,6 +249,8 @@ class MixtureDataModule(LMDataModule):
         self.val_fraction = val_fraction
         self.cache_dir = cache_dir
         where = list(where or (f"data.sources[{i}]" for i in range(len(self.specs))))
+        self.specs = local_specs(self.specs, where, cache_dir=cache_dir,
+                                 cap_gib=remote_cache_gib)  # fmt: skip
         self.sources = [
             build_source(spec, index=i, where=where[i], tokenizer=self.tokenizer,
                          seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,

@@ -19,10 +19,12 @@ validation split apart.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch.utils.data import ConcatDataset
@@ -250,8 +252,11 @@ def _matches(path: str | list[str] | None, where: str, *, folders: bool = False)
     return out
 
 
-def _token_files(path: str, where: str) -> list[Path]:
-    """The files of a `tokens` source: a file, every file of a folder, or a glob's files."""
+def _token_files(path: str | list[str], where: str) -> list[Path]:
+    """The files of a `tokens` source: a file, every file of a folder, or a glob's files, or
+    those of each entry of a list."""
+    if not isinstance(path, str):
+        return [f for entry in path for f in _token_files(entry, where)]
     root = Path(path).expanduser()
     if root.is_file():
         return [root]
@@ -278,7 +283,7 @@ class TokenFileSource:
         self.seq_len, self.val_fraction = seq_len, val_fraction
         dtype = dtype or np.dtype(spec.dtype or token_file_dtype(vocab_size or 0))
         self.dtype = dtype.newbyteorder("<")
-        self.files = files or _token_files(str(spec.path), f"{where}.path")
+        self.files = files or _token_files(spec.path or "", f"{where}.path")
         sizes = file_sizes(self.files)
         for file, size in zip(self.files, sizes, strict=True):
             if size % self.dtype.itemsize:
@@ -397,6 +402,38 @@ def build_source(spec: DataSource, *, index: int, where: str,
                         seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
                         follow_symlinks=follow_symlinks,
                         skip_bad_records=skip_bad_records)  # fmt: skip
+
+
+def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | None,
+                cap_gib: float) -> list[DataSource]:  # fmt: skip
+    """The sources with every URL path replaced by its local copies (`data/remote.py`; one
+    line for an unknown protocol, missing credentials, no match, shards above the cap), each
+    keeping the name its URL gives it."""
+    from lightning_dist.data.remote import cache_folder, fetch_remote_sources, is_url
+
+    def entries(spec: DataSource) -> list[str]:
+        return [spec.path] if isinstance(spec.path, str) else list(spec.path or [])
+
+    remote = [i for i, spec in enumerate(specs) if any(is_url(p) for p in entries(specs[i]))]
+    if not remote:
+        return specs
+    if not (isinstance(cap_gib, int | float) and cap_gib > 0):
+        raise ValueError(f"data.remote_cache_gib={cap_gib!r} must be a number above 0")
+    from omegaconf import OmegaConf
+
+    def options(spec: DataSource) -> Any:  # Hydra hands nested options over as DictConfig
+        opts = spec.storage_options
+        return OmegaConf.to_container(opts, resolve=True) if OmegaConf.is_config(opts) else opts
+
+    requests = [{"paths": entries(specs[i]), "format": specs[i].format,
+                 "where": where[i] if where[i] == "data.paths" else f"{where[i]}.path",
+                 "storage_options": options(specs[i])} for i in remote]  # fmt: skip
+    local = fetch_remote_sources(requests, cache_root=cache_folder(cache_dir),
+                                 cap_bytes=int(cap_gib * 2**30))  # fmt: skip
+    out = list(specs)
+    for i, paths in zip(remote, local, strict=True):
+        out[i] = dataclasses.replace(specs[i], path=paths, name=specs[i].label(i))
+    return out
 
 
 def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,

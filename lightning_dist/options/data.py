@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -21,7 +22,8 @@ class DataSource:
     """One source of a mixture: where its documents are, how to read them, how often to draw."""
 
     path: str | list[str] | None = knob(
-        None, "A file, a directory, a glob (** crosses directories), or a list of them; "
+        None, "A file, a directory, a glob (** crosses directories), an fsspec URL of any of "
+        "them (s3://bucket/prefix/*.jsonl.zst, copied into a local cache), or a list of them; "
         "format=text: null means the .py sources of Python's standard library.",
         hydra_type=Any,
     )  # fmt: skip
@@ -45,6 +47,12 @@ class DataSource:
         None, "The source's name in the logs (val/loss/<name>) and summary.json; null: the "
         "file or folder name of path.",
     )  # fmt: skip
+    storage_options: dict[str, Any] | None = knob(
+        None, "A URL path (s3://, gs://, any fsspec protocol; docs/DATA.md): keyword arguments "
+        "of its fsspec filesystem, such as {endpoint_url: ...} or {anon: true}; null: the "
+        "protocol's own configuration (for s3, the AWS environment and ~/.aws).",
+        hydra_type=Any,
+    )  # fmt: skip
     dtype: str | None = knob(
         None, "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
         "in it (model.vocab_size <= 65536), else uint32.",
@@ -56,7 +64,9 @@ class DataSource:
         if self.name:
             return self.name
         if self.path and isinstance(self.path, str):
-            parts = self.path.rstrip("/").split("/")
+            # A URL's user:password@ (credentials) is never part of a name.
+            path = re.sub(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^@]*@", r"\1", self.path)
+            parts = path.rstrip("/").split("/")
             fixed = list(itertools.takewhile(lambda p: not set(p) & set("*?["), parts))
             tail = fixed[-1] if fixed else ""  # a glob is named by the folder it searches
             return tail or f"source{index}"
@@ -107,13 +117,6 @@ def _check(source: DataSource, where: str) -> None:
         raise ValueError(
             f"{where}.weight={w!r} must be a finite number above 0 (a source that should not "
             "be read is left out of data.sources)"
-        )
-    paths = [source.path] if isinstance(source.path, str) else list(source.path or [])
-    remote = next((p for p in paths if "://" in str(p)), None)
-    if remote is not None:
-        raise ValueError(
-            f"{where}.path={remote!r} is a URL; remote sources are not read yet: copy the data "
-            "to a local (or mounted) folder and name that"
         )
     if source.path is None and source.format != "text":
         raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")

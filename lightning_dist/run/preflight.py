@@ -56,7 +56,10 @@ def best_layout_hint(batch: Batch, strategy_cfg: Any, spec: Any, hardware: Hardw
 
 def check_fits(plan: Any) -> None:
     """Raise ValueError with the numbers if the planner predicts the planned run (a
-    `run.plan.RunPlan`) does not fit."""
+    `run.plan.RunPlan`) does not fit; warn in one line when its data loaders would not keep
+    up with the predicted tokens/s (`run/data_rate.py`)."""
+    from lightning_dist.run.checks import warn_once
+
     if plan.hardware.memory_gib is None:
         return  # CPU ranks share host memory: nothing to check against
     args = plan.batch, plan.model, plan.hardware
@@ -64,6 +67,20 @@ def check_fits(plan: Any) -> None:
     if not candidate.fits:
         hint = best_layout_hint(plan.batch, plan.spec.strategy, *args[1:], plan.precision)
         raise ValueError(f"{candidate.reason}; {hint} (run anyway with plan.check=false)")
+    warning = loader_warning(plan, candidate.as_dict().get("tokens_per_sec"))
+    if warning:
+        warn_once(warning)
+
+
+def loader_warning(plan: Any, tokens_per_sec: float | None) -> str | None:
+    """`data_rate.keep_up_warning` for the planned run's data config and layout."""
+    from omegaconf import OmegaConf
+
+    from lightning_dist.run.data_rate import keep_up_warning
+
+    data = OmegaConf.to_container(plan.spec.data, resolve=False)
+    assert isinstance(data, dict)
+    return keep_up_warning({str(k): v for k, v in data.items()}, tokens_per_sec, plan.layout.dp)
 
 
 def print_prediction(plan: Any) -> bool:
@@ -97,6 +114,9 @@ def print_prediction(plan: Any) -> bool:
               f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
               f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
+    loader = loader_warning(plan, memory.get("tokens_per_sec"))
+    if loader:  # silent when the loaders keep up (the README shows this output as it is)
+        print(f"  warning: {loader}")
     print(f"  {best_layout_hint(batch, strategy_cfg, spec, hardware, precision)}")
     return candidate.fits
 

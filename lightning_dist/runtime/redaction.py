@@ -2,7 +2,8 @@
 
 A key is a secret when one of its words (split at `.`, `_`, `-` and camelCase) is token, key,
 secret, password, passwd, credential(s), auth or apikey: `WANDB_API_KEY`, `+api_token=...`,
-`hf_token`, but not `tokenizer`, `tokens_per_sec` or `exclude_keys`. A value is a secret when it
+`hf_token`, but not `tokenizer`, `tokens_per_sec` or `exclude_keys`. The `user:password@` of a
+URL is redacted wherever it appears (a remote data source's path). A value is a secret when it
 equals the value of a secret environment variable, or was given to a secret key in an override.
 Values shorter than `MIN_SECRET_CHARS` are only redacted next to their key, so that a short value
 ("1", "true") is not blanked out of every log line.
@@ -29,6 +30,15 @@ _SECRET_WORDS = {"token", "key", "secret", "password", "passwd", "credential", "
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # `name=value` in overrides, program arguments and log lines; the name may carry Hydra's +, ++, ~.
 _ASSIGNMENT = re.compile(r"(?P<name>[~+]*[A-Za-z_][\w.\-/@]*)=(?P<value>[^\s,;'\"\]]+)")
+
+# The `user:password@` of a URL (s3://KEY:SECRET@bucket/..., https://user:pass@host/...); a
+# secret may hold "/", so everything up to the @ goes (a key with an @ in it loses its head).
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^@\s'\"]+@")
+
+# `name: value` inside a YAML flow mapping of an override (`data.sources=[{key: ..., ...}]`).
+_FLOW_ENTRY = re.compile(
+    r"(?P<name>[A-Za-z_][\w\-]*):\s*(?P<q>['\"]?)(?P<value>[^\s{\[,;'\"\]}]+)(?P=q)"
+)
 
 _remembered: set[str] = set()
 
@@ -61,6 +71,10 @@ def secret_values() -> set[str]:
 
 def redact_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """`text` with `name=value` of secret names, and every secret value, replaced."""
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _FLOW_ENTRY.sub(
+        lambda m: f"{m['name']}: {REDACTED}" if is_secret_key(m["name"]) else m[0], text
+    )
     text = _ASSIGNMENT.sub(
         lambda m: f"{m['name']}={REDACTED}" if is_secret_key(m["name"]) else m[0], text
     )

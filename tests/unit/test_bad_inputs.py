@@ -104,6 +104,16 @@ WANDB_KEY = (("WANDB_API_KEY", "fake" * 10),)
 """A W&B key of a valid form (40 characters) that no server will ever see."""
 
 
+NO_AWS_CREDENTIALS = tuple((name, None) for name in (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI")) + (
+    ("AWS_SHARED_CREDENTIALS_FILE", "{tmp}/no_aws_credentials"), ("AWS_CONFIG_FILE", "{tmp}/no_aws_config"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+)  # fmt: skip
+"""No AWS credentials in the environment, the files or an instance role (not asked)."""
+
+
 ATTACK = "'touch {marker}'"
 CHAT_OK = '{"prompt": "2+2?", "response": "4"}\n'
 """A good chat record, so the bad one after it is found at line 2."""
@@ -230,6 +240,13 @@ CASES = [
          "chat.jsonl:2: no field 'messages' nor 'prompt'/'response'", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"text": "hi"}\n')),
     Case("chat source mixed with another", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}, {{path: {tmp}/a.txt}}]", data="mixture"),
          "data.sources[0] (format=chat) is mixed with other sources", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK)),
+    # Remote sources (data/remote.py): no credentials anywhere, a protocol fsspec lacks, no match.
+    Case("remote URL without credentials", fast("data.sources=[{{path: 's3://corpus/docs/*.jsonl', format: jsonl}}]", data="mixture"),
+         "data.sources[0].path='s3://corpus/docs/*.jsonl' needs AWS credentials and none were found", env=NO_AWS_CREDENTIALS),
+    Case("remote URL of an unknown protocol", fast("data.sources=[{{path: 'nosuch://corpus/a.jsonl', format: jsonl}}]", data="mixture"),
+         "data.sources[0].path='nosuch://corpus/a.jsonl': protocol 'nosuch' is not one fsspec can read"),
+    Case("remote URL matches nothing", fast("data.sources=[{{path: 'memory://corpus/none/*.jsonl', format: jsonl}}]", data="mixture"),
+         "data.sources[0].path='memory://corpus/none/*.jsonl' matches no remote file"),
     Case("seq_len too long", fast("data.seq_len=4096"), "data.seq_len=4096"),
     Case("many nodes without launcher", fast("hardware.num_nodes=2", strategy="ddp"), "torchrun"),
     # The strategies' own checks (moved from tests/dist: they need no process to fail).
@@ -531,6 +548,19 @@ def test_what_counts_as_a_secret(monkeypatch):
     assert redact({"run": {"token": "abc", "tokenizer": "t.json", "note": ENV_SECRET}}) == {
         "run": {"token": REDACTED, "tokenizer": "t.json", "note": REDACTED}
     }
+    # A remote source: the URL's user:password and storage_options' keys and secrets.
+    source = {"path": "s3://AKIAPLANTED:se/cret@corpus/a.jsonl", "storage_options": {
+        "key": "AKIAPLANTED", "secret": "planted/secret", "endpoint_url": "http://127.0.0.1:9",
+        "client_kwargs": {"aws_session_token": "planted-session"}}}  # fmt: skip
+    assert redact({"sources": [source]}) == {"sources": [{
+        "path": f"s3://{REDACTED}@corpus/a.jsonl", "storage_options": {
+            "key": REDACTED, "secret": REDACTED, "endpoint_url": "http://127.0.0.1:9",
+            "client_kwargs": {"aws_session_token": REDACTED}}}]}  # fmt: skip
+    override = (
+        "data.sources=[{path: 's3://c/a', storage_options: {key: AKIA0123, secret: 'x/y+z0'}}]"
+    )
+    assert redact_text(override) == (f"data.sources=[{{path: 's3://c/a', storage_options: "
+                                      f"{{key: {REDACTED}, secret: {REDACTED}}}}}]")  # fmt: skip
 
 
 def test_schemas_are_not_choices():
