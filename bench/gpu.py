@@ -8,16 +8,31 @@ short budget, rehearsed on CPU first.
 `--only small|large` keeps one model's rows and `--rows REGEX` the rows whose names match (the
 suite's rehearsal, tests/e2e/test_gpu_rehearsal.py, picks one row per code path with it).
 
-**The device command.** The GPU image has torch, Lightning, torchmetrics and transformers but
-no hydra-core, omegaconf or torchao, and nothing can be fetched there, so those travel with the
-working tree. Build them here first (`python bench/gpu_env.py site` writes `bench/.gpu_site`,
-about 20 MiB of pure-Python packages), then run, through the `device` tool:
+**On a machine with a GPU** (a rented box reached with ssh, a Slurm node, a container), from a
+fresh clone, with the README's install and the CUDA build of torch (a bare `pip install
+torch==2.13.0` on Linux fetches it):
 
-    command:   PYTHONPATH=bench/.gpu_site python bench/gpu.py --out $OUT
-    carry:     ["bench/.gpu_site"]
-    timeout_s: 480
+    git clone <this repository> lightning_dist && cd lightning_dist
+    python -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[dev]"
+    python bench/gpu.py --out bench/results            # about 6 minutes: the 330 s budget + start-up
 
-and merge what comes back: `python bench/gpu.py --merge <files_at>/gpu-rows.json`.
+Under Slurm, run it as one task on one GPU (the one-device rows; the multi-GPU rows start their
+ranks through Lightning's own launcher, which a Slurm step replaces, so run those on a node
+reached with ssh or in a container; not yet tried under srun):
+
+    srun --nodes=1 --ntasks=1 --gpus-per-task=1 --time=00:15:00 python bench/gpu.py --out bench/results
+
+In a container, mount the clone and install into the image's Python (an image whose torch is
+2.11 to 2.13 keeps it):
+
+    docker run --gpus all --rm -v "$PWD":/src -w /src <an image with CUDA torch> \
+        bash -c 'pip install -e ".[dev]" && python bench/gpu.py --out bench/results'
+
+Then bring `bench/results/gpu-rows.json` back to a checkout and `python bench/gpu.py --merge
+bench/results/gpu-rows.json` adds its rows to the calibration. (On a GPU host where nothing can
+be installed but torch, Lightning, torchmetrics and transformers are, `python bench/gpu_env.py
+site` builds the missing pure-Python packages into `bench/.gpu_site` on another machine; copy the
+checkout with that folder over and run with `PYTHONPATH=bench/.gpu_site`.)
 
 **What it runs.** Each row is one short `train.py` run (the in-process `train(cfg)`, in a child
 forked from a server that imported torch, Lightning and Hydra once) on one device, bf16-mixed,
@@ -548,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "gpu-table.md").write_text(f"{device}, {datetime.date.today()}\n\n{table}\n")
         return rows
 
-    # Each row's folder (its log.txt) stays under --out: on the device that is $OUT.
+    # Each row's folder (its log.txt) stays under --out, to be copied back with the rows.
     outcomes = run_rows(profile, rows, devices, args.out / "runs", RowRunner(), write)
     calibration = write(outcomes)
     ran = sum(1 for o in outcomes if o.measured)

@@ -4,12 +4,13 @@ the image has can be imported.
     python bench/gpu_env.py site                      bench/.gpu_site: the packages to carry
     python bench/gpu_env.py shaped [--site DIR] -- CMD ...
 
-The GPU machine's image has Python 3.12 with torch, Lightning, torchmetrics and transformers (and
-their dependencies), and nothing can be installed there. `site` installs what train.py needs
-beyond that (CARRIED: hydra-core, omegaconf and its parser runtime, torchao for float8), at the
-versions installed here, into `bench/.gpu_site` (ignored by git; carry it with the `device`
-tool, 64 MiB at most). They are pure Python, so a 3.11 install serves 3.12; torchao's compiled
-kernels are optional and not used by float8 training.
+For a GPU host where nothing can be installed and whose Python (3.12 on the host this was
+written for) has torch, Lightning, torchmetrics and transformers (and their dependencies); on
+any other GPU machine, install as bench/gpu.py says. `site` installs what train.py needs beyond
+that (CARRIED: hydra-core, omegaconf and its parser runtime, torchao for float8), at the
+versions installed here, into `bench/.gpu_site` (ignored by git; copy it to the GPU machine
+with the checkout; it stays under 60 MiB). They are pure Python, so a 3.11 install serves 3.12;
+torchao's compiled kernels are optional and not used by float8 training.
 
 `shaped` runs CMD in a throwaway virtual environment that sees only the image's packages (the
 dependency closure of IMAGE, linked from this environment) and, on PYTHONPATH, the carried site
@@ -33,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "bench" / ".gpu_site"
 IMAGE = ("torch", "lightning", "torchmetrics", "transformers")
-"""What the GPU image has installed (the `device` entry's KINDS.md), with their dependencies."""
+"""What the GPU image this was written for has installed, with their dependencies."""
 CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "torchao")
 """What train.py needs beyond the image, carried as bench/.gpu_site."""
 CARRY_LIMIT_BYTES = 60 * 2**20
@@ -95,7 +96,7 @@ def build_site(target: Path = SITE) -> int:
     print(f"{target}: {', '.join(pins)}; {size / 2**20:.1f} MiB")
     if size > CARRY_LIMIT_BYTES:
         print(f"error: {size / 2**20:.1f} MiB is over the {CARRY_LIMIT_BYTES / 2**20:.0f} MiB "
-              "the device tool carries", file=sys.stderr)  # fmt: skip
+              "meant to travel with a checkout", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

@@ -2,8 +2,9 @@
 
 `train()`, the pre-flight check, the planner and the telemetry learn about a strategy only
 through `StrategyContract`, never by probing attribute names. A new strategy implements it (the
-`LightningDistStrategy` mixin in `strategies/base.py` gives the defaults) in its own module, adds
-its schema to `config.py` and a YAML file to `conf/strategy/`, and gets pre-flight checks,
+`LightningDistStrategy` mixin in `strategies/base.py` gives the defaults) in its own module, stores
+its schema in Hydra's ConfigStore (ours are generated in `config/schemas.py`; docs/STRATEGIES.md)
+and adds a YAML file to `lightning_dist/conf/strategy/`, and gets pre-flight checks,
 planner settings and telemetry with no edit elsewhere.
 
 This module imports neither Lightning nor torch.distributed: the planner reads it on a laptop.

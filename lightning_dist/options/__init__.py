@@ -1,7 +1,8 @@
 """The strategy knobs: each declared once, as one field of one small option class.
 
-The same classes are the Hydra schemas of `conf/strategy/*.yaml` (config.py flattens the groups
-a strategy uses into its schema, so the override names stay `strategy.<knob>`), the strategies'
+The same classes are the Hydra schemas of `lightning_dist/conf/strategy/*.yaml`
+(config/schemas.py flattens the groups a strategy uses into its schema, so the override names
+stay `strategy.<knob>`), the strategies'
 constructor input (keyword arguments from plain Lightning code are routed here by
 `StrategyOptions.from_knobs`), the planner's input (`estimate` and `plan_layouts` take a
 `StrategyOptions`) and `parallelize()`'s. A choice is parsed once, when its option is built

@@ -197,7 +197,7 @@ class StrategyOptions:
 class Preset:
     """A strategy's knob groups and the defaults in which it differs from the option classes.
 
-    The strategy class and its Hydra schema (config.py) both read this, so a plain-Lightning
+    The strategy class and its Hydra schema (config/schemas.py) both read this, so a plain-Lightning
     `Parallel3DStrategy()` and `strategy=3d` start from the same values."""
 
     groups: tuple[str, ...]

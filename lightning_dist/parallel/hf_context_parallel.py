@@ -49,14 +49,16 @@ def hf_context_parallel_attention(module: torch.nn.Module, query: torch.Tensor,
 
 
 def hf_models(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The outermost transformers `PreTrainedModel`s inside `model` ([] without transformers
-    loaded or without one)."""
-    transformers = sys.modules.get("transformers")
-    if transformers is None:  # no transformers model can exist without its module loaded
+    """The outermost transformers `PreTrainedModel`s inside `model` ([] without transformers'
+    modeling module loaded or without one)."""
+    # No transformers model can exist before the module that defines its base class is loaded.
+    # Looking it up on `transformers` itself would import it (and torchao): seconds per rank.
+    modeling = sys.modules.get("transformers.modeling_utils")
+    if modeling is None:
         return []
     found, inner = [], set()
     for module in model.modules():
-        if isinstance(module, transformers.PreTrainedModel) and module not in inner:
+        if isinstance(module, modeling.PreTrainedModel) and module not in inner:
             found.append(module)
             inner.update(m for m in module.modules() if m is not module)
     return found

@@ -2,14 +2,16 @@
 
 One file, `calibration.json` next to this module, holds
 
-- **rows**: one measured (or published) quantity of one run, with the planner's prediction for
-  that run when the row was recorded. Today's rows are the CPU memory rows that
-  `bench/planner_accuracy.py` measures with `train.py` (source "measured-cpu"); rows from a
-  paper (source "published": step time, MFU) and from GPU runs ("measured-gpu") take the same
-  form;
-- **corrections**: the constants of the cost model that were fitted to rows (today one: the
-  CPU framework reserve, fitted to the "measured-cpu" `memory.process_bytes` rows), each naming
-  the rows it came from and how.
+- **rows**: one measured or published quantity of one run, with the planner's prediction for
+  that run when the row was recorded. Two sources hold rows today: "measured-cpu", the CPU
+  memory rows (model states, activations, tensor peak, process peak) that
+  `bench/planner_accuracy.py` measures with `train.py`, and "published", rows from papers and
+  reports (tokens/s per device, hardware FLOP utilisation, reserved memory), each citing its
+  `origin`. GPU runs ("measured-gpu") take the same form; none is stored yet;
+- **corrections**: the constants of the cost model that were fitted to rows, each naming the
+  rows it came from and how: the CPU framework reserve (fitted to the "measured-cpu" process
+  and tensor peaks) and the GPU time model's constants (fitted to the "published" time rows by
+  `bench/fit_time_model.py`).
 
 The format is versioned JSON (FORMAT, VERSION); `load` validates every field and refuses bad
 input with a ValueError that names the file, the row and the field. docs/PLANNER.md

@@ -13,7 +13,11 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
   transformers imports torchao, e.g. to build a Mixtral or Qwen2-MoE model);
 - Lightning's hint that `srun` exists but is unused, printed by every rank of a local run on any
   machine with Slurm installed: local runs there are deliberate, and a run that needs Slurm
-  (`hardware.num_nodes` above 1) already stops with its own error (docs/LAUNCH.md).
+  (`hardware.num_nodes` above 1) already stops with its own error (docs/LAUNCH.md);
+- torch's notice that registering an Enum as a pytree constant is deprecated, logged on every
+  rank for each of torchao's enums (`KernelPreference`, `ScaleCalculationMode`) when transformers
+  loads torchao: a Hugging Face model, or context parallelism's look for one, imports it. The
+  call is torchao's; other packages' enums still show it.
 
 W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
 """
@@ -38,6 +42,20 @@ class _DropHints(logging.Filter):
 
 _FILTER = _DropHints()
 
+_PYTREE_LOG = "torch.utils._pytree"
+_ENUM_CONSTANT_NOTICE = "is an Enum subclass and is now natively supported"
+
+
+class _DropTorchaoEnumNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _ENUM_CONSTANT_NOTICE not in str(record.msg):
+            return True
+        enum_class = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return not getattr(enum_class, "__module__", "").startswith("torchao.")
+
+
+_PYTREE_FILTER = _DropTorchaoEnumNotices()
+
 
 def quiet_profiler() -> None:
     """Hide kineto's USDT lines; call before the first `torch.profiler.profile` starts."""
@@ -51,6 +69,9 @@ def quiet_third_party() -> None:
         log = logging.getLogger(name)
         if _FILTER not in log.filters:
             log.addFilter(_FILTER)
+    pytree_log = logging.getLogger(_PYTREE_LOG)
+    if _PYTREE_FILTER not in pytree_log.filters:
+        pytree_log.addFilter(_PYTREE_FILTER)
     warnings.filterwarnings(
         "ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning
     )
