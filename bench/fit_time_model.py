@@ -2,7 +2,7 @@
 
     python bench/fit_time_model.py
 
-The fit is `lightning_dist.calibration_holdout.fit` over every source (torchtitan, Megatron-LM
+The fit is `lightning_dist.published.holdout.fit` over every source (torchtitan, Megatron-LM
 Table 1, llm-foundry): `hardware.matmul_efficiency` of dgx_h100 and dgx_a100 (each at its
 datasheet power) and the corrections `gemm_half_dim`, `clock_power_exponent` and
 `pointwise_scale` of planner/calibration.json. It prints the fit and each row's error; writing
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_dist import calibration_holdout as holdout  # noqa: E402
+from lightning_dist.published import holdout  # noqa: E402
 
 
 def main() -> int:

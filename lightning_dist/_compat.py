@@ -667,6 +667,10 @@ _ENTRIES = (
            "a vocab-parallel embedding looks up local rows, a fused projection flattens its "
            "parts, an expert-parallel rank runs its experts; only forward changes what an "
            "instance computes", TORCH),
+    _entry("count_routes", "lightning_dist.models.moe.MoE", "patch",
+           "lightning_dist.parallel.dry_run_experts",
+           "the dry run routes as a balanced router would: a fake tensor's bincount has no "
+           "output shape, so the count seam of each MoE layer is replaced", TORCH),
     _entry("reset_parameters", "torch.nn.Linear", "patch", "lightning_dist.parallel.fused",
            "a fused projection held by parts [n, O, in] draws nn.Linear's init from in_features "
            "(torch's would read the fan-in of that shape)", TORCH),

@@ -488,8 +488,8 @@ def _sig3(x: float) -> float:
 def prediction_line(candidate) -> str:
     """The chosen row's tokens/s, step time and MFU, each with its likely range: the 10th to
     90th percentile of the time model's leave-one-source-out errors on published runs
-    (`calibration_holdout.prediction_band`; docs/PLANNER.md, "Uncertainty")."""
-    from lightning_dist.calibration_holdout import prediction_band
+    (`published.holdout.prediction_band`; docs/PLANNER.md, "Uncertainty")."""
+    from lightning_dist.published.holdout import prediction_band
 
     t = candidate.time
     low, high = prediction_band(t.tokens_per_sec)

@@ -48,7 +48,7 @@ def _filesystem(url: str, storage_options: Mapping[str, Any], where: str):
 
     protocol = url.split("://", 1)[0]
     try:
-        cls = fsspec.get_filesystem_class(protocol)
+        fsspec.get_filesystem_class(protocol)  # its package is there
     except (ValueError, ImportError) as e:
         known = ", ".join(p + "://" for p in ("s3", "gs", "az", "hf", "http", "https", "memory"))
         raise ValueError(
@@ -58,9 +58,10 @@ def _filesystem(url: str, storage_options: Mapping[str, Any], where: str):
     options = dict(storage_options)
     if protocol in ("s3", "s3a") and not _CREDENTIAL_OPTIONS & set(options):
         _check_aws_credentials(url, where)
-    fs = cls(**options)  # fsspec keeps one per options: its client is made once per process
+    # fsspec keeps one filesystem per options: its client is made once per process
+    fs, path = fsspec.core.url_to_fs(url, **options)
     fs.invalidate_cache()  # but its listings are read afresh: a changed object must show
-    return fs, cls._strip_protocol(url)
+    return fs, path
 
 
 def _check_aws_credentials(url: str, where: str) -> None:

@@ -52,7 +52,7 @@ FLASH2_FWD_BWD_FLOPS_PER_FORWARD = 3.5
 
 CLOCK_POWER_PRIOR = 1 / 3
 """The exponent dynamic CMOS power ~ f V^2 with V ~ f gives: the fit's start, and its value
-where no run below its datasheet power is fitted (calibration_holdout.CONSTRAINED_ONLY_BY)."""
+where no run below its datasheet power is fitted (published.holdout.CONSTRAINED_ONLY_BY)."""
 DATASHEET_POWER_W = {989.0: 700.0, 312.0: 400.0, 165.2: 450.0}
 """Datasheet power (W) of the GPU whose bf16 peak (TFLOP/s) is the key: H100 SXM and H200 SXM
 (989, up to 700 W), A100 SXM (312, 400 W), RTX 4090 (165.2, 450 W)."""

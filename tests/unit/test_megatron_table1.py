@@ -14,7 +14,7 @@ from lightning_dist.planner.megatron import TABLE1, compare_row
 
 @pytest.fixture(scope="module")
 def results():
-    from lightning_dist.calibration_report import hardware
+    from lightning_dist.published.runs import hardware
 
     node = hardware(["hardware=dgx_a100"])
     return [compare_row(row, node) for row in TABLE1]

@@ -63,8 +63,8 @@ def test_mfu_counts_the_active_parameters():
 
 
 def _estimate(name, nodes, layout, **knobs):
-    from lightning_dist.calibration_report import hardware
     from lightning_dist.planner.estimate import estimate
+    from lightning_dist.published.runs import hardware
 
     model = model_spec_of(name)
     hw = hardware(["hardware=dgx_h100", f"hardware.num_nodes={nodes}"])
@@ -103,8 +103,8 @@ def test_ep_halves_the_gathered_experts_and_keeps_the_shards_and_moves_all_to_al
 
 
 def test_the_search_takes_ep_for_a_mixture_of_experts_and_reports_active_mfu():
-    from lightning_dist.calibration_report import hardware
     from lightning_dist.planner import plan_layouts
+    from lightning_dist.published.runs import hardware
 
     model = model_spec_of("mixtral_8x7b")
     hw = hardware(["hardware=dgx_h100", "hardware.num_nodes=2"])

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_dist.calibration_report import main, published_rows
+from lightning_dist.calibration_report import main
 from lightning_dist.planner.calibration import TARGETS, load, row_error, select
+from lightning_dist.published.runs import published_rows
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_the_command_prints_every_row_with_its_error(capsys):
 
 
 def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
-    from lightning_dist import calibration_holdout as holdout
+    from lightning_dist.published import holdout
 
     stored = holdout.load_fits()
     errors = [e for s in holdout.SOURCES
@@ -76,7 +77,7 @@ def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
 def test_the_held_out_time_rows_meet_the_time_target():
     """No constant was fitted to them; the memory rows are printed, not pinned (four of five
     miss: docs/PLANNER.md, "Held out")."""
-    from lightning_dist.calibration_report import held_out_rows
+    from lightning_dist.published.runs import held_out_rows
 
     time_rows = [r for r in held_out_rows() if r.quantity.startswith("time.")]
     assert len(time_rows) == 7
@@ -88,9 +89,9 @@ def test_the_torchtitan_rows_overrides_build_the_predicted_layout():
     """The overrides stored with a row are the run the planner predicted: FSDP over every GPU."""
     from omegaconf import OmegaConf
 
-    from lightning_dist.calibration_report import TORCHTITAN_RUNS, torchtitan_overrides
     from lightning_dist.config import compose_config, hardware_spec
     from lightning_dist.options import PRESETS
+    from lightning_dist.published.runs import TORCHTITAN_RUNS, torchtitan_overrides
 
     for run in TORCHTITAN_RUNS:
         cfg = compose_config([*torchtitan_overrides(run), "paths.output_dir=."])

@@ -3,7 +3,7 @@ published runs, then used to predict that source (`python -m lightning_dist.cali
 prints the result beside each row's error; `--refit` recomputes the fits).
 
 The sources are torchtitan's Llama 3.1 8B H100 rows, Megatron-LM's Table 1 and llm-foundry's
-MPT rows (`calibration_foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100
+MPT rows (`published/foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100
 and dgx_a100 (each at its datasheet power) and the corrections `gemm_half_dim`,
 `clock_power_exponent` and `pointwise_scale`; flash attention's rates are the kernel paper's
 figures (planner/device_rates.py), not fitted. The loss is the sum of squared errors over each
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import lightning_dist.planner.compute as compute
 
-HOLDOUT_PATH = Path(__file__).resolve().parent / "planner" / "holdout_fits.json"
+HOLDOUT_PATH = Path(__file__).resolve().parents[1] / "planner" / "holdout_fits.json"
 SOURCES = ("torchtitan", "megatron", "llm-foundry")
 BAND_PERCENTILES = (10, 90)
 
@@ -48,7 +48,7 @@ def source_of(origin: str) -> str:
 
 def stored_constants() -> TimeConstants:
     """The constants the planner runs with (conf/hardware and calibration.json)."""
-    from lightning_dist.calibration_report import hardware
+    from lightning_dist.published.runs import hardware
 
     h100, a100 = (_efficiency(hardware([f"hardware={n}"])) for n in ("dgx_h100", "dgx_a100"))
     return TimeConstants(h100, a100, compute.GEMM_HALF_DIM, compute.CLOCK_POWER_EXPONENT,
@@ -81,9 +81,9 @@ def relative_errors(constants: TimeConstants, source: str) -> list:
     """[(row label, predicted / published - 1, target)] of one source's time rows under
     `constants` (torchtitan's float8 rows included: they are fitted like the others, and with
     them the clock exponent sees the 500 W parts' float8 matmuls too)."""
-    from lightning_dist import calibration_foundry as foundry
-    from lightning_dist import calibration_report as report
     from lightning_dist.planner import megatron
+    from lightning_dist.published import foundry
+    from lightning_dist.published import runs as report
 
     out = []
     with applied(constants):
