@@ -73,7 +73,7 @@ class HangWatchdog(Callback):
         """Set on every step and phase: a rank's last heartbeat names where it really stopped
         (a round every `interval` would name a step several steps old)."""
         self._thread: threading.Thread | None = None
-        self._store = None
+        self._store: Any = None
         self._rank, self._world = 0, 1
         self._started = time.time()
         self._answered = time.monotonic()

@@ -177,6 +177,7 @@ class CheckpointFence(Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         holder = self.fence.holder() if trainer.is_global_zero else None
+        assert self.number is not None  # claimed in on_train_start, before any save
         try:
             self.fence.check(self.number, trainer.strategy.broadcast(holder))
         except FencedOut:

@@ -58,6 +58,8 @@ def lighthouse_answers(address: str, timeout_s: float = 3.0) -> bool:
     """Whether anything accepts a connection at the Lighthouse's `http://host:port`."""
     parsed = urlsplit(address if "://" in address else f"http://{address}")
     try:
+        if parsed.port is None:
+            return False  # an address without a port names nothing to connect to
         with socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s):
             return True
     except (OSError, ValueError):
