@@ -52,6 +52,11 @@ def write_corpus(folder: Path, fmt: str, docs: list[str]) -> dict:
             body = zstandard.ZstdCompressor().compress(body)
         path.write_bytes(body)
         return {"path": str(path), "format": "jsonl"}
+    if fmt == "chat":  # each document a prompt (its first half) and a response (the rest)
+        body = "".join(json.dumps({"prompt": d[: len(d) // 2], "response": d[len(d) // 2 :]})
+                       + "\n" for d in docs)  # fmt: skip
+        (folder / "chat.jsonl").write_text(body)
+        return {"path": str(folder / "chat.jsonl"), "format": "chat"}
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -104,7 +109,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(TABLE))
     args = parser.parse_args()
     docs = documents(args.docs)
-    formats = ["text", "jsonl", "jsonl.zst", "parquet", "hf_disk", "tokens", "megatron"]
+    formats = ["text", "jsonl", "jsonl.zst", "parquet", "hf_disk", "tokens", "megatron", "chat"]
     rates = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in formats:
