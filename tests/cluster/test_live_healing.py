@@ -15,14 +15,16 @@ import sys
 
 from tests.repo import REPO_ROOT
 
-STEPS = 14
+STEPS = 18
 RUN = ["debug=fast", "model=tiny", f"trainer.max_steps={STEPS}", "data.global_batch_size=8"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
        "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}  # fmt: skip
 # Each step sleeps 2 s on rank 0 of each group, so that a relaunched group (about 10 s to start
 # on this machine) can rejoin by step 10; under load later (a CI run of 2026-12-03, beside other
-# heavy modules, rejoined at step 11, a run of 2026-12-04 at step 12), so the job runs 14 steps
-# and the group must be back by step 12, leaving steps with both groups to compare;
+# heavy modules, rejoined at step 11, a run of 2026-12-04 at step 12, the fresh-clone CI of
+# 2026-12-06 at step 14 beside the heavier stopped-rank waves; alone that day: healed at step 6),
+# so the job runs 18 steps and the group must be back by step 16, leaving steps with both
+# groups to compare;
 # `collective_timeout_s=20` makes the failed group's
 # surviving rank end within about 2 s (the watchdog polls every collective_timeout_s / 20).
 # Checkpoints every 3 steps with resume=auto: the relaunched group heals from group 0 rather
@@ -49,7 +51,7 @@ def test_a_killed_group_drops_out_heals_from_its_peer_and_the_losses_stay_exact(
     first, second = (_summary(tmp_path / "job" / f"group{g}") for g in (0, 1))
 
     # Group 0 took every step, without a restart: groups 2, 2, 2, then 1 from step 4 on
-    # until group 1 is back, by step 13 at the latest (two steps together).
+    # until group 1 is back, by step 16 at the latest (two steps together).
     groups = first["replica_groups_per_step"]
     assert first["steps"] == STEPS and len(groups) == STEPS and first["healed_at_step"] is None
     assert (first["replica_group"], second["replica_group"]) == (0, 1)
