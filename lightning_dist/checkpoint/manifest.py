@@ -32,6 +32,7 @@ except ImportError:  # not POSIX: no node record, every process hashes
     fcntl = None
 
 from lightning_dist.checkpoint.safe import CheckpointError
+from lightning_dist.runtime.hashing import file_sha256
 
 __all__ = [
     "FORMAT",
@@ -46,21 +47,12 @@ __all__ = [
 FORMAT = "lightning_dist.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
-_CHUNK = 1 << 20
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
     """{relative name: sha256} of every file in `folder` except the manifest."""
     return {
-        str(p.relative_to(folder)): sha256_of(p)
+        str(p.relative_to(folder)): file_sha256(p)
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
@@ -186,7 +178,7 @@ twice, and a rewritten manifest is checked again."""
 
 def _first_mismatch(folder: Path, recorded: dict[str, str]) -> str | None:
     for name, expected in sorted(recorded.items()):
-        if sha256_of(folder / name) != expected:
+        if file_sha256(folder / name) != expected:
             return name
     return None
 

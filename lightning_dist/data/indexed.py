@@ -283,12 +283,3 @@ def write_indexed(
             writer.add_document(tokens)
     assert writer.summary is not None
     return writer.summary
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a file, read 1 MiB at a time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -21,7 +21,7 @@ import re
 import uuid
 from pathlib import Path
 
-from lightning_dist.data.indexed import file_sha256
+from lightning_dist.runtime.hashing import file_sha256
 from lightning_dist.runtime.refusal import ConfigError
 
 MANIFEST_FORMAT = 1
