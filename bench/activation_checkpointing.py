@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from lightning_dist.measure.step_memory import measure_step  # noqa: E402
 from lightning_dist.models.args import ModelArgs  # noqa: E402
 from lightning_dist.models.materialize import materialize  # noqa: E402
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing  # noqa: E402
 from lightning_dist.parallel.compile import apply_compile  # noqa: E402
 from lightning_dist.parallel.fsdp import find_block_types  # noqa: E402
-from lightning_dist.parallel.memory import measure_step  # noqa: E402
 
 ARGS = ModelArgs(
     dim=256, n_layers=4, n_heads=4, vocab_size=512, ffn_hidden_size=704, max_seq_len=128

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_dist.parity import max_relative_difference, run_train
+from lightning_dist.run.parity_runs import max_relative_difference, run_train
 
 TOLERANCE = 1e-4
 BASE = ["model=llama_debug", "model.max_seq_len=512", "data=synthetic", "data.seq_len=512",

@@ -109,7 +109,7 @@ def losses(steps: int, out: Path, seeds: tuple[int, ...]) -> tuple[dict, list[tu
         per_seed = [runs[name][s] for s in seeds]
         rows.append((name, " / ".join(f"{val(s):.4f}" for s in per_seed), gaps(name, val),
                      gaps(name, last20), f"{statistics.median(s['tokens_per_sec'] for s in per_seed):,.0f}"))  # fmt: skip
-    from lightning_dist.report import write_loss_comparison
+    from lightning_dist.run.report_pages import write_loss_comparison
 
     first = seeds[0]
     write_loss_comparison({n: runs[n][first] for n in LOSS_RUNS}, out / "loss_curves.png",

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lightning_dist.parity import run_train  # noqa: E402
+from lightning_dist.run.parity_runs import run_train  # noqa: E402
 
 TUNED = ["strategy=fsdp"]
 ROWS = {

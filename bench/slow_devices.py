@@ -4,7 +4,7 @@
 
 Two comparisons on 2 CPU ranks (gloo), each configuration pair interleaved in every repeat,
 the ranks paced by the simulation tool (`strategy.simulate_slowdown`, `simulate_flops`, a
-simulated device of 1 GFLOP/s at factor 1: parallel/simulate.py), synthetic data:
+simulated device of 1 GFLOP/s at factor 1: cluster/simulate.py), synthetic data:
 
 1. pipeline: `llama_debug` deepened to 8 layers (`model.n_layers=8`), pp=2, 1F1B, 8
    microbatches of 2 x 128 tokens, stage 1 simulated 3x slower: the uniform split 4/4

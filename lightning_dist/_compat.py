@@ -79,7 +79,7 @@ def mem_tracker_class() -> type:
     """`torch.distributed._tools.mem_tracker.MemTracker`, the only tracker that splits memory
     into parameters, gradients, optimizer state and activations on any device (CPU included).
 
-    parallel/memory.py subclasses it and overrides `_register_global_optimizer_hook`,
+    measure/step_memory.py subclasses it and overrides `_register_global_optimizer_hook`,
     `_update_peak_stats` and `_track_module_params_and_buffers`, sets `_mod_tracker` and
     `_in_opt`: the closure-style optimizer step of Lightning and the pipeline's repeated module
     calls need them (see MEM_TRACKER_INTERNALS).
@@ -92,7 +92,7 @@ def mem_tracker_class() -> type:
 def register_fake_backend() -> None:
     """Register torch's fake process-group backend (`backend="fake"`: every collective returns
     at once and leaves its tensors untouched), whose creator torch registers only in its testing
-    package. Why: the dry run (parallel/dry_run.py) builds one rank of a world of thousands in
+    package. Why: the dry run (measure/fake_rank.py) builds one rank of a world of thousands in
     one process; no public module registers it."""
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
@@ -172,7 +172,7 @@ MEM_TRACKER_INTERNALS = (
     "_update_peak_stats",
     "_track_module_params_and_buffers",
 )
-"""MemTracker methods parallel/memory.py overrides (attributes `_mod_tracker`, `_in_opt` too)."""
+"""MemTracker methods measure/step_memory.py overrides (attributes `_mod_tracker`, `_in_opt` too)."""
 
 
 def in_backward() -> bool:
@@ -314,7 +314,7 @@ def process_group_settings(strategy: Any) -> tuple[str, Any]:
 
     Lightning keeps them in `_process_group_backend` (None: the device's default) and `_timeout`,
     with no public accessor; strategies/base.py joins the group itself under torchrun restarts
-    (see parallel/elastic.py) and must use the same settings.
+    (see cluster/elastic.py) and must use the same settings.
     """
     backend = getattr(strategy, "_process_group_backend", None)
     if backend is None:
@@ -545,7 +545,7 @@ _CLEARS = (
     "DTensor's caches, keyed by meshes equal across process groups; cleared when a "
     "group ends so the next group's meshes do not get the old groups' names"
 )
-_CLEARS_USED_IN = ("lightning_dist.strategies.launch", "lightning_dist.parallel.dry_run")
+_CLEARS_USED_IN = ("lightning_dist.strategies.launch", "lightning_dist.measure.fake_rank")
 
 
 def _entry(name, owner, kind, used_in, why, checked, via="", probe="") -> PrivateName:
@@ -578,7 +578,7 @@ _ENTRIES = (
            "the placement of a fused projection's parts seen as one tensor, and FSDP2's over TP",
            TORCH, via="strided_shard_class"),
     _entry(_MEM_TRACKER, "torch.distributed._tools.mem_tracker", "import",
-           "lightning_dist.parallel.memory",
+           "lightning_dist.measure.step_memory",
            "the only tracker splitting memory into params, grads, optimizer, activations",
            TORCH, via="mem_tracker_class"),
     _entry("torch.distributed.pipelining._schedule_visualizer.get_schedule_ops",
@@ -589,15 +589,15 @@ _ENTRIES = (
            "the action kinds of pipeline_order_with_comms; no public enum", TORCH,
            via="pipeline_action_types"),
     _entry("torch.testing._internal.distributed.fake_pg", "torch.testing._internal.distributed",
-           "import", "lightning_dist.parallel.dry_run",
+           "import", "lightning_dist.measure.fake_rank",
            "registers the fake process-group backend; no public module does", TORCH,
            via="register_fake_backend"),
     _entry("torch._subclasses.fake_tensor.FakeTensorMode", "torch._subclasses.fake_tensor",
-           "import", "lightning_dist.parallel.dry_run",
+           "import", "lightning_dist.measure.fake_rank",
            "storage-free tensors that FSDP2 accepts as materialised", TORCH,
            via="fake_tensor_mode"),
     _entry("torch.utils._python_dispatch.TorchDispatchMode", "torch.utils._python_dispatch",
-           "import", "lightning_dist.parallel.dry_run",
+           "import", "lightning_dist.measure.fake_rank",
            "sees each collective with its tensors and group; no public hook does", TORCH,
            via="dispatch_mode_class"),
     _entry("torch.distributed.checkpoint._traverse.set_element",
@@ -618,7 +618,7 @@ _ENTRIES = (
         )
     ),  # fmt: skip
     _entry("torch._C._current_graph_task_id", "torch._C", "attribute",
-           ("lightning_dist.parallel.memory", "lightning_dist.models.moe"),
+           ("lightning_dist.measure.step_memory", "lightning_dist.models.moe"),
            "whether backward runs (the memory meter's temporaries; an MoE layer's forward "
            "rerun by activation checkpointing); no public query", TORCH, via="in_backward"),
     _entry("torch._grouped_mm", "torch", "attribute", "lightning_dist.models.moe",
@@ -668,7 +668,7 @@ _ENTRIES = (
            "parts, an expert-parallel rank runs its experts; only forward changes what an "
            "instance computes", TORCH),
     _entry("count_routes", "lightning_dist.models.moe.MoE", "patch",
-           "lightning_dist.parallel.dry_run_experts",
+           "lightning_dist.measure.fake_routing",
            "the dry run routes as a balanced router would: a fake tensor's bincount has no "
            "output shape, so the count seam of each MoE layer is replaced", TORCH),
     _entry("reset_parameters", "torch.nn.Linear", "patch", "lightning_dist.parallel.fused",
@@ -693,9 +693,9 @@ _ENTRIES = (
            "lightning_dist.checkpoint.safe", "the .metadata file a reader opens; no accessor",
            TORCH, via="dcp_metadata_path"),
     *(
-        _entry(name, _MEM_TRACKER, kind, "lightning_dist.parallel.memory",
+        _entry(name, _MEM_TRACKER, kind, "lightning_dist.measure.step_memory",
                "Lightning's closure-style step and a pipeline's repeated module calls need "
-               "MemTracker's internals changed (see parallel/memory.py)", TORCH, via=via)
+               "MemTracker's internals changed (see measure/step_memory.py)", TORCH, via=via)
         for name, kind, via in (
             ("_register_global_optimizer_hook", "hook", ""),
             ("_update_peak_stats", "hook", ""),

@@ -32,7 +32,7 @@ class StrategyContract(Protocol):
     """Every knob as configured (lightning_dist/options/): the planner's input."""
     placement: Any
     """Once the processes exist: the node of every rank and the rank groups of each parallel
-    dimension (`lightning_dist.parallel.nodes.Placement`); None before, or when unknown."""
+    dimension (`lightning_dist.cluster.nodes.Placement`); None before, or when unknown."""
 
     def layout_for(self, devices: int, num_nodes: int) -> Layout:
         """The layout this strategy runs on `num_nodes` nodes of `devices` ranks (resolved)."""

@@ -50,7 +50,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = build_run(plan, started)
     start_record(plan, run)
     from lightning_dist.checkpoint.format import CheckpointWriteError
-    from lightning_dist.parallel.replica_groups import LighthouseLost
+    from lightning_dist.cluster.replica_groups import LighthouseLost
     from lightning_dist.run.finish import write_stopped_summary
 
     try:
@@ -93,8 +93,8 @@ def fit(run: Any, ckpt_path: str | None) -> None:
     2."""
     from lightning_dist.checkpoint.fence import FencedOut
     from lightning_dist.checkpoint.safe import CheckpointError
+    from lightning_dist.cluster.nodes import NodePlacementError
     from lightning_dist.lm.data import ValidationSplitTooSmall
-    from lightning_dist.parallel.nodes import NodePlacementError
     from lightning_dist.run.errors import ConfigError
 
     try:
@@ -144,7 +144,7 @@ def _train_and_exit(cfg: DictConfig) -> None:
     )
     from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE, FencedOut
     from lightning_dist.checkpoint.format import CheckpointWriteError
-    from lightning_dist.parallel.replica_groups import (
+    from lightning_dist.cluster.replica_groups import (
         LighthouseLost,
         ReplicaGroupAlone,
         ReplicaGroupFellBehind,

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dist.contract import contract_of
-from lightning_dist.parallel.memory import CATEGORIES, StepMemoryMeter
+from lightning_dist.measure.step_memory import CATEGORIES, StepMemoryMeter
 
 log = logging.getLogger(__name__)
 

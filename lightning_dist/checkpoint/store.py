@@ -27,6 +27,7 @@ from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
 from lightning_dist.checkpoint.fence import FolderFence
 from lightning_dist.checkpoint.format import is_weights_only
 from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX
+from lightning_dist.options.saving import SaveOptions
 
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
 DCP_METADATA = ".metadata"
@@ -131,9 +132,8 @@ class RunCheckpoints:
     `checkpoint.format.load_state`)."""
 
     dirpath: Path
-    every_n_train_steps: int | None = None
-    save_last: bool = False
-    keep_last: int | None = None
+    """`saving.dirpath`, or `<run dir>/checkpoints`."""
+    saving: SaveOptions = field(default_factory=SaveOptions)
     resume: str | None = None
     ckpt_path: str | None = None
     init_from: str | None = None
@@ -145,9 +145,7 @@ class RunCheckpoints:
         c = trainer.checkpoint
         return cls(
             dirpath=Path(c.dirpath or Path(run_dir) / "checkpoints"),
-            every_n_train_steps=c.every_n_train_steps,
-            save_last=c.save_last,
-            keep_last=c.keep_last,
+            saving=SaveOptions.of(c),
             resume=trainer.resume,
             ckpt_path=trainer.ckpt_path,
             init_from=trainer.init_from,
@@ -158,9 +156,11 @@ class RunCheckpoints:
         line saying what was found; ValueError for settings that contradict each other."""
         if self.resume not in (None, "auto"):
             raise ValueError(f"trainer.resume={self.resume!r} must be auto or null")
-        if self.keep_last is not None and (isinstance(self.keep_last, bool) or self.keep_last < 1):
+        if self.saving.keep_last is not None and (
+            isinstance(self.saving.keep_last, bool) or self.saving.keep_last < 1
+        ):
             raise ValueError(
-                f"trainer.checkpoint.keep_last={self.keep_last!r} must be 1 or more (null keeps "
+                f"trainer.checkpoint.keep_last={self.saving.keep_last!r} must be 1 or more (null keeps "
                 "every checkpoint)"
             )
         if self.resume == "auto":
@@ -226,14 +226,14 @@ class RunCheckpoints:
         free = shutil.disk_usage(existing).free
         if free < checkpoint_bytes:
             from lightning_dist.checkpoint.describe import human_bytes
-            from lightning_dist.run.checks import warn_once
+            from lightning_dist.runtime.console import warn_once
 
             message = (
                 f"{setting} is on a filesystem with {human_bytes(free)} free, but one checkpoint "
                 f"of this model takes {human_bytes(checkpoint_bytes)} (parameters and optimizer "
                 "state); free space, or set trainer.checkpoint.dirpath to a larger disk"
             )
-            if (self.every_n_train_steps or self.save_last) and num_nodes == 1:
+            if (self.saving.every_n_train_steps or self.saving.save_last) and num_nodes == 1:
                 raise ValueError(message)
             warn_once(message)
 
@@ -251,8 +251,8 @@ class RunCheckpoints:
         """A ModelCheckpoint saving every `trainer.checkpoint.every_n_train_steps` steps (each
         kept as `step<N>.ckpt`, so the run can be resumed from any of them) and/or `last.ckpt`
         at the end; none when neither is set."""
-        every = self.every_n_train_steps
-        if not (every or self.save_last):
+        every = self.saving.every_n_train_steps
+        if not (every or self.saving.save_last):
             return self.fence_callbacks()
         return [
             *self.fence_callbacks(),
@@ -263,7 +263,7 @@ class RunCheckpoints:
                 auto_insert_metric_name=False,
                 every_n_train_steps=every or None,
                 save_top_k=-1 if every else 0,
-                save_last=self.save_last,
+                save_last=self.saving.save_last,
                 # A resumed or restarted run rewrites step<N>.ckpt and last.ckpt, never `-v1`.
                 enable_version_counter=False,
             ),
@@ -275,13 +275,13 @@ class RunCheckpoints:
         progress) or a weights-only one. Returns what it deleted. Call on global rank 0."""
         import shutil
 
-        if not self.keep_last:
+        if not self.saving.keep_last:
             return []
         steps = step_folders(self.dirpath)
         complete = [step for step, entry in steps if is_complete(entry)]
-        if len(complete) <= self.keep_last:
+        if len(complete) <= self.saving.keep_last:
             return []
-        oldest_kept = complete[-self.keep_last]
+        oldest_kept = complete[-self.saving.keep_last]
         removed = []
         for step, entry in steps:
             if step < oldest_kept and not is_weights_only(entry):
@@ -292,7 +292,7 @@ class RunCheckpoints:
     def fence_callbacks(self) -> list:
         """The fence that lets one world at a time write the folder (checkpoint/fence.py), for
         runs that save on a schedule or resume from the folder (restarts, elastic rounds)."""
-        if not (self.every_n_train_steps or self.save_last or self.resume == "auto"):
+        if not (self.saving.every_n_train_steps or self.saving.save_last or self.resume == "auto"):
             return []
         from lightning_dist.checkpoint.fence import CheckpointFence
 
@@ -327,7 +327,7 @@ class RetainingCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if trainer.is_global_zero and self.best_model_path != before:
             removed = self.checkpoints.prune()
-            print(saved_line(Path(self.best_model_path), removed, self.checkpoints.keep_last),
+            print(saved_line(Path(self.best_model_path), removed, self.checkpoints.saving.keep_last),
                   flush=True)  # fmt: skip
 
 

@@ -20,6 +20,8 @@ from lightning_dist import options
 from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs, MoEArgs
+from lightning_dist.options.optim import OptimOptions
+from lightning_dist.options.saving import SaveOptions
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 """The YAML configs: `lightning_dist/conf/`, package data (`CONF_MODULE` to Hydra)."""
@@ -197,21 +199,27 @@ AutoSchema = _strategy_schema(
 )
 
 
-@dataclass(kw_only=True)
-class CheckpointSchema:
-    every_n_train_steps: int | None = None
-    """Save a checkpoint every this many optimizer steps, as <dirpath>/step<N>.ckpt (a folder
-    when the strategy saves sharded); null saves none."""
-    dirpath: str | None = None
-    """Where checkpoints go; null means <run dir>/checkpoints."""
-    save_last: bool = False
-    """Also save <dirpath>/last.ckpt when training ends."""
-    keep_last: int | None = 3
-    """Keep this many of the newest complete step<N>.ckpt; an older one is deleted only once a
-    newer one is complete (null: keep every one)."""
-    async_save: bool = False
-    """Write sharded checkpoints in the background (fsdp2 and 3d); the next save and the end of
-    training wait for the previous one."""
+def knob_schema(cls: type, name: str) -> type:
+    """The Hydra schema of an option class whose fields are `knob()`s: the same names, types (a
+    field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults, generated so
+    that each setting is declared once, in its option class."""
+    out = []
+    for f in dataclasses.fields(cls):
+        default = (
+            field(default_factory=f.default_factory)
+            if f.default_factory is not dataclasses.MISSING
+            else field(default=f.default)
+        )
+        out.append((f.name, f.metadata.get("hydra_type") or f.type, default))
+    return dataclasses.make_dataclass(name, out, kw_only=True, namespace={"__module__": __name__})
+
+
+OptimSchema = knob_schema(OptimOptions, "OptimSchema")
+"""`optim.*`: the fields of `options.optim.OptimOptions`."""
+
+
+CheckpointSchema = knob_schema(SaveOptions, "CheckpointSchema")
+"""`trainer.checkpoint.*`: the fields of `options.saving.SaveOptions`."""
 
 
 @dataclass(kw_only=True)
@@ -255,17 +263,6 @@ class TrainerSchema:
     about a second of Python per rank on the debug model); 0 measures no step."""
     deterministic: bool = False
     benchmark: bool = False
-
-
-@dataclass(kw_only=True)
-class OptimSchema:
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    """The cosine schedule decays to lr x min_lr_ratio at trainer.max_steps."""
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
 
 
 @dataclass(kw_only=True)

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from lightning_dist.cluster.replica_groups import GROUP_ENV, LIGHTHOUSE_ENV
 from lightning_dist.launch.torchrun import torchrun_environment
-from lightning_dist.parallel.replica_groups import GROUP_ENV, LIGHTHOUSE_ENV
 
 
 def _parser() -> argparse.ArgumentParser:

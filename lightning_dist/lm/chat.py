@@ -28,7 +28,7 @@ from lightning_dist.lm.datasets import TokenWindows
 from lightning_dist.lm.mixture import MixtureSampler
 from lightning_dist.lm.token_cache import file_sizes
 from lightning_dist.options.data import DataSource
-from lightning_dist.run.errors import ConfigError
+from lightning_dist.runtime.refusal import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from lightning_dist.models.moe import (
     take_step_loads,
     update_expert_biases,
 )
+from lightning_dist.options.optim import OptimOptions
 from lightning_dist.parallel.context_parallel import context_parallel_of
 
 IGNORE = -100
@@ -52,20 +53,13 @@ class CausalLM(L.LightningModule):
         self,
         model_spec: Any,
         *,
-        lr: float = 3e-3,
-        min_lr_ratio: float = 0.1,
-        warmup_steps: int = 20,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        eps: float = 1e-8,
+        optim: OptimOptions | None = None,
         init_seed: int = 0,
     ) -> None:
         super().__init__()
         self.model_spec = model_spec
-        self.optim = dict(
-            lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=warmup_steps,
-            weight_decay=weight_decay, betas=tuple(betas), eps=eps,
-        )  # fmt: skip
+        self.optim = optim or OptimOptions()
+        """The optimizer and schedule settings (`optim.*`, options/optim.py)."""
         self.init_seed = init_seed
         self.model: torch.nn.Module | None = None
         self._matrix_names: set[str] = set()
@@ -305,12 +299,12 @@ class CausalLM(L.LightningModule):
         o = self.optim
         optimizer = torch.optim.AdamW(
             [
-                {"params": decay, "weight_decay": o["weight_decay"]},
+                {"params": decay, "weight_decay": o.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
             ],
-            lr=o["lr"], betas=o["betas"], eps=o["eps"],
+            lr=o.lr, betas=tuple(o.betas), eps=o.eps,
         )  # fmt: skip
-        schedule = warmup_cosine(o["warmup_steps"], self.trainer.max_steps, o["min_lr_ratio"])
+        schedule = warmup_cosine(o.warmup_steps, self.trainer.max_steps, o.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {
             "optimizer": optimizer,

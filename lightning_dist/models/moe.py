@@ -254,7 +254,7 @@ class MoE(nn.Module):
     def count_routes(self, flat: torch.Tensor, bsz: int) -> torch.Tensor:
         """Copies routed to each expert in each sequence [bsz, num_experts] (int64) from the
         chosen experts `flat` [bsz x seqlen x top_k]. An instance attribute of the same name
-        replaces it: the dry run's balanced routing (`parallel/dry_run_experts.py`)."""
+        replaces it: the dry run's balanced routing (`measure/fake_routing.py`)."""
         per_sequence = flat.numel() // bsz
         sequence = torch.arange(flat.numel(), device=flat.device) // per_sequence
         return torch.bincount(

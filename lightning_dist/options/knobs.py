@@ -397,7 +397,7 @@ def _positive(value: Any, name: str, *, minimum: float = 1, whole: bool = False)
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaGroupOptions:
-    """Replica groups that heal live (`strategy=ft_hsdp`, torchft; `parallel/replica_groups.py`)."""
+    """Replica groups that heal live (`strategy=ft_hsdp`, torchft; `cluster/replica_groups.py`)."""
 
     replica_groups: int = knob(2, "Replica groups of the job, each its own process group (one "
                                "torchrun per group, `python -m lightning_dist.launch replicas`); "

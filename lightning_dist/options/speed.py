@@ -121,7 +121,7 @@ class GradientSyncOptions:
 @dataclass(frozen=True, kw_only=True)
 class SimulationOptions:
     """A test and benchmark tool, never for real training: ranks made slower than they are,
-    and a delay on each gradient all-reduce (`parallel/simulate.py`; CPUs only)."""
+    and a delay on each gradient all-reduce (`cluster/simulate.py`; CPUs only)."""
 
     simulate_slowdown: Any = knob(
         None, "TEST TOOL. Simulated speed per rank: a list by global rank ([1, 3]: rank 1 three "

@@ -324,7 +324,7 @@ def model_state_bytes(
     replicated parameters between steps. Offload moves the sharded states to host memory.
     DiLoCo (`strategy.diloco_inner_steps`, DDP) adds its outer optimizer's state to the
     optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
-    (`parallel/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
+    (`cluster/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
     and 1/dp of the optimizer states (an uneven last shard's padding is not counted).
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)

@@ -194,8 +194,8 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
 
 def ddp_gradient_bytes(settings: TrainSettings, shape: StageShape, model, tp: int) -> float:
     """Bytes DDP all-reduces per optimizer step for one rank of the stage `shape`
-    (`strategy.grad_compression`, `strategy.diloco_inner_steps`; `parallel/grad_sync.py`,
-    `parallel/diloco.py`):
+    (`strategy.grad_compression`, `strategy.diloco_inner_steps`; `cluster/grad_sync.py`,
+    `cluster/diloco.py`):
 
     - none: every gradient in the parameters' dtype; bf16, fp16: 2 bytes each;
     - powersgd (rank r): each weight matrix [m, n] as its two factors P [m, r] and Q [n, r] in

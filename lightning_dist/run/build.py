@@ -90,11 +90,7 @@ def build_module(plan: RunPlan):
     """The causal-LM LightningModule with the configured optimiser and schedule."""
     from lightning_dist.lm.module import CausalLM
 
-    o = plan.spec.optim
-    return CausalLM(
-        plan.model, lr=o.lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
-        weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, init_seed=plan.spec.seed,
-    )  # fmt: skip
+    return CausalLM(plan.model, optim=plan.spec.optim, init_seed=plan.spec.seed)
 
 
 def run_callbacks(plan: RunPlan, stats: Any) -> list:
@@ -157,7 +153,7 @@ def note_no_logger(debug: str) -> None:
     """One line, from the first process: a debug config's run logs to no experiment logger.
     `debug=fast` sets `logger=none`: its runs are checks of a setup, seconds long, which would
     otherwise each add a W&B run (online when logged in) and W&B's start-up to their time."""
-    from lightning_dist.run.checks import launch_rank_zero
+    from lightning_dist.runtime.console import launch_rank_zero
 
     if launch_rank_zero():
         print(f"debug={debug}: no experiment logger, W&B is off; add logger=wandb to log this run",

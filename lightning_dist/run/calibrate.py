@@ -238,7 +238,7 @@ def measure(overrides: list[str], run_dir: str | Path, train=None) -> dict[str, 
     largest over ranks of model states, activations, the step's peak of tensors (total) and the
     process's peak resident memory (process, for the reserve: only a fresh process, as train.py
     starts, measures it; ranks that trained before keep their high-water mark)."""
-    from lightning_dist.parity import run_train
+    from lightning_dist.run.parity_runs import run_train
 
     summary = (train or run_train)(list(overrides), run_dir)
     ranks = [r for r in summary.get("memory_by_category") or [] if r]

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
-from lightning_dist.runtime.console import launch_rank_zero
+from lightning_dist.options.optim import OptimOptions
+from lightning_dist.runtime.console import warn_once
 
 BYTES_PER_CPU_RANK = 0.5 * 2**30
 """What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""
@@ -26,12 +26,6 @@ CPU_RANKS_PER_CORE = 8
 MIN_CPU_RANK_LIMIT = 8
 STATE_BYTES_PER_PARAM = 16
 """fp32 weights, gradients and AdamW's two moments."""
-
-
-def warn_once(message: str) -> None:
-    """One `warning: ...` line on stderr, from the first process only."""
-    if launch_rank_zero():
-        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def check_keys(cfg: DictConfig, path: str = "") -> None:
@@ -82,12 +76,6 @@ NUMBER_RULES = [
     ("trainer.checkpoint.every_n_train_steps", _at_least(1, optional=True), "at least 1, or null"),
     ("trainer.gc_every_n_steps", _at_least(0), "0 (Python's own collection) or more"),
     ("trainer.memory_by_category_step", _at_least(0), "0 (not measured) or more"),
-    ("optim.lr", _at_least(0), "0 or more (e.g. optim.lr=3e-3)"),
-    ("optim.warmup_steps", _at_least(0), "0 or more"),
-    ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "between 0 and 1"),
-    ("optim.weight_decay", _at_least(0), "0 or more"),
-    ("optim.eps", _at_least(0, strict=True), "above 0"),
-    ("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two values in [0, 1)"),
 ]  # fmt: skip
 """(key, test, what the value must be) for the numbers of a training config."""
 
@@ -100,6 +88,7 @@ def check_numbers(cfg: DictConfig) -> None:
             value = OmegaConf.to_container(value)
         if not ok(value):
             raise ValueError(f"{key}={value} must be {requirement}")
+    OptimOptions.of(cfg.optim)  # ValueError naming optim.<field>
     if cfg.optim.lr == 0:
         warn_once("optim.lr=0: the weights will not change; set optim.lr above 0 to train")
 

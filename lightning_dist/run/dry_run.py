@@ -1,7 +1,7 @@
 """`plan.dry_run=true` / `python -m lightning_dist.plan ... --dry-run`: the planned run, built
 by the real strategy code at its full world size in this one CPU process, next to the planner.
 
-For each rank it dry-runs (`parallel/dry_run.py`: torch's fake process group, fake tensors, one
+For each rank it dry-runs (`measure/fake_rank.py`: torch's fake process group, fake tensors, one
 optimizer step) it prints the parameter, gradient and optimizer bytes the rank holds and the
 ring bytes it moves over each mesh dimension in one step, beside what the planner predicts for
 that rank (`planner.memory.model_state_bytes`, `planner.traffic.traffic_by_dim`). Without
@@ -30,7 +30,7 @@ class RankComparison:
     """One dry-run rank beside the planner's prediction for its stage."""
 
     measured: Any
-    """`parallel.dry_run.RankDryRun`."""
+    """`measure.fake_rank.RankDryRun`."""
     predicted_states: dict[str, float]
     """params, grads, optimizer: bytes."""
     predicted_traffic: dict[str, float]
@@ -104,7 +104,7 @@ def check_dry_run(plan: Any) -> None:
 
 def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     """Dry-run the planned run (a `run.plan.RunPlan`) rank by rank; see the module doc."""
-    from lightning_dist.parallel.dry_run import dry_run_rank, each_in_a_fresh_process
+    from lightning_dist.measure.fake_rank import dry_run_rank, each_in_a_fresh_process
     from lightning_dist.planner.memory import model_state_bytes, stage_shapes
     from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
     from lightning_dist.run.preflight import estimate_run

@@ -64,7 +64,9 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
         removed = plan.checkpoints.prune()  # saves that completed in the background, preemption's
         if removed:
             names = ", ".join(p.name for p in removed)
-            print(f"removed {names} (trainer.checkpoint.keep_last={plan.checkpoints.keep_last})")
+            print(
+                f"removed {names} (trainer.checkpoint.keep_last={plan.checkpoints.saving.keep_last})"
+            )
         path = plan.spec.run_dir / "summary.json"
         path.write_text(redact_text(json.dumps(summary, indent=2, allow_nan=False)) + "\n")
         finish_logger(run.logger, summary)
@@ -106,7 +108,7 @@ def write_run_report(run_dir) -> None:
     line instead where matplotlib is not installed."""
     import importlib.util
 
-    from lightning_dist.report import write_report
+    from lightning_dist.run.report_pages import write_report
 
     if importlib.util.find_spec("matplotlib") is None:
         print("  report: skipped (matplotlib is not installed; report=false hides this)")

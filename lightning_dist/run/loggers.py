@@ -138,7 +138,7 @@ def check_wandb_mode(mode: str | None) -> None:
     `WANDB_MODE=online`) has an API key (every rank checks) and a server that answers (the
     first process, the one that logs, asks it); else one ValueError naming the problem and the
     fix. The default mode needs neither: `wandb_logger` logs offline then, with one line."""
-    from lightning_dist.run.checks import launch_rank_zero
+    from lightning_dist.runtime.console import launch_rank_zero
 
     asked, where = wandb_mode_asked(mode)
     if asked is None or asked in WANDB_LOCAL_MODES:
@@ -161,7 +161,7 @@ def check_wandb_mode(mode: str | None) -> None:
 def _default_mode(save_dir: str) -> str:
     """Online when logged in and the server answers (asked by the first process only, the one
     that logs); otherwise offline, with one warning line that says why."""
-    from lightning_dist.run.checks import launch_rank_zero
+    from lightning_dist.runtime.console import launch_rank_zero
 
     if not launch_rank_zero():
         return "online"  # only the first process creates the W&B run

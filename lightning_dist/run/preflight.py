@@ -36,8 +36,8 @@ def best_layout_hint(batch: Batch, strategy_cfg: Any, spec: Any, hardware: Hardw
                      precision: str) -> str:  # fmt: skip
     """One line: the planner's best layout for this model and hardware and the train.py
     command that runs it, or why none fits."""
-    from lightning_dist.plan import compile_settings, hydra_task_overrides, train_command
     from lightning_dist.planner import plan_layouts
+    from lightning_dist.run.plan_table import compile_settings, hydra_task_overrides, train_command
 
     result = plan_layouts(
         spec,
@@ -58,7 +58,7 @@ def check_fits(plan: Any) -> None:
     """Raise ValueError with the numbers if the planner predicts the planned run (a
     `run.plan.RunPlan`) does not fit; warn in one line when its data loaders would not keep
     up with the predicted tokens/s (`run/data_rate.py`)."""
-    from lightning_dist.run.checks import warn_once
+    from lightning_dist.runtime.console import warn_once
 
     if plan.hardware.memory_gib is None:
         return  # CPU ranks share host memory: nothing to check against
@@ -86,8 +86,13 @@ def loader_warning(plan: Any, tokens_per_sec: float | None) -> str | None:
 def print_prediction(plan: Any) -> bool:
     """Print the prediction for the planned run (a `run.plan.RunPlan`) and the planner's best;
     return whether it fits."""
-    from lightning_dist.plan import assumptions, config_choice, hydra_task_overrides, plan_notes
     from lightning_dist.planner.labels import batch_line, format_seconds
+    from lightning_dist.run.plan_table import (
+        assumptions,
+        config_choice,
+        hydra_task_overrides,
+        plan_notes,
+    )
 
     batch, spec, hardware, precision = plan.batch, plan.model, plan.hardware, plan.precision
     strategy_cfg = plan.spec.strategy

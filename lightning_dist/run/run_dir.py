@@ -99,7 +99,7 @@ class ProtectRunDir(_HydraCallback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.types import RunMode
 
-        from lightning_dist.run.checks import launch_rank_zero
+        from lightning_dist.runtime.console import launch_rank_zero
 
         overrides = config.hydra.overrides
         remember_secrets(override_secrets([*overrides.task, *overrides.hydra]))

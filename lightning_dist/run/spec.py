@@ -17,9 +17,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.config import hardware_spec, model_spec
-from lightning_dist.config.schemas import OptimSchema, PlanSchema, TrainerSchema
+from lightning_dist.config.schemas import PlanSchema, TrainerSchema
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch
+from lightning_dist.options.optim import OptimOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,7 @@ class RunSpec:
     data: DictConfig
     """conf/data/*: the datamodule's `_target_` node."""
     trainer: TrainerSchema
-    optim: OptimSchema
+    optim: OptimOptions
     plan: PlanSchema
     run_dir: Path
     """`paths.output_dir`: summary.json, logs and (by default) checkpoints go here."""
@@ -79,7 +80,7 @@ class RunSpec:
             strategy=cfg.strategy,
             data=data,
             trainer=OmegaConf.to_object(cfg.trainer),
-            optim=OmegaConf.to_object(cfg.optim),
+            optim=OptimOptions.of(cfg.optim),
             plan=OmegaConf.to_object(cfg.plan),
             run_dir=Path(cfg.paths.output_dir),
             seed=int(cfg.seed),

@@ -90,7 +90,7 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
     import torch
 
     from lightning_dist.parallel.float8 import check_float8_layers
-    from lightning_dist.run.checks import warn_once
+    from lightning_dist.runtime.console import warn_once
 
     with torch.device("meta"):
         built = model.build()

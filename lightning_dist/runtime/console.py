@@ -26,3 +26,9 @@ def launch_rank_zero() -> bool:
     if os.environ.get("SLURM_PROCID", "0") != "0":  # an srun task; Lightning sets RANK later
         return False
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def warn_once(message: str) -> None:
+    """One `warning: ...` line on stderr, from the first process only."""
+    if launch_rank_zero():
+        print_line(f"warning: {message}")

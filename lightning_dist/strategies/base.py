@@ -16,22 +16,22 @@ from typing import Any
 from torch import nn
 
 from lightning_dist._compat import process_group_settings
-from lightning_dist.contract import ContractDefaults
-from lightning_dist.layout import MESH_DIMS, Layout
-from lightning_dist.models.materialize import materialize
-from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
-from lightning_dist.parallel.compile import apply_compile, check_compile
-from lightning_dist.parallel.elastic import init_process_group_for_attempt
-from lightning_dist.parallel.float8 import apply_float8, check_float8
-from lightning_dist.parallel.fsdp import find_block_types
-from lightning_dist.parallel.nodes import (
+from lightning_dist.cluster.elastic import init_process_group_for_attempt
+from lightning_dist.cluster.nodes import (
     Placement,
     check_node_counts,
     gather_node_map,
     local_node_map,
     mesh_groups,
 )
-from lightning_dist.parallel.simulate import apply_simulated_speed
+from lightning_dist.cluster.simulate import apply_simulated_speed
+from lightning_dist.contract import ContractDefaults
+from lightning_dist.layout import MESH_DIMS, Layout
+from lightning_dist.models.materialize import materialize
+from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
+from lightning_dist.parallel.compile import apply_compile, check_compile
+from lightning_dist.parallel.float8 import apply_float8, check_float8
+from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.runtime.refusal import install_refusal_hook, refusals
 from lightning_dist.strategies.checkpoint_hooks import FormatCheckpointHooks
 
@@ -142,7 +142,7 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
 
     def simulate_speed(self, parts: list[nn.Module]) -> None:
         """Pace each model part at this rank's simulated speed (`strategy.simulate_slowdown`,
-        a test tool: parallel/simulate.py); nothing when it is off."""
+        a test tool: cluster/simulate.py); nothing when it is off."""
         sim = self.options.simulate
         factor = sim.factor(self.global_rank)
         if factor is None:
@@ -171,7 +171,7 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
 
     def join_process_group(self) -> None:
         """Under torchrun restarts, join the process group in this attempt's own key space
-        before Lightning would (parallel/elastic.py says why); elsewhere nothing."""
+        before Lightning would (cluster/elastic.py says why); elsewhere nothing."""
         if self.single_process:
             return
         init_process_group_for_attempt(*process_group_settings(self))

@@ -10,9 +10,9 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_dist._compat import sigterm_broadcast_once_per_step
+from lightning_dist.cluster.diloco import DiLoCo
+from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.options import StrategyOptions
-from lightning_dist.parallel.diloco import DiLoCo
-from lightning_dist.parallel.grad_sync import gradient_hook
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
@@ -33,9 +33,9 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
       `accumulate_grad_batches` set per rank in `setup`), and its loss is weighted by
       `loss_weight()` so the averaged gradient is one device's;
     - `grad_compression` / `diloco_inner_steps`: the DDP communication hook
-      (`parallel/grad_sync.py`) and the outer loop after each optimizer step
-      (`parallel/diloco.py`);
-    - `simulate_*`: the test tool of `parallel/simulate.py` (a delay in the hook, hooks that
+      (`cluster/grad_sync.py`) and the outer loop after each optimizer step
+      (`cluster/diloco.py`);
+    - `simulate_*`: the test tool of `cluster/simulate.py` (a delay in the hook, hooks that
       pace the blocks).
     """
 

@@ -1,7 +1,7 @@
 """`strategy=ft_hsdp` / `Trainer(strategy="ft_hsdp")`: replica groups that heal live.
 
 The mesh strategy (FSDP2 over the ranks of one group; tp and pp as in `3d`) inside each replica
-group, and torchft across them (`parallel/replica_groups.py`): start the job with
+group, and torchft across them (`cluster/replica_groups.py`): start the job with
 `python -m lightning_dist.launch replicas --groups N --nproc-per-group M <overrides>`. What the
 strategy adds to `Parallel3DStrategy`:
 
@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from lightning_dist.layout import Layout, batch_plan
-from lightning_dist.parallel.elastic import restart_attempt
-from lightning_dist.parallel.replica_groups import (
+from lightning_dist.cluster.elastic import restart_attempt
+from lightning_dist.cluster.replica_groups import (
     LIGHTHOUSE_ENV,
     ReplicaGroupFellBehind,
     ReplicaGroups,
@@ -42,6 +41,7 @@ from lightning_dist.parallel.replica_groups import (
     replica_group_id,
     training_state,
 )
+from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies.parallel3d import Parallel3DStrategy
 

@@ -25,7 +25,7 @@ import pytest
 
 from lightning_dist.config import compose_config
 from lightning_dist.lm.sampling import GlobalBatchSampler
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 from tests.dist import baselines
 from tests.dist.world import free_port
 from tests.repo import REPO_ROOT

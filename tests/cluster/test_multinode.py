@@ -3,7 +3,7 @@ two gloo ranks of one `python train.py ... hardware.num_nodes=2 hardware.devices
 
 The jobs (ddp, fsdp2 HSDP, 3d tp2 x pp2) run once, concurrently, with a single-node 4-rank run
 of the 3d layout and a job whose node count is wrong; the tests share them and compare with the
-stored one-process reference (tests/dist/baselines.py). Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/parallel/nodes.py).
+stored one-process reference (tests/dist/baselines.py). Each rank learns its node from torchrun's GROUP_RANK (lightning_dist/cluster/nodes.py).
 The same jobs on four GPUs with NCCL are written but skipped without them. (The node map's
 checks in one process are tests/unit/test_node_placement.py.)
 """
@@ -22,11 +22,11 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from lightning_dist.parallel.nodes import (
+from lightning_dist.cluster.nodes import (
     INTER_NODE,
     INTRA_NODE,
 )
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 from tests.dist import baselines
 from tests.dist.world import free_port
 from tests.repo import REPO_ROOT
@@ -175,7 +175,7 @@ def test_communication_is_split_by_link(name, runs):
 
 @pytest.mark.slow
 def test_the_run_report_names_the_links(runs):
-    from lightning_dist.report import markdown_summary
+    from lightning_dist.run.report_pages import markdown_summary
 
     text = markdown_summary(_finished(runs, "3d_tp2_pp2"), [])
     assert "| nodes | 2, pp inter-node, tp intra-node |" in text, text

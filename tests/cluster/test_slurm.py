@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from lightning_dist.checkpoint.format import read_full_state
-from lightning_dist.parity import max_relative_difference, reference_overrides
+from lightning_dist.run.parity_runs import max_relative_difference, reference_overrides
 from tests.dist import baselines
 from tests.repo import REPO_ROOT
 

@@ -19,11 +19,11 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from lightning_dist.layout import Layout
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.measure.step_memory import measure_step
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
 from lightning_dist.parallel.context_parallel import attach_context_parallel, chunk_positions
 from lightning_dist.parallel.fsdp import find_block_types
-from lightning_dist.parallel.memory import measure_step
 from lightning_dist.parallel.tp import apply_tp
 
 BATCH, SEQ, CHUNK = 4, 128, 256

@@ -113,7 +113,7 @@ def reference(overrides: list[str]) -> dict:
 
 def matches(entry: dict | None, fresh: dict) -> bool:
     """Whether a stored entry is a fresh run's: same overrides, every loss within STORED_MATCH."""
-    from lightning_dist.parity import max_relative_difference
+    from lightning_dist.run.parity_runs import max_relative_difference
 
     return (entry is not None and entry["overrides"] == fresh["overrides"]
             and all(max_relative_difference(entry[key], fresh[key]) <= STORED_MATCH
@@ -123,7 +123,7 @@ def matches(entry: dict | None, fresh: dict) -> bool:
 def run(name: str) -> dict:
     """Train reference `name` through train.py, as the parity harness does."""
     sys.path.insert(0, str(REPO_ROOT))
-    from lightning_dist.parity import run_train
+    from lightning_dist.run.parity_runs import run_train
 
     with tempfile.TemporaryDirectory(prefix=f"baseline-{name}-") as tmp:
         summary = run_train(REFERENCES[name], tmp)

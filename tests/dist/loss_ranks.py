@@ -20,8 +20,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from lightning_dist.layout import Layout
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.measure.step_memory import storage_bytes
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.parallel.memory import storage_bytes
 from lightning_dist.parallel.parallelize import parallelize
 from lightning_dist.parallel.tp import apply_tp
 

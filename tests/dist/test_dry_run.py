@@ -1,4 +1,4 @@
-"""The dry run (lightning_dist/parallel/dry_run.py): ranks of an 8-rank world built by the real
+"""The dry run (lightning_dist/measure/fake_rank.py): ranks of an 8-rank world built by the real
 `parallelize()` on torch's fake process group with fake tensors, one optimizer step each,
 against the planner's model-state bytes and traffic by mesh dimension for each rank's stage.
 No gloo world: each rank runs in a forked process of its own, as `plan.dry_run` runs them."""
@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
+from lightning_dist.measure.fake_rank import Traffic, dry_run_rank, each_in_a_fresh_process
 from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.options import PRESETS
-from lightning_dist.parallel.dry_run import Traffic, dry_run_rank, each_in_a_fresh_process
 from lightning_dist.planner import estimate
 from lightning_dist.planner.memory import model_state_bytes, stage_shapes
 from lightning_dist.planner.traffic import ring_volume, traffic_by_dim

@@ -19,7 +19,7 @@ from pathlib import Path
 import baselines
 import pytest
 
-from lightning_dist.parity import max_relative_difference, reference_overrides
+from lightning_dist.run.parity_runs import max_relative_difference, reference_overrides
 from tests.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow

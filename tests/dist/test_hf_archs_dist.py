@@ -12,7 +12,7 @@ from __future__ import annotations
 import baselines
 import pytest
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 
 pytest.importorskip("transformers", reason="HF architecture tests need the [hf] extra")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 import baselines
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 
 
 def test_strategy_auto_runs_the_planners_layout(train_in, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_dist.config import compose_config
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 from lightning_dist.train import train
 from tests.unit.test_sft import chat_file
 

@@ -22,7 +22,7 @@ import baselines
 import pytest
 import torch
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ class _Bucket:
 
 
 def test_gradient_hooks_compress_keep_local_and_delay(group_of_one):
-    from lightning_dist.parallel.grad_sync import gradient_hook
+    from lightning_dist.cluster.grad_sync import gradient_hook
 
     grads = torch.tensor([1.0 + 2**-12, -3.0, 0.1])
     state, hook = gradient_hook("bf16")

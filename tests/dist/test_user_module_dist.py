@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 from tests.repo import REPO_ROOT
 
 TOLERANCE = 1e-4

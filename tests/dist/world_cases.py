@@ -167,7 +167,7 @@ def loss_parallel_peak_per_logit() -> dict:
     from world import init_group
 
     from lightning_dist.layout import Layout
-    from lightning_dist.parallel.memory import measure_step
+    from lightning_dist.measure.step_memory import measure_step
 
     init_group()
     mesh = Layout(tp=2).build_mesh("cpu")["tp"]

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from lightning_dist.checkpoint.fence import FENCED_OUT_EXIT_CODE
-from lightning_dist.parity import max_relative_difference, run_train
+from lightning_dist.run.parity_runs import max_relative_difference, run_train
 from tests.dist import baselines
 from tests.repo import REPO_ROOT
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lightning_dist.parity import run_train
+from lightning_dist.run.parity_runs import run_train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

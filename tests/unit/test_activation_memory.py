@@ -126,7 +126,7 @@ def test_the_cross_entropy_peaks_in_backward_at_the_planners_bytes_per_logit(aut
     than forward's logits, copy and log-softmax (8, or 10 with bf16 logits)."""
     import torch.nn.functional as F
 
-    from lightning_dist.parallel.memory import measure_step
+    from lightning_dist.measure.step_memory import measure_step
     from lightning_dist.planner.activations import loss_bytes_per_logit
 
     torch.manual_seed(0)
@@ -161,10 +161,10 @@ def kept_per_block_token(every_n, shape=None) -> float:
     token: the difference between 4 and 2 blocks (the embedding, the logits and the last
     block's recomputation cancel). `shape(n_layers)` gives the model's args (default: a dense
     ModelArgs of `DENSE`); tests/unit/test_planner_experts.py measures MoE blocks with it."""
+    from lightning_dist.measure.step_memory import measure_step
     from lightning_dist.models.args import ModelArgs
     from lightning_dist.models.llama import TransformerBlock
     from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
-    from lightning_dist.parallel.memory import measure_step
 
     shape = shape or (lambda layers: ModelArgs(n_layers=layers, **DENSE))
     tokens = torch.randint(0, 128, (4, 256), generator=torch.Generator().manual_seed(0))

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
+from lightning_dist.measure.step_memory import measure_step
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.parallel.memory import measure_step
 
 ARGS = ModelArgs(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=4096, ffn_hidden_size=128,

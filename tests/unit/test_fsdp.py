@@ -11,6 +11,7 @@ from torch import nn
 
 from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.lm.sampling import GlobalBatchSampler
+from lightning_dist.measure.step_memory import measure_step, storage_bytes
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.models.materialize import materialize
 from lightning_dist.parallel.fsdp import (
@@ -19,7 +20,6 @@ from lightning_dist.parallel.fsdp import (
     find_block_types,
     set_prefetch,
 )
-from lightning_dist.parallel.memory import measure_step, storage_bytes
 from lightning_dist.parallel.precision import mixed_dtypes
 from lightning_dist.strategies.fsdp import TunedFSDPStrategy
 from lightning_dist.strategies.fsdp2 import FSDP2Strategy

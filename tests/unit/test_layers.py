@@ -193,6 +193,137 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+CLI_MODULES = (
+    "lightning_dist.__main__",
+    "lightning_dist.train",
+    "lightning_dist.plan",
+    "lightning_dist.parity",
+    "lightning_dist.report",
+    "lightning_dist.sweep",
+    "lightning_dist.calibration_report",
+    "lightning_dist.checkpoint.__main__",
+    "lightning_dist.checkpoint.cli",
+    "lightning_dist.data.__main__",
+    "lightning_dist.launch.__main__",
+)
+"""The command lines (`python -m ...` and pyproject's `[project.scripts]`): they import the
+library; nothing in the package imports them (but `__main__`, which is `train`'s)."""
+
+_BASE = ("runtime", "layout", "hardware", "options", "models", "_compat")
+_MIDDLE = (*_BASE, "config", "contract", "planner", "parallel", "cluster", "measure", "published",
+           "data")  # fmt: skip
+FLOORS: dict[str, tuple[str, ...]] = {
+    # the ground floor: torch-free records, the process helpers and the single-device models
+    "runtime": (),
+    "conf": (),  # the Hydra configs (package data), no code
+    "layout": (),
+    "hardware": (),
+    "options": ("layout",),
+    "_compat": (),
+    "models": ("_compat",),
+    # what reads configs, plans, applies parallelism and measures; no Lightning glue, no lm/
+    "config": ("options", "models", "hardware", "layout", "_compat"),
+    "contract": ("layout", "models", "options"),
+    "planner": ("layout", "options", "hardware", "models"),
+    "parallel": ("layout", "options", "models", "_compat"),
+    "cluster": ("parallel", "layout", "options", "models", "_compat", "runtime"),
+    "measure": ("parallel", "layout", "options", "models", "_compat"),
+    "published": ("config", "hardware", "layout", "models", "planner"),
+    "data": ("runtime",),
+    # Lightning's side: callbacks, the checkpoint format, the LightningModule, the strategies
+    "callbacks": _MIDDLE,
+    "checkpoint": (*_MIDDLE, "callbacks"),
+    "lm": (*_MIDDLE, "checkpoint"),
+    "strategies": (*_MIDDLE, "checkpoint"),
+    # a run from its config, and the launchers of many runs
+    "run": (*_MIDDLE, "callbacks", "checkpoint", "lm", "strategies"),
+    "launch": (*_MIDDLE, "callbacks", "checkpoint", "lm", "strategies", "run"),
+}
+"""Each floor of the package (a subpackage or a module at its root) and the floors it may import
+besides itself, typing-only imports included. The command lines (`CLI_MODULES`) may import any."""
+
+
+def _floor(name: str) -> str:
+    return name.split(".")[1] if name.count(".") else "__init__"
+
+
+def test_every_floor_is_placed():
+    # A new subpackage or root module must be given its floor here, or the checks below skip it.
+    floors = {_floor(n) for n in MODULES if n not in CLI_MODULES} - {"__init__"}
+    assert floors <= set(FLOORS), f"not in FLOORS: {sorted(floors - set(FLOORS))}"
+
+
+UPWARD_LEFT = {
+    ("lightning_dist.data.prepare", "lightning_dist.lm.tokenizer"),
+    ("lightning_dist.data.shard_worker", "lightning_dist.lm.tokenizer"),
+    ("lightning_dist.data.remote", "lightning_dist.lm.token_cache"),
+}
+"""Arrows up a floor not yet mended (data/ reading the tokenizer and token cache of lm/): the set
+may only shrink."""
+
+
+def test_every_floor_imports_only_the_floors_below_it():
+    bad = [
+        (name, target)
+        for name, targets in sorted(TYPING_GRAPH.items())
+        if name not in CLI_MODULES and _floor(name) in FLOORS
+        for target in sorted(targets)
+        if _floor(target) != _floor(name) and target not in CLI_MODULES
+        and _floor(target) not in FLOORS[_floor(name)]
+    ]  # fmt: skip
+    assert set(bad) <= UPWARD_LEFT, sorted(set(bad) - UPWARD_LEFT)
+
+
+def test_nothing_imports_a_command_line():
+    bad = [
+        (name, target)
+        for name, targets in sorted(TYPING_GRAPH.items())
+        for target in targets
+        if target in CLI_MODULES and name not in CLI_MODULES
+    ]
+    assert not bad, (
+        f"library modules importing a command line (move the code they need down): {bad}"
+    )
+
+
+def test_checkpoint_imports_neither_run_nor_lm():
+    # Stated on its own: the format is read by tools that load no LightningModule.
+    bad = [
+        (name, target)
+        for name, targets in sorted(TYPING_GRAPH.items())
+        if _floor(name) == "checkpoint" and name not in CLI_MODULES
+        for target in targets
+        if _floor(target) in ("run", "lm")
+    ]
+    assert not bad, bad
+
+
+IMPORTS_IN_FUNCTIONS = 427
+"""Import statements inside functions, in the whole package (counted 2026-12-06). It may only go
+down. Those left are meant: optional extras (torchft, wandb, transformers, pyarrow, datasets,
+zstandard, matplotlib, s3fs: a run that does not use one never needs it installed), start-up time
+(the CLIs and `train.py` answer `--help` and one-line refusals before torch and Lightning load),
+and the process helpers that run before a rank's distributed setup."""
+
+
+def _imports_in_functions() -> int:
+    return sum(
+        isinstance(node, ast.Import | ast.ImportFrom)
+        for tree in TREES.values()
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(fn)
+    )
+
+
+def test_imports_inside_functions_only_go_down():
+    count = _imports_in_functions()
+    assert count <= IMPORTS_IN_FUNCTIONS, (
+        f"{count} imports inside functions (at most {IMPORTS_IN_FUNCTIONS}): import at the top of "
+        "the module unless it is an optional extra or start-up time needs it"
+    )
+
+
 def test_lower_layers_do_not_import_upper_ones():
     """runtime/ sees only itself; models/ sees only itself; config/ sees the option classes,
     models, hardware and layout; parallel/ and planner/ see neither Lightning glue nor lm/. Both

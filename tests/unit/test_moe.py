@@ -309,9 +309,9 @@ def test_moe_debug_trains_on_one_device_as_its_stored_reference(compose, fitted_
     losses (which keeps the reference honest), a falling loss, the experts' loads in
     summary.json and the metrics, the bias moved by the sign rule."""
 
-    from lightning_dist.parity import max_relative_difference
-    from lightning_dist.report import markdown_summary
     from lightning_dist.run.loggers import METRICS_CSV
+    from lightning_dist.run.parity_runs import max_relative_difference
+    from lightning_dist.run.report_pages import markdown_summary
     from lightning_dist.train import train
 
     trainers = fitted_trainers

@@ -1,4 +1,4 @@
-"""The node map's checks in one process (lightning_dist/parallel/nodes.py): a TP group that spans
+"""The node map's checks in one process (lightning_dist/cluster/nodes.py): a TP group that spans
 nodes is an error naming the group, HSDP shards across nodes only warn, and the node counts must
 match the config. (The two-node torchrun runs are tests/cluster/test_multinode.py.)
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_dist.parallel.nodes import (
+from lightning_dist.cluster.nodes import (
     INTER_NODE,
     INTRA_NODE,
     NodeMap,

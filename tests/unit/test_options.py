@@ -232,3 +232,26 @@ def test_each_strategy_shows_its_knobs_in_its_signature_and_docstring():
                 assert params[f.name].default == spec.default(f), (cls.__name__, f.name)
                 assert f"    {f.name} = " in cls.__doc__, (cls.__name__, f.name)
     assert inspect.signature(FSDP2Strategy).parameters["dp_replicate"].default is None
+
+
+def test_every_optimizer_setting_is_declared_once_and_reaches_the_module(tmp_path):
+    """`optim.*`: the schema is the option class's fields (generated), each documented, and each
+    set on the command line arrives in the LightningModule that builds the optimizer."""
+    import dataclasses
+
+    from lightning_dist.config.schemas import OptimSchema
+    from lightning_dist.lm.module import CausalLM
+    from lightning_dist.options.optim import OptimOptions
+    from lightning_dist.run.spec import RunSpec
+
+    values = {"lr": 1e-4, "min_lr_ratio": 0.25, "warmup_steps": 7, "weight_decay": 0.05,
+              "betas": [0.8, 0.9], "eps": 1e-6}  # fmt: skip
+    declared = [f.name for f in dataclasses.fields(OptimOptions)]
+    assert [f.name for f in dataclasses.fields(OptimSchema)] == declared == list(values)
+    assert all(f.metadata["doc"] for f in dataclasses.fields(OptimOptions))
+    overrides = [f"optim.{k}={v}".replace(" ", "") for k, v in values.items()]
+    spec = RunSpec.of(compose_config([*overrides, f"paths.output_dir={tmp_path}"]), {})
+    module = CausalLM(spec.model, optim=spec.optim)
+    assert dataclasses.asdict(module.optim) == values
+    with pytest.raises(ValueError, match=r"optim.betas=\[0.9\] must be two values"):
+        OptimOptions(betas=[0.9])

@@ -11,9 +11,10 @@ import pytest
 from lightning_dist.config import compose_config, hardware_spec, model_spec
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import Batch
-from lightning_dist.plan import compile_settings, main, train_command
+from lightning_dist.plan import main
 from lightning_dist.planner import plan_layouts
 from lightning_dist.run.plan import build_strategy
+from lightning_dist.run.plan_table import compile_settings, train_command
 from lightning_dist.run.preflight import estimate_run
 
 PLAN_70B = ["model=llama3_70b", "hardware=dgx_h100", "hardware.num_nodes=4"]
@@ -188,7 +189,7 @@ def test_plan_only_names_the_model_its_batch_and_warns_about_a_cpu_model(tmp_pat
     """`python train.py strategy=fsdp hardware=dgx_h100 plan.only=true`, as the README shows it:
     the model and its size, a one-line warning naming the fix, the per-rank batch, a step time
     that is no "0.000 s", and the users' strategy names (no NO_SHARD for plain DDP)."""
-    import lightning_dist.plan as plan_cli
+    import lightning_dist.run.plan_table as plan_cli
     from lightning_dist.train import train
 
     monkeypatch.setattr(plan_cli, "hydra_task_overrides", lambda: [*HEADLINE, "plan.only=true"])
@@ -231,7 +232,7 @@ def test_the_planner_cli_uses_the_same_words(capsys):
     ],
 )
 def test_a_cpu_model_on_gpus_is_warned_about(overrides, warned):
-    from lightning_dist.plan import model_warning
+    from lightning_dist.run.plan_table import model_warning
 
     cfg = compose_config(overrides)
     name = next((o.split("=")[1] for o in overrides if o.startswith("model=")), "tiny")

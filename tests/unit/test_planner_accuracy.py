@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.parallel.memory import StepMemoryMeter, measure_step
+from lightning_dist.measure.step_memory import StepMemoryMeter, measure_step
 from lightning_dist.planner import calibration
 from lightning_dist.run.calibrate import (
     CATEGORIES,

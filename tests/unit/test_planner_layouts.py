@@ -89,8 +89,8 @@ def test_zero1_shards_the_optimizer_over_dp_and_moves_an_all_reduces_bytes():
     assert zero1.memory.activations == ddp.memory.activations
     assert ddp.planner_only is None and "not built yet" in zero1.planner_only
     # The plan's band: the prediction over 1 + the 90th and 10th leave-one-source-out errors.
-    from lightning_dist.plan import prediction_line
     from lightning_dist.published.holdout import prediction_band
+    from lightning_dist.run.plan_table import prediction_line
 
     low, high = prediction_band(ddp.time.tokens_per_sec)
     assert f"tokens/s {ddp.time.tokens_per_sec:,.0f}, likely {float(f'{low:.3g}'):,.0f}-" in (

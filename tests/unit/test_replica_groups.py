@@ -7,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dist.launch.replicas import exit_status, group_overrides
-from lightning_dist.options import ReplicaGroupOptions
-from lightning_dist.parallel.replica_groups import (
+from lightning_dist.cluster.replica_groups import (
     GROUP_ENV,
     LIGHTHOUSE_ENV,
     load_training_state,
     replica_group_id,
     training_state,
 )
+from lightning_dist.launch.replicas import exit_status, group_overrides
+from lightning_dist.options import ReplicaGroupOptions
 
 
 def _model_and_optimizer(seed: int):
@@ -114,10 +114,10 @@ def test_gradient_accumulation_and_a_replicated_group_are_refused_before_any_pro
 
 def test_a_lost_lighthouse_is_told_from_a_slow_one():
     """A quorum that failed is a lost Lighthouse only when nothing accepts a connection at its
-    address (parallel/replica_groups.py, LighthouseLost)."""
+    address (cluster/replica_groups.py, LighthouseLost)."""
     import socket
 
-    from lightning_dist.parallel.replica_groups import lighthouse_answers
+    from lightning_dist.cluster.replica_groups import lighthouse_answers
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

@@ -89,8 +89,8 @@ def _debug_model():
 
 
 def test_a_simulated_rank_takes_at_least_its_simulated_time():
+    from lightning_dist.cluster.simulate import apply_simulated_speed
     from lightning_dist.parallel.fsdp import find_block_types
-    from lightning_dist.parallel.simulate import apply_simulated_speed
 
     model = _debug_model()
     tokens = torch.randint(0, 128, (2, 32))
@@ -108,7 +108,7 @@ def test_a_simulated_rank_takes_at_least_its_simulated_time():
 
 
 def test_diloco_applies_the_outer_nesterov_step_to_the_pseudo_gradient():
-    from lightning_dist.parallel.diloco import DiLoCo
+    from lightning_dist.cluster.diloco import DiLoCo
 
     param = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     outer = DiLoCo([param], inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
@@ -136,7 +136,7 @@ def test_a_checkpointed_block_pays_its_recomputation():
     forward before the forward hook, so the pre-hook paces it)."""
     from torch.utils.checkpoint import checkpoint
 
-    from lightning_dist.parallel.simulate import apply_simulated_speed
+    from lightning_dist.cluster.simulate import apply_simulated_speed
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:

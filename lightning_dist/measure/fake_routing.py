@@ -1,4 +1,4 @@
-"""Balanced routing for the dry run of a mixture of experts (`parallel/dry_run.py`).
+"""Balanced routing for the dry run of a mixture of experts (`measure/fake_rank.py`).
 
 A router picks experts by the values of its scores, and the expert-parallel dispatch sizes its
 all-to-alls by how many rows each expert got; fake tensors hold no values, so neither can run

@@ -239,9 +239,9 @@ def dry_run_rank(
     `ring_volume(kind, nbytes, n)` turns a collective into bytes per rank (the planner's
     `planner.traffic.ring_volume`, passed in: parallel/ does not import the planner).
     """
+    from lightning_dist.measure.fake_routing import balance_routing
     from lightning_dist.parallel.clip import clip_grad_norm_global
     from lightning_dist.parallel.context_parallel import chunk_positions
-    from lightning_dist.parallel.dry_run_experts import balance_routing
     from lightning_dist.parallel.parallelize import model_parts, parallelize
     from lightning_dist.parallel.tp import loss_parallel_context, uses_sequence_parallel
 

@@ -1,7 +1,7 @@
 """DiLoCo (Douillard et al. 2023): data-parallel replicas that talk once every H steps.
 
 Each replica takes H inner optimizer steps (AdamW, our module's) on its own gradients, with no
-all-reduce (DDP runs a hook that keeps them local, `parallel/grad_sync.py`). Then the replicas
+all-reduce (DDP runs a hook that keeps them local, `cluster/grad_sync.py`). Then the replicas
 average their "pseudo-gradient", the change of their parameters since the last sync
 (anchor - current), in one all-reduce, and an outer SGD with Nesterov momentum (DiLoCo's lr 0.7,
 momentum 0.9) moves the anchor, which every replica copies back into its parameters. With
@@ -74,7 +74,7 @@ class DiLoCo:
         deltas = torch.cat([(a - p.float()).flatten() for a, p in zip(self.anchor, self.params,
                                                                          strict=True)])  # fmt: skip
         if self.delay_s > 0:
-            time.sleep(self.delay_s)  # the simulated slow link (parallel/simulate.py)
+            time.sleep(self.delay_s)  # the simulated slow link (cluster/simulate.py)
         if dist.is_initialized():
             dist.all_reduce(deltas, group=self.group)
             deltas /= dist.get_world_size(self.group)

@@ -1,6 +1,6 @@
 """How DDP's replicas exchange gradients: one communication hook per run (torch's DDP comm
 hooks), chosen by `strategy.grad_compression` and `strategy.diloco_inner_steps`, optionally
-behind the simulated link delay (`parallel/simulate.py`). Plain torch, no Lightning.
+behind the simulated link delay (`cluster/simulate.py`). Plain torch, no Lightning.
 
 - `none`: torch's default all-reduce (fp32 gradients, averaged over the group);
 - `bf16` / `fp16`: each bucket cast to half precision, averaged, cast back (torch's
@@ -11,7 +11,7 @@ behind the simulated link delay (`parallel/simulate.py`). Plain torch, no Lightn
   be at least 2x smaller (torch's `min_compression_rate`) travel whole, in a third all-reduce.
   The first `start_step` steps all-reduce uncompressed; its state (error feedback, step count)
   is not in checkpoints;
-- `local` (DiLoCo's inner steps, `parallel/diloco.py`): no collective, each replica keeps its
+- `local` (DiLoCo's inner steps, `cluster/diloco.py`): no collective, each replica keeps its
   own gradient.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_dist.parallel.simulate import delayed_hook
+from lightning_dist.cluster.simulate import delayed_hook
 
 
 def half_precision_hook(dtype: torch.dtype) -> Callable:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lightning_dist.parallel.elastic import restart_attempt
+from lightning_dist.cluster.elastic import restart_attempt
 
 log = logging.getLogger(__name__)
 
