@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Mesh dimensions from outermost (slowest links, across nodes) to innermost (NVLink).
@@ -20,31 +20,55 @@ SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 INTERLEAVED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
 
 
+def _field(default: Any, doc: str) -> Any:
+    """A `Layout` field with its documentation (the strategy knob reference reads `doc`)."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """Parallel degrees and pipeline settings. `-1` on one degree means "the remaining ranks"."""
 
-    pp: int = 1
-    """Pipeline stages (one per rank along this dimension)."""
-    dp_replicate: int = 1
-    """Data-parallel replicas (DDP, or the replicate dimension of HSDP)."""
-    dp_shard: int = 1
-    """Data-parallel ranks that shard parameters (FSDP)."""
-    cp: int = 1
-    """Context-parallel ranks, which split each sequence (and shard parameters with dp_shard)."""
-    tp: int = 1
-    """Tensor-parallel ranks, which split each layer (keep within one node)."""
-    ep: int = 1
-    """Expert-parallel ranks, which split each mixture-of-experts layer's experts. Not a mesh
-    dimension of its own: the ranks are borrowed from dp_shard (the innermost `ep` of them),
-    which still read different batches; the experts are FSDP-sharded over the other
-    dp_shard / ep (`parallel/expert_parallel.py`). cp with experts is refused."""
-    schedule: str = "1F1B"
-    """Pipeline schedule; only read when pp > 1."""
-    microbatches: int | None = None
-    """Microbatches per step under PP; None means 2 x pp."""
-    virtual_stages: int = 1
-    """Model chunks per pipeline rank (interleaved schedules use more than one)."""
+    pp: int = _field(1, "Pipeline-parallel ranks (outermost); -1 means the remaining ranks.")
+    dp_replicate: int = _field(
+        1,
+        "Data-parallel replica groups (DDP, or HSDP across them); null (in a strategy "
+        "config) means one per node.",
+    )
+    dp_shard: int = _field(
+        1, "Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks."
+    )
+    cp: int = _field(
+        1,
+        "Context-parallel ranks, which split each sequence into 2 x cp chunks (between "
+        "dp_shard and tp; parameters are sharded over dp_shard x cp); -1 means the "
+        "remaining ranks.",
+    )
+    tp: int = _field(
+        1,
+        "Tensor-parallel ranks, which split each layer (innermost: keep within a node); "
+        "-1 means the remaining ranks.",
+    )
+    ep: int = _field(
+        1,
+        "Expert-parallel ranks (mixture of experts): each MoE layer's experts split over "
+        "ep ranks borrowed from dp_shard (the innermost ep of them, which still read "
+        "different batches; so not a factor of the world size), tokens exchanged by "
+        "all-to-all; the experts are FSDP-sharded over the other dp_shard / ep "
+        "(parallel/expert_parallel.py). Must divide model.num_experts and dp_shard; cp "
+        "with experts is refused.",
+    )
+    schedule: str = _field(
+        "1F1B",
+        "GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble; only read "
+        "when pp > 1.",
+    )
+    microbatches: int | None = _field(None, "Pipeline microbatches per step; null means 2 x pp.")
+    virtual_stages: int = _field(
+        1,
+        "Model chunks (stages) per pipeline rank: 2+ for the interleaved schedules, 2 for "
+        "ZBVZeroBubble.",
+    )
 
     def __post_init__(self) -> None:
         degrees = self.degrees()

@@ -44,7 +44,6 @@ from lightning_dist.options.knobs import (
 from lightning_dist.options.presets import (
     GROUPS,
     KNOB_GROUP,
-    LAYOUT_DOCS,
     MESH_GROUPS,
     PRESETS,
     Preset,
@@ -63,7 +62,7 @@ from lightning_dist.options.speed import (
 
 __all__ = [
     "BACKWARD_PREFETCH", "COMPILE_BACKENDS", "DTYPE_NAMES", "FSDP1_HYBRID", "FSDP1_SHARDING",
-    "GROUPS", "KNOB_GROUP", "LAYOUT_DOCS", "MESH_GROUPS", "PRESETS", "STATE_DICT_TYPES",
+    "GROUPS", "KNOB_GROUP", "MESH_GROUPS", "PRESETS", "STATE_DICT_TYPES",
     "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "ContextParallelOptions",
     "CP_MODES", "DDPOptions", "DataShareOptions", "GRAD_COMPRESSIONS", "GradientSyncOptions",
     "SimulationOptions",

@@ -38,6 +38,20 @@ def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_ty
     return field(default=default, metadata=meta)
 
 
+def check_reshard(reshard_after_forward: bool | int, shard_size: int | None = None) -> None:
+    """An int `reshard_after_forward` must be above 1 and divide the shard group size (once
+    `shard_size` is known: where the mesh is built). Raises ValueError."""
+    n = reshard_after_forward
+    if isinstance(n, bool):
+        return
+    if not isinstance(n, int) or n < 2 or (shard_size is not None and shard_size % n):
+        size = "" if shard_size is None else f" {shard_size}"
+        raise ValueError(
+            f"reshard_after_forward={n!r} must be true, false or an integer above 1 that "
+            f"divides the shard group size{size}"
+        )
+
+
 def _dtype(value: str | None, name: str) -> str | None:
     if hasattr(value, "is_floating_point"):  # a torch.dtype, as plain Lightning code may pass
         value = str(value).removeprefix("torch.")
@@ -189,12 +203,7 @@ class FSDP2Options:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        n = self.reshard_after_forward
-        if not isinstance(n, bool) and (not isinstance(n, int) or n < 2):
-            raise ValueError(
-                f"reshard_after_forward={n!r} must be true, false or an integer above 1 that "
-                "divides the shard group size None"
-            )
+        check_reshard(self.reshard_after_forward)
         _count(self.prefetch_forward, "prefetch_forward")
         _count(self.prefetch_backward, "prefetch_backward")
         _flag(self.init_sharded, "init_sharded")

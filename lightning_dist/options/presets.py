@@ -26,24 +26,6 @@ from lightning_dist.options.knobs import (
 )
 from lightning_dist.options.speed import DataShareOptions, GradientSyncOptions, SimulationOptions
 
-LAYOUT_DOCS = {
-    "pp": "Pipeline-parallel ranks (outermost); -1 means the remaining ranks.",
-    "dp_replicate": "Data-parallel replica groups (HSDP across them); null means one per node.",
-    "dp_shard": "Data-parallel ranks sharding parameters (FSDP2); -1 means the remaining ranks.",
-    "cp": "Context-parallel ranks, which split each sequence into 2 x cp chunks (between "
-    "dp_shard and tp; parameters are sharded over dp_shard x cp); -1 means the remaining ranks.",
-    "tp": "Tensor-parallel ranks (innermost: keep within a node); -1 means the remaining ranks.",
-    "ep": "Expert-parallel ranks (mixture of experts): each MoE layer's experts split over ep "
-    "ranks borrowed from dp_shard (so not a factor of the world size), tokens exchanged by "
-    "all-to-all; the experts are FSDP-sharded over the other dp_shard / ep. Must divide "
-    "model.num_experts and dp_shard (context parallelism with experts is not supported yet).",
-    "schedule": "GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble.",
-    "microbatches": "Pipeline microbatches per step; null means 2 x pp.",
-    "virtual_stages": "Stages per pipeline rank (2+ for the interleaved schedules, 2 for "
-    "ZBVZeroBubble).",
-}
-"""The documentation of the `Layout` fields as strategy knobs (`Layout` itself is the class)."""
-
 GROUPS: dict[str, type] = {
     "layout": Layout,
     "fsdp": FSDP2Options,
@@ -73,7 +55,7 @@ def group_knobs(group: str) -> tuple[dataclasses.Field, ...]:
 
 
 def knob_doc(group: str, f: dataclasses.Field) -> str:
-    return LAYOUT_DOCS[f.name] if group == "layout" else f.metadata["doc"]
+    return f.metadata["doc"]
 
 
 LAYOUT_PLANNER_IGNORES: dict[str, str] = {}

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
+from lightning_dist.options.knobs import check_reshard
 from lightning_dist.parallel.fused import fused_shard_placement
 from lightning_dist.parallel.precision import MixedDtypes
 
@@ -146,19 +147,6 @@ def mixed_precision_policy(dtypes: MixedDtypes | None):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=dtypes.compute, reduce_dtype=dtypes.reduce)
-
-
-def check_reshard(reshard_after_forward: bool | int, shard_size: int | None) -> None:
-    """An int `reshard_after_forward` must be above 1 and divide the shard group size (when
-    `shard_size` is known). Raises ValueError."""
-    if isinstance(reshard_after_forward, bool):
-        return
-    n = reshard_after_forward
-    if not isinstance(n, int) or n < 2 or (shard_size is not None and shard_size % n):
-        raise ValueError(
-            f"reshard_after_forward={n!r} must be true, false or an integer above 1 that "
-            f"divides the shard group size {shard_size}"
-        )
 
 
 def set_prefetch(blocks: Sequence[nn.Module], forward: int, backward: int) -> None:

@@ -32,11 +32,11 @@ from lightning_dist.checkpoint.async_saves import AsyncSaves
 from lightning_dist.layout import Layout
 from lightning_dist.models.materialize import materialize, materialize_with_reset
 from lightning_dist.models.protocol import require_init_weights
-from lightning_dist.options import PRESETS, StrategyOptions
+from lightning_dist.options import StrategyOptions
+from lightning_dist.options.knobs import check_reshard
 from lightning_dist.parallel.clip import clip_grad_norm_global
 from lightning_dist.parallel.context_parallel import check_context_parallel, context_parallel_of
 from lightning_dist.parallel.expert_parallel import check_expert_parallel
-from lightning_dist.parallel.fsdp import check_reshard
 from lightning_dist.parallel.parallelize import (
     dp_mesh,
     init_shards,
@@ -52,7 +52,7 @@ from lightning_dist.planner.estimate import float8_problem
 from lightning_dist.runtime.refusal import Refusal, install_refusal_hook, refusals
 from lightning_dist.runtime.strategy_names import register_strategies
 from lightning_dist.strategies import sharding
-from lightning_dist.strategies.base import LightningDistStrategy
+from lightning_dist.strategies.base import LightningDistStrategy, build_options
 from lightning_dist.strategies.user_path import explain_stage_errors
 
 
@@ -81,11 +81,7 @@ class Parallel3DStrategy(LightningDistStrategy, ModelParallelStrategy):
         timeout: timedelta | None = default_pg_timeout,
         **knobs: Any,
     ) -> None:
-        install_refusal_hook()  # a user's own script reports our refusals in one line too
-        if options is not None and knobs:
-            raise TypeError(f"{type(self).__name__}: pass options= or knobs, not both")
-        with refusals():
-            self.options = options or PRESETS[self.preset].build(knobs, type(self).__name__)
+        self.options, _ = build_options(type(self), self.preset, options, knobs)
         super().__init__(
             save_distributed_checkpoint=self.options.checkpoint_format.state_dict_type == "sharded",
             process_group_backend=self.options.process.process_group_backend,
