@@ -22,6 +22,7 @@ from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.options.saving import SaveOptions
+from lightning_dist.options.trainer import PlanOptions, TrainerOptions
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 """The YAML configs: `lightning_dist/conf/`, package data (`CONF_MODULE` to Hydra)."""
@@ -199,12 +200,17 @@ AutoSchema = _strategy_schema(
 )
 
 
-def knob_schema(cls: type, name: str) -> type:
+def knob_schema(cls: type, name: str, nested: dict[type, type] | None = None) -> type:
     """The Hydra schema of an option class whose fields are `knob()`s: the same names, types (a
     field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults, generated so
-    that each setting is declared once, in its option class."""
+    that each setting is declared once, in its option class. A field whose default is an option
+    class of `nested` gets that class's schema."""
     out = []
     for f in dataclasses.fields(cls):
+        schema = (nested or {}).get(type(f.default))
+        if schema is not None:
+            out.append((f.name, schema, field(default_factory=schema)))
+            continue
         default = (
             field(default_factory=f.default_factory)
             if f.default_factory is not dataclasses.MISSING
@@ -222,59 +228,10 @@ CheckpointSchema = knob_schema(SaveOptions, "CheckpointSchema")
 """`trainer.checkpoint.*`: the fields of `options.saving.SaveOptions`."""
 
 
-@dataclass(kw_only=True)
-class TrainerSchema:
-    max_steps: int = 200
-    precision: str | None = None
-    """Lightning precision; null takes the hardware's default."""
-    gradient_clip_val: float | None = 1.0
-    val_check_interval: int | None = 100
-    """Validate every this many optimizer steps; null: no validation (and no validation split
-    is needed)."""
-    log_every_n_steps: int = 1
-    """Send the logged metrics to the loggers (the metrics CSV, W&B) every this many optimizer
-    steps; 1: every step's loss, however short the run."""
-    num_sanity_val_steps: int = 0
-    enable_checkpointing: bool = False
-    checkpoint: CheckpointSchema = field(default_factory=CheckpointSchema)
-    ckpt_path: str | None = None
-    """Resume from this checkpoint (a file, or a sharded checkpoint's folder)."""
-    init_from: str | None = None
-    """Start from this checkpoint folder's weights alone (written by any layout, or by
-    `python -m lightning_dist.checkpoint import`); optimizer, step and data start fresh. Ignored
-    when resuming (trainer.ckpt_path, or a checkpoint trainer.resume=auto found)."""
-    resume: str | None = None
-    """auto: resume from the newest complete step<N>.ckpt of the checkpoint folder, if any
-    (partial ones are skipped and named); null: start fresh (or from trainer.ckpt_path)."""
-    collective_timeout_s: float = 600.0
-    """Timeout of every collective; a rank that makes no progress for half of it stops the job
-    with its rank, step and phase named (HangWatchdog)."""
-    nan_policy: str = "stop"
-    """stop: a non-finite loss or gradient stops the run before the optimizer step; skip: the
-    step is skipped (up to trainer.nan_max_skips in a row)."""
-    nan_max_skips: int = 5
-    gc_every_n_steps: int = 50
-    """Python's cyclic garbage collector runs every this many optimizer steps, on every rank at
-    once, instead of whenever allocations trigger it (inside a step, on one rank, the others
-    waiting); 0 leaves Python's automatic collection as it is (GarbageCollection callback)."""
-    memory_by_category_step: int = 2
-    """The optimizer step whose memory per rank and category summary.json records
-    (`memory_by_category`, MemoryByCategory: torch's MemTracker sees every op of that step,
-    about a second of Python per rank on the debug model); 0 measures no step."""
-    deterministic: bool = False
-    benchmark: bool = False
-
-
-@dataclass(kw_only=True)
-class PlanSchema:
-    only: bool = False
-    """Print the planner's prediction for this run (and its best layout) and exit."""
-    check: bool = True
-    """Stop before launch when the planner predicts the layout does not fit in memory."""
-    dry_run: bool = False
-    """Build the planned run at its full world size in this one process (torch's fake process
-    group, fake tensors), run one step, print each dry-run rank's bytes beside the planner's,
-    and exit (lightning_dist/run/dry_run.py)."""
+TrainerSchema = knob_schema(TrainerOptions, "TrainerSchema", {SaveOptions: CheckpointSchema})
+"""`trainer.*`: the fields of `options.trainer.TrainerOptions`."""
+PlanSchema = knob_schema(PlanOptions, "PlanSchema")
+"""`plan.*`: the fields of `options.trainer.PlanOptions`."""
 
 
 @dataclass(kw_only=True)

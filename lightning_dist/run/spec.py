@@ -1,8 +1,9 @@
 """The run spec: the composed config converted once, at the edge, into typed parts.
 
 `RunSpec.of(cfg)` is the only place a training run reads the raw `DictConfig`. The plain
-sections become the schema objects of `lightning_dist/config/schemas.py` (`TrainerSchema`,
-`OptimSchema`, `PlanSchema`), the model and hardware their specs, the batch a `Batch`; the
+sections become their option classes (`options.trainer.TrainerOptions` with its
+`options.saving.SaveOptions`, `options.optim.OptimOptions`, `options.trainer.PlanOptions`: each
+setting declared once there, the Hydra schemas generated from them), the model and hardware their specs, the batch a `Batch`; the
 sections that name a class to build (`strategy`, `data`, `logger`, `callbacks`) stay `_target_`
 nodes, which the build stage hands to `config.targets.build` (the allow-list) and nothing else.
 This module imports neither torch nor Lightning (the strategy built from the spec does).
@@ -17,10 +18,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist.config import hardware_spec, model_spec
-from lightning_dist.config.schemas import PlanSchema, TrainerSchema
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch
 from lightning_dist.options.optim import OptimOptions
+from lightning_dist.options.trainer import PlanOptions, TrainerOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +40,9 @@ class RunSpec:
     """conf/strategy/*: the strategy's `_target_` node; `name` is the preset's name."""
     data: DictConfig
     """conf/data/*: the datamodule's `_target_` node."""
-    trainer: TrainerSchema
+    trainer: TrainerOptions
     optim: OptimOptions
-    plan: PlanSchema
+    plan: PlanOptions
     run_dir: Path
     """`paths.output_dir`: summary.json, logs and (by default) checkpoints go here."""
     seed: int
@@ -79,9 +80,9 @@ class RunSpec:
             batch=Batch.of_config(data),
             strategy=cfg.strategy,
             data=data,
-            trainer=OmegaConf.to_object(cfg.trainer),
+            trainer=TrainerOptions.of(cfg.trainer),
             optim=OptimOptions.of(cfg.optim),
-            plan=OmegaConf.to_object(cfg.plan),
+            plan=PlanOptions.of(cfg.plan),
             run_dir=Path(cfg.paths.output_dir),
             seed=int(cfg.seed),
             run_name=_run_name(cfg.get("run_name"), choices),

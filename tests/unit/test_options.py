@@ -255,3 +255,48 @@ def test_every_optimizer_setting_is_declared_once_and_reaches_the_module(tmp_pat
     assert dataclasses.asdict(module.optim) == values
     with pytest.raises(ValueError, match=r"optim.betas=\[0.9\] must be two values"):
         OptimOptions(betas=[0.9])
+
+
+RUN_SETTING_VALUES = {
+    "trainer": {"max_steps": 7, "precision": "bf16-mixed", "gradient_clip_val": 0.5,
+                "val_check_interval": 3, "log_every_n_steps": 2, "num_sanity_val_steps": 1,
+                "enable_checkpointing": True, "ckpt_path": "/tmp/a.ckpt", "init_from": "/tmp/w",
+                "resume": "auto", "collective_timeout_s": 30.0, "nan_policy": "skip",
+                "nan_max_skips": 2, "gc_every_n_steps": 9, "memory_by_category_step": 0,
+                "deterministic": True, "benchmark": True},
+    "trainer.checkpoint": {"every_n_train_steps": 4, "dirpath": "/tmp/c", "save_last": True,
+                           "keep_last": 1, "async_save": True},
+    "plan": {"only": True, "check": False, "dry_run": True},
+}  # fmt: skip
+"""A value other than the default for every trainer, checkpoint-saving and plan setting."""
+
+
+def test_every_run_setting_is_declared_once_and_reaches_the_run_spec(tmp_path):
+    """`trainer.*`, `trainer.checkpoint.*` and `plan.*`: the schemas are their option classes'
+    fields (generated), each documented, and each set on the command line arrives, typed, in the
+    `RunSpec` the run reads (and the saving settings in `RunCheckpoints`)."""
+    import dataclasses
+
+    from lightning_dist.checkpoint.store import RunCheckpoints
+    from lightning_dist.config import schemas
+    from lightning_dist.options.saving import SaveOptions
+    from lightning_dist.options.trainer import PlanOptions, TrainerOptions
+    from lightning_dist.run.spec import RunSpec
+
+    classes = {"trainer": (TrainerOptions, schemas.TrainerSchema),
+               "trainer.checkpoint": (SaveOptions, schemas.CheckpointSchema),
+               "plan": (PlanOptions, schemas.PlanSchema)}  # fmt: skip
+    for section, (options_class, schema) in classes.items():
+        declared = [f.name for f in dataclasses.fields(options_class)]
+        assert [f.name for f in dataclasses.fields(schema)] == declared, section
+        assert all(f.metadata["doc"] for f in dataclasses.fields(options_class)), section
+        assert set(declared) - {"checkpoint"} == set(RUN_SETTING_VALUES[section]), section
+    overrides = [f"{section}.{k}={v}" for section, values in RUN_SETTING_VALUES.items()
+                 for k, v in values.items()]  # fmt: skip
+    spec = RunSpec.of(compose_config([*overrides, f"paths.output_dir={tmp_path}"]), {})
+    got = {"trainer": spec.trainer, "trainer.checkpoint": spec.trainer.checkpoint,
+           "plan": spec.plan}  # fmt: skip
+    for section, values in RUN_SETTING_VALUES.items():
+        assert type(got[section]) is classes[section][0]
+        assert {k: getattr(got[section], k) for k in values} == values, section
+    assert RunCheckpoints.of(spec.trainer, tmp_path).saving == spec.trainer.checkpoint
