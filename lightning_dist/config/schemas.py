@@ -205,7 +205,7 @@ def knob_schema(cls: type, name: str, nested: dict[type, type] | None = None) ->
     field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults, generated so
     that each setting is declared once, in its option class. A field whose default is an option
     class of `nested` gets that class's schema."""
-    out = []
+    out: list[tuple[str, Any, Any]] = []
     for f in dataclasses.fields(cls):
         schema = (nested or {}).get(type(f.default))
         if schema is not None:
@@ -249,12 +249,13 @@ class TrainSchema:
     data: Any = None
     strategy: Any = None
     hardware: HardwareSpec = field(default_factory=HardwareSpec)
-    trainer: TrainerSchema = field(default_factory=TrainerSchema)
-    optim: OptimSchema = field(default_factory=OptimSchema)
+    # The generated schemas are classes made at import time, which mypy cannot take as types.
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)  # type: ignore[valid-type]
+    optim: OptimSchema = field(default_factory=OptimSchema)  # type: ignore[valid-type]
     logger: Any = None
     callbacks: Any = None
     paths: PathsSchema = field(default_factory=PathsSchema)
-    plan: PlanSchema = field(default_factory=PlanSchema)
+    plan: PlanSchema = field(default_factory=PlanSchema)  # type: ignore[valid-type]
     experiment: Any = None
     debug: Any = None
     seed: int = 1234

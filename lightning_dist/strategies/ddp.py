@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from typing_extensions import override
 
 from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.cluster.diloco import DiLoCo
@@ -118,7 +120,8 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
 
     # --- the run ------------------------------------------------------------------------------
 
-    def setup(self, trainer) -> None:
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
         """Lightning's DDP setup; under `dp_shares` this rank's accumulation (and the
         validation interval, counted in its batches) first. The shares are checked here too
         (train.py checks them before launch, `check_run`; plain Lightning code comes here
@@ -136,6 +139,7 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
             sigterm_broadcast_once_per_step(trainer)  # else a collective per micro-batch
         super().setup(trainer)
 
+    @override
     def configure_ddp(self) -> None:
         """Wrap the model in DDP, then register the gradient hook that compresses, delays or
         (DiLoCo) skips the all-reduce, on any backend."""
@@ -149,12 +153,14 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         if chosen is not None:
             self.model.register_comm_hook(*chosen)
 
+    @override
     def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         weight = self.loss_weight()
         if weight != 1.0:
             closure_loss = closure_loss * weight
         return super().backward(closure_loss, *args, **kwargs)
 
+    @override
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         """The step; under DiLoCo, then the outer loop (a sync every H steps of the run and at
         its last). The outer loop's anchor is taken at the first step, from the weights the run

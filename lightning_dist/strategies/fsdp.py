@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import lightning.pytorch as pl
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
+from typing_extensions import override
 
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.options import FSDP1_HYBRID, PRESETS, StrategyOptions, group_knobs
@@ -47,6 +49,7 @@ class GlobalNormFSDPPrecision(FSDPPrecision):
         super().__init__(precision, scaler)
         self._strategy = strategy
 
+    @override
     def clip_grad_by_norm(self, optimizer, clip_val) -> None:
         self._strategy.model.clip_grad_norm_(clip_val)
 
@@ -178,6 +181,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             param_dtype=dtypes.compute, reduce_dtype=dtypes.reduce, buffer_dtype=dtypes.buffer
         )
 
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         from torch.distributed.device_mesh import init_device_mesh
@@ -201,7 +205,8 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
                 "data.per_rank_batch_size the whole per-rank batch, or use strategy=fsdp2"
             )
 
-    def setup(self, trainer) -> None:
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
         self._check_offload_accumulation(trainer.accumulate_grad_batches)
         super().setup(trainer)
 
@@ -210,6 +215,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     # `param_init_fn`) so no rank ever holds the whole model; the weights would then differ from
     # a single process's, so parity runs use this route.
 
+    @override
     def _setup_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -235,6 +241,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             apply_compile(wrapped, block_types, backend=self.compile_backend)
         return wrapped
 
+    @override
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
