@@ -39,6 +39,11 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
       (`cluster/diloco.py`);
     - `simulate_*`: the test tool of `cluster/simulate.py` (a delay in the hook, hooks that
       pace the blocks).
+
+    Why a subclass of Lightning's DDPStrategy and not a preset of the mesh strategy: DDP's
+    bucketed all-reduce, its communication hooks (compression, DiLoCo's local steps) and
+    per-rank gradient accumulation are DistributedDataParallel's own; Lightning's DDPStrategy
+    already drives exactly that, so a subclass adds only what differs and owns no loop.
     """
 
     preset = "ddp"

@@ -62,6 +62,11 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     `ShardingOptions`, `PrecisionOptions`, activation checkpointing, compile, the process group
     and the checkpoint format); or pass a built `options=StrategyOptions(...)`. Other keyword
     arguments (accelerator, parallel_devices, ...) go to Lightning's FSDPStrategy.
+
+    Why a subclass of Lightning's FSDPStrategy and not a preset of the mesh strategy: FSDP1
+    (FullyShardedDataParallel, flat parameters, `limit_all_gathers`, backward prefetch) is a
+    different wrapper from FSDP2's DTensor sharding that the mesh strategy applies; Lightning's
+    FSDPStrategy already drives it, so the subclass adds the tuned recipe and nothing else.
     """
 
     strategy_name = "fsdp_tuned"
