@@ -153,6 +153,22 @@ def finish_folder(path: Path, meta: dict[str, Any], manifest_fields: dict[str, A
     write_manifest(path, manifest_fields)
 
 
+def write_folder(
+    state: dict[str, Any], path: Path, meta: dict[str, Any], fields: dict[str, Any], *, rank0: bool
+) -> None:
+    """One synchronous save of `state` (from `gather_state`) into `path` on every rank: the
+    folder, the shards, then on rank 0 `meta` and the manifest with `fields`;
+    `CheckpointWriteError` on every rank when a rank's part of it failed with an OSError."""
+    write_on_every_rank(lambda: prepare_folder(path, rank0=rank0))
+    write_on_every_rank(lambda: save_state(state, path))
+
+    def finish() -> None:
+        if rank0:
+            finish_folder(path, meta, fields)
+
+    write_on_every_rank(finish)
+
+
 def save_state(state: dict[str, Any], path: Path, process_group=None) -> None:
     """Write `state` (from `gather_state`) as DCP files into `path` (collective)."""
     from torch.distributed.checkpoint import save

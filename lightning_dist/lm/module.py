@@ -22,6 +22,7 @@ from lightning_dist.checkpoint.canonical import WRAPPER_SEGMENTS
 from lightning_dist.contract import contract_of
 from lightning_dist.lm.chunked_loss import chunked_cross_entropy, defer_output_head
 from lightning_dist.lm.experts import ExpertStats
+from lightning_dist.mesh.reductions import mean_over_ranks, sum_over_ranks
 from lightning_dist.models.documents import document_positions
 from lightning_dist.models.materialize import materialize
 from lightning_dist.models.moe import (
@@ -31,7 +32,7 @@ from lightning_dist.models.moe import (
     update_expert_biases,
 )
 from lightning_dist.options.optim import OptimOptions
-from lightning_dist.parallel.context_parallel import context_parallel_of
+from lightning_dist.parallel.context_parallel import context_parallel_of, shard_sequences
 
 IGNORE = -100
 """The target of a masked position (cross-entropy's default ignore_index): it adds no loss."""
@@ -170,15 +171,8 @@ class CausalLM(L.LightningModule):
             extra = {"positions": document_positions(documents), "documents": documents}
         if self._context is not None:
             # Context parallelism: this rank's chunks of every sequence, inputs and targets
-            # alike, at their true positions (and documents). Every rank has as many tokens,
-            # so the mean over ranks of their mean losses is one device's loss, and FSDP's
-            # average of the gradients over dp_shard x cp is one device's gradient.
-            chunks = self._context.positions(inputs.size(1), inputs.device)
-            inputs, targets = inputs.index_select(1, chunks), targets.index_select(1, chunks)
-            if extra:
-                extra = {key: value.index_select(1, chunks) for key, value in extra.items()}
-            else:
-                extra = {"positions": chunks}
+            # alike, at their true positions (and documents).
+            inputs, targets, extra = shard_sequences(self._context, inputs, targets, extra)
         if getattr(self.model, "computes_loss", False):
             # A pipeline: the stages run forward (and backward, in training) over microbatches
             # and return the batch's mean loss on every rank; no rank has the whole logits.
@@ -322,28 +316,3 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return multiplier
-
-
-def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
-    """The mean of a scalar over every rank, as a plain tensor: one all-reduce, where
-    Lightning's `strategy.reduce` puts a barrier before it (about 1.3 ms a step on gloo, for
-    nothing: the all-reduce itself waits for every rank). A DTensor (the loss under loss
-    parallelism) gives its full value first, which every rank of its mesh computes alike."""
-    value, ranks = sum_over_ranks(value)
-    if ranks > 1:
-        value /= ranks  # gloo has no average
-    return value
-
-
-def sum_over_ranks(value: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the sum of `value` over every rank, the number of ranks): one all-reduce (see
-    `mean_over_ranks`), none in a single process."""
-    import torch.distributed as dist
-
-    from lightning_dist.parallel.tp import plain_tensor
-
-    value = plain_tensor(value)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value)
-        return value, dist.get_world_size()
-    return value, 1

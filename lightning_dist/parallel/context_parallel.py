@@ -224,6 +224,23 @@ def context_parallel_of(model: torch.nn.Module) -> ContextParallelAttention | No
     return None
 
 
+def shard_sequences(
+    step: ContextParallelAttention,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    extra: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """This rank's chunks of every sequence: inputs and targets alike, and the keyword inputs
+    (`positions`, `documents`) with them, or else the chunks' true positions as `positions`.
+    Every rank has as many tokens, so the mean over ranks of their mean losses is one device's
+    loss, and FSDP's average of the gradients over dp_shard x cp is one device's gradient."""
+    chunks = step.positions(inputs.size(1), inputs.device)
+    inputs, targets = inputs.index_select(1, chunks), targets.index_select(1, chunks)
+    if extra:
+        return inputs, targets, {key: value.index_select(1, chunks) for key, value in extra.items()}
+    return inputs, targets, {"positions": chunks}
+
+
 def check_context_parallel(model: torch.nn.Module, cp: int, mode: str, *, n_heads: int | None,
                            n_kv_heads: int | None, tp: int = 1) -> None:  # fmt: skip
     """ValueError in one line unless `model` can run under context parallelism of degree `cp`

@@ -62,7 +62,7 @@ class FormatCheckpointHooks:
             self._async_saves.save(state, path, checkpoint, fields, rank0=rank0)
             return
         try:
-            _write_folder(state, path, checkpoint, fields, rank0=rank0)
+            ckpt.write_folder(state, path, checkpoint, fields, rank0=rank0)
         except ckpt.CheckpointWriteError as e:
             # The steps trained since the last save are kept in a folder beside this one.
             raise ckpt.CheckpointWriteError(
@@ -131,21 +131,13 @@ FALLBACK_SUFFIX = ".fallback"
 """The folder beside an unwritable checkpoint folder that takes its last save."""
 
 
-def _write_folder(state: dict, path: Path, meta: dict, fields: dict, *, rank0: bool) -> None:
-    """One synchronous save into `path` on every rank; `CheckpointWriteError` on every rank
-    when a rank's part of it failed with an OSError (checkpoint/format.py)."""
-    ckpt.write_on_every_rank(lambda: ckpt.prepare_folder(path, rank0=rank0))
-    ckpt.write_on_every_rank(lambda: ckpt.save_state(state, path))
-    ckpt.write_on_every_rank(lambda: rank0 and ckpt.finish_folder(path, meta, fields))
-
-
 def _save_fallback(state: dict, path: Path, meta: dict, fields: dict, *, rank0: bool) -> str:
     """Save into `<checkpoint folder>.fallback/` instead; what was saved, as words for the
     run's one line."""
     fallback = path.parent.with_name(path.parent.name + FALLBACK_SUFFIX) / path.name
     try:
         ckpt.write_on_every_rank(lambda: rank0 and fallback.parent.mkdir(exist_ok=True))
-        _write_folder(state, fallback, meta, fields, rank0=rank0)
+        ckpt.write_folder(state, fallback, meta, fields, rank0=rank0)
     except ckpt.CheckpointWriteError as e:
         return f"the fallback save to {fallback} failed too ({e}); this step's state is lost"
     return f"saved it to {fallback} instead: resume with trainer.ckpt_path={fallback}"

@@ -233,11 +233,12 @@ FLOORS: dict[str, tuple[str, ...]] = {
     # Lightning's side: callbacks, the checkpoint format, the LightningModule, the strategies
     "callbacks": _MIDDLE,
     "checkpoint": (*_MIDDLE, "callbacks"),
-    "lm": (*_MIDDLE, "checkpoint"),
-    "strategies": (*_MIDDLE, "checkpoint"),
+    "mesh": (*_MIDDLE, "checkpoint"),  # the mesh runtime: no Lightning (see NO_LIGHTNING)
+    "lm": (*_MIDDLE, "checkpoint", "mesh"),
+    "strategies": (*_MIDDLE, "checkpoint", "mesh"),
     # a run from its config, and the launchers of many runs
-    "run": (*_MIDDLE, "callbacks", "checkpoint", "lm", "strategies"),
-    "launch": (*_MIDDLE, "callbacks", "checkpoint", "lm", "strategies", "run"),
+    "run": (*_MIDDLE, "callbacks", "checkpoint", "mesh", "lm", "strategies"),
+    "launch": (*_MIDDLE, "callbacks", "checkpoint", "mesh", "lm", "strategies", "run"),
 }
 """Each floor of the package (a subpackage or a module at its root) and the floors it may import
 besides itself, typing-only imports included. The command lines (`CLI_MODULES`) may import any."""
@@ -298,7 +299,7 @@ def test_checkpoint_imports_neither_run_nor_lm():
     assert not bad, bad
 
 
-IMPORTS_IN_FUNCTIONS = 423
+IMPORTS_IN_FUNCTIONS = 421
 """Import statements inside functions, in the whole package (counted 2026-12-06). It may only go
 down. Those left are meant: optional extras (torchft, wandb, transformers, pyarrow, datasets,
 zstandard, matplotlib, s3fs: a run that does not use one never needs it installed), start-up time
@@ -325,7 +326,8 @@ def test_imports_inside_functions_only_go_down():
 
 def test_lower_layers_do_not_import_upper_ones():
     """runtime/ sees only itself; models/ sees only itself; config/ sees the option classes,
-    models, hardware and layout; parallel/ and planner/ see neither Lightning glue nor lm/. Both
+    models, hardware and layout; mesh/ (the mesh runtime) sees parallel/, checkpoint/ and what
+    they see; parallel/ and planner/ see neither Lightning glue nor lm/. Both
     read the option classes (lightning_dist/options/, the parsed activation-checkpointing
     setting among them), torch-free like the layout. Typing-only imports count too."""
     rules = {
@@ -353,6 +355,16 @@ def test_lower_layers_do_not_import_upper_ones():
             "lightning_dist.hardware",
             "lightning_dist.models",
         ),
+        "lightning_dist.mesh": (
+            "lightning_dist.mesh",
+            "lightning_dist.parallel",
+            "lightning_dist.checkpoint.format",
+            "lightning_dist.checkpoint.canonical",
+            "lightning_dist.layout",
+            "lightning_dist.options",
+            "lightning_dist.models",
+            "lightning_dist._compat",
+        ),
     }
     bad = [
         (name, target)
@@ -363,3 +375,44 @@ def test_lower_layers_do_not_import_upper_ones():
         if not _within(target, allowed)
     ]
     assert not bad, bad
+
+
+NO_LIGHTNING = ("lightning_dist.parallel", "lightning_dist.planner", "lightning_dist.models",
+                "lightning_dist.mesh")  # fmt: skip
+"""The floors that run without Lightning: a plain PyTorch loop drives the mesh runtime."""
+
+
+def _external_roots(name: str, *, lazy: bool) -> set[str]:
+    """The top-level packages outside ours that module `name` imports: when it is imported,
+    or also inside its functions (`lazy`)."""
+    stack: list[ast.AST] = [TREES[name]]
+    roots = set()
+    while stack:
+        node = stack.pop()
+        if not lazy and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+        stack.extend(ast.iter_child_nodes(node))
+    return roots
+
+
+def test_the_lightning_free_floors_never_import_lightning():
+    """Not even inside a function; and the package modules they import, at any depth, do not
+    import it when they are imported (`_compat` wraps Lightning's names inside functions that
+    only the Lightning glue calls)."""
+    seen: set[str] = set()
+    todo = [name for name in MODULES if _within(name, NO_LIGHTNING)]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(GRAPH[name])
+    lightning = {"lightning", "pytorch_lightning", "lightning_fabric"}
+    bad = sorted(
+        name for name in seen if _external_roots(name, lazy=_within(name, NO_LIGHTNING)) & lightning
+    )
+    assert len(seen) > 50, "the walk found too few modules to prove anything"
+    assert not bad, f"modules reached from {NO_LIGHTNING} import Lightning: {bad}"

@@ -1,0 +1,86 @@
+"""Cases of tests/dist/test_mesh_runtime_dist.py: a plain PyTorch loop over `MeshRuntime`
+(examples/mesh_runtime_loop.py), run inside the ranks of a `World`, layout after layout."""
+
+from __future__ import annotations
+
+import runpy
+
+from tests.repo import REPO_ROOT
+
+EXAMPLE = str(REPO_ROOT / "examples" / "mesh_runtime_loop.py")
+
+
+def plain_loop_losses(model: dict, settings: dict, layouts: dict[str, dict]) -> dict:
+    """{layout name: the losses of each step} of the example's loop with `settings` on the
+    model of `model` (ModelArgs fields), for each of `layouts` (strategy knobs of a preset:
+    {"preset": "3d", "tp": 2}); every rank returns them."""
+    import torch.distributed as dist
+    from world import init_group
+
+    from lightning_dist.mesh import MeshRuntime
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.options import PRESETS
+
+    example = runpy.run_path(EXAMPLE, run_name="world_case")
+    init_group()
+    args, loop = ModelArgs(**model), example["LoopSettings"](**settings)
+    out = {}
+    for name, knobs in layouts.items():
+        knobs = dict(knobs)
+        options = PRESETS[knobs.pop("preset")].build(knobs, name)
+        runtime = MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
+        out[name] = {"losses": example["train"](runtime, args, loop)[0],
+                     "layout": runtime.layout.describe()}  # fmt: skip
+    dist.barrier()
+    return out
+
+
+def checkpoint_round_trip(model: dict, settings: dict, writer: dict, reader: dict,
+                          path: str) -> dict:  # fmt: skip
+    """Train 2 steps under the `writer` layout and save the runtime's checkpoint (model and
+    optimizer) at `path`; load it into a differently initialised model under `reader`. Returns
+    the largest difference between the weights saved and those loaded, over how many tensors,
+    and the layout the manifest records."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from world import init_group
+
+    from lightning_dist.checkpoint import format as ckpt
+    from lightning_dist.checkpoint.manifest import read_manifest
+    from lightning_dist.mesh import MeshRuntime
+    from lightning_dist.models.args import ModelArgs
+    from lightning_dist.options import PRESETS
+
+    example = runpy.run_path(EXAMPLE, run_name="world_case")
+    init_group()
+    args = ModelArgs(**model)
+    loop = dataclasses.replace(example["LoopSettings"](**settings), steps=2)
+
+    def runtime_of(knobs: dict) -> MeshRuntime:
+        knobs = dict(knobs)
+        options = PRESETS[knobs.pop("preset")].build(knobs, "round trip")
+        return MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
+
+    def full_weights(runtime: MeshRuntime) -> dict[str, torch.Tensor]:
+        state = ckpt.gather_state(runtime.checkpoint_module(), [], full=True)[ckpt.MODEL_KEY]
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, {k: v.detach().clone() for k, v in state.items()})
+        return {k: v for part in every for k, v in part.items()}  # pipeline ranks: their stages
+
+    saver = runtime_of(writer)
+    _, optimizer = example["train"](saver, args, loop)
+    saver.save(path, [optimizer], meta={"global_step": loop.steps})
+    saved = full_weights(saver)
+
+    loader = runtime_of(reader)
+    with torch.device("meta"):
+        fresh = args.build()
+    loaded_model = loader.parallelize(fresh, init_seed=loop.seed + 1)
+    meta = loader.load(path, [example["optimizer_for"](loaded_model, loop)])
+    loaded = full_weights(loader)
+    difference = max(float((saved[k] - loaded[k]).abs().max()) for k in saved)
+    return {"tensors": len(saved) if saved.keys() == loaded.keys() else -1,
+            "max_difference": difference, "meta_step": meta.get("global_step"),
+            "manifest_layout": read_manifest(path)["layout"]}  # fmt: skip
