@@ -214,7 +214,7 @@ def check_machine(plan: Any) -> None:
     if plan.hardware.num_nodes > 1 and not _cluster_launch():
         raise ValueError(
             f"hardware.num_nodes={plan.hardware.num_nodes} needs every node started by torchrun "
-            "or SLURM (see README, 'Many nodes'); on one machine use hardware.num_nodes=1."
+            "or SLURM (see docs/LAUNCH.md); on one machine use hardware.num_nodes=1."
         )
     seq_len, max_seq_len = plan.batch.seq_len, plan.model.max_seq_len
     if seq_len > max_seq_len:
