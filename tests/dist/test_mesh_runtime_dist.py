@@ -19,7 +19,7 @@ import time
 import baselines
 import pytest
 
-from lightning_dist.parity import max_relative_difference
+from lightning_dist.run.parity_runs import max_relative_difference
 
 pytestmark = pytest.mark.slow
 
