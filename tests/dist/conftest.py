@@ -32,21 +32,22 @@ def worlds():
         world.close()
 
 
-def ranks_of(overrides: list[str]) -> int:
-    """How many ranks `train.py OVERRIDES` starts on this machine (the composed config's)."""
-    from lightning_dist.config import compose_config, hardware_spec
+def ranks_of(cfg) -> int:
+    """How many ranks `train.py` starts on this machine for the composed config `cfg`."""
+    from lightning_dist.config import hardware_spec
 
-    cfg = compose_config([*overrides, "paths.output_dir=unused"])
     return 1 if cfg.strategy.name == "single" else hardware_spec(cfg).resolved_devices()
 
 
 @pytest.fixture(scope="module")
 def train_in(worlds):
     """`train_in(overrides, run_dir)`: train.py's run of `overrides` on the ranks of a started
-    world of as many ranks as the run starts; rank 0's summary."""
+    world of as many ranks as the run starts; rank 0's summary. The config is composed once,
+    here, and sent to the ranks (tests/dist/train_cases.py's `train_config`)."""
+    from train_cases import case_config
 
     def run(overrides: list[str], run_dir) -> dict:
-        return worlds(ranks_of(overrides)).run("train_cases:train_case", list(overrides),
-                                               str(run_dir))[0]  # fmt: skip
+        cfg = case_config(list(overrides), str(run_dir))
+        return worlds(ranks_of(cfg)).run("train_cases:train_config", cfg)[0]
 
     return run

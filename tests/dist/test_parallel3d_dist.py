@@ -43,6 +43,10 @@ FLOAT8 = [*BASE, "strategy.float8=tensorwise", "data.micro_batch_size=4"]
 SAC_COMPILE = ["strategy.activation_checkpointing=op", "strategy.compile=true",
                "strategy.compile_backend=aot_eager"]  # fmt: skip
 
+PLANNED = ["strategy=3d", "strategy.tp=2", "strategy.reshard_after_forward=false"]
+"""The layout words of `python -m lightning_dist.plan model=llama3_1b hardware=rtx4090_x4
+data.global_batch_size=16 data.seq_len=256 --command` (2026-12-06)."""
+
 CASES = {
     # TP without SP ran here until 2026-12-04 (cut for the suite's time): the checkpoint
     # matrix's tp2 (tests/dist/checkpoint_matrix_runs.py) trains it against one process.
@@ -61,7 +65,11 @@ CASES = {
     ),
     # Lightning's gradient accumulation (2 micro-batches of 4) on top of 4 pipeline microbatches.
     "pp2_accumulate": (BASE, ["strategy=pp", "hardware.devices=2", "data.micro_batch_size=4"]),
-    "dp2xtp2": (BASE, ["strategy=3d", "strategy.tp=2", "hardware.devices=4"]),
+    # The planner's command for a 1B model on a 4-GPU workstation (PLANNED: its layout words;
+    # test_a_planned_command_... checks the planner still prints them): dp2 x tp2 with SP and
+    # parameters kept gathered after the forward. (dp2 x tp2 with the default resharding:
+    # hf_dp2xtp2 below and the 8-rank case.)
+    "dp2xtp2": (BASE, [*PLANNED, "hardware.devices=4"]),
     "dp2xpp2": (
         BASE,
         ["strategy=3d", "strategy.pp=2", "hardware.devices=4", "trainer.checkpoint.every_n_train_steps=5"],
@@ -198,10 +206,12 @@ def test_user_module_example_runs_with_tp_and_pp(worlds):
     assert last < first - 0.5, printed[0][-1000:]
 
 
-def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(train_in, tmp_path, capsys):
+def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(run, capsys):
     """The planner's command for a 1B model on a 4-GPU workstation, with `hardware=cpu` (4 gloo
-    ranks) and the debug model substituted, trains. (The table, the legend and the 70B command
-    that train.py's pre-flight plans the same are tests/unit/test_plan_command.py.)"""
+    ranks) and the debug model substituted, trains: its layout words are the dp2xtp2 parity
+    case's (PLANNED), whose run (shared with test_parity_with_one_process) trains 10 steps on 4
+    ranks. (The table, the legend and the 70B command that train.py's pre-flight plans the
+    same are tests/unit/test_plan_command.py.)"""
     from lightning_dist.plan import main
 
     assert main(["model=llama3_1b", "hardware=rtx4090_x4", "data.global_batch_size=16",
@@ -213,8 +223,9 @@ def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(train_in, t
     assert "model=llama_debug" in args and "hardware=cpu" in args
     # dp_shard=2 x tp=2 with sequence parallelism and SHARD_GRAD_OP, when this test was written
     assert "strategy=3d" in args and "strategy.tp=2" in args, args
-    # (a shorter sequence for speed: the layout's overrides do not depend on it)
-    summary = train_in([*args, "hardware.devices=4", "data=synthetic", "data.seq_len=32",
-                        "logger=none", "trainer.max_steps=2", "trainer.val_check_interval=null"],
-                       tmp_path)  # fmt: skip
-    assert summary["steps"] == 2 and summary["world_size"] == 4
+    layout = [a for a in args if a.startswith("strategy")]
+    assert layout == PLANNED, f"the planner's layout changed: set PLANNED to {layout}"
+    base, case = CASES["dp2xtp2"]
+    summary = run([*base, *case])
+    assert summary["steps"] == 10 and summary["world_size"] == 4
+    assert summary["layout"]["tp"] == 2 and summary["layout"]["dp_shard"] == 2

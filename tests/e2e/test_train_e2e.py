@@ -51,22 +51,25 @@ def test_parity_command_finds_ddp_on_two_ranks_matches_one_process(tmp_path, cap
         assert list((tmp_path / run / "csv").rglob("metrics.csv")), f"{run}: no CSV metrics"
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp"])
-def test_hugging_face_llama_trains(tmp_path, strategy):
-    """It learns, and its console shows none of torch's `... is an Enum subclass` notices, which
+def test_hugging_face_llama_trains(tmp_path):
+    """It learns on one process and under DDP on 2 ranks (one multirun: one interpreter fewer to
+    start), and the console shows none of torch's `... is an Enum subclass` notices, which
     torchao's enums raise on every rank when transformers loads torchao (as strategy.cp=2 once
     made every run do: runtime/quiet.py)."""
     pytest.importorskip("transformers")
-    result = train_py("model=hf_llama", "data=synthetic", "logger=none", f"strategy={strategy}",
-                      "trainer.max_steps=6", "trainer.val_check_interval=null", "optim.lr=1e-2",
-                      f"hydra.run.dir={tmp_path}")  # fmt: skip
+    strategies = ["single", "ddp"]
+    result = train_py("-m", "model=hf_llama", "data=synthetic", "logger=none",
+                      f"strategy={','.join(strategies)}", "trainer.max_steps=6",
+                      "trainer.val_check_interval=null", "optim.lr=1e-2",
+                      f"hydra.sweep.dir={tmp_path}")  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "is an Enum subclass" not in output, output[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 6
-    assert summary["model"] == "hf_llama"
-    assert summary["final_loss"] < summary["losses"][0]
+    for job, strategy in enumerate(strategies):
+        summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
+        assert summary["strategy"] == strategy and summary["steps"] == 6
+        assert summary["model"] == "hf_llama"
+        assert summary["final_loss"] < summary["losses"][0]
 
 
 # The one-line errors for bad input are the table in tests/unit/test_bad_inputs.py.

@@ -10,6 +10,7 @@ so a new knob fails here until it has one."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -86,8 +87,15 @@ VALUES = {
 BASE = ["model=llama3_8b", "hardware=dgx_h100", "data.global_batch_size=32", "data.seq_len=2048"]
 
 
-def _strategy(tmp_path, name: str, extra: list[str]):
-    cfg = compose_config([*BASE, f"strategy={name}", *extra, f"paths.output_dir={tmp_path}"])
+@functools.cache
+def _composed(overrides: tuple[str, ...]):
+    """The composed config of `overrides`, once per distinct command in this module (a Hydra
+    composition costs 0.15 s or more; the planner test's runs without a knob repeat one)."""
+    return compose_config([*overrides, "paths.output_dir=."])
+
+
+def _strategy(name: str, extra: list[str]):
+    cfg = _composed((*BASE, f"strategy={name}", *extra))
     hw = hardware_spec(cfg)
     return cfg, hw, build_strategy(cfg.strategy, hw)
 
@@ -100,6 +108,7 @@ def _kept(strategy, knob: str):
     return value.setting if knob == "activation_checkpointing" else value
 
 
+@functools.cache
 def _presets() -> list[tuple[str, str]]:
     """(config name, preset) of every conf/strategy file but auto (whose layout the planner
     picks; its one knob is checked below)."""
@@ -107,7 +116,7 @@ def _presets() -> list[tuple[str, str]]:
     for name in choice_names("strategy"):
         if name == "auto":
             continue
-        target = compose_config([f"strategy={name}", "paths.output_dir=."]).strategy._target_
+        target = _composed((f"strategy={name}",)).strategy._target_
         preset = {"single_device_strategy": "single", "DataParallelStrategy": "ddp",
                   "TunedFSDPStrategy": "fsdp", "FSDP2Strategy": "fsdp2",
                   "FTHSDPStrategy": "ft_hsdp"}.get(
@@ -125,51 +134,84 @@ def test_every_knob_has_a_test_value_and_one_declaration():
             assert options.knob_doc(group, f), f"{group}.{f.name} has no documentation"
 
 
-def test_each_preset_schema_is_exactly_its_option_classes(tmp_path):
+def test_each_preset_schema_is_exactly_its_option_classes():
     for name, preset in _presets():
-        cfg = compose_config([f"strategy={name}", f"paths.output_dir={tmp_path}"])
+        cfg = _composed((f"strategy={name}",))
         keys = set(cfg.strategy) - {"name", "_target_"}
         groups = options.PRESETS[preset].groups
         assert keys == {f.name for g in groups for f in options.group_knobs(g)}, name
 
 
-def _kept_alone(tmp_path, name: str, group: str, knob: str):
+def _knob_overrides(name: str, group: str, knob: str) -> list[str]:
+    """The command line that sets `knob` alone on preset `name`: its context, then its value."""
     typed, _, context = VALUES[knob]
     if name in ("tp", "pp") and group == "layout":  # free its -1 degree first
         context = [f"strategy.{name}=1", "strategy.dp_shard=-1", *context]
-    _, _, strategy = _strategy(tmp_path, name, [*context, f"strategy.{knob}={typed}"])
+    return [*context, f"strategy.{knob}={typed}"]
+
+
+def _kept_alone(name: str, group: str, knob: str):
+    _, _, strategy = _strategy(name, _knob_overrides(name, group, knob))
     return _kept(strategy, knob)
 
 
-def test_every_knob_is_settable_from_each_preset_and_reaches_the_strategy(tmp_path):
+def _settings(overrides: list[str]) -> dict[str, str]:
+    """key -> value of a command line, the last one of a key winning (as in Hydra)."""
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def _bundles(name: str, knobs: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The (group, knob)s of a preset packed into as few commands as their settings allow: a
+    knob joins the first command that sets none of its keys to another value."""
+    bundles: list[tuple[dict[str, str], list[tuple[str, str]]]] = []
+    for group, knob in knobs:
+        mine = _settings(_knob_overrides(name, group, knob))
+        for settings, members in bundles:
+            if all(settings.get(k, v) == v for k, v in mine.items()):
+                settings.update(mine)
+                members.append((group, knob))
+                break
+        else:
+            bundles.append((mine, [(group, knob)]))
+    return [members for _, members in bundles]
+
+
+def _check_together(name: str, members: list[tuple[str, str]]) -> int:
+    """Each knob of `members` arrives in the strategy built from one command that sets them all;
+    a command that does not build is halved, and a knob whose value does not arrive there is
+    checked in a command of its own. How many knobs were checked."""
+    settings: dict[str, str] = {}
+    for group, knob in members:
+        settings.update(_settings(_knob_overrides(name, group, knob)))
+    strategy = None
+    if len(members) > 1:
+        try:
+            _, _, strategy = _strategy(name, [f"{k}={v}" for k, v in settings.items()])
+        except Exception:  # noqa: BLE001 - these knobs do not build together: halve them
+            half = len(members) // 2
+            return _check_together(name, members[:half]) + _check_together(name, members[half:])
+    for group, knob in members:
+        parsed = VALUES[knob][1]
+        if strategy is None or _kept(strategy, knob) != parsed:
+            assert _kept_alone(name, group, knob) == parsed, (name, knob)
+    return len(members)
+
+
+def test_every_knob_is_settable_from_each_preset_and_reaches_the_strategy():
     """Each knob set on the command line of each preset arrives in the strategy. The knobs of a
-    group that need no other setting go in one command (a Hydra compose costs 0.15 s); a knob
-    whose value does not arrive there, or a group whose settings do not build together, is
-    checked in a command of its own."""
+    preset go in as few commands as their settings allow (a Hydra compose costs 0.15 s or more);
+    a command that does not build is halved, and a knob whose value does not arrive in its
+    shared command is checked in a command of its own."""
     checked = 0
     for name, preset in _presets():
-        for group in options.PRESETS[preset].groups:
-            knobs = [f.name for f in options.group_knobs(group)]
-            free = [k for k in knobs if not VALUES[k][2] and not (name in ("tp", "pp") and
-                                                                  group == "layout")]  # fmt: skip
-            together = {}
-            if len(free) > 1:
-                try:
-                    _, _, strategy = _strategy(
-                        tmp_path, name, [f"strategy.{k}={VALUES[k][0]}" for k in free]
-                    )
-                    together = {k: _kept(strategy, k) for k in free}
-                except Exception:  # noqa: BLE001 - the knobs are checked one at a time below
-                    together = {}
-            for knob in knobs:
-                parsed = VALUES[knob][1]
-                if together.get(knob, object()) != parsed:
-                    assert _kept_alone(tmp_path, name, group, knob) == parsed, (name, knob)
-                checked += 1
+        knobs = [
+            (g, f.name) for g in options.PRESETS[preset].groups for f in options.group_knobs(g)
+        ]
+        checked += sum(_check_together(name, members) for members in _bundles(name, knobs))
     assert checked > 100
 
 
-def test_the_auto_preset_takes_its_knob(tmp_path):
+def test_the_auto_preset_takes_its_knob():
     cfg = compose_config(
         ["strategy=auto", "strategy.process_group_backend=gloo", "paths.output_dir=."]
     )
@@ -177,7 +219,7 @@ def test_the_auto_preset_takes_its_knob(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["3d", "fsdp2", "fsdp", "ddp"])
-def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(tmp_path, name):
+def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(name):
     """The pre-flight estimate reads the strategy's options; for each knob the planner models,
     the configured value changes the prediction (memory, time or layout) against the same run
     without it."""
@@ -191,7 +233,7 @@ def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(tm
             typed, _, context = VALUES[f.name]
             predictions = []
             for extra in (context, [*context, f"strategy.{f.name}={typed}"]):
-                cfg, hw, strategy = _strategy(tmp_path, name, extra)
+                cfg, hw, strategy = _strategy(name, extra)
                 layout = strategy.layout_for(hw.resolved_devices(), hw.num_nodes)
                 cand = estimate_run(
                     Batch.of_config(cfg.data), model_spec(cfg), hw, strategy, layout, "bf16-mixed"
