@@ -95,6 +95,7 @@ def train(
     the loss of every step, and the optimizer."""
     with torch.device("meta"):
         meta_model = args.build()
+    runtime.check_model(meta_model)  # one line naming the numbers if the layout cannot split it
     model = runtime.parallelize(meta_model, init_seed=s.seed)
     optimizer = optimizer_for(model, s)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(s))

@@ -25,7 +25,14 @@ of its own, which 2.11's tracks, so the meter's numbers for DTensor layouts may 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from typing_extensions import override
+
+if TYPE_CHECKING:  # what `ScriptLauncherHook` is mixed into, for the type checker only
+    from lightning.pytorch.strategies import ParallelStrategy as _MixedInto
+else:
+    _MixedInto = object
 
 LIGHTNING_CHECKPOINT_METADATA = "meta.pt"
 """Lightning's `lightning.fabric.utilities.load._METADATA_FILENAME`: the file beside the DCP shards
@@ -248,6 +255,25 @@ def set_module_device_mesh(module: Any, mesh: Any) -> None:
     module._device_mesh = mesh
 
 
+class ScriptLauncherHook(_MixedInto):
+    """Mixed into a Lightning `ParallelStrategy` (strategies/mesh.py): the launcher that re-runs
+    the script for the other local ranks, as Lightning's DDP and ModelParallel strategies make
+    it. Lightning asks a strategy for its launcher through the private `_configure_launcher`
+    hook, which sets the private `_launcher`; there is no public way."""
+
+    @override
+    def _configure_launcher(self) -> None:
+        from lightning.pytorch.strategies.launchers.subprocess_script import (
+            _SubprocessScriptLauncher,
+        )
+
+        env = self.cluster_environment
+        assert env is not None
+        if not env.creates_processes_externally:
+            processes = len(self.parallel_devices or [])
+            self._launcher = _SubprocessScriptLauncher(env, processes, self.num_nodes)  # type: ignore[attr-defined]
+
+
 def flatten_mesh(mesh: Any, dims: tuple[str, ...], name: str) -> Any:
     """The 1-D DeviceMesh over `mesh`'s dimensions `dims` (`mesh[dims]._flatten(name)`),
     registered in the root mesh under `name`; the same mesh again on later calls.
@@ -327,7 +353,8 @@ def process_group_timeout(strategy: Any) -> Any:
     default for any other object."""
     from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 
-    return getattr(strategy, "_timeout", None) or default_pg_timeout
+    public = getattr(strategy, "timeout", None)  # ours (strategies/mesh.py) say it publicly
+    return public or getattr(strategy, "_timeout", None) or default_pg_timeout
 
 
 def wandb_run_started(logger: Any) -> bool:
@@ -729,11 +756,23 @@ _ENTRIES = (
                LIGHTNING, via="replace_hydra_child_command")
         for pkg in ("fabric", "pytorch")
     ),
-    _entry("_device_mesh", ("lightning.pytorch.LightningModule",
-                            "lightning.pytorch.strategies.ModelParallelStrategy"), "attribute",
-           "lightning_dist.strategies.parallel3d",
-           "the `device_mesh` properties read it and have no setter; our setup_environment "
-           "builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
+    _entry("_device_mesh", "lightning.pytorch.LightningModule", "attribute",
+           "lightning_dist.strategies.mesh",
+           "the module's `device_mesh` property reads it and has no setter; our "
+           "setup_environment builds the mesh itself", LIGHTNING, via="set_module_device_mesh"),
+    _entry("_configure_launcher", "lightning.pytorch.strategies.Strategy", "hook",
+           "lightning_dist.strategies.mesh",
+           "where a strategy makes the launcher that starts the other local ranks; no public "
+           "hook", LIGHTNING, via="ScriptLauncherHook"),
+    _entry("_launcher", "lightning.pytorch.strategies.Strategy", "attribute",
+           "lightning_dist.strategies.mesh",
+           "the launcher the `launcher` property returns; no setter", LIGHTNING,
+           via="ScriptLauncherHook"),
+    _entry("lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
+           "lightning.pytorch.strategies.launchers.subprocess_script", "import",
+           "lightning_dist.strategies.mesh",
+           "Lightning's launcher that re-runs the script per local rank (its DDP strategy's); "
+           "not exported", LIGHTNING, via="ScriptLauncherHook"),
     _entry("_flatten", "torch.distributed.device_mesh.DeviceMesh", "attribute",
            ("lightning_dist.parallel.parallelize", "lightning_dist.callbacks.comm"),
            "FSDP2 shards over dp_shard x cp as one mesh dimension of the same root as tp (and "
@@ -744,13 +783,6 @@ _ENTRIES = (
            "expert parallelism splits dp_shard into (dp_shard_mod_ep, ep) as dimensions of the "
            "same root, which FSDP2 needs to shard the experts' DTensors over the first; no "
            "public unflattening", "torch 2.13.0 (2.11 not checked)", via="unflatten_mesh"),
-    _entry("_setup_distributed", "lightning.pytorch.strategies.ModelParallelStrategy",
-           "attribute", "lightning_dist.strategies.parallel3d",
-           "ModelParallelStrategy's process-group setup, kept while its setup_environment is "
-           "replaced", LIGHTNING),
-    _entry("_save_distributed_checkpoint", "lightning.pytorch.strategies.ModelParallelStrategy",
-           "attribute", "lightning_dist.strategies.parallel3d",
-           "whether checkpoints are sharded; no public accessor", LIGHTNING),
     _entry("_setup_model", "lightning.pytorch.strategies.Strategy", "hook",
            "lightning_dist.strategies.fsdp",
            "where FSDPStrategy.setup wraps the model in FSDP1 (our wrap policy and checkpointing)",
@@ -759,7 +791,7 @@ _ENTRIES = (
            "lightning_dist.strategies.fsdp",
            "the stored plugin behind the `precision_plugin` property we override", LIGHTNING),
     _entry("clip_grad_by_norm", "lightning.pytorch.plugins.precision.Precision", "patch",
-           "lightning_dist.strategies.parallel3d",
+           "lightning_dist.strategies.mesh",
            "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
            "plugin instance clips by the whole model's norm instead", LIGHTNING),
     _entry("_broadcast_sigterm_tensor",

@@ -30,6 +30,7 @@ from torch import nn
 from lightning_dist.checkpoint import format as ckpt
 from lightning_dist.checkpoint.canonical import canonical_module
 from lightning_dist.layout import Layout
+from lightning_dist.mesh.checks import check_layout, check_model
 from lightning_dist.mesh.reductions import mean_over_ranks
 from lightning_dist.models.materialize import materialize
 from lightning_dist.options import StrategyOptions
@@ -80,14 +81,9 @@ class MeshRuntime:
                 "MeshRuntime runs over torch.distributed's default process group: call "
                 "torch.distributed.init_process_group() first (torchrun sets its environment)"
             )
-        world = dist.get_world_size()
-        self.layout = layout.resolve(world)
-        if self.layout.world_size != world:
-            raise ValueError(
-                f"the layout {self.layout.describe()} holds {self.layout.world_size} ranks, the "
-                f"process group {world}; give degrees whose product is {world}"
-            )
+        self.layout = layout.resolve(dist.get_world_size())  # ValueError naming the degrees
         self.options = options or StrategyOptions(layout=self.layout)
+        check_layout(self.layout, self.options)
         self.device = torch.device(device)
         self.precision = precision
         self.rank = dist.get_rank()
@@ -117,6 +113,10 @@ class MeshRuntime:
         return self.layout.dp * self.layout.cp * self.layout.tp
 
     # --- the model ------------------------------------------------------------------------
+
+    def check_model(self, model: nn.Module) -> None:
+        """ValueError in one line unless the layout can split `model` (`mesh/checks.py`)."""
+        check_model(model, self.layout, self.options)
 
     def parallelize(self, model: nn.Module, *, init_seed: int) -> nn.Module:
         """Apply the layout to `model` (on the meta device, or materialised alike on every rank)

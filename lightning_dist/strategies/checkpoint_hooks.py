@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+from typing_extensions import override
 
 from lightning_dist.checkpoint import format as ckpt
 from lightning_dist.checkpoint.canonical import canonical_module
 
+if TYPE_CHECKING:  # the class it is mixed into, for the type checker; no base at run time
+    from lightning.pytorch.strategies import Strategy as MixedInto
+else:
+    MixedInto = object
 
-class FormatCheckpointHooks:
+
+class FormatCheckpointHooks(MixedInto):
     """Mixed into `LightningDistStrategy`; `self` is also a Lightning strategy."""
 
-    _async_saves = None
+    _async_saves: Any = None
+    """An `AsyncSaves` where checkpoints are written in the background (strategies/mesh.py)."""
 
     @property
+    @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True
 
@@ -33,23 +41,34 @@ class FormatCheckpointHooks:
 
         if isinstance(self.model, FullyShardedDataParallel):  # FSDP1 wraps the LightningModule
             return self.model
-        return canonical_module(self.lightning_module, getattr(self, "_pipeline", None))
+        return canonical_module(self.lightning_module, self.pipeline_part())
+
+    def pipeline_part(self) -> nn.Module | None:
+        """This rank's pipeline stages (a `PipelinedModel`), None without pipeline parallelism."""
+        return None
 
     # Lightning's own collection would gather the state a second time: the format reads it
     # from the model in save_checkpoint (and writes it in load_checkpoint).
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         return {}
 
-    def optimizer_state(self, optimizer) -> dict[str, Any]:
+    @override
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         return {}
 
-    def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
+    @override
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
         pass  # loaded in load_checkpoint
 
-    def load_optimizer_state_dict(self, checkpoint) -> None:
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
         pass  # loaded in load_checkpoint
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
         path = Path(self.broadcast(str(filepath)))
         checkpoint.pop("state_dict", None)
         optimizers = self.optimizers if checkpoint.pop("optimizer_states", None) is not None else []
@@ -70,10 +89,13 @@ class FormatCheckpointHooks:
                 + _save_fallback(state, path, checkpoint, fields, rank0=rank0)
             ) from None
 
-    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+    @override
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Load a checkpoint of any strategy and layout into this one (see CHECKPOINTS.md)."""
         path = Path(self.broadcast(str(checkpoint_path)))
-        pipelined = getattr(self, "_pipeline", None) is not None  # this rank's stages only
+        pipelined = self.pipeline_part() is not None  # this rank's stages only
         meta = ckpt.load_state(
             self.checkpoint_module(), self.optimizers, path, whole_model=not pipelined
         )

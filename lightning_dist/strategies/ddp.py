@@ -1,6 +1,12 @@
 """`strategy=ddp`: Lightning's DDPStrategy, declaring the contract (every rank a replica), with
 speed-weighted shares, gradient compression and DiLoCo for ranks of unequal speed and slow links
-(docs/SLOW_LINKS.md)."""
+(docs/SLOW_LINKS.md).
+
+It stays a subclass of Lightning's DDPStrategy rather than a preset of the mesh adapter
+(`strategies/mesh.py`): its gradient hooks (compression, simulated delays, speed-weighted
+shares) and DiLoCo act on `DistributedDataParallel`'s communication hook and `no_sync`, which
+Lightning's class already drives; the adapter's ddp-like layout (`dp_replicate`) replicates
+through FSDP2 instead and has none of them."""
 
 from __future__ import annotations
 

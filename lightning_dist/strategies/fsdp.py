@@ -10,6 +10,11 @@ What it changes on top of Lightning's class:
 - runs on CPUs (FSDP1 needs `device_id=cpu` there), so everything is testable with gloo;
 - gradient clipping by norm computes the global norm through the root FSDP module, where
   Lightning's FSDP precision plugin refuses.
+
+It stays a subclass of Lightning's FSDPStrategy rather than a preset of the mesh adapter
+(`strategies/mesh.py`): FSDP1 wraps the whole LightningModule in one flat-parameter module,
+with its own precision plugin, state-dict types and checkpoint wrapping, all of which
+Lightning's class implements; the mesh runtime applies FSDP2 (`fully_shard`) only.
 """
 
 from __future__ import annotations
