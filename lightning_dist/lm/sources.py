@@ -377,9 +377,17 @@ def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int
 def build_source(spec: DataSource, *, index: int, where: str,
                  tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
                  cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None,
-                 skip_bad_records: bool = False):  # fmt: skip
-    """The source of one `data.sources` entry (checked now: files, sizes, ids, records)."""
+                 skip_bad_records: bool = False, seed: int = 0, val_windows: int = 0):  # fmt: skip
+    """The source of one `data.sources` entry (checked now: files, sizes, ids, records); a
+    streamed one (`stream=true`) reads `val_windows` validation windows and nothing else."""
     name = spec.label(index)
+    if spec.stream:
+        from lightning_dist.lm.streaming import StreamedSource
+
+        return StreamedSource(spec, index=index, name=name, where=f"{where}.path",
+                              tokenizer=tokenizer, seq_len=seq_len, val_fraction=val_fraction,
+                              seed=seed, follow_symlinks=follow_symlinks,
+                              skip_bad_records=skip_bad_records, val_windows=val_windows)  # fmt: skip
     if spec.format == "text":
         files_key = where if where == "data.paths" else f"{where}.path"
         return TextSource(spec, name=name, where=files_key, tokenizer=tokenizer, seq_len=seq_len,

@@ -14,6 +14,8 @@ from typing import Any
 from lightning_dist.options.knobs import knob
 
 SOURCE_FORMATS = ("text", "tokens", "jsonl", "parquet", "hf_disk", "megatron", "chat")
+STREAMED_FORMATS = ("text", "jsonl", "parquet", "hf_disk")
+"""The formats that `stream=true` tokenizes on the fly (the others are read as they are)."""
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
@@ -56,6 +58,19 @@ class DataSource:
     dtype: str | None = knob(
         None, "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
         "in it (model.vocab_size <= 65536), else uint32.",
+    )  # fmt: skip
+
+    stream: bool = knob(
+        False, "Tokenize on the fly in the DataLoader workers instead of into the token cache "
+        "first (formats text, jsonl, parquet, hf_disk): the first step starts in seconds on a "
+        "corpus of any size, with the samples and resume position of a prepared source "
+        "(docs/DATA.md, Streaming). Every data-parallel rank reads the whole stream and keeps "
+        "its share, so at large data parallelism prepare the corpus instead.",
+    )  # fmt: skip
+    shuffle_windows: int = knob(
+        4096, "stream=true: windows shuffled together, a chunk at a time (the chunk's order is "
+        "seeded by (seed, source, epoch, chunk)); memory: shuffle_windows x (data.seq_len + 1) "
+        "x 4 bytes per streamed source and rank. 1 reads the windows in file order.",
     )  # fmt: skip
 
     def label(self, index: int) -> str:
@@ -120,5 +135,14 @@ def _check(source: DataSource, where: str) -> None:
         )
     if source.path is None and source.format != "text":
         raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")
+    if source.stream is not False and (source.stream is not True
+                                       or source.format not in STREAMED_FORMATS):  # fmt: skip
+        raise ValueError(
+            f"{where}.stream={source.stream!r}: streaming is true or false and reads formats "
+            f"{', '.join(STREAMED_FORMATS)} (this source is {source.format}); set it to false"
+        )
+    n = source.shuffle_windows
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{where}.shuffle_windows={n!r} must be a whole number of windows >= 1")
     if source.dtype is not None and source.dtype not in TOKEN_DTYPES:
         raise ValueError(f"{where}.dtype={source.dtype!r} is not one of uint16, uint32 (or null)")
