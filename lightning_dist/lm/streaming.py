@@ -104,8 +104,9 @@ class StreamSpec:
 
 
 def held_out(k: int, fraction: float) -> bool:
-    """Whether a file's k-th record is a validation document: evenly spaced, `fraction` of all."""
-    return int((k + 1) * fraction) > int(k * fraction)
+    """Whether a file's k-th record is a validation document: evenly spaced, `fraction` of
+    them, the first at about k = 1 / (2 fraction) (so a file of a few records has one)."""
+    return int((k + 1) * fraction + 0.5) > int(k * fraction + 0.5)
 
 
 def tokenize(tokenizer: Any, texts: list[str]) -> np.ndarray:
