@@ -106,6 +106,29 @@ def read_shards(folder: Path, seq_len: int = 2048) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
+def first_streamed_step(corpus: Path, fmt: str, workers: int, run_dir: Path) -> dict:
+    """Seconds from launching `python -m lightning_dist` on the whole corpus as one streamed
+    source (`stream=true`) to the end of a run of one optimizer step: an upper bound of the
+    time to the first step (the interpreter's start and exit included)."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(corpus / "tokenizer.json")).get_vocab_size()
+    cmd = [sys.executable, "-m", "lightning_dist", "model=llama_debug",
+           f"model.vocab_size={vocab}", "data=mixture", f"data.tokenizer={corpus / 'tokenizer.json'}",
+           f"data.sources=[{{path: {corpus / fmt}, format: {fmt}, stream: true}}]",
+           f"data.num_workers={workers}", "data.seq_len=256", "data.global_batch_size=16",
+           "trainer.max_steps=1", "trainer.val_check_interval=null", "logger=none",
+           "callbacks=none", "strategy=single", "hardware.devices=1",
+           f"hydra.run.dir={run_dir}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"the streamed run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return {"workers": workers, "seconds": seconds}
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
 
@@ -117,6 +140,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the first N parts (0: all)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--first-step", action="store_true",
+                        help="also time a streamed run of one step over the whole corpus")  # fmt: skip
     parser.add_argument("--loader", action="store_true",
                         help="loader tokens/s per format (bench/loader_rates.py's options)")  # fmt: skip
     if "--loader" in sys.argv:
@@ -160,6 +185,18 @@ def main() -> None:
               f"({min(ratios):.2f}..{max(ratios):.2f}) over {len(ratios)} repeats")  # fmt: skip
     print(f"reading the shards: {reading['tokens_per_s']:,.0f} tokens/s "
           f"({reading['tokens']:,} tokens into 2048-token windows, one process)")  # fmt: skip
+    if args.first_step:
+        with tempfile.TemporaryDirectory(dir=corpus) as tmp:
+            for workers in (0, 2):
+                run = first_streamed_step(corpus, args.format, workers, Path(tmp) / f"w{workers}")
+                print(f"streamed, data.num_workers={workers}: launch to the end of step 1 in "
+                      f"{run['seconds']:.1f} s ({len(list((corpus / args.format).iterdir()))} "
+                      f"files, {_tree_bytes(corpus / args.format) / 2**30:.2f} GiB on disk; load "
+                      f"average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ The stream of a source is the same on every rank and every number of workers:
   `BLOCK_CHARACTERS` characters of one file), each document ended by the end-of-text id, and
   laid end to end; window i of the epoch is `tokens[i*seq_len : i*seq_len + seq_len + 1]`, as
   `TokenWindows` cuts a prepared source (the epoch's last partial window is dropped);
-- the windows are shuffled a chunk of `shuffle_windows` at a time, each chunk in a permutation
-  seeded by (seed, source, epoch, chunk);
+- the windows are shuffled a chunk at a time, each chunk in a permutation seeded by (seed,
+  source, epoch, chunk); chunks grow from `FIRST_CHUNK` windows, doubling, to `shuffle_windows`
+  (so the first step waits for a small one);
 - draw d of the source (`mixture.MixturePlan`) is the d-th window of that sequence, across
   epochs: an exhausted source starts its next epoch in a new order.
 
@@ -28,9 +29,10 @@ again (without tokenizing) and tokenizes one chunk again.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,9 @@ from lightning_dist.runtime.refusal import ConfigError
 BLOCK_DOCUMENTS = 256
 BLOCK_CHARACTERS = 1 << 20
 """A block, the unit a worker tokenizes, ends after this many documents or characters."""
+FIRST_CHUNK = 64
+"""Windows in an epoch's first chunk; each next chunk is twice as large, up to
+`shuffle_windows`: the first step waits for 64 windows, not for a whole buffer."""
 _FILE_ORDER, _CHUNK_ORDER = 0, 1  # seed tags: the two permutations never share a seed
 
 
@@ -68,7 +73,7 @@ class StreamSpec:
     seed: tuple[int, int]
     """(run seed, source index): every permutation of the source is seeded from it."""
 
-    def documents(self, index: int) -> Iterator[tuple[bool, str]]:
+    def documents(self, index: int) -> Generator[tuple[bool, str], None, None]:
         """(held out for validation, text) of each document of file `index`, in file order."""
         from lightning_dist.data.records import iter_documents
 
@@ -157,8 +162,12 @@ class WindowStream:
                           "offset": 0, "skip": 0}  # fmt: skip
         self.draw, self.epoch, self.chunk_index = at["draw"] - at["skip"], at["epoch"], at["chunk"]
         start = (at["epoch"], at["file_position"], at["block"])
-        loader = DataLoader(BlockStream(spec, start), batch_size=None, num_workers=num_workers)
-        self.blocks = iter(loader)
+        blocks = BlockStream(spec, start)
+        self.blocks: Iterator[tuple[int, int, int, np.ndarray]] = (
+            iter(DataLoader(blocks, batch_size=None, num_workers=num_workers))
+            if num_workers
+            else iter(blocks)
+        )
         self.buffer = np.zeros(0, np.int32)
         self.segments: list[list[int]] = []
         """[start in buffer, file position, block, offset in block] of each block in buffer."""
@@ -181,6 +190,12 @@ class WindowStream:
         self.used, self.draw = self.used + 1, self.draw + 1
         return window
 
+    def close(self) -> None:
+        """Stop reading: the files of the stream are closed (workers stop with their loader)."""
+        close = getattr(self.blocks, "close", None)  # a generator (no workers) has one
+        if close is not None:
+            close()
+
     def position_at(self, draw: int) -> dict[str, int]:
         """Where draw `draw` is (the checkpoint's entry): its chunk's start, and the skip."""
         for entry in reversed(self.history):
@@ -192,7 +207,8 @@ class WindowStream:
     def _fill_chunk(self) -> None:
         windows: list[np.ndarray] = []
         length = self.seq_len + 1
-        while len(windows) < self.shuffle_windows:
+        size = min(self.shuffle_windows, FIRST_CHUNK << min(self.chunk_index, 30))
+        while len(windows) < size:
             if len(self.buffer) >= length:
                 if not windows:
                     self._record_start()
@@ -291,12 +307,17 @@ class StreamedMixture(IterableDataset):
             while stream.draw < drawn[s]:  # no saved position: read up to the draws
                 stream.take(stream.draw)
             self.streams[s] = stream
-        for step in itertools.count(self.start_step):
-            samples = self.plan.step_samples(step)
-            taken = [self.streams[s].take(i) if s in self.streams else None for s, i in samples]
-            for micro_step in range(sampler.grad_accumulation):
-                positions = sampler.rank_positions(micro_step)
-                yield default_collate([self._sample(samples[p], taken[p]) for p in positions])
+        try:
+            for step in itertools.count(self.start_step):
+                samples = self.plan.step_samples(step)
+                taken = [self.streams[s].take(i) if s in self.streams else None
+                         for s, i in samples]  # fmt: skip
+                for micro_step in range(sampler.grad_accumulation):
+                    positions = sampler.rank_positions(micro_step)
+                    yield default_collate([self._sample(samples[p], taken[p]) for p in positions])
+        finally:
+            for stream in self.streams.values():
+                stream.close()
 
     def _sample(self, sample: tuple[int, int], window: np.ndarray | None) -> Any:
         source, index = sample
@@ -313,12 +334,13 @@ def validation_windows(spec: StreamSpec, *, seq_len: int, windows: int,
     wanted = windows * seq_len + 1
     pieces, count = [], 0
     for index in range(len(spec.files)):
-        for is_val, text in spec.documents(index):
-            if is_val:
-                pieces.append(tokenize(tokenizer, [text]))
-                count += len(pieces[-1])
-            if count >= wanted:
-                break
+        with contextlib.closing(spec.documents(index)) as documents:  # closed now, not at exit
+            for is_val, text in documents:
+                if is_val:
+                    pieces.append(tokenize(tokenizer, [text]))
+                    count += len(pieces[-1])
+                if count >= wanted:
+                    break
         if count >= wanted:
             break
     if count < seq_len + 1:
@@ -353,7 +375,8 @@ class StreamedSource:
             val_fraction=val_fraction, val_files=tuple(val_files), seed=(seed, index),
         )  # fmt: skip
         self.shuffle_windows = spec.shuffle_windows
-        next(self.spec.documents(0), None)  # a wrong field or format: one line, now
+        with contextlib.closing(self.spec.documents(0)) as documents:
+            next(documents, None)  # a wrong field or format: one line, now
         self.inputs = {"files": len(files), "streamed": True,
                        "first_paths": [str(f) for f in files[:5]]}  # fmt: skip
         """What the source reads: written to summary.json's `data`."""
