@@ -125,8 +125,8 @@ class MixtureSampler(GlobalBatchSampler):
                  dp_rank: int, dp_size: int, start_step: int = 0,
                  shares: Sequence[int] | None = None):  # fmt: skip
         super().__init__(
-            sum(n or 0 for n in plan.lengths), plan.global_batch_size, micro_batch_size, dp_rank, dp_size,
-            seed=plan.seed, start_step=start_step, shares=shares,
+            sum(n or 0 for n in plan.lengths), plan.global_batch_size, micro_batch_size,
+            dp_rank, dp_size, seed=plan.seed, start_step=start_step, shares=shares,
         )  # fmt: skip
         self.plan = plan
         self.offsets = list(offsets)

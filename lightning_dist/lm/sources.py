@@ -35,6 +35,7 @@ from lightning_dist.lm.token_cache import (
     TokenCache,
     build_token_cache,
     cache_key,
+    default_cache_dir,
     file_sizes,
     find_files,
     open_token_cache,
@@ -436,8 +437,8 @@ def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | N
     requests = [{"paths": entries(specs[i]), "format": specs[i].format,
                  "where": where[i] if where[i] == "data.paths" else f"{where[i]}.path",
                  "storage_options": options(specs[i])} for i in remote]  # fmt: skip
-    local = fetch_remote_sources(requests, cache_root=cache_folder(cache_dir),
-                                 cap_bytes=int(cap_gib * 2**30))  # fmt: skip
+    root = cache_folder(cache_dir or default_cache_dir())
+    local = fetch_remote_sources(requests, cache_root=root, cap_bytes=int(cap_gib * 2**30))
     out = list(specs)
     for i, paths in zip(remote, local, strict=True):
         out[i] = dataclasses.replace(specs[i], path=paths, name=specs[i].label(i))
