@@ -29,6 +29,7 @@ from lightning_dist.lm.mixture import MixtureSampler
 from lightning_dist.lm.token_cache import file_sizes
 from lightning_dist.options.data import DataSource
 from lightning_dist.run.errors import ConfigError
+from lightning_dist.runtime.console import print_line
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,12 @@ def conversation(record: Any, where: str) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def read_conversations(path: Path) -> list[tuple[str, list[dict[str, str]]]]:
-    """(file:line, messages) of every record of a JSON Lines file (.gz/.zst decompressed)."""
-    out = []
+def read_conversations(path: Path, *, skip_bad_records: bool = False
+                       ) -> list[tuple[str, list[dict[str, str]]]]:  # fmt: skip
+    """(file:line, messages) of every record of a JSON Lines file (.gz/.zst decompressed). A
+    bad record stops the read naming file:line, unless `skip_bad_records`: then it is left
+    out, and one `warning:` line gives the count and the first."""
+    out, skipped = [], []
     with open_stream(path) as stream:
         lineno = 0
         while line := stream.readline(MAX_LINE_BYTES + 1):
@@ -89,10 +93,19 @@ def read_conversations(path: Path) -> list[tuple[str, list[dict[str, str]]]]:
                     raise ConfigError(f"{where}: a record over {MAX_LINE_BYTES >> 20} MiB")
                 continue
             try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                raise ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from e
-            out.append((where, conversation(record, where)))
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError) as e:
+                    raise ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from e
+                out.append((where, conversation(record, where)))
+            except ConfigError as e:
+                if not skip_bad_records:
+                    raise ConfigError(f"{e}; fix it, or set data.skip_bad_records=true to skip "
+                                      "such records") from e  # fmt: skip
+                skipped.append(str(e))
+    if skipped:
+        print_line(f"warning: {path}: skipped {len(skipped)} bad chat records (the first: "
+                   f"{skipped[0]})")  # fmt: skip
     return out
 
 
@@ -215,13 +228,15 @@ class ChatSource:
     by conversation."""
 
     def __init__(self, spec: DataSource, *, name: str, where: str, tokenizer, tokenizer_path,
-                 seq_len: int, val_fraction: float, files: list[Path]):  # fmt: skip
+                 seq_len: int, val_fraction: float, files: list[Path],
+                 skip_bad_records: bool = False):  # fmt: skip
         self.spec, self.name, self.where = spec, name, where
         self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
         self.files = files
         template = load_chat_template(tokenizer_path)
         self.renderer = ChatRenderer(template, tokenizer_path)
-        self.conversations = [c for f in files for c in read_conversations(f)]
+        self.conversations = [c for f in files
+                              for c in read_conversations(f, skip_bad_records=skip_bad_records)]  # fmt: skip
         if not self.conversations:
             raise ConfigError(f"{where}={spec.path!r} holds no chat record")
         self.inputs = {

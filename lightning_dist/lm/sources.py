@@ -403,7 +403,8 @@ def build_source(spec: DataSource, *, index: int, where: str,
         files = record_files(spec.path, "chat", f"{where}.path")
         return ChatSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
                           tokenizer_path=getattr(tokenizer, "path", None), seq_len=seq_len,
-                          val_fraction=val_fraction, files=files)  # fmt: skip
+                          val_fraction=val_fraction, files=files,
+                          skip_bad_records=skip_bad_records)  # fmt: skip
     if spec.format == "megatron":
         return megatron_source(spec, name=name, where=where, seq_len=seq_len,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip

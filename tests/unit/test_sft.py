@@ -139,3 +139,16 @@ def test_bad_chat_records_are_named_by_file_and_line(record, expect):
     # The rows that run train() are in tests/unit/test_bad_inputs.py; these are the rest.
     with pytest.raises(ConfigError, match=re.escape(f"f.jsonl:3: {expect}")):
         conversation(record, "f.jsonl:3")
+
+
+def test_skip_bad_records_leaves_bad_chat_records_out_with_a_count(tmp_path, capsys):
+    from lightning_dist.lm.chat import read_conversations
+
+    good = json.dumps({"prompt": "hi", "response": "yo"})
+    path = tmp_path / "chat.jsonl"
+    path.write_text(f"{good}\n{{not json\n{json.dumps({'prompt': 'hi'})}\n{good}\n")
+    with pytest.raises(ConfigError, match=r"chat.jsonl:2: not valid JSON .* data.skip_bad_records"):
+        read_conversations(path)
+    kept = read_conversations(path, skip_bad_records=True)
+    assert [where.rsplit(":", 1)[1] for where, _ in kept] == ["1", "4"]
+    assert "skipped 2 bad chat records (the first: " in capsys.readouterr().err
