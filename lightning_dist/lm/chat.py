@@ -15,6 +15,7 @@ it is cut, packed and split over context-parallel ranks with them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import ConcatDataset, Dataset
 
 from lightning_dist.data.records import MAX_LINE_BYTES, open_stream
 from lightning_dist.lm.datasets import TokenWindows
@@ -289,6 +291,59 @@ class ChatSource:
         return ChatWindows(ids, mask, self.seq_len, split=split, separator=separator)
 
 
+class AllTrained(Dataset):
+    """The windows of a source other than chat in a mixture with chat sources: each sample a
+    dict with a `loss_mask` of ones (every target trained on), so it batches with chat's."""
+
+    def __init__(self, windows: Any, seq_len: int):
+        self.windows, self.seq_len = windows, seq_len
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i):
+        index, scale = i if isinstance(i, tuple) else (i, None)
+        sample = self.windows[index]
+        out = dict(sample) if isinstance(sample, dict) else {"tokens": sample}
+        out["loss_mask"] = torch.ones(len(out["tokens"]), dtype=torch.bool)
+        if scale is not None:
+            out["loss_scale"] = torch.tensor(scale, dtype=torch.float64)
+        return out
+
+    def trained_targets(self, window: int) -> int:
+        return self.seq_len
+
+
+class MixedChat(ConcatDataset):
+    """Chat sources (`ChatWindows`) and others (`AllTrained`) end to end, taking the
+    (window, loss_scale) indices of `LossScaledSampler` and counting trained targets."""
+
+    def __init__(self, parts: list[Any], seq_len: int):
+        super().__init__(parts)
+        self.seq_len = seq_len
+
+    def _locate(self, index: int) -> tuple[Any, int]:
+        part = bisect.bisect_right(self.cumulative_sizes, index)
+        start = self.cumulative_sizes[part - 1] if part else 0
+        return self.datasets[part], index - start
+
+    def __getitem__(self, i):
+        index, scale = i if isinstance(i, tuple) else (i, None)
+        part, local = self._locate(index)
+        return part[local] if scale is None else part[(local, scale)]
+
+    def trained_targets(self, window: int) -> int:
+        part, local = self._locate(window)
+        return part.trained_targets(local)
+
+
+def with_loss_masks(sets: list[Any], seq_len: int) -> Any:
+    """A split of a mixture with a chat source: the chat windows as they are, the others'
+    `AllTrained`, laid end to end (one source: itself)."""
+    parts = [s if isinstance(s, ChatWindows) else AllTrained(s, seq_len) for s in sets]
+    return parts[0] if len(parts) == 1 else MixedChat(parts, seq_len)
+
+
 class LossScaledSampler(MixtureSampler):
     """`MixtureSampler` whose indices are (window, loss_scale): the step's targets over its
     trained targets, counted over the whole global batch, the same on every rank. The module
@@ -296,7 +351,7 @@ class LossScaledSampler(MixtureSampler):
     micro-batches and ranks is the mean over the global batch's trained targets whatever the
     layout (`CausalLM.loss_fn`)."""
 
-    def __init__(self, windows: ChatWindows, *args: Any, **kwargs: Any):
+    def __init__(self, windows: ChatWindows | MixedChat, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.windows = windows
 

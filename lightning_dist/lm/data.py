@@ -19,7 +19,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
-from lightning_dist.lm.chat import ChatWindows, LossScaledSampler
+from lightning_dist.lm.chat import ChatWindows, LossScaledSampler, MixedChat, with_loss_masks
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
@@ -315,6 +315,10 @@ class MixtureDataModule(LMDataModule):
                 [getattr(s, "shuffle_windows", 1) for s in self.sources],
                 seq_len=self.seq_len, num_workers=self.num_workers, separator=self.separator,
             )  # fmt: skip
+        elif any(isinstance(t, ChatWindows) for t in self.train_sets):  # a loss mask for all
+            self.train_set = with_loss_masks(self.train_sets, self.seq_len)
+            self.val_set = with_loss_masks(self.val_sets, self.seq_len)
+            return
         else:
             self.train_set = self.train_sets[0] if single else ConcatDataset(self.train_sets)
         self.val_set = self.val_sets[0] if single else ConcatDataset(self.val_sets)
@@ -369,7 +373,7 @@ class MixtureDataModule(LMDataModule):
             self.train_set.start(rank_sampler, start, streams)
             return DataLoader(self.train_set, batch_size=None, num_workers=0)
         offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()
-        if isinstance(self.train_set, ChatWindows):  # each sample carries its step's loss scale
+        if isinstance(self.train_set, ChatWindows | MixedChat):  # samples carry a loss scale
             sampler: MixtureSampler = LossScaledSampler(
                 self.train_set, plan, offsets, micro, rank, size, start_step=start, shares=shares
             )

@@ -116,10 +116,12 @@ def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> l
                 "give one of them another name (data.sources[i].name)"
             )
     chat = [i for i, s in enumerate(sources) if s.format == "chat"]
-    if chat and len(sources) > 1:
+    streamed = [i for i, s in enumerate(sources) if s.stream]
+    if chat and streamed:
         raise ValueError(
-            f"data.sources[{chat[0]}] (format=chat) is mixed with other sources; a chat "
-            "source is the only source of a run (put its records in one source's files)"
+            f"data.sources[{chat[0]}] (format=chat) is mixed with data.sources[{streamed[0]}], "
+            "which is streamed; a mixture with a chat source reads every source prepared "
+            f"(data.sources[{streamed[0]}].stream=false)"
         )
     return sources
 
