@@ -47,8 +47,8 @@ from lightning_dist.lm.tokenizer import load_tokenizer
 from lightning_dist.options.data import DataSource
 from lightning_dist.runtime.refusal import ConfigError
 
-BLOCK_DOCUMENTS = 256
-BLOCK_CHARACTERS = 1 << 20
+BLOCK_DOCUMENTS = 64
+BLOCK_CHARACTERS = 1 << 18
 """A block, the unit a worker tokenizes, ends after this many documents or characters."""
 FIRST_CHUNK = 64
 """Windows in an epoch's first chunk; each next chunk is twice as large, up to
