@@ -385,10 +385,14 @@ def build_source(spec: DataSource, *, index: int, where: str,
     if spec.stream:
         from lightning_dist.lm.streaming import StreamedSource
 
-        return StreamedSource(spec, index=index, name=name, where=f"{where}.path",
-                              tokenizer=tokenizer, seq_len=seq_len, val_fraction=val_fraction,
-                              seed=seed, follow_symlinks=follow_symlinks,
-                              skip_bad_records=skip_bad_records, val_windows=val_windows)  # fmt: skip
+        try:
+            return StreamedSource(spec, index=index, name=name, where=f"{where}.path",
+                                  tokenizer=tokenizer, seq_len=seq_len,
+                                  val_fraction=val_fraction, seed=seed,
+                                  follow_symlinks=follow_symlinks,
+                                  skip_bad_records=skip_bad_records, val_windows=val_windows)  # fmt: skip
+        except ValueError as e:  # the text finder names data.paths
+            raise _renamed(e, f"{where}.path") from e
     if spec.format == "text":
         files_key = where if where == "data.paths" else f"{where}.path"
         return TextSource(spec, name=name, where=files_key, tokenizer=tokenizer, seq_len=seq_len,
