@@ -378,8 +378,10 @@ class StreamedSource:
         with contextlib.closing(self.spec.documents(0)) as documents:
             next(documents, None)  # a wrong field or format: one line, now
         self.inputs = {"files": len(files), "streamed": True,
+                       "shuffle_bytes": self.shuffle_windows * (seq_len + 1) * 4,
                        "first_paths": [str(f) for f in files[:5]]}  # fmt: skip
-        """What the source reads: written to summary.json's `data`."""
+        """What the source reads, and its largest chunk's bytes (per rank): summary.json's
+        `data`."""
 
     def prepare(self) -> None:
         """Nothing to prepare: the stream is tokenized while the run trains."""

@@ -71,7 +71,7 @@ class DataSource:
         1024, "stream=true: the most windows shuffled together, a chunk at a time (each chunk's "
         "order seeded by (seed, source, epoch, chunk); an epoch's chunks grow from 64 windows, "
         "doubling, to this); memory: shuffle_windows x (data.seq_len + 1) x 4 bytes per "
-        "streamed source and rank (33 MiB at seq_len 8192). 1 reads the windows in file order.",
+        "streamed source and rank (32 MiB at seq_len 8192). 1 reads the windows in file order.",
     )  # fmt: skip
 
     def label(self, index: int) -> str:
