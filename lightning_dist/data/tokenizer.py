@@ -48,6 +48,10 @@ class ByteTokenizer:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """`encode` of each text."""
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids) -> str:
         """Turn ids back into text; the eos id is dropped and broken UTF-8 is replaced."""
         data = bytes(int(i) for i in _as_list(ids) if 0 <= int(i) < 256)
@@ -92,6 +96,12 @@ class HFTokenizer:
             text = bytes(text).decode("utf-8", errors="replace")
         ids = self._tok.encode(text, add_special_tokens=False).ids
         return np.asarray(ids, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """`encode` of each text, in one call without character offsets (the same ids for
+        about a quarter less CPU: `data/shard_worker.py` measured it)."""
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)  # >= 0.21
+        return [np.asarray(e.ids, dtype=np.int64) for e in encode(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         """Turn ids back into text (special tokens are skipped)."""

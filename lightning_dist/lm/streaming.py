@@ -117,7 +117,7 @@ def held_out(k: int, fraction: float) -> bool:
 def tokenize(tokenizer: Any, texts: list[str]) -> np.ndarray:
     """The ids of `texts`, each ended by the end-of-text id when the tokenizer has one."""
     end = np.array([] if tokenizer.eos_id is None else [tokenizer.eos_id], np.int64)
-    pieces = [np.concatenate([tokenizer.encode(t), end]).astype(np.int32) for t in texts]
+    pieces = [np.concatenate([ids, end]).astype(np.int32) for ids in tokenizer.encode_batch(texts)]
     return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
 
 
