@@ -12,6 +12,11 @@ how loaded the machine is: equal for 1 and 2 workers means the work splits witho
     python bench/make_corpus.py --size 100M --part-mb 4        # the corpus and tokenizer
     python bench/data_throughput.py --files 4 --repeats 5
 
+Beside each repeat, a control runs the bare tokenizer (no prepare code) in 1 and then 2
+processes: its ratio is the most the machine gives two processes at that moment. The 2 GB
+acceptance run (docs/DATA_PREPARE.md, "At scale") adds `--first-step`: a streamed run of one
+optimizer step over the whole corpus, timed from launch.
+
 `--loader` instead measures what the pre-flight reads: tokens/s of one loader worker (the
 training DataLoader of `MixtureDataModule`, num_workers=0) per source format, over a corpus it
 writes itself, and writes them to lightning_dist/data/loader_rates.json (`bench/loader_rates.py`).
@@ -32,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's lightning_dist, not an installed one
+ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""One tokenizer thread per process, as prepare starts its workers (data/prepare.py)."""
 
 
 def tree_rss(pid: int) -> int:
@@ -106,6 +113,76 @@ def read_shards(folder: Path, seq_len: int = 2048) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
+def tokenizer_alone(corpus: Path, parts: list[Path], processes: int) -> float:
+    """The control: tokens/s of `processes` bare tokenizers (one thread each, no prepare code),
+    each encoding the same first 4 MiB of documents twice, all at once. Their 2-to-1 ratio is
+    what the machine allows at that moment: prepare's own ratio is read against it."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    args = (str(corpus / "tokenizer.json"), str(parts[0]), results)
+    saved = {key: os.environ.get(key) for key in ONE_THREAD}
+    os.environ.update(ONE_THREAD)
+    try:
+        procs = [context.Process(target=_encode_alone, args=args) for _ in range(processes)]
+        for proc in procs:
+            proc.start()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+    rows = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return sum(tokens for tokens, _ in rows) / max(seconds for _, seconds in rows)
+
+
+def _encode_alone(tokenizer: str, part: str, results) -> None:
+    from tokenizers import Tokenizer
+
+    from lightning_dist.data.records import iter_documents
+
+    texts, size = [], 0
+    for text in iter_documents(part, "parquet" if part.endswith(".parquet") else "jsonl"):
+        texts.append(text)
+        size += len(text)
+        if size >= 4 << 20:
+            break
+    encode = Tokenizer.from_file(tokenizer).encode_batch_fast
+    start, tokens = time.perf_counter(), 0
+    for _ in range(2):
+        for i in range(0, len(texts), 64):
+            tokens += sum(len(e.ids) for e in encode(texts[i : i + 64], add_special_tokens=False))
+    results.put((tokens, time.perf_counter() - start))
+
+
+def first_streamed_step(corpus: Path, fmt: str, workers: int, run_dir: Path) -> dict:
+    """Seconds from launching `python -m lightning_dist` on the whole corpus as one streamed
+    source (`stream=true`) to the end of a run of one optimizer step: an upper bound of the
+    time to the first step (the interpreter's start and exit included)."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(corpus / "tokenizer.json")).get_vocab_size()
+    tokenizer = corpus / "tokenizer.json"
+    cmd = [sys.executable, "-m", "lightning_dist", "model=llama_debug",
+           f"model.vocab_size={vocab}", "data=mixture", f"data.tokenizer={tokenizer}",
+           f"data.sources=[{{path: {corpus / fmt}, format: {fmt}, stream: true}}]",
+           f"data.num_workers={workers}", "data.seq_len=256", "data.global_batch_size=16",
+           "trainer.max_steps=1", "trainer.val_check_interval=null", "logger=none",
+           "callbacks=none", "strategy=single", "hardware.devices=1",
+           f"hydra.run.dir={run_dir}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"the streamed run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return {"workers": workers, "seconds": seconds}
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}..{max(values):,.0f})"
 
@@ -117,6 +194,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the first N parts (0: all)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--first-step", action="store_true",
+                        help="also time a streamed one-step run over the whole corpus")  # fmt: skip
     parser.add_argument("--loader", action="store_true",
                         help="loader tokens/s per format (bench/loader_rates.py's options)")  # fmt: skip
     if "--loader" in sys.argv:
@@ -133,6 +212,7 @@ def main() -> None:
           f"{corpus / 'tokenizer.json'}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")  # fmt: skip
     runs: dict[int, list[dict]] = {w: [] for w in args.workers}
+    control: list[float] = []
     with tempfile.TemporaryDirectory(dir=corpus) as tmp:
         for repeat in range(args.repeats):
             order = args.workers if repeat % 2 == 0 else args.workers[::-1]
@@ -141,6 +221,9 @@ def main() -> None:
                 run = run_prepare([str(p) for p in parts], args.format,
                                   str(corpus / "tokenizer.json"), workers, out)  # fmt: skip
                 runs[workers].append(run)
+                if workers == 2 and 1 in args.workers:  # the control, beside each repeat
+                    alone = [tokenizer_alone(corpus, parts, n) for n in (1, 2)]
+                    control.append(alone[1] / alone[0])
                 print(f"repeat {repeat} workers {workers}: {run['tokens']:,} tokens in "
                       f"{run['seconds']:.1f} s, {run['tokens_per_s_per_worker']:,.0f} tokens/s "
                       f"per worker, {run['tokens_per_cpu_s']:,.0f} tokens per CPU second, peak RSS "
@@ -158,8 +241,23 @@ def main() -> None:
                   for a, b in zip(runs[1], runs[2], strict=True)]  # fmt: skip
         print(f"2 workers / 1 worker, tokens/s: median {statistics.median(ratios):.2f}x "
               f"({min(ratios):.2f}..{max(ratios):.2f}) over {len(ratios)} repeats")  # fmt: skip
+        print(f"control, 2 bare tokenizers / 1 (no prepare code, same moments): median "
+              f"{statistics.median(control):.2f}x ({min(control):.2f}..{max(control):.2f}); "
+              f"load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"reading the shards: {reading['tokens_per_s']:,.0f} tokens/s "
           f"({reading['tokens']:,} tokens into 2048-token windows, one process)")  # fmt: skip
+    if args.first_step:
+        with tempfile.TemporaryDirectory(dir=corpus) as tmp:
+            for workers in (0, 2):
+                run = first_streamed_step(corpus, args.format, workers, Path(tmp) / f"w{workers}")
+                print(f"streamed, data.num_workers={workers}: launch to the end of step 1 in "
+                      f"{run['seconds']:.1f} s ({len(list((corpus / args.format).iterdir()))} "
+                      f"files, {_tree_bytes(corpus / args.format) / 2**30:.2f} GiB on disk; load "
+                      f"average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 if __name__ == "__main__":

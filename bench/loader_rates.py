@@ -8,6 +8,8 @@ every format yields the same ids), and its training DataLoader (num_workers=0: o
 rate of one worker) is timed over `--batches` batches of `--batch` x `--seq-len` tokens, after
 one warm-up batch. Prepared sources all serve memory-mapped token windows, so the rates differ
 little; the tokenization itself happens before step 1 (its seconds are printed, not used).
+`streamed` is a JSON Lines source with `stream: true`: its worker tokenizes while it loads
+(byte-level here; a BPE tokenizer is slower: bench/data_throughput.py's control measures one).
 
     python bench/data_throughput.py --loader            # writes lightning_dist/data/loader_rates.json
 """
@@ -43,6 +45,8 @@ def write_corpus(folder: Path, fmt: str, docs: list[str]) -> dict:
         for i, doc in enumerate(docs):
             (folder / f"{i:05d}.txt").write_text(doc)
         return {"path": str(folder / "*.txt"), "format": "text"}
+    if fmt == "streamed":  # JSON Lines tokenized while training (lm/streaming.py)
+        return {**write_corpus(folder, "jsonl", docs), "stream": True}
     if fmt in ("jsonl", "jsonl.zst"):
         body = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
         path = folder / f"docs.{fmt}"
@@ -109,7 +113,8 @@ def main() -> None:
     parser.add_argument("--output", default=str(TABLE))
     args = parser.parse_args()
     docs = documents(args.docs)
-    formats = ["text", "jsonl", "jsonl.zst", "parquet", "hf_disk", "tokens", "megatron", "chat"]
+    formats = ["text", "jsonl", "jsonl.zst", "parquet", "hf_disk", "tokens", "megatron", "chat",
+               "streamed"]  # fmt: skip
     rates = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in formats:

@@ -13,6 +13,7 @@ counts optimizer steps), so this callback moves Lightning's counters to the same
 from __future__ import annotations
 
 import logging
+import math
 
 from lightning.pytorch.callbacks import Callback
 
@@ -25,8 +26,12 @@ class ResumePosition(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         accumulate = trainer.accumulate_grad_batches
         progress = trainer.fit_loop.epoch_loop.batch_progress
-        steps_per_epoch = max(int(trainer.num_training_batches) // accumulate, 1)
-        in_epoch = max(trainer.global_step - trainer.current_epoch * steps_per_epoch, 0)
+        batches = trainer.num_training_batches
+        if math.isfinite(batches):
+            steps_per_epoch = max(int(batches) // accumulate, 1)
+            in_epoch = max(trainer.global_step - trainer.current_epoch * steps_per_epoch, 0)
+        else:  # a stream (`lm/streaming.py`): one endless epoch
+            in_epoch = trainer.global_step
         shifts = {
             "current": in_epoch * accumulate - progress.current.ready,
             "total": trainer.global_step * accumulate - progress.total.ready,

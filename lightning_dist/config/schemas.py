@@ -124,8 +124,9 @@ class TextDataSchema(CorpusDataSchema):
 class MixtureDataSchema(CorpusDataSchema):
     _target_: str = "lightning_dist.lm.data.MixtureDataModule"
     skip_bad_records: bool = False
-    """jsonl, parquet and hf_disk sources: skip a malformed record (counted, one warning line
-    per file) instead of stopping with its file:line; a missing field stops either way."""
+    """jsonl, parquet, hf_disk and chat sources: skip a malformed record (counted, one warning
+    line per file) instead of stopping with its file:line; jsonl, parquet, hf_disk: a field
+    missing from a file's first record stops either way."""
     remote_cache_gib: float = 50.0
     """Sources whose path is a URL (s3://, any fsspec protocol): the most their local copies,
     in `<cache_dir>/remote/`, may hold, in GiB; copies of earlier runs are evicted least

@@ -42,13 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _slice(args: argparse.Namespace) -> tuple[int, int]:
-    """(index, count): the options, else the Slurm array task, else the whole corpus."""
-    env = os.environ
-    index = args.shard_index
-    count = args.shard_count
+def slice_of(index: int | None, count: int | None, env: dict[str, str]) -> tuple[int, int]:
+    """(index, count): the options, else the Slurm array task, else the whole corpus. A task
+    of `--array=MIN-MAX:STEP` is slice (ID - MIN) / STEP of COUNT (tasks 0, 4, 8, 12 of
+    `--array=0-12:4` are slices 0..3 of 4)."""
     if index is None and "SLURM_ARRAY_TASK_ID" in env:
-        index = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        offset = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        index = offset // int(env.get("SLURM_ARRAY_TASK_STEP", "1") or 1)
         count = count or int(env["SLURM_ARRAY_TASK_COUNT"])
     return (index or 0, count or 1)
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         from lightning_dist.data.prepare import DEFAULT_SHARD_TOKENS, prepare
 
-        index, count = _slice(args)
+        index, count = slice_of(args.shard_index, args.shard_count, dict(os.environ))
         manifest = prepare(
             args.input, args.output, fmt=args.format, field=args.field,
             tokenizer=args.tokenizer, workers=args.workers, shard_index=index,

@@ -90,12 +90,30 @@ def load_manifests(directory: str | os.PathLike) -> dict:
     return merged
 
 
+def _check_slices(folder: Path) -> None:
+    """ConfigError when the manifests are not every slice of one prepare: a slice whose node or
+    array task never wrote its manifest would leave its files out unseen."""
+    slices = [tuple(read_manifest(p).get("slice", (0, 1))) for p in manifest_files(folder)]
+    counts = sorted({n for _, n in slices})
+    if len(counts) > 1:
+        raise ConfigError(f"{folder} holds manifests of {' and '.join(map(str, counts))} "
+                          "slices; prepare each slicing into its own folder")  # fmt: skip
+    missing = sorted(set(range(counts[0])) - {i for i, _ in slices})
+    if missing:
+        raise ConfigError(
+            f"{folder}: slice {missing[0]} of {counts[0]} has no manifest "
+            f"({manifest_name(missing[0], counts[0])}; {len(missing)} missing): run prepare "
+            f"with --shard-index {missing[0]} --shard-count {counts[0]}"
+        )
+
+
 def verify(directory: str | os.PathLike, *, checksums: bool = True) -> dict:
     """Check every shard a folder's manifests list: both files there, their sizes, and (when
-    `checksums`) their sha256. Returns the merged manifest; ConfigError in one line naming the
+    `checksums`) their sha256; and that every slice of the prepare wrote its manifest. Returns the merged manifest; ConfigError in one line naming the
     first shard that fails, or tokenizers that differ."""
     folder = Path(directory)
     merged = load_manifests(folder)
+    _check_slices(folder)
     for shard in merged["shards"]:
         for kind in ("bin", "idx"):
             path = folder / f"{shard['name']}.{kind}"

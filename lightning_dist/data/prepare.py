@@ -87,7 +87,7 @@ def prepare(
     `on_shard` is called here, in this process, with each finished shard's manifest record once
     the manifest on disk lists it."""
     from lightning_dist.data.indexed import indexed_dtype
-    from lightning_dist.lm.tokenizer import load_tokenizer
+    from lightning_dist.data.tokenizer import load_tokenizer
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")

@@ -120,6 +120,12 @@ def open_stream(path: Path) -> BinaryIO:
     return raw
 
 
+ZSTD_PIECE_BYTES = 1 << 9
+"""Compressed bytes inflated at a time. A zstd block (at most 128 KiB) can be coded in 4 bytes,
+so a piece inflates to at most 16 MiB, however the file was made; a 256 KiB read inflated at
+once could have been 8 GiB."""
+
+
 class _ZstdReader(io.RawIOBase):
     """A zstd file as a raw stream, one frame after another, that refuses a truncated file
     (zstandard's own `stream_reader` ends quietly there, and the tail would be lost unseen)."""
@@ -130,23 +136,27 @@ class _ZstdReader(io.RawIOBase):
         self._raw, self._path, self._zstd = raw, path, zstandard
         self._decompressor = zstandard.ZstdDecompressor()
         self._frame = self._decompressor.decompressobj()
-        self._pending = b""
+        self._input, self._input_at = b"", 0
+        self._pending, self._pending_at = b"", 0
         self._started = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._pending:
-            chunk = self._raw.read(1 << 18)
-            if not chunk:
-                if not self._frame.eof and self._started:
-                    raise _corrupt(self._path, "zstd", "the file ends inside a frame")
-                return 0
-            self._pending = self._decompress(chunk)
-        count = min(len(buffer), len(self._pending))
-        buffer[:count] = self._pending[:count]
-        self._pending = self._pending[count:]
+        while self._pending_at == len(self._pending):
+            if self._input_at == len(self._input):
+                self._input, self._input_at = self._raw.read(1 << 18), 0
+                if not self._input:
+                    if not self._frame.eof and self._started:
+                        raise _corrupt(self._path, "zstd", "the file ends inside a frame")
+                    return 0
+            piece = self._input[self._input_at : self._input_at + ZSTD_PIECE_BYTES]
+            self._input_at += len(piece)
+            self._pending, self._pending_at = self._decompress(piece), 0
+        count = min(len(buffer), len(self._pending) - self._pending_at)
+        buffer[:count] = self._pending[self._pending_at : self._pending_at + count]
+        self._pending_at += count
         return count
 
     def _decompress(self, chunk: bytes) -> bytes:

@@ -240,8 +240,7 @@ def _check_cap(plan: list, cap_bytes: int) -> None:
         )
 
 
-def cache_folder(cache_dir: str | None) -> Path:
-    """The remote cache's folder: `remote/` in the token cache's folder."""
-    from lightning_dist.lm.token_cache import default_cache_dir
-
-    return (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / "remote"
+def cache_folder(cache_dir: str | Path) -> Path:
+    """The remote cache's folder: `remote/` in the token cache's folder `cache_dir` (the caller
+    resolves the default, `lm.token_cache.default_cache_dir`: data/ does not import lm/)."""
+    return Path(cache_dir).expanduser() / "remote"

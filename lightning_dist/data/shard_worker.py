@@ -23,7 +23,7 @@ import numpy as np
 
 from lightning_dist.data.indexed import IndexedWriter, indexed_dtype
 from lightning_dist.data.records import ReadStats, iter_documents
-from lightning_dist.lm.tokenizer import ByteTokenizer
+from lightning_dist.data.tokenizer import ByteTokenizer
 
 _PROGRESS_S = 1.0
 _BATCH_DOCUMENTS = 64

@@ -15,6 +15,7 @@ it is cut, packed and split over context-parallel ranks with them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from pathlib import Path
@@ -22,12 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import ConcatDataset, Dataset
 
 from lightning_dist.data.records import MAX_LINE_BYTES, open_stream
 from lightning_dist.lm.datasets import TokenWindows
 from lightning_dist.lm.mixture import MixtureSampler
 from lightning_dist.lm.token_cache import file_sizes
 from lightning_dist.options.data import DataSource
+from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.refusal import ConfigError
 
 log = logging.getLogger(__name__)
@@ -76,9 +79,12 @@ def conversation(record: Any, where: str) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def read_conversations(path: Path) -> list[tuple[str, list[dict[str, str]]]]:
-    """(file:line, messages) of every record of a JSON Lines file (.gz/.zst decompressed)."""
-    out = []
+def read_conversations(path: Path, *, skip_bad_records: bool = False
+                       ) -> list[tuple[str, list[dict[str, str]]]]:  # fmt: skip
+    """(file:line, messages) of every record of a JSON Lines file (.gz/.zst decompressed). A
+    bad record stops the read naming file:line, unless `skip_bad_records`: then it is left
+    out, and one `warning:` line gives the count and the first."""
+    out, skipped = [], []
     with open_stream(path) as stream:
         lineno = 0
         while line := stream.readline(MAX_LINE_BYTES + 1):
@@ -89,10 +95,19 @@ def read_conversations(path: Path) -> list[tuple[str, list[dict[str, str]]]]:
                     raise ConfigError(f"{where}: a record over {MAX_LINE_BYTES >> 20} MiB")
                 continue
             try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                raise ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from e
-            out.append((where, conversation(record, where)))
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError) as e:
+                    raise ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from e
+                out.append((where, conversation(record, where)))
+            except ConfigError as e:
+                if not skip_bad_records:
+                    raise ConfigError(f"{e}; fix it, or set data.skip_bad_records=true to skip "
+                                      "such records") from e  # fmt: skip
+                skipped.append(str(e))
+    if skipped:
+        print_line(f"warning: {path}: skipped {len(skipped)} bad chat records (the first: "
+                   f"{skipped[0]})")  # fmt: skip
     return out
 
 
@@ -215,13 +230,15 @@ class ChatSource:
     by conversation."""
 
     def __init__(self, spec: DataSource, *, name: str, where: str, tokenizer, tokenizer_path,
-                 seq_len: int, val_fraction: float, files: list[Path]):  # fmt: skip
+                 seq_len: int, val_fraction: float, files: list[Path],
+                 skip_bad_records: bool = False):  # fmt: skip
         self.spec, self.name, self.where = spec, name, where
         self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
         self.files = files
         template = load_chat_template(tokenizer_path)
         self.renderer = ChatRenderer(template, tokenizer_path)
-        self.conversations = [c for f in files for c in read_conversations(f)]
+        self.conversations = [c for f in files
+                              for c in read_conversations(f, skip_bad_records=skip_bad_records)]  # fmt: skip
         if not self.conversations:
             raise ConfigError(f"{where}={spec.path!r} holds no chat record")
         self.inputs = {
@@ -274,6 +291,59 @@ class ChatSource:
         return ChatWindows(ids, mask, self.seq_len, split=split, separator=separator)
 
 
+class AllTrained(Dataset):
+    """The windows of a source other than chat in a mixture with chat sources: each sample a
+    dict with a `loss_mask` of ones (every target trained on), so it batches with chat's."""
+
+    def __init__(self, windows: Any, seq_len: int):
+        self.windows, self.seq_len = windows, seq_len
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i):
+        index, scale = i if isinstance(i, tuple) else (i, None)
+        sample = self.windows[index]
+        out = dict(sample) if isinstance(sample, dict) else {"tokens": sample}
+        out["loss_mask"] = torch.ones(len(out["tokens"]), dtype=torch.bool)
+        if scale is not None:
+            out["loss_scale"] = torch.tensor(scale, dtype=torch.float64)
+        return out
+
+    def trained_targets(self, window: int) -> int:
+        return self.seq_len
+
+
+class MixedChat(ConcatDataset):
+    """Chat sources (`ChatWindows`) and others (`AllTrained`) end to end, taking the
+    (window, loss_scale) indices of `LossScaledSampler` and counting trained targets."""
+
+    def __init__(self, parts: list[Any], seq_len: int):
+        super().__init__(parts)
+        self.seq_len = seq_len
+
+    def _locate(self, index: int) -> tuple[Any, int]:
+        part = bisect.bisect_right(self.cumulative_sizes, index)
+        start = self.cumulative_sizes[part - 1] if part else 0
+        return self.datasets[part], index - start
+
+    def __getitem__(self, i):
+        index, scale = i if isinstance(i, tuple) else (i, None)
+        part, local = self._locate(index)
+        return part[local] if scale is None else part[(local, scale)]
+
+    def trained_targets(self, window: int) -> int:
+        part, local = self._locate(window)
+        return part.trained_targets(local)
+
+
+def with_loss_masks(sets: list[Any], seq_len: int) -> Any:
+    """A split of a mixture with a chat source: the chat windows as they are, the others'
+    `AllTrained`, laid end to end (one source: itself)."""
+    parts = [s if isinstance(s, ChatWindows) else AllTrained(s, seq_len) for s in sets]
+    return parts[0] if len(parts) == 1 else MixedChat(parts, seq_len)
+
+
 class LossScaledSampler(MixtureSampler):
     """`MixtureSampler` whose indices are (window, loss_scale): the step's targets over its
     trained targets, counted over the whole global batch, the same on every rank. The module
@@ -281,7 +351,7 @@ class LossScaledSampler(MixtureSampler):
     micro-batches and ranks is the mean over the global batch's trained targets whatever the
     layout (`CausalLM.loss_fn`)."""
 
-    def __init__(self, windows: ChatWindows, *args: Any, **kwargs: Any):
+    def __init__(self, windows: ChatWindows | MixedChat, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.windows = windows
 

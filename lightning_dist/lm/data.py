@@ -19,11 +19,12 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
-from lightning_dist.lm.chat import ChatWindows, LossScaledSampler
+from lightning_dist.lm.chat import ChatWindows, LossScaledSampler, MixedChat, with_loss_masks
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.sources import build_source, checked_tokenizer, local_specs
+from lightning_dist.lm.streaming import StreamedMixture
 from lightning_dist.lm.token_cache import resolve_files
 from lightning_dist.options.data import DataSource, parse_sources
 
@@ -255,7 +256,8 @@ class MixtureDataModule(LMDataModule):
             build_source(spec, index=i, where=where[i], tokenizer=self.tokenizer,
                          seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
                          follow_symlinks=follow_symlinks, vocab_size=vocab_size,
-                         skip_bad_records=skip_bad_records)
+                         skip_bad_records=skip_bad_records, seed=seed,
+                         val_windows=val_batches * global_batch_size)
             for i, spec in enumerate(self.specs)
         ]  # fmt: skip
         self.names = [source.name for source in self.sources]
@@ -274,6 +276,7 @@ class MixtureDataModule(LMDataModule):
         """The source of each of this rank's validation micro-batches, in order (several
         sources only): the module logs each one's loss under its name."""
         self._saved_mixture: dict[str, Any] | None = None
+        self._saved_streams: dict[str, Any] | None = None
 
     more_validation = "raise data.val_fraction or add text"
 
@@ -300,10 +303,24 @@ class MixtureDataModule(LMDataModule):
         self.train_sets = [s.windows("train", self.separator) for s in self.sources]
         self.val_sets = [s.windows("val", self.separator) for s in self.sources]
         self.plan_of_samples = MixturePlan(
-            [len(t) for t in self.train_sets], self.weights, self.global_batch_size, self.seed
-        )
+            [None if t is None else len(t) for t in self.train_sets], self.weights,
+            self.global_batch_size, self.seed,
+        )  # fmt: skip
         single = len(self.sources) == 1
-        self.train_set = self.train_sets[0] if single else ConcatDataset(self.train_sets)
+        if any(t is None for t in self.train_sets):  # streamed sources: read while training
+            self.train_set = StreamedMixture(
+                self.plan_of_samples, self.train_sets,
+                [getattr(s, "spec", None) if t is None else None
+                 for s, t in zip(self.sources, self.train_sets, strict=True)],
+                [getattr(s, "shuffle_windows", 1) for s in self.sources],
+                seq_len=self.seq_len, num_workers=self.num_workers, separator=self.separator,
+            )  # fmt: skip
+        elif any(isinstance(t, ChatWindows) for t in self.train_sets):  # a loss mask for all
+            self.train_set = with_loss_masks(self.train_sets, self.seq_len)
+            self.val_set = with_loss_masks(self.val_sets, self.seq_len)
+            return
+        else:
+            self.train_set = self.train_sets[0] if single else ConcatDataset(self.train_sets)
         self.val_set = self.val_sets[0] if single else ConcatDataset(self.val_sets)
 
     # --- the position in the stream, saved in checkpoints ------------------------------------
@@ -317,18 +334,21 @@ class MixtureDataModule(LMDataModule):
                 "weights": [float(w) for w in self.weights],
                 "drawn": self.plan_of_samples.drawn_at(state["global_step"]),
             }
+            if isinstance(self.train_set, StreamedMixture) and self.train_set.streams:
+                state["streams"] = self.train_set.positions_at(state["mixture"]["drawn"])
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._saved_mixture = state.get("mixture")
+        self._saved_streams = state.get("streams")
 
     def train_dataloader(self) -> DataLoader:
         """This rank's micro-batches of the mixture, in optimizer-step order."""
         self._ensure_setup()
         plan = self.plan_of_samples
         assert plan is not None  # set up above
-        saved = self._saved_mixture
+        saved, streams = self._saved_mixture, self._saved_streams
         if saved and self.resume_step:
             same = (saved["names"], saved["weights"]) == (
                 self.names,
@@ -336,7 +356,8 @@ class MixtureDataModule(LMDataModule):
             )
             if same and sum(saved["drawn"]) == self.resume_step * self.global_batch_size:
                 plan.restore(self.resume_step, saved["drawn"])
-            else:  # another mixture or global batch: this one's stream from the saved step on
+            else:
+                streams = None  # streams then read from their start up to the draws
                 log.warning(
                     "The checkpoint's data mixture (sources %s, weights %s, %d samples drawn) "
                     "is not this run's (%s, %s, %d): the samples of step %d on are this run's",
@@ -345,9 +366,14 @@ class MixtureDataModule(LMDataModule):
                 )  # fmt: skip
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
-        offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()
         start, shares = self.resume_step, self.dp_shares()
-        if isinstance(self.train_set, ChatWindows):  # each sample carries its step's loss scale
+        if isinstance(self.train_set, StreamedMixture):  # micro-batches come out collated
+            rank_sampler = GlobalBatchSampler(self.global_batch_size, self.global_batch_size,
+                                              micro, rank, size, shares=shares)  # fmt: skip
+            self.train_set.start(rank_sampler, start, streams)
+            return DataLoader(self.train_set, batch_size=None, num_workers=0)
+        offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()
+        if isinstance(self.train_set, ChatWindows | MixedChat):  # samples carry a loss scale
             sampler: MixtureSampler = LossScaledSampler(
                 self.train_set, plan, offsets, micro, rank, size, start_step=start, shares=shares
             )

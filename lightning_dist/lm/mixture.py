@@ -32,15 +32,17 @@ _MARKS = 256
 class MixturePlan:
     """The source and window of every sample of the stream (see the module docstring)."""
 
-    def __init__(self, lengths: Sequence[int], weights: Sequence[float],
+    def __init__(self, lengths: Sequence[int | None], weights: Sequence[float],
                  global_batch_size: int, seed: int = 0):  # fmt: skip
         if len(lengths) != len(weights) or not lengths:
             raise ValueError(f"{len(lengths)} source sizes for {len(weights)} weights")
         total = float(sum(weights))
         self.weights = [float(w) / total for w in weights]
-        self.lengths = [int(n) for n in lengths]
+        self.lengths = [None if n is None else int(n) for n in lengths]
+        """Each source's training windows; None for a streamed source (`lm/streaming.py`),
+        whose d-th draw is the d-th window of its stream (its epochs end where its files do)."""
         g = global_batch_size
-        self.epoch_lengths = [n // g * g if n >= g else n for n in self.lengths]
+        self.epoch_lengths = [n if n is None or n < g else n // g * g for n in self.lengths]
         self.global_batch_size = g
         self.seed = seed
         self._marks: dict[int, list[int]] = {0: [0] * len(lengths)}
@@ -51,7 +53,7 @@ class MixturePlan:
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one pass over every source's epoch together (Lightning's epoch)."""
-        return max(sum(self.epoch_lengths) // self.global_batch_size, 1)
+        return max(sum(n or 0 for n in self.epoch_lengths) // self.global_batch_size, 1)
 
     def drawn_at(self, step: int) -> list[int]:
         """Each source's draws before optimizer step `step` (all samples of steps < step)."""
@@ -94,11 +96,14 @@ class MixturePlan:
         return int(np.argmax(lags))  # the first of equal lags: the same on every rank
 
     def _window(self, source: int, draw: int) -> int:
-        epoch, position = divmod(draw, self.epoch_lengths[source])
+        epoch_length = self.epoch_lengths[source]
+        if epoch_length is None:  # streamed: the stream itself is the order
+            return draw
+        epoch, position = divmod(draw, epoch_length)
         cached = self._orders.get(source)
         if cached is None or cached[0] != epoch:
             generator = torch.Generator().manual_seed(self._seed(source, epoch))
-            cached = (epoch, torch.randperm(self.lengths[source], generator=generator))
+            cached = (epoch, torch.randperm(int(self.lengths[source] or 0), generator=generator))
             self._orders[source] = cached
         return int(cached[1][position])
 
@@ -120,8 +125,8 @@ class MixtureSampler(GlobalBatchSampler):
                  dp_rank: int, dp_size: int, start_step: int = 0,
                  shares: Sequence[int] | None = None):  # fmt: skip
         super().__init__(
-            sum(plan.lengths), plan.global_batch_size, micro_batch_size, dp_rank, dp_size,
-            seed=plan.seed, start_step=start_step, shares=shares,
+            sum(n or 0 for n in plan.lengths), plan.global_batch_size, micro_batch_size,
+            dp_rank, dp_size, seed=plan.seed, start_step=start_step, shares=shares,
         )  # fmt: skip
         self.plan = plan
         self.offsets = list(offsets)

@@ -95,6 +95,10 @@ class GlobalBatchSampler(Sampler[int]):
         """This rank's samples for one micro-step of one optimizer step (of the current epoch)."""
         return self._slice(self.order(), step, micro_step)
 
+    def rank_positions(self, micro_step: int) -> list[int]:
+        """The positions in a step's global batch (0 .. G - 1) of this rank's `micro_step`."""
+        return self._slice(torch.arange(self.global_batch_size), 0, micro_step)
+
     def _slice(self, perm: torch.Tensor, step: int, micro_step: int) -> list[int]:
         m = self.micro_batch_size
         if self._first is None:

@@ -31,10 +31,13 @@ from torch.utils.data import ConcatDataset
 
 from lightning_dist.data.indexed import token_file_dtype
 from lightning_dist.lm.datasets import TokenWindows, WindowSet
+from lightning_dist.lm.source_files import path_matches, record_files
+from lightning_dist.lm.streaming import StreamedSource
 from lightning_dist.lm.token_cache import (
     TokenCache,
     build_token_cache,
     cache_key,
+    default_cache_dir,
     file_sizes,
     find_files,
     open_token_cache,
@@ -175,14 +178,6 @@ class TextSource:
         return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
 
 
-RECORD_SUFFIXES = {
-    "jsonl": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
-    "parquet": (".parquet",),
-    "chat": (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst"),
-}
-"""The files taken from a folder given as the path of a jsonl or parquet source."""
-
-
 class RecordSource(TextSource):
     """Records of JSON Lines, Parquet or a `datasets.save_to_disk` folder (`data/records.py`
     reads them, streamed): the text of `field` in each record is one document. Tokenized into
@@ -208,7 +203,7 @@ class RecordSource(TextSource):
     def _find(self, follow_symlinks: bool) -> tuple[list[Path], int]:
         fmt = self.spec.format
         if fmt == "hf_disk":  # folders: every file of each is part of the key
-            self.folders = _matches(self.spec.path, self.where, folders=True)
+            self.folders = path_matches(self.spec.path, self.where, folders=True)
             return [f for d in self.folders for f in sorted(d.rglob("*")) if f.is_file()], 0
         return record_files(self.spec.path, fmt, self.where), 0
 
@@ -223,33 +218,6 @@ class RecordSource(TextSource):
         return self.files, lambda file: iter_documents(
             file, fmt, field=field, skip_bad_records=skip
         )
-
-
-def record_files(path: str | list[str] | None, fmt: str, where: str) -> list[Path]:
-    """The files of a jsonl, parquet or chat source: files, folders' files, globs' matches."""
-    found = []
-    for match in _matches(path, where):
-        if match.is_dir():
-            found += [f for f in sorted(match.rglob("*"))
-                      if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
-        else:
-            found.append(match)
-    if not found:
-        raise ValueError(f"{where}={path!r} holds no {fmt} file")
-    return sorted(set(found))
-
-
-def _matches(path: str | list[str] | None, where: str, *, folders: bool = False) -> list[Path]:
-    """The files and folders that a path, a glob, or a list of them names."""
-    entries = [path] if isinstance(path, str) else list(path or [])
-    out = []
-    for entry in entries:
-        found = [Path(p) for p in sorted(glob.glob(str(Path(entry).expanduser()), recursive=True))]
-        found = [p for p in found if (p.is_dir() if folders else p.exists())]
-        if not found:
-            raise ValueError(f"{where}={entry!r} matches no {'folder' if folders else 'file'}")
-        out += found
-    return out
 
 
 def _token_files(path: str | list[str], where: str) -> list[Path]:
@@ -377,9 +345,19 @@ def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int
 def build_source(spec: DataSource, *, index: int, where: str,
                  tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
                  cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None,
-                 skip_bad_records: bool = False):  # fmt: skip
-    """The source of one `data.sources` entry (checked now: files, sizes, ids, records)."""
+                 skip_bad_records: bool = False, seed: int = 0, val_windows: int = 0):  # fmt: skip
+    """The source of one `data.sources` entry (checked now: files, sizes, ids, records); a
+    streamed one (`stream=true`) reads `val_windows` validation windows and nothing else."""
     name = spec.label(index)
+    if spec.stream:
+        try:
+            return StreamedSource(spec, index=index, name=name, where=f"{where}.path",
+                                  tokenizer=tokenizer, seq_len=seq_len,
+                                  val_fraction=val_fraction, seed=seed,
+                                  follow_symlinks=follow_symlinks,
+                                  skip_bad_records=skip_bad_records, val_windows=val_windows)  # fmt: skip
+        except ValueError as e:  # the text finder names data.paths
+            raise _renamed(e, f"{where}.path") from e
     if spec.format == "text":
         files_key = where if where == "data.paths" else f"{where}.path"
         return TextSource(spec, name=name, where=files_key, tokenizer=tokenizer, seq_len=seq_len,
@@ -394,7 +372,8 @@ def build_source(spec: DataSource, *, index: int, where: str,
         files = record_files(spec.path, "chat", f"{where}.path")
         return ChatSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
                           tokenizer_path=getattr(tokenizer, "path", None), seq_len=seq_len,
-                          val_fraction=val_fraction, files=files)  # fmt: skip
+                          val_fraction=val_fraction, files=files,
+                          skip_bad_records=skip_bad_records)  # fmt: skip
     if spec.format == "megatron":
         return megatron_source(spec, name=name, where=where, seq_len=seq_len,
                                val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
@@ -428,8 +407,8 @@ def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | N
     requests = [{"paths": entries(specs[i]), "format": specs[i].format,
                  "where": where[i] if where[i] == "data.paths" else f"{where[i]}.path",
                  "storage_options": options(specs[i])} for i in remote]  # fmt: skip
-    local = fetch_remote_sources(requests, cache_root=cache_folder(cache_dir),
-                                 cap_bytes=int(cap_gib * 2**30))  # fmt: skip
+    root = cache_folder(cache_dir or default_cache_dir())
+    local = fetch_remote_sources(requests, cache_root=root, cap_bytes=int(cap_gib * 2**30))
     out = list(specs)
     for i, paths in zip(remote, local, strict=True):
         out[i] = dataclasses.replace(specs[i], path=paths, name=specs[i].label(i))
@@ -447,7 +426,7 @@ def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,
     named = [e for e in entries if Path(f"{e}.idx").expanduser().is_file()]  # bare prefixes
     globbed = [e for e in entries if e not in named]
     matches = [Path(e).expanduser() for e in named]
-    matches += _matches(globbed, f"{where}.path") if globbed else []
+    matches += path_matches(globbed, f"{where}.path") if globbed else []
     prefixes, dtypes = [], set()
     for match in matches:
         suffix = match.suffix if match.suffix in (".bin", ".idx") else ""

@@ -14,6 +14,8 @@ from typing import Any
 from lightning_dist.options.knobs import knob
 
 SOURCE_FORMATS = ("text", "tokens", "jsonl", "parquet", "hf_disk", "megatron", "chat")
+STREAMED_FORMATS = ("text", "jsonl", "parquet", "hf_disk")
+"""The formats that `stream=true` tokenizes on the fly (the others are read as they are)."""
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
@@ -58,6 +60,20 @@ class DataSource:
         "in it (model.vocab_size <= 65536), else uint32.",
     )  # fmt: skip
 
+    stream: bool = knob(
+        False, "Tokenize on the fly in the DataLoader workers instead of into the token cache "
+        "first (formats text, jsonl, parquet, hf_disk): the first step starts in seconds on a "
+        "corpus of any size, with the samples and resume position of a prepared source "
+        "(docs/DATA.md, Streaming). Every data-parallel rank reads the whole stream and keeps "
+        "its share, so at large data parallelism prepare the corpus instead.",
+    )  # fmt: skip
+    shuffle_windows: int = knob(
+        1024, "stream=true: the most windows shuffled together, a chunk at a time (each chunk's "
+        "order seeded by (seed, source, epoch, chunk); an epoch's chunks grow from 64 windows, "
+        "doubling, to this); memory: shuffle_windows x (data.seq_len + 1) x 4 bytes per "
+        "streamed source and rank (32 MiB at seq_len 8192). 1 reads the windows in file order.",
+    )  # fmt: skip
+
     def label(self, index: int) -> str:
         """The name it is logged under: `name`, else the last part of `path` (of a glob: the
         folder it searches), else source<i>."""
@@ -100,10 +116,12 @@ def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> l
                 "give one of them another name (data.sources[i].name)"
             )
     chat = [i for i, s in enumerate(sources) if s.format == "chat"]
-    if chat and len(sources) > 1:
+    streamed = [i for i, s in enumerate(sources) if s.stream]
+    if chat and streamed:
         raise ValueError(
-            f"data.sources[{chat[0]}] (format=chat) is mixed with other sources; a chat "
-            "source is the only source of a run (put its records in one source's files)"
+            f"data.sources[{chat[0]}] (format=chat) is mixed with data.sources[{streamed[0]}], "
+            "which is streamed; a mixture with a chat source reads every source prepared "
+            f"(data.sources[{streamed[0]}].stream=false)"
         )
     return sources
 
@@ -120,5 +138,14 @@ def _check(source: DataSource, where: str) -> None:
         )
     if source.path is None and source.format != "text":
         raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")
+    if source.stream is not False and (source.stream is not True
+                                       or source.format not in STREAMED_FORMATS):  # fmt: skip
+        raise ValueError(
+            f"{where}.stream={source.stream!r}: streaming is true or false and reads formats "
+            f"{', '.join(STREAMED_FORMATS)} (this source is {source.format}); set it to false"
+        )
+    n = source.shuffle_windows
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{where}.shuffle_windows={n!r} must be a whole number of windows >= 1")
     if source.dtype is not None and source.dtype not in TOKEN_DTYPES:
         raise ValueError(f"{where}.dtype={source.dtype!r} is not one of uint16, uint32 (or null)")

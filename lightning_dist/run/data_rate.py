@@ -29,20 +29,27 @@ def loader_rates() -> dict[str, float]:
 
 
 def _format_key(source: Mapping[str, Any]) -> str:
+    if source.get("stream"):
+        return "streamed"
     fmt = str(source.get("format") or "text")
     path = source.get("path")
     paths = [path] if isinstance(path, str) else list(path or [])
     return f"{fmt}.zst" if fmt == "jsonl" and any(str(p).endswith(".zst") for p in paths) else fmt
 
 
-def worker_rate(sources: Sequence[Mapping[str, Any]], rates: Mapping[str, float]) -> float | None:
-    """Tokens/s one loader worker reads from this mixture (None: a format the table lacks)."""
+def worker_rate(sources: Sequence[Mapping[str, Any]], rates: Mapping[str, float],
+                dp: int = 1) -> float | None:  # fmt: skip
+    """Tokens/s of its own samples one loader worker of one of `dp` data-parallel ranks reads
+    from this mixture (None: a format the table lacks). A streamed source is tokenized whole
+    on every rank (`lm/streaming.py`): each of its samples costs a rank dp samples' work."""
     weights = [float(s.get("weight", 1.0)) for s in sources]
     keys = [_format_key(s) for s in sources]
     if not sources or any(k not in rates for k in keys):
         return None
     total = sum(weights)
-    return total / sum(w / rates[k] for w, k in zip(weights, keys, strict=True))
+    cost = [w * (max(dp, 1) if k == "streamed" else 1) / rates[k]
+            for w, k in zip(weights, keys, strict=True)]  # fmt: skip
+    return total / sum(cost)
 
 
 def keep_up_warning(data: Mapping[str, Any], tokens_per_sec: float | None, dp: int,
@@ -52,7 +59,7 @@ def keep_up_warning(data: Mapping[str, Any], tokens_per_sec: float | None, dp: i
     if not tokens_per_sec or "_target_" not in data or "Synthetic" in str(data["_target_"]):
         return None
     sources = data.get("sources") or [{"format": "text", "path": data.get("paths")}]
-    rate = worker_rate(sources, loader_rates() if rates is None else rates)
+    rate = worker_rate(sources, loader_rates() if rates is None else rates, dp)
     if rate is None:
         return None
     need = tokens_per_sec / max(dp, 1)

@@ -1,13 +1,17 @@
-"""A weighted mixture of three sources (text, a `datasets.save_to_disk` folder, a Megatron indexed
-dataset; lightning_dist/lm/mixture.py) resumed at another world size: a 2-rank run saves after
-step 6; resumed from there on 1 rank and on 4 ranks, steps 7-10 have the uninterrupted run's
-losses, the per-source validation losses of step 10 are its own, and every run reports the same
-realised shares. Ranks come from the session's started worlds (tests/dist/world.py)."""
+"""A weighted mixture of three sources (text and a `datasets.save_to_disk` folder, both streamed
+(lightning_dist/lm/streaming.py), and a Megatron indexed dataset read as it is;
+lightning_dist/lm/mixture.py) resumed at another world size: a 2-rank run saves after step 6;
+resumed from there on 1 rank and on 4 ranks, steps 7-10 have the uninterrupted run's losses, the
+per-source validation losses of step 10 are its own, and every run reports the same realised
+shares. The prepared (all-cached) mixture's resume on 1, 2 and 4 ranks is
+tests/unit/test_mixture.py's. Ranks come from the session's started worlds
+(tests/dist/world.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from lightning_dist.run.parity_runs import max_relative_difference
 
@@ -26,7 +30,9 @@ WORLDS = {
 
 
 def write_sources(folder) -> list[str]:
-    """Text, an HF dataset on disk and a Megatron indexed dataset, at weights 0.5 / 0.3 / 0.2."""
+    """Text and an HF dataset on disk (both streamed, in chunks of 16 windows so that several
+    chunks and epochs pass in 10 steps) and a Megatron indexed dataset, at weights 0.5 / 0.3 /
+    0.2."""
     datasets = pytest.importorskip("datasets", reason="the [data] extra reads HF datasets")
     from tests.unit.test_mixture import write_megatron
 
@@ -36,15 +42,16 @@ def write_sources(folder) -> list[str]:
             "".join(f"the {j}th fox jumps over dog {i}\n" for j in range(60))
         )
     code = [
-        "".join(f"def f{j}(x):\n    return x * {j}\n" for j in range(k, k + 30))
-        for k in (0, 30, 60)
+        "".join(f"def f{j}(x):\n    return x * {j}\n" for j in range(k, k + 12))
+        for k in (0, 12, 24)
     ]
     datasets.Dataset.from_dict({"text": code}).save_to_disk(str(folder / "code"))
     ids = np.random.default_rng(0).integers(0, 512, 6000)
+    streamed = "stream: true, shuffle_windows: 16"
     write_megatron(folder / "ids", [ids[:2500], ids[2500:]])
     sources = (
-        f"data.sources=[{{path: {folder / 'prose'}, weight: 0.5}}, "
-        f"{{path: {folder / 'code'}, format: hf_disk, weight: 0.3}}, "
+        f"data.sources=[{{path: {folder / 'prose'}, weight: 0.5, {streamed}}}, "
+        f"{{path: {folder / 'code'}, format: hf_disk, weight: 0.3, {streamed}}}, "
         f"{{path: {folder / 'ids'}, format: megatron, weight: 0.2}}]"
     )
     return [sources, f"data.cache_dir={folder / 'cache'}"]
@@ -57,6 +64,12 @@ def test_a_mixture_resumed_on_1_and_4_ranks_continues_the_2_rank_stream(train_in
                      "trainer.checkpoint.keep_last=null"], first)  # fmt: skip
     assert len(full["losses"]) == 10
     step6 = first / "checkpoints" / "step6.ckpt"
+    saved = torch.load(step6 / "meta.pt", weights_only=True)["MixtureDataModule"]
+    drawn = dict(zip(saved["mixture"]["names"], saved["mixture"]["drawn"], strict=True))
+    assert {name: at["draw"] for name, at in saved["streams"].items()} == {
+        "prose": drawn["prose"],
+        "code": drawn["code"],
+    }  # the streams' positions at step 6
     for ranks in (1, 4):
         resumed = train_in(
             [*RUN, *data, *WORLDS[ranks], f"trainer.ckpt_path={step6}"], tmp_path / f"on_{ranks}"

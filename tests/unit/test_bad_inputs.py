@@ -238,8 +238,8 @@ CASES = [
          "chat.jsonl:2: 'messages' is str, not a non-empty list", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": "hi"}\n')),
     Case("chat record without its fields", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
          "chat.jsonl:2: no field 'messages' nor 'prompt'/'response'", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"text": "hi"}\n')),
-    Case("chat source mixed with another", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}, {{path: {tmp}/a.txt}}]", data="mixture"),
-         "data.sources[0] (format=chat) is mixed with other sources", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK)),
+    Case("chat source mixed with a streamed one", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}, {{path: {tmp}/a.txt, stream: true}}]", data="mixture"),
+         "data.sources[0] (format=chat) is mixed with data.sources[1], which is streamed", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK)),
     # Remote sources (data/remote.py): no credentials anywhere, a protocol fsspec lacks, no match.
     Case("remote URL without credentials", fast("data.sources=[{{path: 's3://corpus/docs/*.jsonl', format: jsonl}}]", data="mixture"),
          "data.sources[0].path='s3://corpus/docs/*.jsonl' needs AWS credentials and none were found", env=NO_AWS_CREDENTIALS),

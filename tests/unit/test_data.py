@@ -80,6 +80,8 @@ def test_hf_tokenizer_loads_and_encodes(tmp_path):
     assert len(ids) == 3 and all(0 <= i < tok.vocab_size for i in ids)
     assert tok.decode(ids) == "the lazy fox"
     assert tok.name.startswith("hf:tokenizer.json:")
+    texts = ["the lazy fox", "", "file 1 2 jumps"]  # one call, the ids one by one would give
+    assert [i.tolist() for i in tok.encode_batch(texts)] == [tok.encode(t).tolist() for t in texts]
 
 
 def test_hf_tokenizer_missing_file_names_path(tmp_path):

@@ -1,5 +1,6 @@
 """lightning_dist.data.indexed: Megatron-Core's indexed format byte for byte, nanoGPT token files,
-and one-line refusals of truncated or corrupt files."""
+and one-line refusals of truncated or corrupt files; the slices of a prepare (Slurm array steps,
+a slice without its manifest)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,33 @@ def test_token_files_are_flat_little_endian(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ConfigError, match=r"odd.bin: 3 bytes is not a whole number of uint16"):
         read_token_file(tmp_path / "odd.bin", 50257)
+
+
+def test_slurm_array_steps_and_missing_slices(tmp_path):
+    from lightning_dist.data.__main__ import slice_of
+    from lightning_dist.data.manifest import MANIFEST_FORMAT, manifest_name, verify, write_manifest
+
+    array = {
+        "SLURM_ARRAY_TASK_MIN": "0",
+        "SLURM_ARRAY_TASK_STEP": "4",
+        "SLURM_ARRAY_TASK_COUNT": "4",
+    }
+    assert [slice_of(None, None, {**array, "SLURM_ARRAY_TASK_ID": str(t)}) for t in (0, 4, 12)] == [
+        (0, 4), (1, 4), (3, 4)]  # fmt: skip
+    assert slice_of(2, 5, {**array, "SLURM_ARRAY_TASK_ID": "8"}) == (2, 5)  # the options win
+    assert slice_of(None, None, {}) == (0, 1)
+
+    def manifest(i: int, n: int) -> None:
+        write_manifest(tmp_path / manifest_name(i, n), {
+            "format": MANIFEST_FORMAT, "tokenizer": {"name": "byte"}, "dtype": "uint16",
+            "slice": [i, n], "complete": True, "files": {}, "shards": []})  # fmt: skip
+
+    manifest(0, 3)
+    manifest(2, 3)
+    with pytest.raises(ConfigError, match=r"slice 1 of 3 has no manifest .* --shard-index 1 "):
+        verify(tmp_path)
+    manifest(1, 3)
+    assert verify(tmp_path)["complete"]
+    manifest(0, 1)
+    with pytest.raises(ConfigError, match=r"holds manifests of 1 and 3 slices"):
+        verify(tmp_path)

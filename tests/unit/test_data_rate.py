@@ -32,5 +32,9 @@ def test_the_warning_names_the_workers_that_keep_up():
     assert keep_up_warning(data, None, 8, rates) is None  # no prediction (CPU)
     synthetic = {"_target_": "lightning_dist.lm.data.SyntheticDataModule", "num_workers": 0}
     assert keep_up_warning(synthetic, 10**9, 1, rates) is None
+    # Streamed: every rank tokenizes the source whole, so dp ranks do not divide its work.
+    streamed = [{"path": "a/*.jsonl", "format": "jsonl", "stream": True}]
+    assert worker_rate(streamed, {"streamed": 800.0}, dp=8) == 100.0
+    assert worker_rate(streamed, rates) is None  # a table without the streamed rate
     text = {"_target_": "lightning_dist.lm.data.TextDataModule", "paths": None, "num_workers": 0}
     assert "set data.num_workers=" in (keep_up_warning(text, 10**12, 1) or "")

@@ -67,6 +67,24 @@ def test_zstd_frame_that_ends_exactly_where_a_read_ends(tmp_path):
     assert doc.endswith("tail") and len(doc) > 100_000
 
 
+def test_a_highly_compressed_zstd_inflates_a_bounded_piece_at_a_time(tmp_path):
+    import tracemalloc
+
+    from lightning_dist.data.records import open_stream
+
+    path = tmp_path / "zeros.txt.zst"
+    with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as out:
+        for _ in range(192):
+            out.write(bytes(1 << 20))  # 192 MiB of zeros in a few KiB
+    assert path.stat().st_size < 1 << 18  # one read of the raw file holds all of it
+    tracemalloc.start()
+    with open_stream(path) as stream:
+        total = sum(len(chunk) for chunk in iter(lambda: stream.read(1 << 20), b""))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert total == 192 << 20 and peak < 48 << 20, peak
+
+
 def test_parquet_reads_batches_of_a_column(tmp_path):
     many = [f"doc {i}" for i in range(2500)]  # more than one batch, several row groups
     table = pa.table({"id": list(range(len(many))), "content": many})

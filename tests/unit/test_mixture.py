@@ -72,6 +72,14 @@ def test_one_source_reads_as_the_plain_sampler():
         ({"path": "a", "format": "csv"}, r"format='csv' is not one of text, tokens"),
         ({"format": "tokens"}, r"data.sources\[0\] \(format=tokens\) has no path"),
         ({"path": "a", "wieght": 1}, r"data.sources\[0\] has no key 'wieght'"),
+        (
+            {"path": "a", "format": "tokens", "stream": True},
+            r"data.sources\[0\].stream=True: streaming .* reads formats text, jsonl",
+        ),
+        (
+            {"path": "a", "stream": True, "shuffle_windows": 0},
+            r"data.sources\[0\].shuffle_windows=0 must be a whole number of windows >= 1",
+        ),
     ],
 )
 def test_bad_source_entries_name_the_entry(entry, message):

@@ -76,13 +76,20 @@ def _hand_loss(module, batches) -> torch.Tensor:
     return torch.cat(losses).mean()
 
 
-@pytest.mark.parametrize("micro", [4, 2])
-def test_loss_is_the_mean_over_trained_targets_of_the_global_batch(tmp_path, micro):
-    dm = MixtureDataModule(sources=[{"path": str(chat_file(tmp_path / "chat.jsonl")),
-                                     "format": "chat"}], seq_len=32, global_batch_size=4,
+@pytest.mark.parametrize(("micro", "mixed"), [(4, False), (2, False), (2, True)])
+def test_loss_is_the_mean_over_trained_targets_of_the_global_batch(tmp_path, micro, mixed):
+    sources = [{"path": str(chat_file(tmp_path / "chat.jsonl")), "format": "chat"}]
+    if mixed:  # a text source beside it: its windows trained on whole
+        (tmp_path / "prose.txt").write_text("the quick brown fox jumps over the lazy dog. " * 60)
+        sources.append({"path": str(tmp_path / "prose.txt"), "weight": 1.0})
+    dm = MixtureDataModule(sources=sources, seq_len=32, global_batch_size=4,
                            micro_batch_size=micro, val_fraction=0.2)  # fmt: skip
     loader = iter(dm.train_dataloader())
     batches = [next(loader) for _ in range(4 // micro)]  # the first step's global batch
+    if mixed:
+        rows = torch.cat([b["loss_mask"] for b in batches]).all(dim=1)
+        assert 0 < int(rows.sum()) < 4  # text windows (every target trained) beside chat's
+        assert {float(b["loss_scale"][0]) for b in batches} == {float(batches[0]["loss_scale"][0])}
     module = _module()
     with torch.no_grad():
         mean = sum(module._loss(b)[0] for b in batches) / len(batches)
@@ -139,3 +146,16 @@ def test_bad_chat_records_are_named_by_file_and_line(record, expect):
     # The rows that run train() are in tests/unit/test_bad_inputs.py; these are the rest.
     with pytest.raises(ConfigError, match=re.escape(f"f.jsonl:3: {expect}")):
         conversation(record, "f.jsonl:3")
+
+
+def test_skip_bad_records_leaves_bad_chat_records_out_with_a_count(tmp_path, capsys):
+    from lightning_dist.lm.chat import read_conversations
+
+    good = json.dumps({"prompt": "hi", "response": "yo"})
+    path = tmp_path / "chat.jsonl"
+    path.write_text(f"{good}\n{{not json\n{json.dumps({'prompt': 'hi'})}\n{good}\n")
+    with pytest.raises(ConfigError, match=r"chat.jsonl:2: not valid JSON .* data.skip_bad_records"):
+        read_conversations(path)
+    kept = read_conversations(path, skip_bad_records=True)
+    assert [where.rsplit(":", 1)[1] for where, _ in kept] == ["1", "4"]
+    assert "skipped 2 bad chat records (the first: " in capsys.readouterr().err
