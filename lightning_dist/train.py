@@ -110,6 +110,9 @@ def main() -> None:
     so an installed wheel composes it too; a user's own config folder joins it with
     `hydra.searchpath=[file://...]` or `--config-dir`) with the overrides, and `train(cfg)` runs
     it. The process's exit status is the work's, never a C++ destructor's at teardown."""
+    from lightning_dist.runtime.quiet import quiet_native_logs
+
+    quiet_native_logs()  # before torch loads: c10 reads its log level once
     import hydra
 
     from lightning_dist.config import CONF_MODULE

@@ -119,6 +119,9 @@ def _wait(groups: list[subprocess.Popen]) -> list[int]:
 
 
 def main(argv: list[str]) -> None:
+    from lightning_dist.runtime.quiet import quiet_native_logs
+
+    quiet_native_logs()  # every group's ranks inherit it: no C++ stack dumps (runtime/quiet.py)
     args = _parser().parse_intermixed_args(argv)
     if args.groups < 1 or args.nproc_per_group < 1 or args.max_restarts < 0:
         _fail("--groups and --nproc-per-group must be at least 1, --max-restarts at least 0")

@@ -20,6 +20,13 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
   call is torchao's; other packages' enums still show it.
 
 W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
+
+And before torch loads (`quiet_native_logs`, first thing in `lightning_dist.train.main`): torch's
+C++ warnings, above all c10d's `TCPStore ... recvValueWithTimeout failed` with a 20-frame C++
+stack, printed by a surviving rank whose store call meets rank 0's ended process (the hang
+watchdog names rank 0 in its own line). c10 reads `TORCH_CPP_LOG_LEVEL` once, as torch loads,
+and ranks inherit it from the process that starts them; errors still print, and a user's own
+`TORCH_CPP_LOG_LEVEL` (`WARNING`, `INFO`) is kept.
 """
 
 from __future__ import annotations
@@ -55,6 +62,16 @@ class _DropTorchaoEnumNotices(logging.Filter):
 
 
 _PYTREE_FILTER = _DropTorchaoEnumNotices()
+
+
+CPP_LOG_LEVEL = "ERROR"
+"""torch's C++ log level for our processes (`quiet_native_logs`): warnings hidden, errors shown."""
+
+
+def quiet_native_logs() -> None:
+    """Hide torch's C++ warnings (see the module docstring) in this process, when torch has not
+    loaded yet, and in every process it starts; a level the user set is kept."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", CPP_LOG_LEVEL)
 
 
 def quiet_profiler() -> None:
