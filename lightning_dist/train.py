@@ -60,6 +60,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
         saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
                                        status=status, error=str(e))  # fmt: skip
+        if isinstance(e, LighthouseLost):
+            # The group's ranks fail the same quorum, give or take a moment: none ends before
+            # rank 0 has written summary.json (a rank that ended would be judged stalled by
+            # the others' watchdogs, which stopped none of them yet).
+            from lightning_dist.runtime.process_end import end_barrier
+
+            end_barrier(plan.strategy.options.replicas.ft_timeout_s)
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
 
@@ -151,6 +158,7 @@ def _train_and_exit(cfg: DictConfig) -> None:
         LighthouseLost,
         ReplicaGroupAlone,
         ReplicaGroupFellBehind,
+        ReplicaGroupQuorumFailed,
     )
 
     try:
@@ -162,8 +170,13 @@ def _train_and_exit(cfg: DictConfig) -> None:
 
         print(f"error: {e}", file=sys.stderr, flush=True)
         lost = isinstance(e, LighthouseLost)
+        if lost:  # a restart cannot reach the Lighthouse either
+            from lightning_dist.runtime.process_end import end_torchrun_agent
+
+            end_torchrun_agent()
         sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
-    except (ReplicaGroupAlone, ReplicaGroupFellBehind) as e:  # ft_hsdp: torchrun relaunches
+    except (ReplicaGroupAlone, ReplicaGroupFellBehind, ReplicaGroupQuorumFailed) as e:
+        # ft_hsdp: torchrun relaunches the group, which heals from a running one
         print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
         sys.exit(REPLICA_GROUP_EXIT_CODE)
     except FencedOut as e:  # another world writes the checkpoint folder: this one stops

@@ -84,12 +84,14 @@ def write_stopped_summary(plan: RunPlan, run: BuiltRun, *, wall_seconds: float,
     trainer = run.trainer
     if not trainer.is_global_zero:
         return ""
+    from lightning_dist.contract import contract_of
     from lightning_dist.runtime.record import command_line
     from lightning_dist.runtime.redaction import redact_text
 
     summary = build_summary(plan, run, world_size=trainer.world_size, wall_seconds=wall_seconds)
     summary.update(run.history.record(trainer.global_step))
     summary.update(steps=trainer.global_step, status=status, error=error, command=command_line())
+    summary.update(contract_of(trainer.strategy).summary_fields())  # ft_hsdp: groups per step
     path = plan.spec.run_dir / "summary.json"
     try:
         if path.is_file() and json.loads(path.read_text()).get("steps", 0) >= trainer.global_step:
