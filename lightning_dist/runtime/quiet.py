@@ -17,7 +17,10 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
 - torch's notice that registering an Enum as a pytree constant is deprecated, logged on every
   rank for each of torchao's enums (`KernelPreference`, `ScaleCalculationMode`) when transformers
   loads torchao: a Hugging Face model, or context parallelism's look for one, imports it. The
-  call is torchao's; other packages' enums still show it.
+  call is torchao's; other packages' enums still show it;
+- torch's "The given buffer is not writable" (a `torch.frombuffer` of torchft's received
+  bytes), two lines on every rank of a replica group that heals from a peer (`strategy=ft_hsdp`):
+  the tensors are copied into the group's own at once (`parallel/replica_groups.py`).
 
 W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
 
@@ -94,6 +97,7 @@ def quiet_third_party() -> None:
     )
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r"The given buffer is not writable")
 
 
 def quiet_known_warnings() -> None:
