@@ -176,8 +176,13 @@ def _train_and_exit(cfg: DictConfig) -> None:
             end_torchrun_agent()
         sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
     except (ReplicaGroupAlone, ReplicaGroupFellBehind, ReplicaGroupQuorumFailed) as e:
-        # ft_hsdp: torchrun relaunches the group, which heals from a running one
+        # ft_hsdp: torchrun relaunches the group, which heals from a running one; a relaunched
+        # group that found none would find none again (the others have ended).
         print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
+        if isinstance(e, ReplicaGroupAlone):
+            from lightning_dist.runtime.process_end import end_torchrun_agent
+
+            end_torchrun_agent()
         sys.exit(REPLICA_GROUP_EXIT_CODE)
     except FencedOut as e:  # another world writes the checkpoint folder: this one stops
         from lightning_dist.strategies.launch import rank_exit_code

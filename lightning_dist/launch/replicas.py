@@ -151,5 +151,8 @@ def main(argv: list[str]) -> None:
         lighthouse.shutdown()
     for group, code in enumerate(codes):
         if code:
-            print(f"replicas: group {group} ended with exit status {code}", file=sys.stderr)
+            # 137: SIGKILL, which the group's ranks send their torchrun when no relaunch can
+            # help (the Lighthouse lost, no group left to heal from), after their own lines.
+            why = " (SIGKILL: the lines above say why)" if code == 128 + signal.SIGKILL else ""
+            print(f"replicas: group {group} ended with exit status {code}{why}", file=sys.stderr)
     sys.exit(max(codes))

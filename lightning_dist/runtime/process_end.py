@@ -74,12 +74,13 @@ def end_barrier(timeout_s: float) -> bool:
 
 
 def end_torchrun_agent() -> None:
-    """A failure that no restart can mend (strategy=ft_hsdp's Lighthouse is gone, and a
-    relaunched group would refuse to start without it): SIGKILL the torchrun agent that started
-    this rank, before this rank exits. Otherwise the agent relaunches the group up to
-    `--max-restarts` times (each relaunch refusing in one line a rank) and then prints its
-    `ChildFailedError` traceback. The agent's own status is then 137; its ranks end by
-    themselves (torchrun starts each in a session of its own). Nothing happens outside torchrun."""
+    """A failure that no restart can mend: SIGKILL the torchrun agent that started this rank,
+    before this rank exits (strategy=ft_hsdp: the Lighthouse is gone, and a relaunched group
+    would refuse to start without it; or a relaunched group found no running group to heal
+    from). Otherwise the agent relaunches the group up to `--max-restarts` times, each relaunch
+    failing the same way, and then prints its `ChildFailedError` traceback. The agent's own
+    status is then 137; its ranks end by themselves (torchrun starts each in a session of its
+    own). Nothing happens outside torchrun."""
     parent = os.getppid()
     if "TORCHELASTIC_RUN_ID" not in os.environ or parent <= 1:
         return
