@@ -216,9 +216,10 @@ class FTHSDPStrategy(Parallel3DStrategy):
         that step, unless a rank sees it saved already, so that no trained step is lost."""
         import torch.distributed as dist
 
-        trainer = self.lightning_module.trainer
-        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-        if folder is None or trainer.global_step == 0:
+        module = self.lightning_module
+        trainer = module.trainer if module is not None else None
+        folder = getattr(getattr(trainer, "checkpoint_callback", None), "dirpath", None)
+        if trainer is None or folder is None or trainer.global_step == 0:
             return
         path = Path(folder) / f"step{trainer.global_step}.ckpt"
         saved = torch.tensor([float((path / MANIFEST).is_file())], device=self.root_device)
