@@ -60,13 +60,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
         saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
                                        status=status, error=str(e))  # fmt: skip
-        if isinstance(e, LighthouseLost):
-            # The group's ranks fail the same quorum, give or take a moment: none ends before
-            # rank 0 has written summary.json (a rank that ended would be judged stalled by
-            # the others' watchdogs, which stopped none of them yet).
-            from lightning_dist.runtime.process_end import end_barrier
+        # Every rank meets the same error (the save's agreement; the group's quorum, give or
+        # take a moment): none ends before all have left training and rank 0 has written
+        # summary.json, or a peer's watchdog, still running, names the ended rank as stalled.
+        from lightning_dist.runtime.process_end import end_barrier
 
-            end_barrier(plan.strategy.options.replicas.ft_timeout_s)
+        lost = isinstance(e, LighthouseLost)
+        end_barrier(plan.strategy.options.replicas.ft_timeout_s if lost
+                    else plan.spec.trainer.collective_timeout_s)  # fmt: skip
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
 
