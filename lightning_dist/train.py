@@ -14,6 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lightning_dist.runtime.process_end import end_barrier, end_torchrun_agent
+from lightning_dist.runtime.quiet import quiet_native_logs
+
 NON_FINITE_EXIT_CODE = 3
 """Exit status of a run that stopped at a non-finite loss (every rank stops at the same step)."""
 CHECKPOINT_WRITE_EXIT_CODE = 2
@@ -60,6 +63,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
         saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
                                        status=status, error=str(e))  # fmt: skip
+        # Every rank meets the same error (the save's agreement; the group's quorum, give or
+        # take a moment): none ends before all have left training and rank 0 has written
+        # summary.json, or a peer's watchdog, still running, names the ended rank as stalled.
+
+        lost = isinstance(e, LighthouseLost)
+        end_barrier(plan.strategy.options.replicas.ft_timeout_s if lost
+                    else plan.spec.trainer.collective_timeout_s)  # fmt: skip
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
 
@@ -110,6 +120,8 @@ def main() -> None:
     so an installed wheel composes it too; a user's own config folder joins it with
     `hydra.searchpath=[file://...]` or `--config-dir`) with the overrides, and `train(cfg)` runs
     it. The process's exit status is the work's, never a C++ destructor's at teardown."""
+
+    quiet_native_logs()  # before torch loads: c10 reads its log level once
     import hydra
 
     from lightning_dist.config import CONF_MODULE
@@ -148,6 +160,7 @@ def _train_and_exit(cfg: DictConfig) -> None:
         LighthouseLost,
         ReplicaGroupAlone,
         ReplicaGroupFellBehind,
+        ReplicaGroupQuorumFailed,
     )
 
     try:
@@ -159,9 +172,15 @@ def _train_and_exit(cfg: DictConfig) -> None:
 
         print(f"error: {e}", file=sys.stderr, flush=True)
         lost = isinstance(e, LighthouseLost)
+        if lost:  # a restart cannot reach the Lighthouse either
+            end_torchrun_agent()
         sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
-    except (ReplicaGroupAlone, ReplicaGroupFellBehind) as e:  # ft_hsdp: torchrun relaunches
+    except (ReplicaGroupAlone, ReplicaGroupFellBehind, ReplicaGroupQuorumFailed) as e:
+        # ft_hsdp: torchrun relaunches the group, which heals from a running one; a relaunched
+        # group that found none would find none again (the others have ended).
         print(f"error: {_rank_named()}{e}", file=sys.stderr, flush=True)
+        if isinstance(e, ReplicaGroupAlone):
+            end_torchrun_agent()
         sys.exit(REPLICA_GROUP_EXIT_CODE)
     except FencedOut as e:  # another world writes the checkpoint folder: this one stops
         from lightning_dist.strategies.launch import rank_exit_code

@@ -50,6 +50,11 @@ class ReplicaGroupAlone(RuntimeError):
     """A relaunched group found no other group to heal from."""
 
 
+class ReplicaGroupQuorumFailed(RuntimeError):
+    """A step's quorum failed while the Lighthouse answers (a rank of this group, or the whole
+    group, was frozen past strategy.ft_timeout_s): the group restarts and heals from a peer."""
+
+
 class LighthouseLost(RuntimeError):
     """The torchft Lighthouse does not answer: no group can form a quorum (its host ended)."""
 
@@ -219,11 +224,17 @@ class ReplicaGroups:
         returns the number of groups in it."""
         try:
             self.manager.start_quorum()
+        except (ReplicaGroupFellBehind, ReplicaGroupAlone):
+            raise  # from our own code (the healing's load)
         except Exception as e:  # torchft's TimeoutError after ft_timeout_s, among others
             address = os.environ.get(LIGHTHOUSE_ENV, "")
-            if not address or lighthouse_answers(address):
-                raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            if not address or lighthouse_answers(address):
+                raise ReplicaGroupQuorumFailed(
+                    f"replica group {self.group_id}: the quorum failed after "
+                    f"strategy.ft_timeout_s={self.timeout_s} ({type(e).__name__}: {first}); it "
+                    "restarts (torchrun --max-restarts) and heals from a running group"
+                ) from None
             raise LighthouseLost(
                 f"replica group {self.group_id}: the torchft Lighthouse at {address} does not "
                 f"answer (the quorum failed after strategy.ft_timeout_s={self.timeout_s}: "

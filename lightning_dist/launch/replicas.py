@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lightning_dist.cluster.replica_groups import GROUP_ENV, LIGHTHOUSE_ENV
 from lightning_dist.launch.torchrun import torchrun_environment
+from lightning_dist.runtime.quiet import quiet_native_logs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +120,8 @@ def _wait(groups: list[subprocess.Popen]) -> list[int]:
 
 
 def main(argv: list[str]) -> None:
+
+    quiet_native_logs()  # every group's ranks inherit it: no C++ stack dumps (runtime/quiet.py)
     args = _parser().parse_intermixed_args(argv)
     if args.groups < 1 or args.nproc_per_group < 1 or args.max_restarts < 0:
         _fail("--groups and --nproc-per-group must be at least 1, --max-restarts at least 0")
@@ -148,5 +151,8 @@ def main(argv: list[str]) -> None:
         lighthouse.shutdown()
     for group, code in enumerate(codes):
         if code:
-            print(f"replicas: group {group} ended with exit status {code}", file=sys.stderr)
+            # 137: SIGKILL, which the group's ranks send their torchrun when no relaunch can
+            # help (the Lighthouse lost, no group left to heal from), after their own lines.
+            why = " (SIGKILL: the lines above say why)" if code == 128 + signal.SIGKILL else ""
+            print(f"replicas: group {group} ended with exit status {code}{why}", file=sys.stderr)
     sys.exit(max(codes))

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 
 from lightning_dist.hardware import UNSHARED_STORE
+from lightning_dist.runtime.quiet import quiet_native_logs
 
 
 def torchrun_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -23,6 +24,8 @@ def torchrun_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def run_torchrun(argv: list[str]) -> None:
     """Run torchrun's own entry point in this process with `argv` and the settings above."""
+
+    quiet_native_logs()  # torchrun and its ranks: no C++ stack dumps (runtime/quiet.py)
     os.environ.update(torchrun_environment(os.environ))
     from torch.distributed.run import main
 

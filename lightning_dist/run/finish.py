@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from lightning_dist.contract import contract_of
 from lightning_dist.layout import Layout
 from lightning_dist.run.build import BuiltRun
 from lightning_dist.run.plan import RunPlan
@@ -32,7 +33,6 @@ def start_record(plan: RunPlan, run: BuiltRun) -> None:
 def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str, Any]:
     """The summary (written to <run dir>/summary.json and sent to the logger by rank 0, after
     every rank has left the job's process group, so that a multirun's next job starts anew)."""
-    from lightning_dist.contract import contract_of
     from lightning_dist.runtime.record import command_line
     from lightning_dist.runtime.redaction import redact_text
     from lightning_dist.strategies.launch import end_job
@@ -92,6 +92,7 @@ def write_stopped_summary(plan: RunPlan, run: BuiltRun, *, wall_seconds: float,
     summary = build_summary(plan, run, world_size=trainer.world_size, wall_seconds=wall_seconds)
     summary.update(run.history.record(trainer.global_step))
     summary.update(steps=trainer.global_step, status=status, error=error, command=command_line())
+    summary.update(contract_of(trainer.strategy).summary_fields())  # ft_hsdp: groups per step
     path = plan.spec.run_dir / "summary.json"
     try:
         if path.is_file() and json.loads(path.read_text()).get("steps", 0) >= trainer.global_step:

@@ -153,7 +153,11 @@ def check_launch(plan: RunPlan) -> None:
     plan.checkpoints.check_folder(
         checkpoint_bytes(plan.model.num_params(), plan.precision), num_nodes=plan.num_nodes
     )
-    if not plan.ckpt_path and plan.checkpoints.resume != "auto":
+    # A replica group relaunched into its own running job heals from a peer: the records there
+    # are its own first attempt's, which it continues (without resume=auto it was refused and
+    # torchrun's restart of a group that fell behind ended the group).
+    relaunched = contract_of(plan.strategy).heals_from_peer()
+    if not plan.ckpt_path and plan.checkpoints.resume != "auto" and not relaunched:
         check_fresh_start(plan.spec.run_dir, plan.checkpoints.dirpath, plan.spec.run_name)
     if plan.checkpoints.init_from and not plan.ckpt_path:
         plan.checkpoints.verify_init_from(plan.model)

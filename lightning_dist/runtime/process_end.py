@@ -73,6 +73,29 @@ def end_barrier(timeout_s: float) -> bool:
     return True
 
 
+def end_torchrun_agent() -> None:
+    """A failure that no restart can mend: SIGKILL the torchrun agent that started this rank,
+    before this rank exits (strategy=ft_hsdp: the Lighthouse is gone, and a relaunched group
+    would refuse to start without it; or a relaunched group found no running group to heal
+    from). Otherwise the agent relaunches the group up to `--max-restarts` times, each relaunch
+    failing the same way, and then prints its `ChildFailedError` traceback. The agent's own
+    status is then 137; its ranks end by themselves (torchrun starts each in a session of its
+    own). Nothing happens outside torchrun."""
+    parent = os.getppid()
+    if "TORCHELASTIC_RUN_ID" not in os.environ or parent <= 1:
+        return
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            command = f.read()
+    except OSError:
+        return
+    if b"torch.distributed.run" in command or b"torchrun" in command:
+        try:
+            os.kill(parent, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _flush_output() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:

@@ -17,9 +17,19 @@ does, see `callbacks/progress.py`); it is idempotent. What it silences, and why:
 - torch's notice that registering an Enum as a pytree constant is deprecated, logged on every
   rank for each of torchao's enums (`KernelPreference`, `ScaleCalculationMode`) when transformers
   loads torchao: a Hugging Face model, or context parallelism's look for one, imports it. The
-  call is torchao's; other packages' enums still show it.
+  call is torchao's; other packages' enums still show it;
+- torch's "The given buffer is not writable" (a `torch.frombuffer` of torchft's received
+  bytes), two lines on every rank of a replica group that heals from a peer (`strategy=ft_hsdp`):
+  the tensors are copied into the group's own at once (`cluster/replica_groups.py`).
 
 W&B's "anonymous setting has no effect" is avoided at its source (`loggers.wandb_logger`).
+
+And before torch loads (`quiet_native_logs`, first thing in `lightning_dist.train.main`): torch's
+C++ warnings, above all c10d's `TCPStore ... recvValueWithTimeout failed` with a 20-frame C++
+stack, printed by a surviving rank whose store call meets rank 0's ended process (the hang
+watchdog names rank 0 in its own line). c10 reads `TORCH_CPP_LOG_LEVEL` once, as torch loads,
+and ranks inherit it from the process that starts them; errors still print, and a user's own
+`TORCH_CPP_LOG_LEVEL` (`WARNING`, `INFO`) is kept.
 """
 
 from __future__ import annotations
@@ -57,6 +67,16 @@ class _DropTorchaoEnumNotices(logging.Filter):
 _PYTREE_FILTER = _DropTorchaoEnumNotices()
 
 
+CPP_LOG_LEVEL = "ERROR"
+"""torch's C++ log level for our processes (`quiet_native_logs`): warnings hidden, errors shown."""
+
+
+def quiet_native_logs() -> None:
+    """Hide torch's C++ warnings (see the module docstring) in this process, when torch has not
+    loaded yet, and in every process it starts; a level the user set is kept."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", CPP_LOG_LEVEL)
+
+
 def quiet_profiler() -> None:
     """Hide kineto's USDT lines; call before the first `torch.profiler.profile` starts."""
     os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)
@@ -77,6 +97,7 @@ def quiet_third_party() -> None:
     )
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r"The given buffer is not writable")
 
 
 def quiet_known_warnings() -> None:

@@ -26,13 +26,17 @@ import functools
 import importlib.util
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from lightning_dist.checkpoint.manifest import MANIFEST
 from lightning_dist.cluster.elastic import restart_attempt
 from lightning_dist.cluster.replica_groups import (
     LIGHTHOUSE_ENV,
+    LighthouseLost,
     ReplicaGroupFellBehind,
     ReplicaGroups,
     check_lighthouse,
@@ -199,9 +203,29 @@ class FTHSDPStrategy(Parallel3DStrategy):
             # A resumed run restored its step after setup: count torchft's steps from there.
             self._replicas.set_step(self.lightning_module.trainer.global_step)
         else:
-            self._replicas.quorum()
+            try:
+                self._replicas.quorum()
+            except LighthouseLost:
+                self._save_before_stopping()
+                raise
         self._quorum_ready = False
         return super().training_step(*args, **kwargs)
+
+    def _save_before_stopping(self) -> None:
+        """The Lighthouse is lost at this step's quorum, before its forward: every rank of the
+        group failed the same quorum and holds the state of the last step it committed. Save
+        that step, unless a rank sees it saved already, so that no trained step is lost."""
+
+        module = self.lightning_module
+        trainer = module.trainer if module is not None else None
+        folder = getattr(getattr(trainer, "checkpoint_callback", None), "dirpath", None)
+        if trainer is None or folder is None or trainer.global_step == 0:
+            return
+        path = Path(folder) / f"step{trainer.global_step}.ckpt"
+        saved = torch.tensor([float((path / MANIFEST).is_file())], device=self.root_device)
+        dist.all_reduce(saved, op=dist.ReduceOp.MAX)  # the group's ranks decide alike
+        if not saved.item():
+            trainer.save_checkpoint(path, weights_only=False)
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         """Backward, then the cross-group average and commit; a step not committed runs again
