@@ -7,6 +7,7 @@ from collections import Counter
 
 from lightning_dist.checkpoint.manifest import MANIFEST
 from lightning_dist.checkpoint.weights import CheckpointInfo
+from lightning_dist.runtime.strategy_names import current_name
 
 SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 OPTIMIZER_STATE = re.compile(r"^optimizer_(\d+)\.state\..*\.([A-Za-z_]+)$")
@@ -102,6 +103,7 @@ def _layout(info: CheckpointInfo) -> str:
     if info.manifest and info.manifest.get("layout"):
         layout = dict(info.manifest["layout"])
         strategy = info.manifest.get("strategy")
+        strategy = strategy and current_name(strategy)  # a checkpoint of an old name's time
         world = layout.pop("world_size", None)
         degrees = " ".join(f"{k}={v}" for k, v in layout.items())
         head = f"strategy={strategy} " if strategy else ""

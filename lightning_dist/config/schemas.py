@@ -193,6 +193,12 @@ FSDP2Schema = _strategy_schema("fsdp2", _STRATEGIES + "fsdp2.FSDP2Strategy", "fs
 Parallel3DSchema = _strategy_schema(
     "3d", _STRATEGIES + "parallel3d.Parallel3DStrategy", "3d", "Parallel3DSchema"
 )
+DeprecatedParallel3DSchema = dataclasses.make_dataclass(
+    "DeprecatedParallel3DSchema", [], bases=(Parallel3DSchema,), kw_only=True,
+    namespace={"__module__": __name__},
+)  # fmt: skip
+"""`/schema_parallel3d`, the old name of `/schema_3d` in a user's YAML: the same fields; a config
+composed with it prints a deprecation line (`run.checks.check_config_text`)."""
 FTHSDPSchema = _strategy_schema(
     "ft_hsdp", _STRATEGIES + "ft_hsdp.FTHSDPStrategy", "ft_hsdp", "FTHSDPSchema"
 )
@@ -295,7 +301,8 @@ SCHEMAS: dict[str, type] = {
     "schema_auto": AutoSchema,
     "schema_fsdp": FSDPSchema,
     "schema_fsdp2": FSDP2Schema,
-    "schema_parallel3d": Parallel3DSchema,
+    "schema_3d": Parallel3DSchema,
+    "schema_parallel3d": DeprecatedParallel3DSchema,
     "schema_ft_hsdp": FTHSDPSchema,
 }
 """Each group config's schema, by the name its YAML's defaults list gives (`/schema_<name>`)."""

@@ -14,10 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dist.config.schemas import DeprecatedParallel3DSchema, TrainSchema
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.runtime.console import warn_once
+from lightning_dist.runtime.strategy_names import deprecation_line
 
 BYTES_PER_CPU_RANK = 0.5 * 2**30
 """What one CPU process takes before the model: Python, torch, Lightning, gloo buffers."""
@@ -137,14 +139,14 @@ def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) ->
     """The checks that import nothing a config names (no torch, no Lightning): the schema,
     the `_target_` names, the keys, the group choices and the numbers; `check_config` adds
     importing each `_target_`."""
-    from lightning_dist.config import TrainSchema
-
     if OmegaConf.get_type(cfg) is not TrainSchema:
         raise ValueError("this is not a training config; run train.py with --config-name=train")
     if choices is None:
         from hydra.core.hydra_config import HydraConfig
 
         choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    if OmegaConf.get_type(cfg.strategy) is DeprecatedParallel3DSchema:
+        warn_once(deprecation_line("schema_parallel3d"))
     check_targets(cfg, load=False)
     check_keys(cfg)
     check_choices(choices)

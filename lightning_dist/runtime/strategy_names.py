@@ -16,10 +16,32 @@ import sys
 STRATEGIES = {
     "fsdp_tuned": "lightning_dist.strategies.fsdp:TunedFSDPStrategy",
     "fsdp2": "lightning_dist.strategies.fsdp2:FSDP2Strategy",
-    "parallel3d": "lightning_dist.strategies.parallel3d:Parallel3DStrategy",
+    "3d": "lightning_dist.strategies.parallel3d:Parallel3DStrategy",
     "ft_hsdp": "lightning_dist.strategies.ft_hsdp:FTHSDPStrategy",
 }
-"""Registry name -> "module:class"; each class registers itself in `register_strategies`."""
+"""Registry name -> "module:class"; each class registers itself in `register_strategies`. Each is
+the strategy's one name (`strategy=<name>`, `/schema_<name>`, `options.PRESETS[<name>]`), but
+FSDP1's: Lightning's registry already holds `fsdp` (its own FSDPStrategy), so ours is
+`fsdp_tuned` there."""
+
+RENAMED = {
+    "parallel3d": "3d",
+    "schema_parallel3d": "schema_3d",
+}
+"""Old names that still work, old -> new: in `Trainer(strategy=...)`, a YAML's defaults list
+(`/schema_parallel3d`), a checkpoint's manifest. Each use prints `deprecation_line(old)`."""
+
+
+def deprecation_line(old: str) -> str:
+    """The one line printed where an old name is used."""
+    return (f"deprecated: the strategy name {old!r} is now {RENAMED[old]!r}; the old one still "
+            "works (runtime/strategy_names.RENAMED) but will go")  # fmt: skip
+
+
+def current_name(name: str) -> str:
+    """The name an old strategy name now has (itself when it is current)."""
+    return RENAMED.get(name, name)
+
 
 _TRIGGER = "lightning.pytorch"
 

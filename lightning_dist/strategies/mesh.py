@@ -70,7 +70,7 @@ class MeshStrategy(LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
         timeout: the process group's collective timeout.
     """
 
-    strategy_name = "parallel3d"
+    strategy_name = "3d"
     preset: str | None = "3d"
 
     def __init__(

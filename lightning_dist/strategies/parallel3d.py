@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_dist.runtime.strategy_names import register_strategies
+from lightning_dist.runtime.console import print_line
+from lightning_dist.runtime.strategy_names import deprecation_line, register_strategies
 from lightning_dist.strategies.mesh import MeshStrategy
 
 
@@ -33,14 +34,23 @@ class Parallel3DStrategy(MeshStrategy):
         timeout: the process group's collective timeout.
     """
 
-    strategy_name = "parallel3d"
+    strategy_name = "3d"
     preset = "3d"
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
-            "parallel3d", cls, description="data x tensor x pipeline parallelism (lightning_dist)"
+            "3d", cls, description="data x tensor x pipeline parallelism (lightning_dist)"
         )
+        strategy_registry.register(
+            "parallel3d", _deprecated_parallel3d, description="deprecated name of '3d'"
+        )
+
+
+def _deprecated_parallel3d(**kwargs: Any) -> Parallel3DStrategy:
+    """`Trainer(strategy="parallel3d")`, the old registry name: one deprecation line, then '3d'."""
+    print_line(deprecation_line("parallel3d"))
+    return Parallel3DStrategy(**kwargs)
 
 
 register_strategies()  # this module's names too, when it was the first to import Lightning

@@ -161,8 +161,8 @@ def test_registered_by_name_and_exported():
 
     import lightning_dist
 
-    assert "parallel3d" in StrategyRegistry
-    strategy = StrategyRegistry.get("parallel3d")
+    assert "3d" in StrategyRegistry
+    strategy = StrategyRegistry.get("3d")
     assert isinstance(strategy, lightning_dist.Parallel3DStrategy)
     assert strategy.layout.dp_shard == -1
 
