@@ -84,8 +84,10 @@ def main() -> int:
                 per_step.append(time.perf_counter() - start)
             times[v].append(statistics.median(per_step))
     base = statistics.median(times[(0, None)])
-    print("| activation_checkpointing | compile | activations (MiB) | step (s), median (min-max) "
-          "| step / none |")  # fmt: skip
+    print(
+        "| activation_checkpointing | compile | activations (MiB) | step (s), median (min-max) "
+        "| step / none |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for v in variants:
         t = times[v]

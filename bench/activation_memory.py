@@ -41,10 +41,15 @@ NAMES = {0: "none", "op": "op", "full": "full"}
 def counted(row: dict, model, batch: int, seq: int) -> dict:
     """`row` with the analytic and planner counts and the ratios added."""
     settings = TrainSettings.of(  # plain TP or one process on a CPU: no FSDP
-        global_batch_size=batch, seq_len=seq, micro_batch_size=batch,
-        precision=row["precision"], sharding="NO_SHARD", accelerator="cpu",
-        sequence_parallel=row["tp"] > 1, activation_checkpointing=row["checkpointing"],
-    )  # fmt: skip
+        global_batch_size=batch,
+        seq_len=seq,
+        micro_batch_size=batch,
+        precision=row["precision"],
+        sharding="NO_SHARD",
+        accelerator="cpu",
+        sequence_parallel=row["tp"] > 1,
+        activation_checkpointing=row["checkpointing"],
+    )
     analytic = analytic_checkpointed_layer_bytes(model, row["tp"], settings)
     planner = checkpointed_layer_bytes(model, row["tp"], settings)
     return {**row, "analytic": analytic, "planner": planner,
@@ -64,8 +69,10 @@ def failures(rows: list[dict]) -> list[str]:
     plain = {(r["tp"], r["precision"]): r["measured"] for r in rows if r["checkpointing"] == 0}
     for r in rows:
         if r["checkpointing"] == "op" and r["measured"] >= plain[r["tp"], r["precision"]]:
-            out.append(f"tp={r['tp']} {r['precision']}: op keeps {r['measured']:.0f}, "
-                       f"not less than none's {plain[r['tp'], r['precision']]:.0f}")  # fmt: skip
+            out.append(
+                f"tp={r['tp']} {r['precision']}: op keeps {r['measured']:.0f}, "
+                f"not less than none's {plain[r['tp'], r['precision']]:.0f}"
+            )
     return out
 
 
@@ -87,8 +94,14 @@ def render(rows: list[dict]) -> str:
 def measure(out: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     script = ROOT / "tests" / "dist" / "actmem_ranks.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(script),
-           str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        str(script),
+        str(out),
+    ]
     print("measuring on 2 ranks (about half a minute) ...", flush=True)
     subprocess.run(cmd, check=True, env=env, timeout=900)
     return json.loads(out.read_text())

@@ -36,9 +36,11 @@ class Outcome(NamedTuple):
     """Processes of the command still alive after it ended (killed then)."""
 
     def line(self, name: str) -> str:
-        what = {"hang": f"ran past its bound of {self.seconds:.0f} s and was killed",
-                "abort": f"aborted (status {self.code})",
-                "failed": f"exited with status {self.code}"}.get(self.status, "finished")  # fmt: skip
+        what = {
+            "hang": f"ran past its bound of {self.seconds:.0f} s and was killed",
+            "abort": f"aborted (status {self.code})",
+            "failed": f"exited with status {self.code}",
+        }.get(self.status, "finished")
         extra = f"; {self.left_behind} process(es) left behind, killed" if self.left_behind else ""
         return f"{name}: {what}{extra}" + (f": {self.cause()}" if self.status != "ok" else "")
 
@@ -46,8 +48,11 @@ class Outcome(NamedTuple):
         """The output's last line naming an error (a rank's exception, not torchrun's frame of
         '=' signs nor its closing ChildFailedError, which names no cause), else its last line."""
         lines = [line.strip() for line in self.output.splitlines() if line.strip()]
-        named = [line for line in lines if ("Error" in line or line.startswith("error:"))
-                 and "ChildFailedError" not in line]  # fmt: skip
+        named = [
+            line
+            for line in lines
+            if ("Error" in line or line.startswith("error:")) and "ChildFailedError" not in line
+        ]
         return ((named or lines or [""])[-1])[:300]
 
 
@@ -96,8 +101,14 @@ def run_bounded(cmd: list[str], *, timeout_s: float, env: dict, cwd) -> Outcome:
     marker = uuid.uuid4().hex
     with tempfile.TemporaryFile("w+") as log:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**env, MARKER: marker}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env={**env, MARKER: marker},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         hung = False
         try:
             code: int | None = proc.wait(timeout=timeout_s)

@@ -55,8 +55,10 @@ def main() -> None:
                 run_dir = Path(tmp) / f"{mode}{i}"
                 results[mode].append(run(args.steps, args.every, mode == "async", run_dir))
             print(f"repeat {i + 1} done", flush=True)
-    print(f"\nFSDP2, 2 CPU ranks, model=tiny, a sharded checkpoint every {args.every} steps; "
-          f"median (min-max) over {args.repeats} repeats, seconds:")  # fmt: skip
+    print(
+        f"\nFSDP2, 2 CPU ranks, model=tiny, a sharded checkpoint every {args.every} steps; "
+        f"median (min-max) over {args.repeats} repeats, seconds:"
+    )
     print("| save | step after a save | other steps | cost of one save |")
     print("| --- | --- | --- | --- |")
     for mode, rows in results.items():

@@ -42,8 +42,10 @@ def run_table(extra: list[str], steps: int, workdir: Path) -> list[tuple[str, fl
         train = max_relative_difference(reference["losses"], run["losses"])
         val = max_relative_difference(reference["val_losses"], run["val_losses"])
         rows.append((name, train, val))
-        print(f"{name:<16} {' '.join(extra) or 'unpacked':<24} train {train:.1e}  val {val:.1e}",
-              flush=True)  # fmt: skip
+        print(
+            f"{name:<16} {' '.join(extra) or 'unpacked':<24} train {train:.1e}  val {val:.1e}",
+            flush=True,
+        )
     return rows
 
 

@@ -194,10 +194,16 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=0, help="the first N parts (0: all)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--first-step", action="store_true",
-                        help="also time a streamed one-step run over the whole corpus")  # fmt: skip
-    parser.add_argument("--loader", action="store_true",
-                        help="loader tokens/s per format (bench/loader_rates.py's options)")  # fmt: skip
+    parser.add_argument(
+        "--first-step",
+        action="store_true",
+        help="also time a streamed one-step run over the whole corpus",
+    )
+    parser.add_argument(
+        "--loader",
+        action="store_true",
+        help="loader tokens/s per format (bench/loader_rates.py's options)",
+    )
     if "--loader" in sys.argv:
         from bench.loader_rates import main as loader_main
 
@@ -208,9 +214,11 @@ def main() -> None:
     parts = sorted((corpus / args.format).glob("part-*"))
     parts = parts[: args.files] if args.files else parts
     size = sum(p.stat().st_size for p in parts)
-    print(f"{len(parts)} {args.format} parts, {size / 2**20:.1f} MiB on disk; tokenizer "
-          f"{corpus / 'tokenizer.json'}; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"{len(parts)} {args.format} parts, {size / 2**20:.1f} MiB on disk; tokenizer "
+        f"{corpus / 'tokenizer.json'}; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
+    )
     runs: dict[int, list[dict]] = {w: [] for w in args.workers}
     control: list[float] = []
     with tempfile.TemporaryDirectory(dir=corpus) as tmp:
@@ -218,42 +226,65 @@ def main() -> None:
             order = args.workers if repeat % 2 == 0 else args.workers[::-1]
             for workers in order:
                 out = Path(tmp) / f"r{repeat}-w{workers}"
-                run = run_prepare([str(p) for p in parts], args.format,
-                                  str(corpus / "tokenizer.json"), workers, out)  # fmt: skip
+                run = run_prepare(
+                    [str(p) for p in parts],
+                    args.format,
+                    str(corpus / "tokenizer.json"),
+                    workers,
+                    out,
+                )
                 runs[workers].append(run)
                 if workers == 2 and 1 in args.workers:  # the control, beside each repeat
                     alone = [tokenizer_alone(corpus, parts, n) for n in (1, 2)]
                     control.append(alone[1] / alone[0])
-                print(f"repeat {repeat} workers {workers}: {run['tokens']:,} tokens in "
-                      f"{run['seconds']:.1f} s, {run['tokens_per_s_per_worker']:,.0f} tokens/s "
-                      f"per worker, {run['tokens_per_cpu_s']:,.0f} tokens per CPU second, peak RSS "
-                      f"{run['peak_rss'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+                print(
+                    f"repeat {repeat} workers {workers}: {run['tokens']:,} tokens in "
+                    f"{run['seconds']:.1f} s, {run['tokens_per_s_per_worker']:,.0f} tokens/s "
+                    f"per worker, {run['tokens_per_cpu_s']:,.0f} tokens per CPU second, peak RSS "
+                    f"{run['peak_rss'] / 2**20:.0f} MiB",
+                    flush=True,
+                )
         reading = read_shards(out)
-    print("\nworkers: tokens/s per worker | tokens/s in all | tokens per CPU s | peak RSS MiB"
-          " (median (min..max))")  # fmt: skip
+    print(
+        "\nworkers: tokens/s per worker | tokens/s in all | tokens per CPU s | peak RSS MiB"
+        " (median (min..max))"
+    )
     for workers, rows in runs.items():
         per = [r["tokens_per_s_per_worker"] for r in rows]
-        print(f"{workers}: {spread(per)} | {spread([p * workers for p in per])} | "
-              f"{spread([r['tokens_per_cpu_s'] for r in rows])} | "
-              f"{spread([r['peak_rss'] / 2**20 for r in rows])}")  # fmt: skip
+        print(
+            f"{workers}: {spread(per)} | {spread([p * workers for p in per])} | "
+            f"{spread([r['tokens_per_cpu_s'] for r in rows])} | "
+            f"{spread([r['peak_rss'] / 2**20 for r in rows])}"
+        )
     if 1 in runs and 2 in runs:
-        ratios = [b["tokens"] / b["seconds"] / (a["tokens"] / a["seconds"])
-                  for a, b in zip(runs[1], runs[2], strict=True)]  # fmt: skip
-        print(f"2 workers / 1 worker, tokens/s: median {statistics.median(ratios):.2f}x "
-              f"({min(ratios):.2f}..{max(ratios):.2f}) over {len(ratios)} repeats")  # fmt: skip
-        print(f"control, 2 bare tokenizers / 1 (no prepare code, same moments): median "
-              f"{statistics.median(control):.2f}x ({min(control):.2f}..{max(control):.2f}); "
-              f"load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"reading the shards: {reading['tokens_per_s']:,.0f} tokens/s "
-          f"({reading['tokens']:,} tokens into 2048-token windows, one process)")  # fmt: skip
+        ratios = [
+            b["tokens"] / b["seconds"] / (a["tokens"] / a["seconds"])
+            for a, b in zip(runs[1], runs[2], strict=True)
+        ]
+        print(
+            f"2 workers / 1 worker, tokens/s: median {statistics.median(ratios):.2f}x "
+            f"({min(ratios):.2f}..{max(ratios):.2f}) over {len(ratios)} repeats"
+        )
+        print(
+            f"control, 2 bare tokenizers / 1 (no prepare code, same moments): median "
+            f"{statistics.median(control):.2f}x ({min(control):.2f}..{max(control):.2f}); "
+            f"load average now {os.getloadavg()[0]:.1f}"
+        )
+    print(
+        f"reading the shards: {reading['tokens_per_s']:,.0f} tokens/s "
+        f"({reading['tokens']:,} tokens into 2048-token windows, one process)"
+    )
     if args.first_step:
         with tempfile.TemporaryDirectory(dir=corpus) as tmp:
             for workers in (0, 2):
                 run = first_streamed_step(corpus, args.format, workers, Path(tmp) / f"w{workers}")
-                print(f"streamed, data.num_workers={workers}: launch to the end of step 1 in "
-                      f"{run['seconds']:.1f} s ({len(list((corpus / args.format).iterdir()))} "
-                      f"files, {_tree_bytes(corpus / args.format) / 2**30:.2f} GiB on disk; load "
-                      f"average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+                print(
+                    f"streamed, data.num_workers={workers}: launch to the end of step 1 in "
+                    f"{run['seconds']:.1f} s ({len(list((corpus / args.format).iterdir()))} "
+                    f"files, {_tree_bytes(corpus / args.format) / 2**30:.2f} GiB on disk; load "
+                    f"average {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
 
 
 def _tree_bytes(folder: Path) -> int:

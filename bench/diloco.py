@@ -40,8 +40,14 @@ from paired import QUIET, ROOT, interleaved, ratios, spread, train  # noqa: E402
 
 H = 8
 DELAY_MS = 200
-BASE = ["model=llama_debug", "data=text", "data.seq_len=32", "data.global_batch_size=8",
-        "strategy=ddp", "hardware.devices=2"]  # fmt: skip
+BASE = [
+    "model=llama_debug",
+    "data=text",
+    "data.seq_len=32",
+    "data.global_batch_size=8",
+    "strategy=ddp",
+    "hardware.devices=2",
+]
 LOSS_RUNS = {
     "ddp": [],
     f"diloco H={H}": [f"strategy.diloco_inner_steps={H}"],
@@ -71,8 +77,10 @@ def throughput(repeats: int, cycles: int) -> tuple[dict[str, list[float]], list[
     # The default callbacks but the comm monitor: callbacks=none would put Lightning's own
     # progress bar, which redraws every step, in place of ours (every 10 steps).
     delay = [f"strategy.simulate_delay_ms={DELAY_MS}", f"trainer.max_steps={steps}", *QUIET]
-    configs = {f"ddp, {DELAY_MS} ms": [*BASE, *delay],
-               f"diloco H={H}, {DELAY_MS} ms": [*BASE, *delay, f"strategy.diloco_inner_steps={H}"]}  # fmt: skip
+    configs = {
+        f"ddp, {DELAY_MS} ms": [*BASE, *delay],
+        f"diloco H={H}, {DELAY_MS} ms": [*BASE, *delay, f"strategy.diloco_inner_steps={H}"],
+    }
     runs = interleaved(configs, repeats, lambda s: f"{cycle_tokens_per_sec(s, cycles):,.0f} tok/s")
     rates = {name: [cycle_tokens_per_sec(s, cycles) for s in runs[name]] for name in configs}
     ddp, diloco = list(configs)
@@ -87,12 +95,21 @@ def losses(steps: int, out: Path, seeds: tuple[int, ...]) -> tuple[dict, list[tu
     with tempfile.TemporaryDirectory(prefix="bench-diloco-") as tmp:
         for seed in seeds:
             for name, extra in LOSS_RUNS.items():
-                overrides = [*BASE, *extra, *quiet, f"trainer.max_steps={steps}",
-                             f"trainer.val_check_interval={steps}", f"seed={seed}"]  # fmt: skip
+                overrides = [
+                    *BASE,
+                    *extra,
+                    *quiet,
+                    f"trainer.max_steps={steps}",
+                    f"trainer.val_check_interval={steps}",
+                    f"seed={seed}",
+                ]
                 folder = "".join(c if c.isalnum() else "_" for c in f"{name}_{seed}")
                 runs[name][seed] = train(overrides, Path(tmp) / folder)  # Hydra reads the path
-                print(f"  seed {seed} {name}: validation loss "
-                      f"{runs[name][seed]['final_val_loss']:.4f}", flush=True)  # fmt: skip
+                print(
+                    f"  seed {seed} {name}: validation loss "
+                    f"{runs[name][seed]['final_val_loss']:.4f}",
+                    flush=True,
+                )
 
     def gaps(name: str, value) -> str:
         rel = [value(runs[name][s]) / value(runs["ddp"][s]) - 1 for s in seeds]
@@ -107,13 +124,23 @@ def losses(steps: int, out: Path, seeds: tuple[int, ...]) -> tuple[dict, list[tu
     rows = []
     for name in LOSS_RUNS:
         per_seed = [runs[name][s] for s in seeds]
-        rows.append((name, " / ".join(f"{val(s):.4f}" for s in per_seed), gaps(name, val),
-                     gaps(name, last20), f"{statistics.median(s['tokens_per_sec'] for s in per_seed):,.0f}"))  # fmt: skip
+        rows.append(
+            (
+                name,
+                " / ".join(f"{val(s):.4f}" for s in per_seed),
+                gaps(name, val),
+                gaps(name, last20),
+                f"{statistics.median(s['tokens_per_sec'] for s in per_seed):,.0f}",
+            )
+        )
     from lightning_dist.run.report_pages import write_loss_comparison
 
     first = seeds[0]
-    write_loss_comparison({n: runs[n][first] for n in LOSS_RUNS}, out / "loss_curves.png",
-                          f"llama_debug, stdlib text, 2 replicas, seed {first}")  # fmt: skip
+    write_loss_comparison(
+        {n: runs[n][first] for n in LOSS_RUNS},
+        out / "loss_curves.png",
+        f"llama_debug, stdlib text, 2 replicas, seed {first}",
+    )
     return runs, rows
 
 
@@ -141,8 +168,13 @@ def main() -> int:
     if "loss" not in args.skip:
         print(f"loss after {args.loss_steps} steps:", flush=True)
         runs, rows = losses(args.loss_steps, args.out, SEEDS)
-        record["losses"] = {n: {str(seed): {"losses": s["losses"], "val_losses": s["val_losses"]}
-                                for seed, s in by_seed.items()} for n, by_seed in runs.items()}  # fmt: skip
+        record["losses"] = {
+            n: {
+                str(seed): {"losses": s["losses"], "val_losses": s["val_losses"]}
+                for seed, s in by_seed.items()
+            }
+            for n, by_seed in runs.items()
+        }
         text += [f"Loss after {args.loss_steps} steps ({args.loss_steps * 8 * 32:,} tokens), no "
                  f"delay, seeds {', '.join(map(str, SEEDS))}; gaps to DDP of the same seed, mean "
                  f"(min to max); curves of seed {SEEDS[0]}: loss_curves.png.", "",

@@ -84,8 +84,14 @@ def mib(value: float) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    head = ["configuration", "layout (rep x shard)", *COLUMNS, "model state",
-            "peak per rank (allocator/RSS)", "median step s"]  # fmt: skip
+    head = [
+        "configuration",
+        "layout (rep x shard)",
+        *COLUMNS,
+        "model state",
+        "peak per rank (allocator/RSS)",
+        "median step s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in results.items():
         worst = {k: max(m[k] for m in s["memory_by_category"] if m) for k in COLUMNS}
@@ -93,8 +99,14 @@ def table(results: dict[str, dict]) -> str:
         peaks = "/".join(mib(p) for p in s["peak_memory_bytes"])
         seconds = step_seconds(s)
         layout = f"{s['layout']['dp_replicate']} x {s['layout']['dp_shard']}"
-        cells = [name, layout, *(mib(worst[k]) for k in COLUMNS), mib(state), peaks,
-                 f"{seconds:.3f}" if seconds else "n/a"]  # fmt: skip
+        cells = [
+            name,
+            layout,
+            *(mib(worst[k]) for k in COLUMNS),
+            mib(state),
+            peaks,
+            f"{seconds:.3f}" if seconds else "n/a",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "there. The first row is Lightning's FSDPStrategy defaults (FULL_SHARD, the whole model "
         "as one FSDP unit, no forward prefetch) run through TunedFSDPStrategy, because stock "
         "Lightning cannot start FSDP on a CPU.\n\n"
-    )  # fmt: skip
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(header + text + "\n")
     print(f"written: {args.out}")

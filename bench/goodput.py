@@ -36,8 +36,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-       "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}  # fmt: skip
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "WANDB_MODE": "offline",
+    "LIGHTNING_DIST_ALLOW_TARGETS": "tests.",
+}
 SCRIPT = str(ROOT / "tests" / "toy_train.py")
 
 
@@ -53,8 +57,11 @@ def restart_job(args: argparse.Namespace, faulty: bool, run_dir: Path) -> list[s
            *_common(args), f"trainer.checkpoint.every_n_train_steps={args.checkpoint_every}",
            "trainer.resume=auto", f"hydra.run.dir={run_dir}"]  # fmt: skip
     if faulty:
-        cmd += ["+callbacks.kill._target_=tests.faults.KillEvery",
-                f"+callbacks.kill.every={args.fail_at}", "+callbacks.kill.times=1"]  # fmt: skip
+        cmd += [
+            "+callbacks.kill._target_=tests.faults.KillEvery",
+            f"+callbacks.kill.every={args.fail_at}",
+            "+callbacks.kill.times=1",
+        ]
     return cmd
 
 
@@ -76,8 +83,9 @@ def run(mode: str, args: argparse.Namespace, faulty: bool, run_dir: Path) -> dic
     wall = time.perf_counter() - started
     if result.returncode:
         raise SystemExit(f"{mode} job failed:\n{(result.stdout + result.stderr)[-3000:]}")
-    summary = json.loads(((run_dir / "group0") if mode == "live" else run_dir)
-                         .joinpath("summary.json").read_text())  # fmt: skip
+    summary = json.loads(
+        ((run_dir / "group0") if mode == "live" else run_dir).joinpath("summary.json").read_text()
+    )
     assert summary["steps"] == args.steps, summary["steps"]
     groups = summary.get("replica_groups_per_step")
     samples = sum(groups) / (2 * len(groups)) if groups else 1.0
@@ -102,15 +110,25 @@ def main() -> None:
             for mode in modes:
                 free = run(mode, args, False, Path(tmp) / f"{mode}-free{i}")
                 faulty = run(mode, args, True, Path(tmp) / f"{mode}-faulty{i}")
-                rows[mode].append({"goodput": free["wall"] / faulty["wall"],
-                                   "lost": faulty["wall"] - free["wall"],
-                                   "samples": faulty["samples"], "free_wall": free["wall"],
-                                   "faulty_wall": faulty["wall"]})  # fmt: skip
-                print(f"repeat {i + 1} {mode}: failure-free {free['wall']:.1f} s, with one "
-                      f"failure {faulty['wall']:.1f} s", flush=True)  # fmt: skip
-    print(f"\n{args.steps} steps of {args.step_sleep} s + compute, one rank killed at step "
-          f"{args.fail_at}; restart: checkpoint every {args.checkpoint_every} steps; median "
-          f"(min-max) over {args.repeats} repeats:")  # fmt: skip
+                rows[mode].append(
+                    {
+                        "goodput": free["wall"] / faulty["wall"],
+                        "lost": faulty["wall"] - free["wall"],
+                        "samples": faulty["samples"],
+                        "free_wall": free["wall"],
+                        "faulty_wall": faulty["wall"],
+                    }
+                )
+                print(
+                    f"repeat {i + 1} {mode}: failure-free {free['wall']:.1f} s, with one "
+                    f"failure {faulty['wall']:.1f} s",
+                    flush=True,
+                )
+    print(
+        f"\n{args.steps} steps of {args.step_sleep} s + compute, one rank killed at step "
+        f"{args.fail_at}; restart: checkpoint every {args.checkpoint_every} steps; median "
+        f"(min-max) over {args.repeats} repeats:"
+    )
     labels = (("goodput", "goodput (failure-free wall / faulty wall)"),
               ("lost", "seconds lost per failure"), ("samples", "sample goodput"),
               ("free_wall", "failure-free wall s"), ("faulty_wall", "faulty wall s"))  # fmt: skip
@@ -118,8 +136,10 @@ def main() -> None:
         print(f"  {mode}")
         for key, label in labels:
             values = [r[key] for r in rows[mode]]
-            print(f"    {label:44s} {statistics.median(values):8.3f}  "
-                  f"({min(values):.3f}-{max(values):.3f})")  # fmt: skip
+            print(
+                f"    {label:44s} {statistics.median(values):8.3f}  "
+                f"({min(values):.3f}-{max(values):.3f})"
+            )
 
 
 if __name__ == "__main__":

@@ -78,8 +78,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-KNOWN_GPUS = {"H100 PCIe": "gpu", "H100 NVL": "gpu", "H200": "dgx_h200", "H100": "dgx_h100",
-              "A100": "dgx_a100", "4090": "rtx4090_x4"}  # fmt: skip
+KNOWN_GPUS = {
+    "H100 PCIe": "gpu",
+    "H100 NVL": "gpu",
+    "H200": "dgx_h200",
+    "H100": "dgx_h100",
+    "A100": "dgx_a100",
+    "4090": "rtx4090_x4",
+}
 """GPU name fragment -> the lightning_dist/conf/hardware spec whose per-device figures apply, first match
 ("gpu": no datasheet figures, so no MFU; the PCIe and NVL H100s have other peaks than SXM)."""
 
@@ -97,8 +103,12 @@ class Row:
     extra: tuple[str, ...] = ()
 
     def name(self, model: str) -> str:
-        parts = [model, self.strategy if self.devices == 1 else f"{self.strategy} x{self.devices}",
-                 "fp8" if self.float8 else "bf16", f"ac={self.checkpointing}"]  # fmt: skip
+        parts = [
+            model,
+            self.strategy if self.devices == 1 else f"{self.strategy} x{self.devices}",
+            "fp8" if self.float8 else "bf16",
+            f"ac={self.checkpointing}",
+        ]
         return " ".join(parts + (["compile"] if self.compile else []))
 
     def overrides(self, backend: str) -> list[str]:
@@ -162,8 +172,9 @@ class Profile:
         ]  # fmt: skip
 
 
-def gpu_profile(budget_s: float, steps: int, spec: str | None = None,
-                memory_gib: float | None = None) -> Profile:  # fmt: skip
+def gpu_profile(
+    budget_s: float, steps: int, spec: str | None = None, memory_gib: float | None = None
+) -> Profile:
     """4,096 tokens a sequence on the hardware spec of the GPU found (so MFU and the planner
     use its datasheet) with the memory the device reports; or on `spec` with its own memory
     (`--plan`, no GPU needed)."""
@@ -178,19 +189,36 @@ def gpu_profile(budget_s: float, steps: int, spec: str | None = None,
         hardware += (f"hardware.memory_gib={memory_gib:.1f}",)
     return Profile(
         models={"small": "llama3_1b", "large": "llama3_8b"},
-        seq_len={"small": 4096, "large": 2048}, global_batch={"small": 4, "large": 1}, loss_chunk_tokens=4096, steps=steps,
-        compile_backend="inductor", budget_s=budget_s, row_limit_s=180, startup_guess_s=30,
-        compile_guess_s=90, source="measured-gpu", hardware=hardware,
-    )  # fmt: skip
+        seq_len={"small": 4096, "large": 2048},
+        global_batch={"small": 4, "large": 1},
+        loss_chunk_tokens=4096,
+        steps=steps,
+        compile_backend="inductor",
+        budget_s=budget_s,
+        row_limit_s=180,
+        startup_guess_s=30,
+        compile_guess_s=90,
+        source="measured-gpu",
+        hardware=hardware,
+    )
 
 
 def rehearsal_profile(budget_s: float, steps: int) -> Profile:
     return Profile(
-        models={"small": "llama_debug", "large": "tiny"}, seq_len={"small": 128, "large": 128},
-        global_batch={"small": 4, "large": 2}, loss_chunk_tokens=256, steps=steps,
-        compile_backend="aot_eager", budget_s=budget_s, row_limit_s=60, startup_guess_s=5,
-        compile_guess_s=10, source="measured-cpu", rehearsal=True, hardware=("hardware=cpu",),
-    )  # fmt: skip
+        models={"small": "llama_debug", "large": "tiny"},
+        seq_len={"small": 128, "large": 128},
+        global_batch={"small": 4, "large": 2},
+        loss_chunk_tokens=256,
+        steps=steps,
+        compile_backend="aot_eager",
+        budget_s=budget_s,
+        row_limit_s=60,
+        startup_guess_s=5,
+        compile_guess_s=10,
+        source="measured-cpu",
+        rehearsal=True,
+        hardware=("hardware=cpu",),
+    )
 
 
 # --- one row in a child process -------------------------------------------------------------
@@ -229,8 +257,9 @@ class RowRunner:
             [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         )
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["torch", "lightning", "hydra", "lightning_dist.train",
-                                         "lightning_dist.config"])  # fmt: skip
+        self.ctx.set_forkserver_preload(
+            ["torch", "lightning", "hydra", "lightning_dist.train", "lightning_dist.config"]
+        )
         self.warmed = False
 
     def warm(self) -> None:
@@ -240,8 +269,9 @@ class RowRunner:
         child.join()
         self.warmed = True
 
-    def run(self, overrides: list[str], run_dir: Path, limit_s: float,
-            devices: int = 1) -> tuple[dict, float]:  # fmt: skip
+    def run(
+        self, overrides: list[str], run_dir: Path, limit_s: float, devices: int = 1
+    ) -> tuple[dict, float]:
         """(the child's result, its wall seconds); {"error": ...} on a timeout or a crash. A row
         on more than one device runs `python train.py` (Lightning starts its other ranks from
         that command line), in a session of its own that a timeout ends whole."""
@@ -276,8 +306,11 @@ class RowRunner:
         with open(run_dir / "log.txt", "w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 code = proc.wait(limit_s)
             except subprocess.TimeoutExpired:
@@ -287,8 +320,11 @@ class RowRunner:
         wall = time.perf_counter() - start
         summary = run_dir / "summary.json"
         if code != 0 or not summary.exists():
-            errors = [ln for ln in (run_dir / "log.txt").read_text().splitlines()
-                      if ln.startswith("error:")]  # fmt: skip
+            errors = [
+                ln
+                for ln in (run_dir / "log.txt").read_text().splitlines()
+                if ln.startswith("error:")
+            ]
             return {"error": (errors or [f"train.py exited {code}"])[0][:200]}, wall
         return {"summary": json.loads(summary.read_text())}, wall
 
@@ -324,13 +360,19 @@ def predict(overrides: list[str], rehearsal: bool) -> tuple[object, dict[str, fl
     candidate = planner_predict(overrides)
     world = candidate.layout.world_size
     memory = candidate.memory.total if rehearsal else candidate.memory.tensors
-    return candidate, {"tokens/s": candidate.time.tokens_per_sec / world,
-                       "MFU": candidate.time.mfu, "peak GiB": memory}  # fmt: skip
+    return candidate, {
+        "tokens/s": candidate.time.tokens_per_sec / world,
+        "MFU": candidate.time.mfu,
+        "peak GiB": memory,
+    }
 
 
 def measured(summary: dict) -> dict[str, float | None]:
-    return {"tokens/s": (summary["tokens_per_sec"] or 0) / summary["world_size"] or None,
-            "MFU": summary["mfu"], "peak GiB": max(summary["peak_memory_bytes"] or [0]) or None}  # fmt: skip
+    return {
+        "tokens/s": (summary["tokens_per_sec"] or 0) / summary["world_size"] or None,
+        "MFU": summary["mfu"],
+        "peak GiB": max(summary["peak_memory_bytes"] or [0]) or None,
+    }
 
 
 class Budget:
@@ -377,12 +419,17 @@ class Budget:
 def selected(profile: Profile, slot: str | None, pattern: str | None) -> list[Row]:
     """The rows of one model slot (`--only`, or both) whose names (`llama3_1b 3d fp8 ac=op
     compile`, ...) match the regular expression `pattern` (`--rows`, or all)."""
-    return [row for row in ROWS if (slot is None or row.slot == slot)
-            and (pattern is None or re.search(pattern, row.name(profile.models[row.slot])))]  # fmt: skip
+    return [
+        row
+        for row in ROWS
+        if (slot is None or row.slot == slot)
+        and (pattern is None or re.search(pattern, row.name(profile.models[row.slot])))
+    ]
 
 
-def run_rows(profile: Profile, rows, devices: int, workdir: Path, runner: RowRunner | None,
-             after_each=None) -> list[Outcome]:  # fmt: skip
+def run_rows(
+    profile: Profile, rows, devices: int, workdir: Path, runner: RowRunner | None, after_each=None
+) -> list[Outcome]:
     """Plan, run and print each row; `after_each(outcomes)` after every row (the results are
     written as they come, so a run cut short keeps what it measured)."""
     budget = Budget(profile)
@@ -434,8 +481,10 @@ def _cell(column: str, measured: float | None, predicted: float | None) -> str:
     return f"{show(measured)} / {show(predicted)}{error}"
 
 
-HEADER = ("| row | tokens/s, measured / planner (error) | MFU | peak GiB | wall s | note |\n"
-          "| --- | --- | --- | --- | ---: | --- |")  # fmt: skip
+HEADER = (
+    "| row | tokens/s, measured / planner (error) | MFU | peak GiB | wall s | note |\n"
+    "| --- | --- | --- | --- | ---: | --- |"
+)
 
 
 def render_row(out: Outcome) -> str:
@@ -460,15 +509,25 @@ def calibration_rows(profile: Profile, outcomes: list[Outcome], hardware_name: s
             value = out.measured.get(column)
             if value is None:
                 continue
-            rows.append(CalibrationRow(
-                source=profile.source, quantity=quantity, measured=value,
-                predicted=out.predicted.get(column), model=profile.models[out.row.slot],
-                hardware=hardware_name, layout=out.name, overrides=tuple(out.overrides),
-                planner_layout=out.planner_layout, precision="bf16-mixed",
-                seq_len=profile.seq_len[out.row.slot],
-                global_batch_size=profile.global_batch[out.row.slot] * out.row.devices,
-                origin=origin, date=today, notes=device,
-            ))  # fmt: skip
+            rows.append(
+                CalibrationRow(
+                    source=profile.source,
+                    quantity=quantity,
+                    measured=value,
+                    predicted=out.predicted.get(column),
+                    model=profile.models[out.row.slot],
+                    hardware=hardware_name,
+                    layout=out.name,
+                    overrides=tuple(out.overrides),
+                    planner_layout=out.planner_layout,
+                    precision="bf16-mixed",
+                    seq_len=profile.seq_len[out.row.slot],
+                    global_batch_size=profile.global_batch[out.row.slot] * out.row.devices,
+                    origin=origin,
+                    date=today,
+                    notes=device,
+                )
+            )
     return rows
 
 
@@ -481,8 +540,11 @@ def merge(path: Path, into: Path | None = None) -> int:
     rows = load(path).rows
     rehearsed = sorted({r.source for r in rows} - {"measured-gpu"})
     if rehearsed:
-        print(f"error: {path} holds {', '.join(rehearsed)} rows (a --rehearse run's); only a GPU "
-              "run's rows (measured-gpu) go into the calibration", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {path} holds {', '.join(rehearsed)} rows (a --rehearse run's); only a GPU "
+            "run's rows (measured-gpu) go into the calibration",
+            file=sys.stderr,
+        )
         return 2
     save(load(into).with_rows(rows), into)
     print(f"merged {len(rows)} rows of {path} into {into}")
@@ -499,8 +561,10 @@ def _pattern(text: str) -> str:
 
 def _no_rows(args) -> int:
     asked = " ".join(f"--{k} {v!r}" for k, v in (("only", args.only), ("rows", args.rows)) if v)
-    print(f"error: no row matches {asked}; the row names are in the table of a plain run",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"error: no row matches {asked}; the row names are in the table of a plain run",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -512,10 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, help="optimizer steps a row (10 on GPU, 4 rehearsed)")
     parser.add_argument("--only", choices=("small", "large"), help="the rows of one model slot")
-    parser.add_argument("--rows", metavar="REGEX", type=_pattern,
-                        help="only the rows whose names match (e.g. 'fp8|fsdp2')")  # fmt: skip
-    parser.add_argument("--devices", type=int, help="CPU processes a rehearsed multi-device row "
-                        "may use (default 2; 1 skips those rows)")  # fmt: skip
+    parser.add_argument(
+        "--rows",
+        metavar="REGEX",
+        type=_pattern,
+        help="only the rows whose names match (e.g. 'fp8|fsdp2')",
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        help="CPU processes a rehearsed multi-device row may use (default 2; 1 skips those rows)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--merge", type=Path, help="add a gpu-rows.json to the calibration; no run")
     parser.add_argument(
@@ -550,8 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         return _no_rows(args)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    print(f"{device}: {len(rows)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
-          f"steps a row, {profile.compile_backend}\n{HEADER}", flush=True)  # fmt: skip
+    print(
+        f"{device}: {len(rows)} rows, a budget of {profile.budget_s:.0f} s, {profile.steps} "
+        f"steps a row, {profile.compile_backend}\n{HEADER}",
+        flush=True,
+    )
     hardware_name = profile.hardware[0].split("=", 1)[1]
     args.out.mkdir(parents=True, exist_ok=True)
     from lightning_dist.planner.calibration import Calibration, save
@@ -568,8 +642,11 @@ def main(argv: list[str] | None = None) -> int:
     calibration = write(outcomes)
     ran = sum(1 for o in outcomes if o.measured)
     failed = [o.name for o in outcomes if o.error]
-    print(f"{ran} rows measured, {len(failed)} failed, {len(outcomes) - ran - len(failed)} "
-          f"skipped; {len(calibration)} calibration rows in {args.out / 'gpu-rows.json'}", flush=True)  # fmt: skip
+    print(
+        f"{ran} rows measured, {len(failed)} failed, {len(outcomes) - ran - len(failed)} "
+        f"skipped; {len(calibration)} calibration rows in {args.out / 'gpu-rows.json'}",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -89,14 +89,27 @@ def build_site(target: Path = SITE) -> int:
     """pip-install CARRIED (this environment's versions, no dependencies) into `target`."""
     pins = [f"{name}=={metadata.version(name)}" for name in CARRIED]
     shutil.rmtree(target, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-           "--target", str(target), *pins]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-compile",
+        "--target",
+        str(target),
+        *pins,
+    ]
     subprocess.run(cmd, check=True)
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     print(f"{target}: {', '.join(pins)}; {size / 2**20:.1f} MiB")
     if size > CARRY_LIMIT_BYTES:
-        print(f"error: {size / 2**20:.1f} MiB is over the {CARRY_LIMIT_BYTES / 2**20:.0f} MiB "
-              "meant to travel with a checkout", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {size / 2**20:.1f} MiB is over the {CARRY_LIMIT_BYTES / 2**20:.0f} MiB "
+            "meant to travel with a checkout",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -109,9 +122,15 @@ def shaped(cmd: list[str], site: str) -> int:
         image = Path(tmp) / "image"
         link(closure(IMAGE), image)
         purelib = subprocess.run(
-            [str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            [
+                str(env_dir / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         Path(purelib, "gpu_image.pth").write_text(f"{image}\n")
         if site == "here":
             carried = Path(tmp) / "carried"
@@ -119,8 +138,11 @@ def shaped(cmd: list[str], site: str) -> int:
         else:
             carried = Path(site)
             if not carried.is_dir():
-                print(f"error: no carried site at {carried}; build it with "
-                      "`python bench/gpu_env.py site`, or pass --site here", file=sys.stderr)  # fmt: skip
+                print(
+                    f"error: no carried site at {carried}; build it with "
+                    "`python bench/gpu_env.py site`, or pass --site here",
+                    file=sys.stderr,
+                )
                 return 2
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(carried.resolve())])

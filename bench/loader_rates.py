@@ -57,8 +57,10 @@ def write_corpus(folder: Path, fmt: str, docs: list[str]) -> dict:
         path.write_bytes(body)
         return {"path": str(path), "format": "jsonl"}
     if fmt == "chat":  # each document a prompt (its first half) and a response (the rest)
-        body = "".join(json.dumps({"prompt": d[: len(d) // 2], "response": d[len(d) // 2 :]})
-                       + "\n" for d in docs)  # fmt: skip
+        body = "".join(
+            json.dumps({"prompt": d[: len(d) // 2], "response": d[len(d) // 2 :]}) + "\n"
+            for d in docs
+        )
         (folder / "chat.jsonl").write_text(body)
         return {"path": str(folder / "chat.jsonl"), "format": "chat"}
     if fmt == "parquet":
@@ -87,8 +89,14 @@ def loader_rate(source: dict, cache: Path, *, seq_len: int, batch: int, batches:
     from lightning_dist.lm.data import MixtureDataModule
 
     start = time.perf_counter()
-    module = MixtureDataModule(sources=[source], seq_len=seq_len, global_batch_size=batch,
-                               vocab_size=512, cache_dir=str(cache), num_workers=0)  # fmt: skip
+    module = MixtureDataModule(
+        sources=[source],
+        seq_len=seq_len,
+        global_batch_size=batch,
+        vocab_size=512,
+        cache_dir=str(cache),
+        num_workers=0,
+    )
     module.prepare_data()
     module.setup("fit")
     prepare_s = time.perf_counter() - start
@@ -99,8 +107,10 @@ def loader_rate(source: dict, cache: Path, *, seq_len: int, batch: int, batches:
         for _ in zip(range(batches - seen), loader, strict=False):
             seen += 1
     seconds = time.perf_counter() - start
-    return {"tokens_per_s_per_worker": round(batches * batch * seq_len / seconds),
-            "prepare_s": round(prepare_s, 2)}  # fmt: skip
+    return {
+        "tokens_per_s_per_worker": round(batches * batch * seq_len / seconds),
+        "prepare_s": round(prepare_s, 2),
+    }
 
 
 def main() -> None:
@@ -113,18 +123,35 @@ def main() -> None:
     parser.add_argument("--output", default=str(TABLE))
     args = parser.parse_args()
     docs = documents(args.docs)
-    formats = ["text", "jsonl", "jsonl.zst", "parquet", "hf_disk", "tokens", "megatron", "chat",
-               "streamed"]  # fmt: skip
+    formats = [
+        "text",
+        "jsonl",
+        "jsonl.zst",
+        "parquet",
+        "hf_disk",
+        "tokens",
+        "megatron",
+        "chat",
+        "streamed",
+    ]
     rates = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in formats:
             folder = Path(tmp) / fmt.replace(".", "_")
             folder.mkdir()
             source = write_corpus(folder, fmt, docs)
-            rates[fmt] = loader_rate(source, Path(tmp) / "cache", seq_len=args.seq_len,
-                                     batch=args.batch, batches=args.batches)  # fmt: skip
-            print(f"{fmt}: {rates[fmt]['tokens_per_s_per_worker']:,} tokens/s per worker "
-                  f"(prepared in {rates[fmt]['prepare_s']} s)", flush=True)  # fmt: skip
+            rates[fmt] = loader_rate(
+                source,
+                Path(tmp) / "cache",
+                seq_len=args.seq_len,
+                batch=args.batch,
+                batches=args.batches,
+            )
+            print(
+                f"{fmt}: {rates[fmt]['tokens_per_s_per_worker']:,} tokens/s per worker "
+                f"(prepared in {rates[fmt]['prepare_s']} s)",
+                flush=True,
+            )
     table = {
         "what": "tokens/s of one DataLoader worker of a prepared source, per format "
                 "(bench/loader_rates.py); read by lightning_dist/run/data_rate.py",

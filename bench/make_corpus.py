@@ -86,13 +86,19 @@ def write_corpus(output: Path, size: int, part_bytes: int, seed: int) -> list[Pa
             for i, doc in enumerate(batch):
                 out.write(json.dumps({"id": f"{part}-{i}", "text": doc}).encode() + b"\n")
         table = pa.table({"id": [f"{part}-{i}" for i in range(len(batch))], "text": batch})
-        pq.write_table(table, output / "parquet" / f"part-{part:05d}.parquet",
-                       row_group_size=2048, compression="zstd")  # fmt: skip
+        pq.write_table(
+            table,
+            output / "parquet" / f"part-{part:05d}.parquet",
+            row_group_size=2048,
+            compression="zstd",
+        )
         parts.append(path)
         written += batch_bytes
         part += 1
-        print(f"part {part}: {written / 2**20:,.0f} MiB of text, "
-              f"{time.perf_counter() - start:.0f} s", file=sys.stderr)  # fmt: skip
+        print(
+            f"part {part}: {written / 2**20:,.0f} MiB of text, {time.perf_counter() - start:.0f} s",
+            file=sys.stderr,
+        )
     return parts
 
 
@@ -103,9 +109,12 @@ def train_tokenizer(output: Path, sample_bytes: int, vocab: int, seed: int) -> P
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
 
     def sample():
         seen = 0
@@ -136,8 +145,10 @@ def main() -> None:
     corpus_s = time.perf_counter() - start
     os.environ.setdefault("RAYON_NUM_THREADS", str(os.cpu_count() or 1))
     path = train_tokenizer(output, args.sample_mb << 20, args.vocab, args.seed)
-    print(f"{len(parts)} parts in {output}/jsonl and {output}/parquet ({corpus_s:.0f} s); "
-          f"tokenizer {path} ({time.perf_counter() - start - corpus_s:.0f} s)")  # fmt: skip
+    print(
+        f"{len(parts)} parts in {output}/jsonl and {output}/parquet ({corpus_s:.0f} s); "
+        f"tokenizer {path} ({time.perf_counter() - start - corpus_s:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -71,8 +71,11 @@ class Runner:
                 try:
                     times = json.loads(result.read_text())["step_seconds"]
                 except (OSError, ValueError, KeyError) as e:
-                    print(f"warning: {kind}: finished but wrote no step times ({e}; {note})",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"warning: {kind}: finished but wrote no step times ({e}; {note})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     continue
                 self.step_seconds.setdefault(kind, []).extend(times)
                 return times
@@ -84,8 +87,10 @@ class Runner:
 def _ratios(numerators: list[float | None], denominators: list[float | None]) -> list:
     """Per-repeat ratios: each repeat's runs ran back to back, under the same load; None where
     either run of the repeat failed."""
-    return [n / d if n is not None and d is not None else None
-            for n, d in zip(numerators, denominators, strict=True)]  # fmt: skip
+    return [
+        n / d if n is not None and d is not None else None
+        for n, d in zip(numerators, denominators, strict=True)
+    ]
 
 
 def steps_per_sec(step_seconds: list[float] | None, warmup: int) -> float | None:
@@ -135,8 +140,11 @@ def main() -> int:
                     cmd, result = lightning_command(strategy, args.steps, run_dir, cb)
                     times = runner.times(f"{strategy} {name}", cmd, result)
                     rates[name].append(steps_per_sec(times, args.warmup))
-                print(f"{strategy} repeat {rep + 1}: " + ", ".join(
-                    f"{k} {_rate(v[-1])}" for k, v in rates.items()), flush=True)  # fmt: skip
+                print(
+                    f"{strategy} repeat {rep + 1}: "
+                    + ", ".join(f"{k} {_rate(v[-1])}" for k, v in rates.items()),
+                    flush=True,
+                )
             ratios = {
                 "off / raw": _ratios(rates["bare"], rates["raw"]),
                 "on / raw": _ratios(rates["full"], rates["raw"]),
@@ -169,8 +177,10 @@ def main() -> int:
         with open(ROOT / "docs" / "BENCHMARKS.md", "a") as f:
             f.write(header + table + "\n")
     if runner.failed:
-        print(f"error: {len(runner.failed)} run(s) failed twice: {', '.join(runner.failed)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {len(runner.failed)} run(s) failed twice: {', '.join(runner.failed)}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -17,8 +17,13 @@ from bounded import run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-QUIET = ["~callbacks.comm", "trainer.memory_by_category_step=0", "logger=none",
-         "trainer.val_check_interval=null", "trainer.num_sanity_val_steps=0"]  # fmt: skip
+QUIET = [
+    "~callbacks.comm",
+    "trainer.memory_by_category_step=0",
+    "logger=none",
+    "trainer.val_check_interval=null",
+    "trainer.num_sanity_val_steps=0",
+]
 """Telemetry a timing does not need (the comm monitor's profiled step, MemTracker's step)."""
 
 
@@ -33,8 +38,13 @@ def train(overrides: list[str], run_dir: Path, timeout_s: float = 900.0) -> dict
     return json.loads(summary.read_text())
 
 
-def interleaved(configs: dict[str, list[str]], repeats: int, describe: Callable[[dict], str],
-                *, log: Callable[[str], None] = print) -> dict[str, list[dict]]:  # fmt: skip
+def interleaved(
+    configs: dict[str, list[str]],
+    repeats: int,
+    describe: Callable[[dict], str],
+    *,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[dict]]:
     """The summary.json of each configuration in each of `repeats` rounds, run A B A B ...;
     `describe(summary)` is logged after each run."""
     summaries: dict[str, list[dict]] = {name: [] for name in configs}

@@ -36,8 +36,14 @@ STEPS = 30
 
 def command(kind: str, out: Path, steps: int = STEPS) -> list[str]:
     if kind == "train":
-        return [sys.executable, str(ROOT / "train.py"), "debug=fast", "hardware.devices=2",
-                "logger=none", f"hydra.run.dir={out}"]  # fmt: skip
+        return [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "debug=fast",
+            "hardware.devices=2",
+            "logger=none",
+            f"hydra.run.dir={out}",
+        ]
     strategy = kind.split("-", 1)[1]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             "2", str(ROOT / "bench" / "raw_loop.py"), "--strategy", strategy, "--steps",
@@ -58,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=50, help="runs of each kind (default 50)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    parser.add_argument("--steps", type=int, default=STEPS,
-                        help=f"steps of each raw loop (default {STEPS})")  # fmt: skip
+    parser.add_argument(
+        "--steps", type=int, default=STEPS, help=f"steps of each raw loop (default {STEPS})"
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.steps < 1:
         parser.error(f"--runs and --steps must be at least 1, not {args.runs} and {args.steps}")
@@ -76,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                 out.mkdir()
                 n_steps = 12 if kind == "train" else args.steps  # debug=fast trains 12 steps
                 bound = timeout_for(n_steps, steps[kind])
-                outcome = run_bounded(command(kind, out, args.steps), timeout_s=bound, env=ENV,
-                                      cwd=ROOT)  # fmt: skip
+                outcome = run_bounded(
+                    command(kind, out, args.steps), timeout_s=bound, env=ENV, cwd=ROOT
+                )
                 counts[kind][outcome.status] += 1
                 counts[kind]["left behind"] += outcome.left_behind > 0
                 if outcome.status == "ok":
@@ -86,17 +94,23 @@ def main(argv: list[str] | None = None) -> int:
                 if outcome.status != "ok" or outcome.left_behind:
                     print(outcome.line(f"run {i + 1} of {kind}"), flush=True)
             done = (i + 1) * len(args.kinds)
-            print(f"[{done}/{args.runs * len(args.kinds)} runs, "
-                  f"{time.monotonic() - started:.0f} s]", flush=True)  # fmt: skip
-    print("| kind | runs | ok | hangs | aborts | other failures | left processes behind | "
-          "median wall s (min-max) |")  # fmt: skip
+            print(
+                f"[{done}/{args.runs * len(args.kinds)} runs, {time.monotonic() - started:.0f} s]",
+                flush=True,
+            )
+    print(
+        "| kind | runs | ok | hangs | aborts | other failures | left processes behind | "
+        "median wall s (min-max) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     bad = 0
     for kind in args.kinds:
         c, w = counts[kind], walls[kind]
         spread = f"{statistics.median(w):.1f} ({min(w):.1f}-{max(w):.1f})" if w else "-"
-        print(f"| {kind} | {args.runs} | {c['ok']} | {c['hang']} | {c['abort']} | {c['failed']} "
-              f"| {c['left behind']} | {spread} |")  # fmt: skip
+        print(
+            f"| {kind} | {args.runs} | {c['ok']} | {c['hang']} | {c['abort']} | {c['failed']} "
+            f"| {c['left behind']} | {spread} |"
+        )
         bad += c["hang"] + c["abort"] + c["failed"] + c["left behind"]
     return 1 if bad else 0
 

@@ -55,8 +55,13 @@ def build(strategy: str, overrides: list[str], device: torch.device, fsdp: str =
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         st = cfg.strategy  # train.py's values, so the two stay the same if a default changes
-        apply_fsdp(model, mesh, reshard_after_forward=st.reshard_after_forward,
-                   prefetch_forward=st.prefetch_forward, prefetch_backward=st.prefetch_backward)  # fmt: skip
+        apply_fsdp(
+            model,
+            mesh,
+            reshard_after_forward=st.reshard_after_forward,
+            prefetch_forward=st.prefetch_forward,
+            prefetch_backward=st.prefetch_backward,
+        )
     return cfg, spec, model
 
 
@@ -74,16 +79,24 @@ def main() -> None:
     cfg, spec, model = build(args.strategy, args.overrides, device, args.fsdp)
     data, o = cfg.data, cfg.optim
     micro, accumulate = batch_plan(data.global_batch_size, world, data.micro_batch_size)
-    dataset = SyntheticTokens(vocab_size=spec.vocab_size, seq_len=data.seq_len,
-                              num_samples=data.num_samples, seed=cfg.seed)  # fmt: skip
+    dataset = SyntheticTokens(
+        vocab_size=spec.vocab_size,
+        seq_len=data.seq_len,
+        num_samples=data.num_samples,
+        seed=cfg.seed,
+    )
     sampler = GlobalBatchSampler(len(dataset), data.global_batch_size, micro, rank, world, cfg.seed)
     loader = torch.utils.data.DataLoader(dataset, batch_size=micro, sampler=sampler, drop_last=True)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
-         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-        lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-    )  # fmt: skip
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(o.warmup_steps, cfg.trainer.max_steps, o.min_lr_ratio)
     )

@@ -67,10 +67,13 @@ def action_table(
 
     table = schedule_ops_api()(schedule, pp, microbatches, stages_per_rank or SCHEDULES[schedule])
     return [
-        [(a.computation_type.value, a.stage_index, a.microbatch_index)
-         for a in row if a is not None and a.computation_type.value in COST]
+        [
+            (a.computation_type.value, a.stage_index, a.microbatch_index)
+            for a in row
+            if a is not None and a.computation_type.value in COST
+        ]
         for row in table
-    ]  # fmt: skip
+    ]
 
 
 def peak_inflight(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> list[int]:
@@ -221,8 +224,10 @@ def main() -> int:
     parser.add_argument("--simulate-only", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print("| pp | schedule | v | simulated bubble (F:I:W = 1:1:1) | analytic (p-1)/(m+p-1) "
-          "| measured step (s), median (min-max of repeats) | measured idle share |")  # fmt: skip
+    print(
+        "| pp | schedule | v | simulated bubble (F:I:W = 1:1:1) | analytic (p-1)/(m+p-1) "
+        "| measured step (s), median (min-max of repeats) | measured idle share |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for pp in args.pp:
         measured = {} if args.simulate_only else measure(pp, args)

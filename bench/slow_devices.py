@@ -45,13 +45,29 @@ def pipeline_pair(layers: int, uniform: int, balanced: int) -> dict[str, list[st
             "strategy=pp", "hardware.devices=2", "strategy.schedule=1F1B",
             "strategy.microbatches=8",
             "strategy.simulate_slowdown=[1,3]", *SIMULATED]  # fmt: skip
-    return {f"pp {layers} layers {uniform}/{layers - uniform}": [*base, f"strategy.split_points=[{uniform}]"],
-            f"pp {layers} layers {balanced}/{layers - balanced}": [*base, f"strategy.split_points=[{balanced}]"]}  # fmt: skip
+    return {
+        f"pp {layers} layers {uniform}/{layers - uniform}": [
+            *base,
+            f"strategy.split_points=[{uniform}]",
+        ],
+        f"pp {layers} layers {balanced}/{layers - balanced}": [
+            *base,
+            f"strategy.split_points=[{balanced}]",
+        ],
+    }
 
 
 def ddp_pair() -> dict[str, list[str]]:
-    base = ["model=llama_debug", *DATA, "data.global_batch_size=12", "data.per_rank_batch_size=2",
-            "strategy=ddp", "hardware.devices=2", "strategy.simulate_slowdown={1:2}", *SIMULATED]  # fmt: skip
+    base = [
+        "model=llama_debug",
+        *DATA,
+        "data.global_batch_size=12",
+        "data.per_rank_batch_size=2",
+        "strategy=ddp",
+        "hardware.devices=2",
+        "strategy.simulate_slowdown={1:2}",
+        *SIMULATED,
+    ]
     return {"ddp equal shares": base, "ddp dp_shares=[2,1]": [*base, "strategy.dp_shares=[2,1]"]}
 
 
@@ -70,8 +86,9 @@ def main() -> int:
             n: [*o, *QUIET, f"trainer.max_steps={args.steps}"] for n, o in pairs[key].items()
         }
         print(f"{key}: {' against '.join(configs)}", flush=True)
-        runs = interleaved(configs, args.repeats,
-                           lambda s: f"{s['throughput']['step_seconds']:.3f} s/step")  # fmt: skip
+        runs = interleaved(
+            configs, args.repeats, lambda s: f"{s['throughput']['step_seconds']:.3f} s/step"
+        )
         (first, second), seconds = list(configs), {}
         for name in configs:
             seconds[name] = [s["throughput"]["step_seconds"] for s in runs[name]]
@@ -79,22 +96,34 @@ def main() -> int:
         loss_gap = max(
             max_loss_difference(a, b) for a, b in zip(runs[first], runs[second], strict=True)
         )
-        rows.append((first, spread(seconds[first]), second, spread(seconds[second]),
-                     spread(ratio), f"{loss_gap:.1e}"))  # fmt: skip
+        rows.append(
+            (
+                first,
+                spread(seconds[first]),
+                second,
+                spread(seconds[second]),
+                spread(ratio),
+                f"{loss_gap:.1e}",
+            )
+        )
         raw[key] = {"seconds": seconds, "ratio": ratio, "max_loss_difference": loss_gap}
-    header = ("| uniform / equal | step s | speed-aware | step s | speed-aware / uniform "
-              "| max loss difference |\n| --- | --- | --- | --- | --- | --- |")  # fmt: skip
+    header = (
+        "| uniform / equal | step s | speed-aware | step s | speed-aware / uniform "
+        "| max loss difference |\n| --- | --- | --- | --- | --- | --- |"
+    )
     table = "\n".join([header, *("| " + " | ".join(r) + " |" for r in rows)])
     print(table)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     if args.write:
         day = datetime.date.today().isoformat()
-        text = (f"\n## Ranks of unequal speed (bench/slow_devices.py, {day})\n\n"
-                f"Machine: {platform.machine()}, 2 CPU cores shared with other work, 2 gloo ranks. "
-                f"Command: `python bench/slow_devices.py --repeats {args.repeats} --steps "
-                f"{args.steps}`. Median step seconds over the repeats (min-max); ratios repeat "
-                f"by repeat.\n\n{table}\n")  # fmt: skip
+        text = (
+            f"\n## Ranks of unequal speed (bench/slow_devices.py, {day})\n\n"
+            f"Machine: {platform.machine()}, 2 CPU cores shared with other work, 2 gloo ranks. "
+            f"Command: `python bench/slow_devices.py --repeats {args.repeats} --steps "
+            f"{args.steps}`. Median step seconds over the repeats (min-max); ratios repeat "
+            f"by repeat.\n\n{table}\n"
+        )
         with (ROOT / "docs" / "BENCHMARKS.md").open("a") as f:
             f.write(text)
     return 0

@@ -52,24 +52,36 @@ from lightning_dist.published.runs import hardware, held_out_rows, published_row
 
 def _missed(rows: list[CalibrationRow]) -> list[CalibrationRow]:
     return [
-        r for r in rows
+        r
+        for r in rows
         if (t := TARGETS.get((r.source, r.quantity))) is not None
-        and (e := row_error(r)) is not None and abs(e) > t
-    ]  # fmt: skip
+        and (e := row_error(r)) is not None
+        and abs(e) > t
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     """The planner against every calibration row, with its error."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m lightning_dist.calibration_report",
-                                     description=main.__doc__)  # fmt: skip
-    parser.add_argument("--write", action="store_true", help="store the published rows' "
-                        "current predictions in calibration.json")  # fmt: skip
-    parser.add_argument("--megatron", action="store_true", help="print the Megatron-LM "
-                        "Table 1 comparison of docs/PLANNER.md instead")  # fmt: skip
-    parser.add_argument("--refit", action="store_true", help="refit the leave-one-source-out "
-                        "constants and store them (planner/holdout_fits.json)")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dist.calibration_report", description=main.__doc__
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="store the published rows' current predictions in calibration.json",
+    )
+    parser.add_argument(
+        "--megatron",
+        action="store_true",
+        help="print the Megatron-LM Table 1 comparison of docs/PLANNER.md instead",
+    )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="refit the leave-one-source-out constants and store them (planner/holdout_fits.json)",
+    )
     args = parser.parse_args(argv)
     if args.megatron:
         from lightning_dist.planner.megatron import TABLE1, compare_row, markdown
@@ -78,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         results = [compare_row(row, node) for row in TABLE1]
         print(markdown(results))
         for r in results:
-            print(f"{r['row'].billions:g}B: published layout as {r['label']}; "
-                  f"planner's choice {r['chosen']}")  # fmt: skip
+            print(
+                f"{r['row'].billions:g}B: published layout as {r['label']}; "
+                f"planner's choice {r['chosen']}"
+            )
         return 0
     live = published_rows()
     stored = _stored()
@@ -90,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     others = [r for r in stored.rows if r.source != "published"]
     print(table(others + live))
     missed = _missed(live)
-    print(f"\n{len(live)} published rows, {len(live) - len(missed)} within their targets"
-          + (f"; missed: {', '.join(f'{r.layout} {r.quantity}' for r in missed)}" if missed else ""))  # fmt: skip
+    print(
+        f"\n{len(live)} published rows, {len(live) - len(missed)} within their targets"
+        + (f"; missed: {', '.join(f'{r.layout} {r.quantity}' for r in missed)}" if missed else "")
+    )
     held = held_out_rows()
     print(
         "\nHeld out (no constant fitted to them; each row's assumptions: HELD_OUT in "
@@ -113,15 +129,19 @@ def print_holdout(refit: bool = False) -> None:
         holdout.save_fits(holdout.refit())
     fits = holdout.load_fits()
     text, misses = holdout.holdout_report(fits["fits"])
-    print("\nLeave-one-source-out (time constants refitted without the row's source; in-sample: "
-          "fitted to every source; lightning_dist/planner/holdout_fits.json):\n")  # fmt: skip
+    print(
+        "\nLeave-one-source-out (time constants refitted without the row's source; in-sample: "
+        "fitted to every source; lightning_dist/planner/holdout_fits.json):\n"
+    )
     print(text)
     rows = text.count("\n") - 1
     p10, p90 = fits["band"]
-    print(f"\n{rows} published time rows, {rows - len(misses)} within their targets left out of "
-          f"the fit; the 10th-90th percentile of those errors, {p10:+.1%} to {p90:+.1%}, is the "
-          "plan's band. Memory rows depend on no fitted constant: their error above is their "
-          "leave-one-source-out error.")  # fmt: skip
+    print(
+        f"\n{rows} published time rows, {rows - len(misses)} within their targets left out of "
+        f"the fit; the 10th-90th percentile of those errors, {p10:+.1%} to {p90:+.1%}, is the "
+        "plan's band. Memory rows depend on no fitted constant: their error above is their "
+        "leave-one-source-out error."
+    )
 
 
 if __name__ == "__main__":

@@ -73,9 +73,17 @@ class StrategyContract(Protocol):
         dp x share / sum of shares under `dp_weights`, 1 otherwise."""
         ...
 
-    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
-                  model: Any = None, global_batch_size: int | None = None,
-                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+    def check_run(
+        self,
+        *,
+        devices: int,
+        num_nodes: int,
+        precision: str,
+        accelerator: str,
+        model: Any = None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+    ) -> None:
         """Raise ValueError naming the bad value if this run cannot work; change nothing.
 
         `model` is the model built on the meta device; the batch sizes are `data.*`.

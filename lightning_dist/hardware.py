@@ -95,8 +95,10 @@ class HardwareSpec:
     network's inside a site (RING_STEP_LATENCY_S in planner/settings.py)."""
 
     def __post_init__(self) -> None:
-        self.groups = {k: v if isinstance(v, HardwareSpec) else HardwareSpec(**v)
-                       for k, v in self.groups.items()}  # fmt: skip
+        self.groups = {
+            k: v if isinstance(v, HardwareSpec) else HardwareSpec(**v)
+            for k, v in self.groups.items()
+        }
         if self.groups:
             self._check_groups()
         if self.accelerator not in ACCELERATORS:
@@ -143,8 +145,10 @@ class HardwareSpec:
             )
         nested = [k for k, g in groups.items() if g.groups]
         if nested:
-            raise ValueError(f"hardware.groups.{nested[0]} has groups of its own; list every "
-                             "node group at the top")  # fmt: skip
+            raise ValueError(
+                f"hardware.groups.{nested[0]} has groups of its own; list every "
+                "node group at the top"
+            )
         total = sum(g.num_nodes for g in groups.values())
         if self.num_nodes != total:
             raise ValueError(
@@ -153,8 +157,10 @@ class HardwareSpec:
                 f"set hardware.num_nodes={total}, their sum"
             )
         if self.min_nodes is not None:
-            raise ValueError(f"hardware.min_nodes={self.min_nodes}: elastic jobs of mixed "
-                             "hardware are not supported; set hardware.min_nodes=null")  # fmt: skip
+            raise ValueError(
+                f"hardware.min_nodes={self.min_nodes}: elastic jobs of mixed "
+                "hardware are not supported; set hardware.min_nodes=null"
+            )
         # One figure for code that reads one: the worst group's, or the mean over the devices
         # for the peaks (MFU divides by the sum of every device's peak).
         specs = list(groups.values())
@@ -181,7 +187,7 @@ class HardwareSpec:
             "inter_node_gbytes_per_sec",
             "cpus_per_node",
         ):
-            setattr(self, name, worst(name))  # fmt: skip
+            setattr(self, name, worst(name))
         for name in ("peak_tflops_bf16", "peak_tflops_fp32", "peak_tflops_fp8"):
             setattr(self, name, mean(name))
 

@@ -468,8 +468,14 @@ def batch_plan(
 
 def nearest_valid(value: int, valid: list[int], key: str) -> str:
     """The valid values next to `value`, as the fix of a batch error."""
-    near = [v for v in (max((v for v in valid if v < value), default=None),
-                        min((v for v in valid if v > value), default=None)) if v]  # fmt: skip
+    near = [
+        v
+        for v in (
+            max((v for v in valid if v < value), default=None),
+            min((v for v in valid if v > value), default=None),
+        )
+        if v
+    ]
     if not near:
         return f"no value of {key} fits; change data.global_batch_size or the layout"
     if len(near) == 1:

@@ -22,8 +22,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Compare a strategy's per-step losses with a single process.",
     )
     parser.add_argument("overrides", nargs="+", help="train.py overrides of the candidate run")
-    parser.add_argument("--tolerance", type=float, default=1e-4,
-                        help="largest relative loss difference allowed (default 1e-4, fp32)")  # fmt: skip
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-4,
+        help="largest relative loss difference allowed (default 1e-4, fp32)",
+    )
     parser.add_argument("--workdir", default=None, help="keep both run directories here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:

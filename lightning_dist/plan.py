@@ -119,11 +119,13 @@ def replan_at_a_realistic_batch(cfg, model, hardware, overrides: list[str], resu
     realistic = realistic_batch(batch, model)
     if result.chosen is not None or not realistic or batch_set_by_user(overrides):
         return cfg, overrides, result
-    print(f"note: the CPU default batch of data={config_choice(overrides, 'data')} "
-          f"({batch.global_batch_size} x {batch.seq_len} tokens) fits no layout of "
-          f"{hardware.world_size} devices; planned at "
-          f"{' '.join(realistic)} instead (set them to plan another batch)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"note: the CPU default batch of data={config_choice(overrides, 'data')} "
+        f"({batch.global_batch_size} x {batch.seq_len} tokens) fits no layout of "
+        f"{hardware.world_size} devices; planned at "
+        f"{' '.join(realistic)} instead (set them to plan another batch)",
+        file=sys.stderr,
+    )
     overrides = [*overrides, *realistic]
     cfg, model, hardware = _compose(overrides)
     return cfg, overrides, _plan(cfg, model, hardware)
@@ -148,8 +150,10 @@ def print_commands(result, overrides: list[str], which: str, top: int) -> bool:
     else:
         _fail(f"--command {which}: give a row number below {len(result.candidates)}, or all")
     if result.candidates[index].planner_only:
-        _fail(f"--command {which}: row {index} is planner only, train.py cannot run it yet "
-              f"({result.candidates[index].planner_only}); pick another row")  # fmt: skip
+        _fail(
+            f"--command {which}: row {index} is planner only, train.py cannot run it yet "
+            f"({result.candidates[index].planner_only}); pick another row"
+        )
     print(train_command(overrides, result.candidates[index]))
     return True
 
@@ -162,8 +166,14 @@ def dry_run_command(overrides: list[str]) -> int:
 
     _check_choices(overrides)
     with tempfile.TemporaryDirectory() as run_dir:
-        command = [sys.executable, "-m", "lightning_dist", *overrides, "plan.dry_run=true",
-                   f"hydra.run.dir={run_dir}"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "lightning_dist",
+            *overrides,
+            "plan.dry_run=true",
+            f"hydra.run.dir={run_dir}",
+        ]
         return subprocess.call(command)
 
 
@@ -176,15 +186,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument("--top", type=int, default=8, help="rows of the table (default 8)")
-    parser.add_argument("--details", action="store_true",
-                        help="memory by category (params, grads, optim, acts, buffers) too")  # fmt: skip
-    parser.add_argument("--command", nargs="?", const="chosen", default=None, metavar="ROW",
-                        help="print only the `python train.py ...` command of the chosen layout "
-                        "(or of row ROW, or of every row with `all`)")  # fmt: skip
-    parser.add_argument("--dry-run", action="store_true",
-                        help="build the configured run at its full world size in this process "
-                        "(fake process group and tensors), run one step, and print each rank's "
-                        "bytes beside the planner's (as train.py plan.dry_run=true)")  # fmt: skip
+    parser.add_argument(
+        "--details",
+        action="store_true",
+        help="memory by category (params, grads, optim, acts, buffers) too",
+    )
+    parser.add_argument(
+        "--command",
+        nargs="?",
+        const="chosen",
+        default=None,
+        metavar="ROW",
+        help="print only the `python train.py ...` command of the chosen layout "
+        "(or of row ROW, or of every row with `all`)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the configured run at its full world size in this process "
+        "(fake process group and tensors), run one step, and print each rank's "
+        "bytes beside the planner's (as train.py plan.dry_run=true)",
+    )
     ns = parser.parse_intermixed_args(argv)  # overrides before and after the flags
     if ns.dry_run:
         return dry_run_command(ns.overrides)

@@ -24,8 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report")
     args = parser.parse_args(argv)
     if not (args.run_dir / "summary.json").exists():
-        print(f"error: {args.run_dir} has no summary.json; is it a finished train.py run?",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.run_dir} has no summary.json; is it a finished train.py run?",
+            file=sys.stderr,
+        )
         return 2
     out = args.out or args.run_dir / "report"
     written = write_report(args.run_dir, out)

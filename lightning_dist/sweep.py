@@ -52,21 +52,23 @@ def job_rows(sweep_dir: Path) -> list[dict[str, Any]]:
         path = job / "summary.json"
         s = json.loads(path.read_text()) if path.exists() else {}
         peaks = s.get("peak_memory_bytes") or []
-        rows.append({
-            "job": job.name,
-            "overrides": [o for o in overrides[job] if o not in common],
-            "status": s.get("status", "completed") if s else "no summary.json",
-            "strategy": s.get("strategy"),
-            "world_size": s.get("world_size"),
-            "steps": s.get("steps"),
-            "final_loss": s.get("final_loss"),
-            "final_loss_smoothed": s.get("final_loss_smoothed"),
-            "final_val_loss": s.get("final_val_loss"),
-            "tokens_per_sec": s.get("tokens_per_sec"),
-            "peak_memory_gib": max(peaks) / GIB if peaks else None,
-            "mfu": s.get("mfu"),
-            "wall_seconds": s.get("wall_seconds"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "job": job.name,
+                "overrides": [o for o in overrides[job] if o not in common],
+                "status": s.get("status", "completed") if s else "no summary.json",
+                "strategy": s.get("strategy"),
+                "world_size": s.get("world_size"),
+                "steps": s.get("steps"),
+                "final_loss": s.get("final_loss"),
+                "final_loss_smoothed": s.get("final_loss_smoothed"),
+                "final_val_loss": s.get("final_val_loss"),
+                "tokens_per_sec": s.get("tokens_per_sec"),
+                "peak_memory_gib": max(peaks) / GIB if peaks else None,
+                "mfu": s.get("mfu"),
+                "wall_seconds": s.get("wall_seconds"),
+            }
+        )
     return rows
 
 
@@ -126,8 +128,10 @@ class CompareJobs(_HydraCallback):
         if not sweep_dir.is_dir():
             return
         table = write_comparison(sweep_dir)
-        print(f"\n{len(_job_dirs(sweep_dir))} jobs, compared in {sweep_dir / TABLE}:\n{table}",
-              flush=True)  # fmt: skip
+        print(
+            f"\n{len(_job_dirs(sweep_dir))} jobs, compared in {sweep_dir / TABLE}:\n{table}",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,15 +61,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
         status = "checkpoint_failed" if isinstance(e, CheckpointWriteError) else "lighthouse_lost"
         saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
-        saved += write_stopped_summary(plan, run, wall_seconds=time.perf_counter() - started,
-                                       status=status, error=str(e))  # fmt: skip
+        saved += write_stopped_summary(
+            plan, run, wall_seconds=time.perf_counter() - started, status=status, error=str(e)
+        )
         # Every rank meets the same error (the save's agreement; the group's quorum, give or
         # take a moment): none ends before all have left training and rank 0 has written
         # summary.json, or a peer's watchdog, still running, names the ended rank as stalled.
 
         lost = isinstance(e, LighthouseLost)
-        end_barrier(plan.strategy.options.replicas.ft_timeout_s if lost
-                    else plan.spec.trainer.collective_timeout_s)  # fmt: skip
+        end_barrier(
+            plan.strategy.options.replicas.ft_timeout_s
+            if lost
+            else plan.spec.trainer.collective_timeout_s
+        )
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
 
@@ -129,8 +133,9 @@ def main() -> None:
     from lightning_dist.runtime.process_end import run_then_end
 
     guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
-    hydra_main = hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name="train",
-                            version_base="1.3")  # fmt: skip
+    hydra_main = hydra.main(
+        config_path=f"pkg://{CONF_MODULE}", config_name="train", version_base="1.3"
+    )
     run_then_end(hydra_main(_train_and_exit))
 
 

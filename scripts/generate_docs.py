@@ -95,14 +95,22 @@ def knobs_page() -> str:
     ]
     configs = _strategy_configs()
     for group, cls in options.GROUPS.items():
-        takers = [(name, own) for name, preset, own in configs
-                  if group in options.PRESETS[preset].groups]  # fmt: skip
+        takers = [
+            (name, own) for name, preset, own in configs if group in options.PRESETS[preset].groups
+        ]
         out += [f"### `{group}`: {cls.__name__} ({cls.__module__})", ""]
         rows = []
         for f in options.group_knobs(group):
             presets = [f"{n} ({_cell(own[f.name])})" if f.name in own else n for n, own in takers]
-            rows.append([f"`{f.name}`", _type(f), _default(f), ", ".join(presets),
-                         options.knob_doc(group, f)])  # fmt: skip
+            rows.append(
+                [
+                    f"`{f.name}`",
+                    _type(f),
+                    _default(f),
+                    ", ".join(presets),
+                    options.knob_doc(group, f),
+                ]
+            )
         out += _table(rows, ["knob", "type", "default", "presets", "doc"]) + [""]
     sections = [
         ("optim", OptimOptions),
@@ -114,8 +122,10 @@ def knobs_page() -> str:
     out += ["## Run settings", ""]
     for prefix, cls in sections:
         out += [f"### `{prefix}.*`: {cls.__name__} ({cls.__module__})", ""]
-        rows = [[f"`{f.name}`", _type(f), _default(f), f.metadata.get("doc", "")]
-                for f in dataclasses.fields(cls)]  # fmt: skip
+        rows = [
+            [f"`{f.name}`", _type(f), _default(f), f.metadata.get("doc", "")]
+            for f in dataclasses.fields(cls)
+        ]
         out += _table(rows, ["setting", "type", "default", "doc"]) + [""]
     return "\n".join(out).rstrip() + "\n"
 
@@ -130,8 +140,10 @@ def evidence_page() -> str:
     calibration = json.loads((ROOT / "lightning_dist/planner/calibration.json").read_text())
     holdout = json.loads((ROOT / "lightning_dist/planner/holdout_fits.json").read_text())
     rates = json.loads((ROOT / "lightning_dist/data/loader_rates.json").read_text())
-    sources = ("lightning_dist/planner/calibration.json, lightning_dist/planner/holdout_fits.json "
-               "and lightning_dist/data/loader_rates.json")  # fmt: skip
+    sources = (
+        "lightning_dist/planner/calibration.json, lightning_dist/planner/holdout_fits.json "
+        "and lightning_dist/data/loader_rates.json"
+    )
     out = [HEADER.format(source=sources), "", "# Evidence", ""]
     out += [
         "## The planner against measured and published runs",
@@ -145,11 +157,33 @@ def evidence_page() -> str:
     rows = []
     for r in calibration["rows"]:
         error = r["predicted"] / r["measured"] - 1 if r["measured"] else float("nan")
-        rows.append([r["source"], r["model"], r["hardware"], r["layout"], r["quantity"],
-                     _number(r["measured"]), _number(r["predicted"]), f"{error:+.1%}",
-                     r["date"]])  # fmt: skip
-    out += _table(rows, ["source", "model", "hardware", "layout", "quantity", "measured",
-                         "predicted", "error", "date"])  # fmt: skip
+        rows.append(
+            [
+                r["source"],
+                r["model"],
+                r["hardware"],
+                r["layout"],
+                r["quantity"],
+                _number(r["measured"]),
+                _number(r["predicted"]),
+                f"{error:+.1%}",
+                r["date"],
+            ]
+        )
+    out += _table(
+        rows,
+        [
+            "source",
+            "model",
+            "hardware",
+            "layout",
+            "quantity",
+            "measured",
+            "predicted",
+            "error",
+            "date",
+        ],
+    )
     p10, p90 = holdout["band"]
     out += [
         "",
@@ -162,8 +196,10 @@ def evidence_page() -> str:
     ]
     fits = holdout["fits"]
     names = sorted({k for fit in fits.values() for k in fit})
-    out += _table([[source] + [_number(fit.get(n, "")) for n in names]
-                   for source, fit in fits.items()], ["left out", *names])  # fmt: skip
+    out += _table(
+        [[source] + [_number(fit.get(n, "")) for n in names] for source, fit in fits.items()],
+        ["left out", *names],
+    )
     out += [
         "",
         "## Data loader rates",
@@ -172,9 +208,13 @@ def evidence_page() -> str:
         f"{rates['seq_len']}, batch {rates['batch']}, {rates['batches']} batches).",
         "",
     ]
-    out += _table([[fmt, _number(rate), _number(rates["prepare_seconds"].get(fmt, ""))]
-                   for fmt, rate in rates["formats"].items()],
-                  ["format", "tokens/s per worker", "prepare seconds"])  # fmt: skip
+    out += _table(
+        [
+            [fmt, _number(rate), _number(rates["prepare_seconds"].get(fmt, ""))]
+            for fmt, rate in rates["formats"].items()
+        ],
+        ["format", "tokens/s per worker", "prepare seconds"],
+    )
     return "\n".join(out).rstrip() + "\n"
 
 

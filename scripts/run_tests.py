@@ -89,7 +89,11 @@ def slowest_files(cases: list[tuple[float, str, str]], top: int) -> list[tuple[f
 def heaviest_first(folders: list[str], seconds: dict[str, float]) -> list[str]:
     """The test modules under `folders`, those that took longest first (ties and unknown
     modules in folder and name order; an unknown one counts `UNKNOWN_SECONDS`)."""
-    files = [p.relative_to(ROOT).as_posix() for f in folders for p in sorted((ROOT / f).glob("test_*.py"))]  # fmt: skip
+    files = [
+        p.relative_to(ROOT).as_posix()
+        for f in folders
+        for p in sorted((ROOT / f).glob("test_*.py"))
+    ]
     return sorted(files, key=lambda f: -seconds.get(_module(f), UNKNOWN_SECONDS))
 
 
@@ -121,13 +125,15 @@ def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
 
 def main(args: list[str]) -> int:
     if find_spec("xdist") is None:
-        print("error: pytest-xdist is not installed; fix: pip install -e '.[dev]'",
-              file=sys.stderr)  # fmt: skip
+        print("error: pytest-xdist is not installed; fix: pip install -e '.[dev]'", file=sys.stderr)
         return 2
     record = RECORD_FLAG in args
     if record and args != [RECORD_FLAG]:
-        print(f"error: {RECORD_FLAG} records the whole suite; it takes no other arguments "
-              f"(given: {' '.join(a for a in args if a != RECORD_FLAG)})", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {RECORD_FLAG} records the whole suite; it takes no other arguments "
+            f"(given: {' '.join(a for a in args if a != RECORD_FLAG)})",
+            file=sys.stderr,
+        )
         return 2
     args = [a for a in args if a != RECORD_FLAG]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -145,8 +151,20 @@ def main(args: list[str]) -> int:
             t0 = time.perf_counter()
             selection = " and ".join(f"({m})" for m in (markers, asked) if m)
             marker_args = ["-m", selection] if selection else []
-            code = subprocess.call([sys.executable, "-m", "pytest", "-q", *paths, *marker_args,
-                                    f"--junitxml={junit}", *args], cwd=ROOT, env=env)  # fmt: skip
+            code = subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    *paths,
+                    *marker_args,
+                    f"--junitxml={junit}",
+                    *args,
+                ],
+                cwd=ROOT,
+                env=env,
+            )
             walls.append((name, time.perf_counter() - t0, code))
             phase_cases.append(_cases(junit))
             cases += phase_cases[-1]
@@ -171,8 +189,10 @@ def main(args: list[str]) -> int:
         by_module = {m: round(t, 1) for t, m in slowest_files(parallel, len(parallel))}
         MODULE_SECONDS.write_text(json.dumps(dict(sorted(by_module.items())), indent=1) + "\n")
         print(f"wrote {MODULE_SECONDS.relative_to(ROOT)} ({len(by_module)} modules)")
-    print(f"whole suite: {total:.0f} s of pytest ({total / 60:.1f} min), "
-          f"{'FAILED: ' + ', '.join(failed) if failed else 'every phase passed'}")  # fmt: skip
+    print(
+        f"whole suite: {total:.0f} s of pytest ({total / 60:.1f} min), "
+        f"{'FAILED: ' + ', '.join(failed) if failed else 'every phase passed'}"
+    )
     return 1 if failed else 0
 
 

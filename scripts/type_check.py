@@ -25,8 +25,12 @@ ERROR = re.compile(r"^(?P<file>[^:\s]+\.py):\d+: error: ")
 
 def mypy_errors() -> list[str]:
     """mypy's error lines over the package (settings in pyproject.toml's [tool.mypy])."""
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode not in (0, 1) or proc.stderr.strip():
         sys.exit(f"mypy did not run (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return [line for line in proc.stdout.splitlines() if ERROR.match(line)]
@@ -46,15 +50,19 @@ def main(argv: list[str]) -> int:
         return 0
     baseline = json.loads(BASELINE.read_text())
     over = {f: n for f, n in counts.items() if n > baseline.get(f, 0)}
-    print(f"mypy: {len(errors)} errors, baseline {sum(baseline.values())} "
-          f"({len(counts)} files with errors)")  # fmt: skip
+    print(
+        f"mypy: {len(errors)} errors, baseline {sum(baseline.values())} "
+        f"({len(counts)} files with errors)"
+    )
     for path in sorted(over):
         print(f"  {path}: {over[path]} errors, baseline {baseline.get(path, 0)}:")
         print("\n".join(f"    {line}" for line in errors if line.startswith(path + ":")))
     under = sorted(f for f, n in baseline.items() if counts.get(f, 0) < n)
     if under:
-        print(f"  fewer errors than the baseline in {', '.join(under)}: lower it with "
-              "`python scripts/type_check.py --update` and commit it")  # fmt: skip
+        print(
+            f"  fewer errors than the baseline in {', '.join(under)}: lower it with "
+            "`python scripts/type_check.py --update` and commit it"
+        )
     return 1 if over or under else 0
 
 

@@ -100,8 +100,12 @@ class RecordSamples(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         ids = [self.index[tuple(row.tolist())] for row in batch]
-        record = {"step": trainer.global_step + 1, "world_size": trainer.world_size,
-                  "time": time.time(), "ids": ids}  # fmt: skip
+        record = {
+            "step": trainer.global_step + 1,
+            "world_size": trainer.world_size,
+            "time": time.time(),
+            "ids": ids,
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

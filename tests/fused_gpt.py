@@ -65,8 +65,9 @@ class FusedGPT(nn.Module):
     pipeline_first = ("tok", "pos")
     pipeline_last = ("ln_f", "head")
 
-    def __init__(self, vocab: int = 64, width: int = 32, heads: int = 4, depth: int = 4,
-                 seq_len: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self, vocab: int = 64, width: int = 32, heads: int = 4, depth: int = 4, seq_len: int = 16
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq_len, width)

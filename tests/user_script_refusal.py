@@ -23,7 +23,12 @@ class Tiny(L.LightningModule):
 
 if __name__ == "__main__":
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=Parallel3DStrategy(tp=2, pp=2), max_steps=1,
-        logger=False, enable_checkpointing=False, enable_model_summary=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=2,
+        strategy=Parallel3DStrategy(tp=2, pp=2),
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Tiny(), DataLoader(torch.randn(8, 4), batch_size=2))

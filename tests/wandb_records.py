@@ -45,10 +45,12 @@ def history(path: Path) -> list[dict]:
     rows = []
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
-            rows.append({
-                item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in record.history.item
-            })  # fmt: skip
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
     return rows
 
 
@@ -57,6 +59,12 @@ def run_metadata(path: Path) -> dict:
     for record in records(path):
         if record.WhichOneof("record_type") == "run":
             run = record.run
-            return {"entity": run.entity, "project": run.project, "group": run.run_group,
-                    "job_type": run.job_type, "notes": run.notes, "tags": list(run.tags)}  # fmt: skip
+            return {
+                "entity": run.entity,
+                "project": run.project,
+                "group": run.run_group,
+                "job_type": run.job_type,
+                "notes": run.notes,
+                "tags": list(run.tags),
+            }
     raise AssertionError(f"{path} holds no run record")

@@ -146,9 +146,13 @@ def schedule_window(events: list[Any], main_thread: int | None) -> dict[str, flo
     }
 
 
-def analyse_step(events: list[Any], located: dict[tuple[str, int], str], span: float,
-                 main_thread: int | None,
-                 links: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def analyse_step(
+    events: list[Any],
+    located: dict[tuple[str, int], str],
+    span: float,
+    main_thread: int | None,
+    links: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Communication, compute and idle time (seconds) of one profiled step; with `links`
     (dimension -> link) also the communication time over each link."""
     comm, compute, per_dim = [], [], {}
@@ -189,8 +193,14 @@ class CommComputeMonitor(Callback):
     """Profiles one step every `every_n_steps`; logs `comm/*`, `stragglers/*` and, under PP,
     `bubble/*`."""
 
-    def __init__(self, every_n_steps: int = 50, first_step: int = 2, warn_ratio: float = 0.3,
-                 straggler_ratio: float = 1.2, warn_min_flops_per_rank: float = 1e11) -> None:  # fmt: skip
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        first_step: int = 2,
+        warn_ratio: float = 0.3,
+        straggler_ratio: float = 1.2,
+        warn_min_flops_per_rank: float = 1e11,
+    ) -> None:
         self.every_n_steps = every_n_steps
         self.first_step = first_step
         self.warn_ratio = warn_ratio

@@ -78,5 +78,7 @@ class PlainProgress(ProgressBar):
     def on_validation_end(self, trainer, pl_module) -> None:
         metrics = trainer.callback_metrics
         if self._enabled and trainer.is_global_zero and "val/loss" in metrics:
-            print(f"validation at step {trainer.global_step}: loss {float(metrics['val/loss']):.4f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"validation at step {trainer.global_step}: loss {float(metrics['val/loss']):.4f}",
+                flush=True,
+            )

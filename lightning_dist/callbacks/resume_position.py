@@ -46,5 +46,7 @@ class ResumePosition(Callback):
             log.info(
                 "Resumed at step %d with gradient accumulation %d, unlike the checkpoint's "
                 "layout: the epoch continues at micro-batch %d",
-                trainer.global_step, accumulate, progress.current.ready,
-            )  # fmt: skip
+                trainer.global_step,
+                accumulate,
+                progress.current.ready,
+            )

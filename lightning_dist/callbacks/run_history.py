@@ -34,8 +34,11 @@ class RunHistory(Callback):
 
     def segments(self, last_step: int) -> list[dict[str, Any]]:
         """Every attempt's steps and wall seconds, this one's up to `last_step` and now."""
-        here = {"first_step": self.first_step + 1, "last_step": int(last_step),
-                "wall_seconds": round(time.perf_counter() - self.started, 3)}  # fmt: skip
+        here = {
+            "first_step": self.first_step + 1,
+            "last_step": int(last_step),
+            "wall_seconds": round(time.perf_counter() - self.started, 3),
+        }
         return [*self.earlier, here]
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:

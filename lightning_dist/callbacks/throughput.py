@@ -47,8 +47,11 @@ class ThroughputMFU(Callback):
                 if value is not None:
                     shown = key == "tokens_per_sec"
                     pl_module.log(f"throughput/{key}", value, prog_bar=shown, rank_zero_only=True)
-        pl_module.log("train/tokens_seen", float(self.context.tokens_per_step * trainer.global_step),
-                      rank_zero_only=True)  # fmt: skip
+        pl_module.log(
+            "train/tokens_seen",
+            float(self.context.tokens_per_step * trainer.global_step),
+            rank_zero_only=True,
+        )
 
     def rates(self, step_seconds: float, world_size: int) -> dict[str, float | None]:
         ctx = self.context

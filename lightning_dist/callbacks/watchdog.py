@@ -125,11 +125,13 @@ class HangWatchdog(Callback):
         # first beat, has a heartbeat (with its pid) that ages, and is named and killed.
         self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
         self._answered = time.monotonic()
-        self._thread = threading.Thread(target=self._beat, name="lightning_dist-watchdog",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._beat, name="lightning_dist-watchdog", daemon=True
+        )
         self._thread.start()
-        threading.Thread(target=self._guard, name="lightning_dist-watchdog-guard",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self._guard, name="lightning_dist-watchdog-guard", daemon=True
+        ).start()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop.set()
@@ -207,8 +209,12 @@ class HangWatchdog(Callback):
                     continue
             except Exception as e:  # the store lives in rank 0: it is gone
                 if not self._stop.is_set() and not self._rank0_ended():
-                    self._stalled(0, self._beats.get(0), f"its heartbeat store closed ({e})",
-                                  store_answers=False)  # fmt: skip
+                    self._stalled(
+                        0,
+                        self._beats.get(0),
+                        f"its heartbeat store closed ({e})",
+                        store_answers=False,
+                    )
                 return
             self._answered, self._beats = time.monotonic(), {**self._beats, **others}
             if self._stop.is_set():
@@ -232,8 +238,9 @@ class HangWatchdog(Callback):
         rank that never beats is named by the loop (`_never_beat`); on a frozen store the guard
         thread sees to it."""
         try:
-            self._store.wait([f"hb/{r}" for r in range(self._world)],
-                             timedelta(seconds=self.interval))  # fmt: skip
+            self._store.wait(
+                [f"hb/{r}" for r in range(self._world)], timedelta(seconds=self.interval)
+            )
             self._beats = self._read_others()[0]
             self._answered = time.monotonic()
         except Exception:  # a rank that never beats is named by the loop (_never_beat)
@@ -252,8 +259,10 @@ class HangWatchdog(Callback):
             problem = f"the heartbeat store it hosts has not answered for {silent:.0f} s"
             if self._exiting.locked():
                 if silent > self.stall_seconds + 4 * self.interval + 5:
-                    print_line(f"error: rank 0 stopped making progress: {problem}; rank "
-                               f"{self._rank} stops the job")  # fmt: skip
+                    print_line(
+                        f"error: rank 0 stopped making progress: {problem}; rank "
+                        f"{self._rank} stops the job"
+                    )
                     os._exit(STALLED_EXIT_CODE)
                 time.sleep(self.interval)
             elif silent > self.stall_seconds and self._rank != 0:
@@ -288,8 +297,15 @@ class HangWatchdog(Callback):
             )
         return None
 
-    def _stalled(self, rank: int, beat: dict | None, problem: str, seen_by: int | None = None, *,
-                 store_answers: bool = True) -> None:  # fmt: skip
+    def _stalled(
+        self,
+        rank: int,
+        beat: dict | None,
+        problem: str,
+        seen_by: int | None = None,
+        *,
+        store_answers: bool = True,
+    ) -> None:
         """Name the lost rank in one line, kill it if it is on this host, end this process.
         The first to see it records the verdict (`seen_by` None); every survivor waits for the
         others to read it before the lost rank is killed (`_acknowledge`)."""
@@ -362,7 +378,7 @@ def _lost_peer(exception: BaseException | None) -> bool:
                 "Connection closed by peer",
                 "Connection reset by peer",
                 "Broken pipe",
-            )  # fmt: skip
+            )
         ):
             return True
         exception = exception.__cause__ or exception.__context__

@@ -26,8 +26,15 @@ class AsyncSaves:
         self._group = None
         self._pending: tuple | None = None
 
-    def save(self, state: dict[str, Any], path: Path, metadata: dict[str, Any],
-             fields: dict[str, Any], *, rank0: bool) -> None:  # fmt: skip
+    def save(
+        self,
+        state: dict[str, Any],
+        path: Path,
+        metadata: dict[str, Any],
+        fields: dict[str, Any],
+        *,
+        rank0: bool,
+    ) -> None:
         """Start writing `state` (from `format.gather_state`) into the empty folder `path`."""
         import torch.distributed as dist
         from torch.distributed.checkpoint import async_save
@@ -37,8 +44,12 @@ class AsyncSaves:
             self._group = dist.new_group(backend="gloo")
         from lightning_dist.checkpoint.pieces import PiecewiseSavePlanner
 
-        future = async_save(flatten(state), checkpoint_id=str(path), process_group=self._group,
-                            planner=PiecewiseSavePlanner())  # fmt: skip
+        future = async_save(
+            flatten(state),
+            checkpoint_id=str(path),
+            process_group=self._group,
+            planner=PiecewiseSavePlanner(),
+        )
         self._pending = (future, path, metadata, fields, rank0)
 
     def wait(self) -> None:

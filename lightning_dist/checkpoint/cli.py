@@ -42,9 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=["hf"], required=True, help="target format")
     p.add_argument("out", type=Path, help="new directory for config.json + model.safetensors")
     p.add_argument("--dtype", choices=DTYPES, help="cast the weights (default: as saved)")
-    p.add_argument("--tokenizer", metavar="byte|none|PATH",
-                   help="the tokenizer the model was trained with: byte, a tokenizer.json, or none "
-                   "(default: the writing run's data.tokenizer, from its .hydra/config.yaml)")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        metavar="byte|none|PATH",
+        help="the tokenizer the model was trained with: byte, a tokenizer.json, or none "
+        "(default: the writing run's data.tokenizer, from its .hydra/config.yaml)",
+    )
     p = commands.add_parser("import", help="an HF Llama/Mistral/Mixtral directory -> a checkpoint")
     p.add_argument("hf_dir", type=Path)
     p.add_argument("out", type=Path, help="new checkpoint folder, e.g. imported/step0.ckpt")
@@ -80,12 +83,16 @@ def export_command(args: argparse.Namespace) -> None:
     model_args = require_args(info)
     problem = mixtral_problem(model_args) if isinstance(model_args, MoEArgs) else None
     if problem:
-        raise ValueError(f"{info.path} holds a mixture of experts that export --to hf cannot "
-                         f"write as MixtralForCausalLM: {problem}")  # fmt: skip
+        raise ValueError(
+            f"{info.path} holds a mixture of experts that export --to hf cannot "
+            f"write as MixtralForCausalLM: {problem}"
+        )
     tokenizer, origin = export_tokenizer(info.path, args.tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > model_args.vocab_size:
-        raise ValueError(f"the tokenizer ({origin}) has {tokenizer.vocab_size} ids, the model's "
-                         f"vocabulary {model_args.vocab_size}; give --tokenizer")  # fmt: skip
+        raise ValueError(
+            f"the tokenizer ({origin}) has {tokenizer.vocab_size} ids, the model's "
+            f"vocabulary {model_args.vocab_size}; give --tokenizer"
+        )
     _new_path(args.out)
     state = to_hf(read_weights(info, DTYPES.get(args.dtype)), model_args)
     args.out.mkdir(parents=True)
@@ -98,10 +105,15 @@ def export_command(args: argparse.Namespace) -> None:
         files.update(hf_tokenizer_files(tokenizer, model_args.max_seq_len))
     for name, text in files.items():
         (args.out / name).write_text(text, encoding="utf-8")
-    print(f"exported step {info.step} of {info.path} to {args.out} "
-          f"({config['architectures'][0]}, {dtype}); "
-          + (f"tokenizer: {origin}" if tokenizer is not None else
-             f"no tokenizer files ({origin}; --tokenizer byte|PATH adds them)"))  # fmt: skip
+    print(
+        f"exported step {info.step} of {info.path} to {args.out} "
+        f"({config['architectures'][0]}, {dtype}); "
+        + (
+            f"tokenizer: {origin}"
+            if tokenizer is not None
+            else f"no tokenizer files ({origin}; --tokenizer byte|PATH adds them)"
+        )
+    )
 
 
 def export_tokenizer(checkpoint: Path, choice: str | None):

@@ -162,10 +162,14 @@ class CheckpointFence(Callback):
             refused = self.fence.fenced_out_run(os.environ.get(RUN_ID))
             if refused is None:
                 number = self.fence.claim(
-                    {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
-                     "resumed_from": trainer.global_step, "pid": os.getpid(),
-                     "run_id": os.environ.get(RUN_ID)}
-                )  # fmt: skip
+                    {
+                        "world_size": trainer.world_size,
+                        "num_nodes": trainer.num_nodes,
+                        "resumed_from": trainer.global_step,
+                        "pid": os.getpid(),
+                        "run_id": os.environ.get(RUN_ID),
+                    }
+                )
         refused = trainer.strategy.broadcast(refused)
         if refused is not None:  # a torchrun restart of a world that was fenced out
             raise FencedOut(

@@ -175,8 +175,12 @@ def save_state(state: dict[str, Any], path: Path, process_group=None) -> None:
 
     from lightning_dist.checkpoint.pieces import PiecewiseSavePlanner
 
-    save(flatten(state), checkpoint_id=str(path), process_group=process_group,
-         planner=PiecewiseSavePlanner())  # fmt: skip
+    save(
+        flatten(state),
+        checkpoint_id=str(path),
+        process_group=process_group,
+        planner=PiecewiseSavePlanner(),
+    )
 
 
 def flatten(state: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -219,8 +223,9 @@ def global_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(tensor.size())
 
 
-def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], *,
-                       whole_model: bool = True, saved=None) -> None:  # fmt: skip
+def check_model_shapes(
+    path: Path, model_shapes: dict[str, tuple[int, ...]], *, whole_model: bool = True, saved=None
+) -> None:
     """CheckpointError naming the first parameter whose shape differs, or that the checkpoint
     lacks; with `whole_model` (not a pipeline rank's stages) also one that the model lacks."""
     saved = tensor_shapes(path) if saved is None else saved
@@ -246,8 +251,9 @@ def check_model_shapes(path: Path, model_shapes: dict[str, tuple[int, ...]], *,
         )
 
 
-def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: bool = True,
-               process_group=None) -> dict[str, Any]:  # fmt: skip
+def load_state(
+    module: nn.Module, optimizers: list, path: Path, *, whole_model: bool = True, process_group=None
+) -> dict[str, Any]:
     """Check the manifest and hashes, then load model and optimizer state into this rank's
     shards from any layout's checkpoint; return Lightning's metadata (loops, schedulers...)."""
     from torch.distributed.checkpoint.state_dict import (
@@ -266,8 +272,9 @@ def load_state(module: nn.Module, optimizers: list, path: Path, *, whole_model: 
         state[top].update({k: v for k, v in values.items() if not isinstance(v, torch.Tensor)})
     set_model_state_dict(module, state[MODEL_KEY], options=_options())
     for i, optimizer in enumerate(optimizers):
-        set_optimizer_state_dict(module, _plain(optimizer), state[f"optimizer_{i}"],
-                                 options=_options())  # fmt: skip
+        set_optimizer_state_dict(
+            module, _plain(optimizer), state[f"optimizer_{i}"], options=_options()
+        )
     return read_meta(path)
 
 

@@ -44,8 +44,11 @@ ROUTER_BIAS = "feed_forward.router.expert_bias"
 """Our router's balancing bias (`MoEShape.bias_update_rate`), which Mixtral has not: zero on
 import, and export refuses one that training moved."""
 MOE_LAYER_NAMES = {"feed_forward.router.gate.weight": "block_sparse_moe.gate.weight"}
-EXPERTS = {"feed_forward.experts.w1": "w1", "feed_forward.experts.w3": "w3",
-           "feed_forward.experts.w2": "w2"}  # fmt: skip
+EXPERTS = {
+    "feed_forward.experts.w1": "w1",
+    "feed_forward.experts.w3": "w3",
+    "feed_forward.experts.w2": "w2",
+}
 """Our 3-D expert weights -> the name of expert e's slice in Mixtral, `...experts.<e>.<w>.weight`."""
 TOP_NAMES = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -128,8 +131,9 @@ def to_hf(state: dict[str, torch.Tensor], args: ModelArgs | MoEArgs) -> dict[str
     return out
 
 
-def from_hf(hf_state: dict[str, torch.Tensor],
-            args: ModelArgs | MoEArgs) -> dict[str, torch.Tensor]:  # fmt: skip
+def from_hf(
+    hf_state: dict[str, torch.Tensor], args: ModelArgs | MoEArgs
+) -> dict[str, torch.Tensor]:
     """A Llama-family or Mixtral HF state dict -> ours, with exactly the names `args.build()`
     has; a Mixtral's experts stacked into our 3-D weights, its router bias zero.
 
@@ -174,8 +178,13 @@ def from_hf(hf_state: dict[str, torch.Tensor],
 def mixtral_problem(args: MoEArgs) -> str | None:
     """Why `MixtralForCausalLM` cannot compute our `MoETransformer(args)`, or None: Mixtral routes
     by a softmax over every expert, renormalised over the top k, to routed experts alone."""
-    for name, mixtral in (("n_shared_experts", 0), ("first_k_dense", 0),
-                          ("score_func", "softmax"), ("route_norm", True), ("route_scale", 1.0)):  # fmt: skip
+    for name, mixtral in (
+        ("n_shared_experts", 0),
+        ("first_k_dense", 0),
+        ("score_func", "softmax"),
+        ("route_norm", True),
+        ("route_scale", 1.0),
+    ):
         if getattr(args, name) != mixtral:
             return f"model.{name}={getattr(args, name)!r}, and MixtralForCausalLM has {mixtral!r}"
     return None
@@ -236,8 +245,11 @@ the same end of document."""
 
 def _byte_to_char() -> dict[int, str]:
     """GPT-2's printable stand-in for each byte, what the `ByteLevel` pre-tokenizer maps to."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     rest = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
 
@@ -316,8 +328,9 @@ def model_args_from_hf(hf_dir: Path) -> ModelArgs | MoEArgs:
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type={rope['rope_type']!r} is not supported; only 'default' is")
     if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported; our MLPs are SwiGLU "
-                         "(silu)")  # fmt: skip
+        raise ValueError(
+            f"hidden_act={cfg['hidden_act']!r} is not supported; our MLPs are SwiGLU (silu)"
+        )
     if cfg.get("router_jitter_noise"):
         raise ValueError(
             f"router_jitter_noise={cfg['router_jitter_noise']} is not supported (our router adds "

@@ -254,9 +254,13 @@ class _NodeRecord:
                 return
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    print(f"warning: checkpoint {self.folder}: another process of this node has "
-                          f"held its verification lock for {LOCK_WAIT_S:.0f} s; hashing here "
-                          "instead", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"warning: checkpoint {self.folder}: another process of this node has "
+                        f"held its verification lock for {LOCK_WAIT_S:.0f} s; hashing here "
+                        "instead",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     raise OSError("verification lock not taken") from None
                 time.sleep(0.05)
 
@@ -284,8 +288,13 @@ class _NodeRecord:
     def write(self, stamps: tuple, mismatch: str) -> None:
         """Record the outcome (under a temporary name, then renamed); a record that cannot be
         written is skipped: the next process hashes again."""
-        record = {"record": _RECORD_VERSION, "folder": self.folder, "manifest": self.manifest,
-                  "files": stamps, "mismatch": mismatch}  # fmt: skip
+        record = {
+            "record": _RECORD_VERSION,
+            "folder": self.folder,
+            "manifest": self.manifest,
+            "files": stamps,
+            "mismatch": mismatch,
+        }
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:

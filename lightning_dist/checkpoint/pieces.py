@@ -95,14 +95,17 @@ class PiecewiseSavePlanner(DefaultSavePlanner):
             self._pieces[item.index.fqn] = pieces
             for offsets, (sizes, _) in pieces.items():
                 chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-                items.append(WriteItem(
-                    index=MetadataIndex(item.index.fqn, torch.Size(offsets)),
-                    type=WriteItemType.SHARD,
-                    tensor_data=TensorWriteData(
-                        chunk=chunk, properties=item.tensor_data.properties,
-                        size=item.tensor_data.size,
-                    ),
-                ))  # fmt: skip
+                items.append(
+                    WriteItem(
+                        index=MetadataIndex(item.index.fqn, torch.Size(offsets)),
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(
+                            chunk=chunk,
+                            properties=item.tensor_data.properties,
+                            size=item.tensor_data.size,
+                        ),
+                    )
+                )
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
 

@@ -327,8 +327,10 @@ class RetainingCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if trainer.is_global_zero and self.best_model_path != before:
             removed = self.checkpoints.prune()
-            print(saved_line(Path(self.best_model_path), removed, self.checkpoints.saving.keep_last),
-                  flush=True)  # fmt: skip
+            print(
+                saved_line(Path(self.best_model_path), removed, self.checkpoints.saving.keep_last),
+                flush=True,
+            )
 
 
 def saved_line(path: Path, removed: list[Path], keep_last: int | None) -> str:

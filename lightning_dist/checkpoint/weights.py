@@ -103,8 +103,9 @@ def read_weights(info: CheckpointInfo, dtype: torch.dtype | None = None) -> dict
     return {k: v.to(dtype) for k, v in out.items()} if dtype else out
 
 
-def write_weights_checkpoint(state: dict[str, torch.Tensor], args: ModelArgs, out: Path,
-                             source: str) -> dict[str, Any]:  # fmt: skip
+def write_weights_checkpoint(
+    state: dict[str, torch.Tensor], args: ModelArgs, out: Path, source: str
+) -> dict[str, Any]:
     """Write `state` as a weights-only checkpoint folder (step 0, no optimizer) with its
     manifest; return the manifest. `source` says where the weights came from."""
     from torch.distributed.checkpoint import FileSystemWriter, save
@@ -138,28 +139,51 @@ def model_overrides(model_args) -> list[str]:
     option for a mixture of experts, so none of moe_debug's own is left)."""
     a = model_args
     values = dict(
-        dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, n_kv_heads=a.kv_heads,
-        vocab_size=a.vocab_size, ffn_hidden_size=a.hidden_dim, norm_eps=a.norm_eps,
-        rope_theta=a.rope_theta, max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings,
-    )  # fmt: skip
+        dim=a.dim,
+        n_layers=a.n_layers,
+        n_heads=a.n_heads,
+        n_kv_heads=a.kv_heads,
+        vocab_size=a.vocab_size,
+        ffn_hidden_size=a.hidden_dim,
+        norm_eps=a.norm_eps,
+        rope_theta=a.rope_theta,
+        max_seq_len=a.max_seq_len,
+        tie_embeddings=a.tie_embeddings,
+    )
     if isinstance(a, MoEArgs):
         values.update(
-            num_experts=a.num_experts, top_k=a.top_k, expert_hidden_size=a.expert_dim,
-            n_shared_experts=a.n_shared_experts, first_k_dense=a.first_k_dense,
-            score_func=a.score_func, route_norm=a.route_norm, route_scale=a.route_scale,
-            aux_loss_coeff=a.aux_loss_coeff, bias_update_rate=a.bias_update_rate,
-        )  # fmt: skip
+            num_experts=a.num_experts,
+            top_k=a.top_k,
+            expert_hidden_size=a.expert_dim,
+            n_shared_experts=a.n_shared_experts,
+            first_k_dense=a.first_k_dense,
+            score_func=a.score_func,
+            route_norm=a.route_norm,
+            route_scale=a.route_scale,
+            aux_loss_coeff=a.aux_loss_coeff,
+            bias_update_rate=a.bias_update_rate,
+        )
     flavor = "model=moe_debug" if isinstance(a, MoEArgs) else "model=llama_debug"
-    return [flavor, *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in values.items())]  # fmt: skip
+    return [
+        flavor,
+        *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()),
+    ]
 
 
 ARCHITECTURE = ("n_heads", "kv_heads", "vocab_size", "rope_theta", "norm_eps", "tie_embeddings")
 """What a checkpoint's model must share with the configured one beyond the weights' shapes: the
 heads' split of wq and wk (n_heads 4 and 8 give the same shapes), the rotary base, the norm's
 epsilon and tied embeddings change the function; the vocabulary is named before any shape."""
-EXPERT_ARCHITECTURE = ("num_experts", "top_k", "expert_dim", "n_shared_experts", "first_k_dense",
-                       "score_func", "route_norm", "route_scale")  # fmt: skip
+EXPERT_ARCHITECTURE = (
+    "num_experts",
+    "top_k",
+    "expert_dim",
+    "n_shared_experts",
+    "first_k_dense",
+    "score_func",
+    "route_norm",
+    "route_scale",
+)
 """What two mixtures of experts (`MoEArgs`) must share besides `ARCHITECTURE`: the experts
 named before their 3-D weights' shapes, and the routing (the renormalisation and scale of the
 weights change the function, not a shape)."""
@@ -173,13 +197,17 @@ def architecture_difference(theirs: ModelArgs | None, ours: Any) -> str | None:
         return None
     if isinstance(theirs, MoEArgs) != isinstance(ours, MoEArgs):
         experts = [getattr(a, "num_experts", 0) for a in (theirs, ours)]
-        return (f"was written for model.num_experts={experts[0] or 'none (dense)'}, the "
-                f"configured model has {experts[1] or 'none (dense)'}")  # fmt: skip
+        return (
+            f"was written for model.num_experts={experts[0] or 'none (dense)'}, the "
+            f"configured model has {experts[1] or 'none (dense)'}"
+        )
     for key in ARCHITECTURE + (EXPERT_ARCHITECTURE if isinstance(ours, MoEArgs) else ()):
         if getattr(theirs, key) != getattr(ours, key):
             name = "n_kv_heads" if key == "kv_heads" else key
-            return (f"was written for model.{name}={getattr(theirs, key)}, the configured model "
-                    f"has {getattr(ours, key)}")  # fmt: skip
+            return (
+                f"was written for model.{name}={getattr(theirs, key)}, the configured model "
+                f"has {getattr(ours, key)}"
+            )
     return None
 
 
@@ -195,8 +223,9 @@ def writing_run_config(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def model_args_of(manifest: dict | None,
-                  run_config: dict | None = None) -> ModelArgs | MoEArgs | None:  # fmt: skip
+def model_args_of(
+    manifest: dict | None, run_config: dict | None = None
+) -> ModelArgs | MoEArgs | None:
     """The model a checkpoint was written for: its manifest's, else its run's config's
     (`MoEArgs` where it has experts)."""
     model = (manifest or {}).get("model") or (run_config or {}).get("model") or {}

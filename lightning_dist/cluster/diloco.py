@@ -71,8 +71,9 @@ class DiLoCo:
         """Average the pseudo-gradients over the group (one all-reduce), take the outer step,
         and set every replica's parameters to the new anchor."""
         started = time.perf_counter()
-        deltas = torch.cat([(a - p.float()).flatten() for a, p in zip(self.anchor, self.params,
-                                                                         strict=True)])  # fmt: skip
+        deltas = torch.cat(
+            [(a - p.float()).flatten() for a, p in zip(self.anchor, self.params, strict=True)]
+        )
         if self.delay_s > 0:
             time.sleep(self.delay_s)  # the simulated slow link (cluster/simulate.py)
         if dist.is_initialized():

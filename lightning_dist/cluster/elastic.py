@@ -31,14 +31,21 @@ def init_process_group_for_attempt(backend: str, timeout: timedelta) -> bool:
     attempt = restart_attempt()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        False,
         timeout=timeout,
-    )  # fmt: skip
+    )
     options = {}
     if backend == "nccl":
         options["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
-        backend, store=dist.PrefixStore(f"lightning_dist/attempt_{attempt}", store), rank=rank,
-        world_size=world_size, timeout=timeout, **options,
-    )  # fmt: skip
+        backend,
+        store=dist.PrefixStore(f"lightning_dist/attempt_{attempt}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        **options,
+    )
     return True

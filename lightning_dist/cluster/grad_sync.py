@@ -68,9 +68,12 @@ def gradient_hook(
         return None, debugging_hooks.noop_hook
     if compression == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=process_group, matrix_approximation_rank=powersgd_rank,
-            start_powerSGD_iter=powersgd_start_step, use_error_feedback=True, warm_start=True,
-        )  # fmt: skip
+            process_group=process_group,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=powersgd_start_step,
+            use_error_feedback=True,
+            warm_start=True,
+        )
         hook = powerSGD_hook.powerSGD_hook
     elif compression in ("bf16", "fp16"):
         state = process_group

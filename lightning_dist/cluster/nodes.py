@@ -92,8 +92,12 @@ class NodeMap:
 def local_node_map() -> NodeMap:
     """The node map of a one-process run."""
     node, source = this_node()
-    return NodeMap(node_of_rank=[node], local_rank_of_rank=[_local_rank()],
-                   hostname_of_rank=[socket.gethostname()], source=source)  # fmt: skip
+    return NodeMap(
+        node_of_rank=[node],
+        local_rank_of_rank=[_local_rank()],
+        hostname_of_rank=[socket.gethostname()],
+        source=source,
+    )
 
 
 def gather_node_map(device: torch.device) -> NodeMap:
@@ -109,10 +113,11 @@ def gather_node_map(device: torch.device) -> NodeMap:
     dist.all_gather(rows, mine)
     table = torch.stack(rows).cpu().tolist()
     return NodeMap(
-        node_of_rank=[r[0] for r in table], local_rank_of_rank=[r[1] for r in table],
+        node_of_rank=[r[0] for r in table],
+        local_rank_of_rank=[r[1] for r in table],
         hostname_of_rank=[bytes(r[2:]).rstrip(b"\0").decode(errors="replace") for r in table],
         source=source,
-    )  # fmt: skip
+    )
 
 
 def check_node_counts(nodes: NodeMap, *, num_nodes: int, devices: int) -> None:

@@ -137,7 +137,7 @@ def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
                 for k, v in optimizer.state.get(p, {}).items()
             }
             for p in params
-        ],  # fmt: skip
+        ],
         "groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
     }
 
@@ -210,11 +210,19 @@ class ReplicaGroups:
         timeout = timedelta(seconds=timeout_s)
         # GPU note: NCCL (torchft's ProcessGroupNCCL) would be the GPU choice; never run here.
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_fn, state_dict=state_fn,
-            min_replica_size=min_groups, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=timeout, connect_timeout=timeout, rank=dist.get_rank(),
-            world_size=dist.get_world_size(), replica_id=f"group_{group_id}", init_sync=False,
-        )  # fmt: skip
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=load_fn,
+            state_dict=state_fn,
+            min_replica_size=min_groups,
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            replica_id=f"group_{group_id}",
+            init_sync=False,
+        )
         self.group_id = group_id
         self.groups = groups
         self.timeout_s = timeout_s
@@ -261,9 +269,12 @@ class ReplicaGroups:
                     )
                 log.warning(
                     "Replica group %d starts with %d of %d groups: the others did not join "
-                    "within strategy.ft_timeout_s=%s", self.group_id, present, self.groups,
+                    "within strategy.ft_timeout_s=%s",
+                    self.group_id,
+                    present,
+                    self.groups,
                     self.timeout_s,
-                )  # fmt: skip
+                )
                 break
             time.sleep(FIRST_QUORUM_PAUSE_S)
             present = self.quorum()

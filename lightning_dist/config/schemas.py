@@ -194,9 +194,12 @@ Parallel3DSchema = _strategy_schema(
     "3d", _STRATEGIES + "parallel3d.Parallel3DStrategy", "3d", "Parallel3DSchema"
 )
 DeprecatedParallel3DSchema = dataclasses.make_dataclass(
-    "DeprecatedParallel3DSchema", [], bases=(Parallel3DSchema,), kw_only=True,
+    "DeprecatedParallel3DSchema",
+    [],
+    bases=(Parallel3DSchema,),
+    kw_only=True,
     namespace={"__module__": __name__},
-)  # fmt: skip
+)
 """`/schema_parallel3d`, the old name of `/schema_3d` in a user's YAML: the same fields; a config
 composed with it prints a deprecation line (`run.checks.check_config_text`)."""
 FTHSDPSchema = _strategy_schema(

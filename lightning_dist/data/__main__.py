@@ -20,12 +20,20 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lightning_dist.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dist.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="tokenize a corpus into token shards")
-    prep.add_argument("--input", nargs="+", required=True, metavar="GLOB",
-                      help="files (folders for hf_disk); ** matches across folders")  # fmt: skip
+    prep.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="GLOB",
+        help="files (folders for hf_disk); ** matches across folders",
+    )
     prep.add_argument("--format", default="jsonl", help="text, jsonl, parquet or hf_disk")
     prep.add_argument("--field", help="the JSON field / column of the text (default: text)")
     prep.add_argument("--tokenizer", default="byte", help="a tokenizer.json, or byte (default)")
@@ -34,8 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shard-index", type=int, help="this slice (default: Slurm array task)")
     prep.add_argument("--shard-count", type=int, help="slices in all (default: Slurm array size)")
     prep.add_argument("--shard-tokens", type=int, help="tokens per shard (default 64 Mi)")
-    prep.add_argument("--skip-bad-records", action="store_true",
-                      help="skip malformed records, with a count, instead of stopping")  # fmt: skip
+    prep.add_argument(
+        "--skip-bad-records",
+        action="store_true",
+        help="skip malformed records, with a count, instead of stopping",
+    )
     check = commands.add_parser("verify", help="check a prepared folder's shards")
     check.add_argument("folder")
     check.add_argument("--sizes-only", action="store_true", help="skip the sha256 checksums")
@@ -64,18 +75,26 @@ def main(argv: list[str] | None = None) -> None:
             merged = verify(args.folder, checksums=not args.sizes_only)
             tokens = sum(s["tokens"] for s in merged["shards"])
             state = "ok" if merged["complete"] else "ok so far (a prepare did not finish)"
-            print(f"{args.folder}: {len(merged['shards'])} shards, {tokens:,} tokens of "
-                  f"{merged['tokenizer']['name']}: {state}")  # fmt: skip
+            print(
+                f"{args.folder}: {len(merged['shards'])} shards, {tokens:,} tokens of "
+                f"{merged['tokenizer']['name']}: {state}"
+            )
             return
         from lightning_dist.data.prepare import DEFAULT_SHARD_TOKENS, prepare
 
         index, count = slice_of(args.shard_index, args.shard_count, dict(os.environ))
         manifest = prepare(
-            args.input, args.output, fmt=args.format, field=args.field,
-            tokenizer=args.tokenizer, workers=args.workers, shard_index=index,
-            shard_count=count, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+            args.input,
+            args.output,
+            fmt=args.format,
+            field=args.field,
+            tokenizer=args.tokenizer,
+            workers=args.workers,
+            shard_index=index,
+            shard_count=count,
+            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
             skip_bad_records=args.skip_bad_records,
-        )  # fmt: skip
+        )
         tokens = sum(s["tokens"] for s in manifest["shards"])
         print(f"{args.output}: {len(manifest['shards'])} shards, {tokens:,} tokens")
     except (ValueError, OSError) as e:  # ConfigError is a ValueError; a folder not writable

@@ -251,9 +251,14 @@ class IndexedWriter:
                 idx_hash.update(part)
         os.replace(self._bin_path, self.prefix + ".bin")
         os.replace(idx_tmp, self.prefix + ".idx")
-        self.summary = ShardSummary(self.prefix, len(lengths), len(self._documents) - 1,
-                                    self._tokens, self._bin_hash.hexdigest(),
-                                    idx_hash.hexdigest())  # fmt: skip
+        self.summary = ShardSummary(
+            self.prefix,
+            len(lengths),
+            len(self._documents) - 1,
+            self._tokens,
+            self._bin_hash.hexdigest(),
+            idx_hash.hexdigest(),
+        )
         return self.summary
 
     def abort(self) -> None:

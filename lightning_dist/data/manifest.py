@@ -96,8 +96,10 @@ def _check_slices(folder: Path) -> None:
     slices = [tuple(read_manifest(p).get("slice", (0, 1))) for p in manifest_files(folder)]
     counts = sorted({n for _, n in slices})
     if len(counts) > 1:
-        raise ConfigError(f"{folder} holds manifests of {' and '.join(map(str, counts))} "
-                          "slices; prepare each slicing into its own folder")  # fmt: skip
+        raise ConfigError(
+            f"{folder} holds manifests of {' and '.join(map(str, counts))} "
+            "slices; prepare each slicing into its own folder"
+        )
     missing = sorted(set(range(counts[0])) - {i for i, _ in slices})
     if missing:
         raise ConfigError(

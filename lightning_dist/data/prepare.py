@@ -40,8 +40,7 @@ DEFAULT_SHARD_TOKENS = 1 << 26
 """Tokens per shard (64 Mi: 128 MiB of uint16): the unit of work lost to a kill."""
 # Tokenizers run their own thread pool (Rayon) unless told otherwise; N workers of one thread
 # each is what `--workers` promises, and what lets N workers scale on N cores.
-_ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "OMP_NUM_THREADS": "1"}  # fmt: skip
+_ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
 def expand_inputs(patterns: list[str], fmt: str) -> list[Path]:
@@ -138,9 +137,16 @@ def prepare(
         )
         _remove_temporaries(folder, names[i])
     write_manifest(manifest_path, manifest)
-    settings = dict(tokenizer=tokenizer, vocab_size=tok.vocab_size, eos_id=tok.eos_id, fmt=fmt,
-                    field=field, folder=str(folder), shard_tokens=shard_tokens,
-                    skip_bad_records=skip_bad_records)  # fmt: skip
+    settings = dict(
+        tokenizer=tokenizer,
+        vocab_size=tok.vocab_size,
+        eos_id=tok.eos_id,
+        fmt=fmt,
+        field=field,
+        folder=str(folder),
+        shard_tokens=shard_tokens,
+        skip_bad_records=skip_bad_records,
+    )
     if tasks:
         count = min(workers, len(tasks))
         _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_shard)
@@ -208,8 +214,10 @@ def _run_workers(tasks, settings, count, manifest, manifest_path, progress, on_s
     saved = {key: os.environ.get(key) for key in _ONE_THREAD}
     os.environ.update(_ONE_THREAD)  # inherited by the spawned workers
     try:
-        procs = [context.Process(target=worker, args=(todo, events, settings, os.getpid()),
-                                 daemon=True) for _ in range(count)]  # fmt: skip
+        procs = [
+            context.Process(target=worker, args=(todo, events, settings, os.getpid()), daemon=True)
+            for _ in range(count)
+        ]
         for proc in procs:
             proc.start()
     finally:
@@ -286,8 +294,10 @@ class _Progress:
 
     def line(self) -> str:
         rate = self.tokens / max(time.monotonic() - self.start, 1e-9)
-        return (f"prepare: {self.files_done}/{self.files} files, {self.documents:,} documents, "
-                f"{self.tokens:,} tokens, {rate:,.0f} tokens/s")  # fmt: skip
+        return (
+            f"prepare: {self.files_done}/{self.files} files, {self.documents:,} documents, "
+            f"{self.tokens:,} tokens, {rate:,.0f} tokens/s"
+        )
 
     def _show(self) -> None:
         if self.bar is not None:

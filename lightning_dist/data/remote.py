@@ -85,8 +85,11 @@ def _listing(fs, path: str, url: str, fmt: str, where: str) -> dict[str, dict]:
     try:
         for pattern in candidates:
             if any(c in pattern for c in "*?["):
-                found |= {p: d for p, d in fs.glob(pattern, detail=True).items()
-                          if d.get("type") == "file"}  # fmt: skip
+                found |= {
+                    p: d
+                    for p, d in fs.glob(pattern, detail=True).items()
+                    if d.get("type") == "file"
+                }
                 continue
             if not fs.exists(pattern):
                 continue
@@ -95,16 +98,19 @@ def _listing(fs, path: str, url: str, fmt: str, where: str) -> dict[str, dict]:
             else:
                 found[pattern] = fs.info(pattern)
     except (PermissionError, OSError) as e:
-        raise ValueError(f"{where}={redact_text(url)!r} cannot be listed: "
-                         f"{redact_text(str(e).splitlines()[0])}") from None  # fmt: skip
+        raise ValueError(
+            f"{where}={redact_text(url)!r} cannot be listed: {redact_text(str(e).splitlines()[0])}"
+        ) from None
     if fmt == "megatron":  # each index with its data file
         for name in list(found):
             sibling = name[:-4] + (".bin" if name.endswith(".idx") else ".idx")
             if name.endswith((".bin", ".idx")) and sibling not in found and fs.exists(sibling):
                 found[sibling] = fs.info(sibling)
     if not found:
-        raise ValueError(f"{where}={redact_text(url)!r} matches no remote file; check the bucket, "
-                         "the key and the glob")  # fmt: skip
+        raise ValueError(
+            f"{where}={redact_text(url)!r} matches no remote file; check the bucket, "
+            "the key and the glob"
+        )
     return found
 
 
@@ -128,8 +134,18 @@ class RemoteCache:
         return self.root / protocol / Path(*parts)
 
     def _copies(self) -> list[Path]:
-        return [p for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(_SIDE)
-                and ".part-" not in p.name and p.parent != self.root] if self.root.exists() else []  # fmt: skip
+        return (
+            [
+                p
+                for p in self.root.rglob("*")
+                if p.is_file()
+                and not p.name.endswith(_SIDE)
+                and ".part-" not in p.name
+                and p.parent != self.root
+            ]
+            if self.root.exists()
+            else []
+        )
 
     def make_room(self, keep: set[Path], needed: int) -> None:
         """Evict copies not in `keep`, least recently used first, until `needed` more fit."""
@@ -163,8 +179,9 @@ class RemoteCache:
         Path(str(local) + _SIDE).write_text(json.dumps({"size": size, "version": version}))
 
 
-def fetch_remote_sources(requests: list[dict[str, Any]], *, cache_root: Path,
-                         cap_bytes: int) -> list[list[str]]:  # fmt: skip
+def fetch_remote_sources(
+    requests: list[dict[str, Any]], *, cache_root: Path, cap_bytes: int
+) -> list[list[str]]:
     """For each request (`paths`, `format`, `storage_options`, `where`: one source), the local
     paths it reads in place of its URLs (local entries are kept): the files copied into the
     cache, or for `hf_disk` the copied folders and for `megatron` the copied prefixes.
@@ -195,8 +212,9 @@ def fetch_remote_sources(requests: list[dict[str, Any]], *, cache_root: Path,
                 plan.append((fs, remote, local, size, _version(details), where))
             copies = {r: str(cache.local_path(protocol, r)) for r in sorted(found)}
             if fmt == "hf_disk":  # folders: the copy of each folder that holds a state.json
-                local_entries += sorted({str(Path(c).parent) for r, c in copies.items()
-                                         if r.endswith("/state.json")})  # fmt: skip
+                local_entries += sorted(
+                    {str(Path(c).parent) for r, c in copies.items() if r.endswith("/state.json")}
+                )
             elif fmt == "megatron":
                 local_entries += sorted({c[:-4] for c in copies.values() if c.endswith(".idx")})
             else:
@@ -216,9 +234,15 @@ def fetch_remote_sources(requests: list[dict[str, Any]], *, cache_root: Path,
         now = time.time()
         for item in plan:  # this run used them: the last to be evicted
             os.utime(item[2], (now, now))
-    log.info("%d remote files, %d bytes: %d copied into %s in %.1f s, %d found in the cache",
-             len(plan), sum(i[3] for i in plan), len(missing), cache_root,
-             time.perf_counter() - start, len(plan) - len(missing))  # fmt: skip
+    log.info(
+        "%d remote files, %d bytes: %d copied into %s in %.1f s, %d found in the cache",
+        len(plan),
+        sum(i[3] for i in plan),
+        len(missing),
+        cache_root,
+        time.perf_counter() - start,
+        len(plan) - len(missing),
+    )
     return out
 
 

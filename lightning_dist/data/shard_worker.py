@@ -108,8 +108,13 @@ def tokenize_file(task: FileTask, encode, settings, events, parent: int) -> None
     eos_id = settings["eos_id"]
     eos = np.array([] if eos_id is None else [eos_id], dtype=np.int64)
     stats = ReadStats()
-    documents = iter_documents(task.path, settings["fmt"], field=settings["field"],
-                               skip_bad_records=settings["skip_bad_records"], stats=stats)  # fmt: skip
+    documents = iter_documents(
+        task.path,
+        settings["fmt"],
+        field=settings["field"],
+        skip_bad_records=settings["skip_bad_records"],
+        stats=stats,
+    )
     part, first, index, writer = task.first_part, task.skip_documents, task.skip_documents, None
     tokens = count = 0
     last_report = time.monotonic()

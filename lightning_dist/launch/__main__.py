@@ -26,23 +26,38 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lightning_dist.launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dist.launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     slurm = parser  # one cluster so far; its name comes first, as in `launch slurm ...`
-    slurm.add_argument("cluster", choices=["slurm"],
-                       help="slurm: write an sbatch script (for torchrun: see below)")  # fmt: skip
+    slurm.add_argument(
+        "cluster", choices=["slurm"], help="slurm: write an sbatch script (for torchrun: see below)"
+    )
     slurm.add_argument("overrides", nargs="*", help="train.py overrides, e.g. strategy=fsdp2")
     slurm.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     slurm.add_argument("--job-name", default="lightning_dist")
     slurm.add_argument("--time", default="01:00:00", help="time limit (sbatch --time)")
-    slurm.add_argument("--signal-s", type=int, default=120, dest="requeue_signal_s",
-                       help="send SIGUSR1 this many seconds before the time limit")  # fmt: skip
+    slurm.add_argument(
+        "--signal-s",
+        type=int,
+        default=120,
+        dest="requeue_signal_s",
+        help="send SIGUSR1 this many seconds before the time limit",
+    )
     slurm.add_argument("--partition")
     slurm.add_argument("--account")
     slurm.add_argument("--cpus-per-task", type=int, help="default: the node's CPUs / tasks")
     slurm.add_argument("--log-dir", default="outputs/slurm", help="scripts and job logs")
-    slurm.add_argument("--sbatch-arg", action="append", default=[], dest="extra_sbatch",
-                       metavar="ARG", help="one more #SBATCH line, e.g. --sbatch-arg=--exclusive")  # fmt: skip
+    slurm.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        dest="extra_sbatch",
+        metavar="ARG",
+        help="one more #SBATCH line, e.g. --sbatch-arg=--exclusive",
+    )
     return parser
 
 
@@ -57,18 +72,31 @@ def _job(args: argparse.Namespace):
     from lightning_dist.run.errors import config_errors, report_config_error
     from lightning_dist.run.plan import plan_run
 
-    options = {k: getattr(args, k) for k in ("job_name", "time", "requeue_signal_s", "partition",
-                                              "account", "log_dir", "extra_sbatch")}  # fmt: skip
+    options = {
+        k: getattr(args, k)
+        for k in (
+            "job_name",
+            "time",
+            "requeue_signal_s",
+            "partition",
+            "account",
+            "log_dir",
+            "extra_sbatch",
+        )
+    }
     try:
         with config_errors():
             # The run directory is the job's; any placeholder lets the config be checked here.
             cfg = compose_config([*args.overrides, "paths.output_dir=outputs/slurm/check"])
             plan = plan_run(cfg)
             return job_for(
-                plan.hardware, single_process=contract_of(plan.strategy).single_process,
-                overrides=list(args.overrides), workdir=".", cpus_per_task=args.cpus_per_task,
+                plan.hardware,
+                single_process=contract_of(plan.strategy).single_process,
+                overrides=list(args.overrides),
+                workdir=".",
+                cpus_per_task=args.cpus_per_task,
                 **options,
-            )  # fmt: skip
+            )
     except (ValueError, HydraException, OmegaConfBaseException) as e:  # ConfigError is a ValueError
         report_config_error(e)
 

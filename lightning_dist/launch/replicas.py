@@ -36,10 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. model=llama_debug")
     parser.add_argument("--groups", type=int, default=2, help="replica groups (default 2)")
     parser.add_argument("--nproc-per-group", type=int, default=1, help="ranks in each group")
-    parser.add_argument("--max-restarts", type=int, default=3,
-                        help="relaunches of each group (torchrun --max-restarts)")  # fmt: skip
-    parser.add_argument("--script", default=None,
-                        help="a training script (default: the package's, python -m lightning_dist)")  # fmt: skip
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="relaunches of each group (torchrun --max-restarts)",
+    )
+    parser.add_argument(
+        "--script",
+        default=None,
+        help="a training script (default: the package's, python -m lightning_dist)",
+    )
     return parser
 
 
@@ -51,13 +58,18 @@ def _fail(message: str) -> None:
 def group_overrides(overrides: list[str], groups: int, nproc: int) -> list[str]:
     """The overrides every group runs with: the user's, then the strategy, group count and
     ranks per group (a user's own values for them must agree)."""
-    fixed = {"strategy": "ft_hsdp", "strategy.replica_groups": str(groups),
-             "hardware.devices": str(nproc)}  # fmt: skip
+    fixed = {
+        "strategy": "ft_hsdp",
+        "strategy.replica_groups": str(groups),
+        "hardware.devices": str(nproc),
+    }
     for item in overrides:
         key, _, value = item.partition("=")
         if key in fixed and value != fixed[key]:
-            _fail(f"{item} disagrees with the launcher's {key}={fixed[key]} (set by --groups and "
-                  "--nproc-per-group)")  # fmt: skip
+            _fail(
+                f"{item} disagrees with the launcher's {key}={fixed[key]} (set by --groups and "
+                "--nproc-per-group)"
+            )
     return [f"{k}={v}" for k, v in fixed.items()] + [
         o for o in overrides if o.partition("=")[0] not in fixed
     ]
@@ -86,10 +98,11 @@ def _start_lighthouse(options):
     from torchft.coordination import LighthouseServer
 
     return LighthouseServer(
-        bind="[::]:0", min_replicas=options.min_replica_groups,
+        bind="[::]:0",
+        min_replicas=options.min_replica_groups,
         join_timeout_ms=int(options.join_timeout_s * 1000),
         heartbeat_timeout_ms=int(options.heartbeat_timeout_s * 1000),
-    )  # fmt: skip
+    )
 
 
 def exit_status(code: int) -> int:
@@ -129,18 +142,27 @@ def main(argv: list[str]) -> None:
     if bad:
         _fail(f"{' '.join(bad)} is not a KEY=VALUE override of train.py")
     overrides = group_overrides(args.overrides, args.groups, args.nproc_per_group)
-    run_dir = next((o.partition("=")[2] for o in overrides if o.startswith("hydra.run.dir=")),
-                   f"outputs/replicas/{time.strftime('%Y-%m-%d_%H-%M-%S')}")  # fmt: skip
+    run_dir = next(
+        (o.partition("=")[2] for o in overrides if o.startswith("hydra.run.dir=")),
+        f"outputs/replicas/{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+    )
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     lighthouse = _start_lighthouse(_check(overrides))
-    print(f"replicas: Lighthouse at {lighthouse.address()}; {args.groups} groups of "
-          f"{args.nproc_per_group} ranks; run directory {run_dir}", flush=True)  # fmt: skip
+    print(
+        f"replicas: Lighthouse at {lighthouse.address()}; {args.groups} groups of "
+        f"{args.nproc_per_group} ranks; run directory {run_dir}",
+        flush=True,
+    )
     groups = []
     for group in range(args.groups):
         # Each torchrun round gets a store of its own (torchrun_environment): on the shared
         # one, a relaunched group reads its dead manager's address, left by the round before.
-        env = {"RUST_LOG": "warn", **torchrun_environment(os.environ), GROUP_ENV: str(group),
-               LIGHTHOUSE_ENV: lighthouse.address()}  # fmt: skip
+        env = {
+            "RUST_LOG": "warn",
+            **torchrun_environment(os.environ),
+            GROUP_ENV: str(group),
+            LIGHTHOUSE_ENV: lighthouse.address(),
+        }
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.nproc_per_group}", f"--max-restarts={args.max_restarts}",
                *([args.script] if args.script else ["-m", "lightning_dist"]), *overrides, f"hydra.run.dir={Path(run_dir) / f'group{group}'}"]  # fmt: skip

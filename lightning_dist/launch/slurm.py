@@ -64,8 +64,15 @@ class SlurmJob:
     component, in the spec's order; empty: one component of `nodes`."""
 
 
-def job_for(hardware: HardwareSpec, *, single_process: bool, overrides: list[str],
-            workdir: str, cpus_per_task: int | None = None, **options) -> SlurmJob:  # fmt: skip
+def job_for(
+    hardware: HardwareSpec,
+    *,
+    single_process: bool,
+    overrides: list[str],
+    workdir: str,
+    cpus_per_task: int | None = None,
+    **options,
+) -> SlurmJob:
     """The job of a run on `hardware`: one task per rank. Raises ValueError for a GPU count
     Slurm cannot be asked for (`hardware.devices=-1`)."""
     if hardware.devices == -1:
@@ -87,12 +94,16 @@ def job_for(hardware: HardwareSpec, *, single_process: bool, overrides: list[str
             components.append((name, group.num_nodes, cpus, dict(group.env)))
     options.setdefault("components", components)
     return SlurmJob(
-        nodes=nodes, tasks_per_node=tasks,
+        nodes=nodes,
+        tasks_per_node=tasks,
         gpus_per_node=tasks if hardware.accelerator == "gpu" else 0,
-        cpus_per_task=cpus_per_task, env=dict(hardware.env), hardware_name=hardware.name,
+        cpus_per_task=cpus_per_task,
+        env=dict(hardware.env),
+        hardware_name=hardware.name,
         overrides=[o for o in overrides if not o.startswith("hydra.run.dir=")],
-        workdir=str(Path(workdir).resolve()), **options,
-    )  # fmt: skip
+        workdir=str(Path(workdir).resolve()),
+        **options,
+    )
 
 
 def _resume_overrides(overrides: list[str]) -> list[str]:
@@ -111,8 +122,11 @@ def sbatch_script(job: SlurmJob) -> str:
         f"#SBATCH --job-name={job.job_name}",
     ]
     components = job.components or [("", job.nodes, job.cpus_per_task, {})]
-    account = [f"#SBATCH --{name}={value}" for name, value in
-               (("partition", job.partition), ("account", job.account)) if value]  # fmt: skip
+    account = [
+        f"#SBATCH --{name}={value}"
+        for name, value in (("partition", job.partition), ("account", job.account))
+        if value
+    ]
     for i, (name, nodes, cpus, _) in enumerate(components):
         if i:
             lines.append(f"#SBATCH hetjob  # component {i}: node group {name}")
@@ -172,8 +186,11 @@ def sbatch_script(job: SlurmJob) -> str:
     if job.components:  # one srun over the components, each with its CPUs, threads and env
         parts = []
         for i, (_, _, cpus, env) in enumerate(job.components):
-            settings = {"SLURM_NTASKS": str(total), **({"OMP_NUM_THREADS": str(cpus)} if cpus
-                                                        else {}), **env}  # fmt: skip
+            settings = {
+                "SLURM_NTASKS": str(total),
+                **({"OMP_NUM_THREADS": str(cpus)} if cpus else {}),
+                **env,
+            }
             prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in settings.items())
             cpu = f" --cpus-per-task={cpus}" if cpus else ""
             parts.append(f"--het-group={i}{cpu} env {prefix} {step}")

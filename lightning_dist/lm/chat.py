@@ -48,39 +48,54 @@ def conversation(record: Any, where: str) -> list[dict[str, str]]:
     record that is not an object, has neither `messages` nor `prompt`/`response`, a message
     that is not {role, content} with a known role and string content, or no assistant turn."""
     if not isinstance(record, dict):
-        raise ConfigError(f"{where}: a JSON {type(record).__name__}, not a chat record (an "
-                          "object with messages, or prompt and response)")  # fmt: skip
+        raise ConfigError(
+            f"{where}: a JSON {type(record).__name__}, not a chat record (an "
+            "object with messages, or prompt and response)"
+        )
     if "messages" in record:
         messages = record["messages"]
     elif "prompt" in record or "response" in record:
         for key in ("prompt", "response"):
             if not isinstance(record.get(key), str):
-                raise ConfigError(f"{where}: field {key!r} is missing or not a string; a "
-                                  "prompt/response record needs both as strings")  # fmt: skip
-        messages = [{"role": "user", "content": record["prompt"]},
-                    {"role": "assistant", "content": record["response"]}]  # fmt: skip
+                raise ConfigError(
+                    f"{where}: field {key!r} is missing or not a string; a "
+                    "prompt/response record needs both as strings"
+                )
+        messages = [
+            {"role": "user", "content": record["prompt"]},
+            {"role": "assistant", "content": record["response"]},
+        ]
     else:
         fields = ", ".join(map(repr, list(record)[:20])) or "none"
-        raise ConfigError(f"{where}: no field 'messages' nor 'prompt'/'response' (the record's "
-                          f"fields: {fields})")  # fmt: skip
+        raise ConfigError(
+            f"{where}: no field 'messages' nor 'prompt'/'response' (the record's fields: {fields})"
+        )
     if not isinstance(messages, list) or not messages:
-        raise ConfigError(f"{where}: 'messages' is {type(messages).__name__}, not a non-empty "
-                          "list of {role, content} messages")  # fmt: skip
+        raise ConfigError(
+            f"{where}: 'messages' is {type(messages).__name__}, not a non-empty "
+            "list of {role, content} messages"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise ConfigError(f"{where}: message {i} is not a {{role, content}} object with "
-                              "string content")  # fmt: skip
+            raise ConfigError(
+                f"{where}: message {i} is not a {{role, content}} object with string content"
+            )
         if message.get("role") not in ROLES:
-            raise ConfigError(f"{where}: message {i} has role {message.get('role')!r}, not one "
-                              f"of {', '.join(ROLES)}")  # fmt: skip
+            raise ConfigError(
+                f"{where}: message {i} has role {message.get('role')!r}, not one "
+                f"of {', '.join(ROLES)}"
+            )
     if not any(m["role"] == "assistant" for m in messages):
-        raise ConfigError(f"{where}: no assistant turn, so nothing to train on; every record "
-                          "needs one (role 'assistant')")  # fmt: skip
+        raise ConfigError(
+            f"{where}: no assistant turn, so nothing to train on; every record "
+            "needs one (role 'assistant')"
+        )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def read_conversations(path: Path, *, skip_bad_records: bool = False
-                       ) -> list[tuple[str, list[dict[str, str]]]]:  # fmt: skip
+def read_conversations(
+    path: Path, *, skip_bad_records: bool = False
+) -> list[tuple[str, list[dict[str, str]]]]:
     """(file:line, messages) of every record of a JSON Lines file (.gz/.zst decompressed). A
     bad record stops the read naming file:line, unless `skip_bad_records`: then it is left
     out, and one `warning:` line gives the count and the first."""
@@ -102,12 +117,14 @@ def read_conversations(path: Path, *, skip_bad_records: bool = False
                 out.append((where, conversation(record, where)))
             except ConfigError as e:
                 if not skip_bad_records:
-                    raise ConfigError(f"{e}; fix it, or set data.skip_bad_records=true to skip "
-                                      "such records") from e  # fmt: skip
+                    raise ConfigError(
+                        f"{e}; fix it, or set data.skip_bad_records=true to skip such records"
+                    ) from e
                 skipped.append(str(e))
     if skipped:
-        print_line(f"warning: {path}: skipped {len(skipped)} bad chat records (the first: "
-                   f"{skipped[0]})")  # fmt: skip
+        print_line(
+            f"warning: {path}: skipped {len(skipped)} bad chat records (the first: {skipped[0]})"
+        )
     return out
 
 
@@ -201,8 +218,15 @@ class ChatWindows(TokenWindows):
     An index may come as (window, loss_scale) from `LossScaledSampler`: the sample then carries
     its optimizer step's `loss_scale` (see `lm/module.py` `CausalLM.loss_fn`)."""
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray, seq_len: int, *, split: str,
-                 separator: int | None):  # fmt: skip
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        seq_len: int,
+        *,
+        split: str,
+        separator: int | None,
+    ):
         super().__init__(tokens, seq_len, split=split, separator=separator)
         self.mask = mask
         # Trained targets before each token: a window's count is two lookups.
@@ -229,16 +253,27 @@ class ChatSource:
     checked when built, tokenized in memory (`prepare`), the last `val_fraction` of each split
     by conversation."""
 
-    def __init__(self, spec: DataSource, *, name: str, where: str, tokenizer, tokenizer_path,
-                 seq_len: int, val_fraction: float, files: list[Path],
-                 skip_bad_records: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        spec: DataSource,
+        *,
+        name: str,
+        where: str,
+        tokenizer,
+        tokenizer_path,
+        seq_len: int,
+        val_fraction: float,
+        files: list[Path],
+        skip_bad_records: bool = False,
+    ):
         self.spec, self.name, self.where = spec, name, where
         self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
         self.files = files
         template = load_chat_template(tokenizer_path)
         self.renderer = ChatRenderer(template, tokenizer_path)
-        self.conversations = [c for f in files
-                              for c in read_conversations(f, skip_bad_records=skip_bad_records)]  # fmt: skip
+        self.conversations = [
+            c for f in files for c in read_conversations(f, skip_bad_records=skip_bad_records)
+        ]
         if not self.conversations:
             raise ConfigError(f"{where}={spec.path!r} holds no chat record")
         self.inputs = {
@@ -248,8 +283,12 @@ class ChatSource:
             "chat_template": "tokenizer" if template is not None else "default",
             "first_paths": [str(f) for f in files[:5]],
         }
-        log.info("Reading %d chat records from %d files (%s chat template)",
-                 len(self.conversations), len(files), self.inputs["chat_template"])  # fmt: skip
+        log.info(
+            "Reading %d chat records from %d files (%s chat template)",
+            len(self.conversations),
+            len(files),
+            self.inputs["chat_template"],
+        )
         self.splits: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
         self.prepare()  # tokenized now: a bad template or a short split fails before step 1
 
@@ -257,12 +296,16 @@ class ChatSource:
         """Render and tokenize every conversation (once)."""
         if self.splits is not None:
             return
-        encoded = [encode_conversation(self.renderer.pieces(m, w), self.tokenizer)
-                   for w, m in self.conversations]  # fmt: skip
+        encoded = [
+            encode_conversation(self.renderer.pieces(m, w), self.tokenizer)
+            for w, m in self.conversations
+        ]
         held_out = max(1, int(len(encoded) * self.val_fraction))
         if len(encoded) < 2:
-            raise ConfigError(f"{self.where}: one chat record cannot make both a training and a "
-                              "validation split; add records")  # fmt: skip
+            raise ConfigError(
+                f"{self.where}: one chat record cannot make both a training and a "
+                "validation split; add records"
+            )
         parts = {"train": encoded[:-held_out], "val": encoded[-held_out:]}
         self.splits = {
             split: (np.concatenate([i for i, _ in p]), np.concatenate([m for _, m in p]))

@@ -134,9 +134,15 @@ class LMDataModule(pl.LightningDataModule):
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
         sampler = GlobalBatchSampler(
-            len(train_set), self.global_batch_size, micro, rank, size, seed=self.seed,
-            start_step=self.resume_step, shares=self.dp_shares(),
-        )  # fmt: skip
+            len(train_set),
+            self.global_batch_size,
+            micro,
+            rank,
+            size,
+            seed=self.seed,
+            start_step=self.resume_step,
+            shares=self.dp_shares(),
+        )
         return self._loader(train_set, sampler=sampler, batch_size=micro)
 
     more_validation = "give the validation split more windows"
@@ -243,23 +249,33 @@ class MixtureDataModule(LMDataModule):
         )
         self.specs = parse_sources(sources)
         self.tokenizer, self.separator = checked_tokenizer(
-            tokenizer, pack_documents=pack_documents, vocab_size=vocab_size,
+            tokenizer,
+            pack_documents=pack_documents,
+            vocab_size=vocab_size,
             formats=[s.format for s in self.specs],
-        )  # fmt: skip
+        )
         self.tokenizer_vocab_size = self.tokenizer.vocab_size
         self.val_fraction = val_fraction
         self.cache_dir = cache_dir
         where = list(where or (f"data.sources[{i}]" for i in range(len(self.specs))))
-        self.specs = local_specs(self.specs, where, cache_dir=cache_dir,
-                                 cap_gib=remote_cache_gib)  # fmt: skip
+        self.specs = local_specs(self.specs, where, cache_dir=cache_dir, cap_gib=remote_cache_gib)
         self.sources = [
-            build_source(spec, index=i, where=where[i], tokenizer=self.tokenizer,
-                         seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
-                         follow_symlinks=follow_symlinks, vocab_size=vocab_size,
-                         skip_bad_records=skip_bad_records, seed=seed,
-                         val_windows=val_batches * global_batch_size)
+            build_source(
+                spec,
+                index=i,
+                where=where[i],
+                tokenizer=self.tokenizer,
+                seq_len=seq_len,
+                val_fraction=val_fraction,
+                cache_dir=cache_dir,
+                follow_symlinks=follow_symlinks,
+                vocab_size=vocab_size,
+                skip_bad_records=skip_bad_records,
+                seed=seed,
+                val_windows=val_batches * global_batch_size,
+            )
             for i, spec in enumerate(self.specs)
-        ]  # fmt: skip
+        ]
         self.names = [source.name for source in self.sources]
         self.weights = [spec.weight for spec in self.specs]
         self.inputs: dict[str, Any] = {
@@ -303,18 +319,25 @@ class MixtureDataModule(LMDataModule):
         self.train_sets = [s.windows("train", self.separator) for s in self.sources]
         self.val_sets = [s.windows("val", self.separator) for s in self.sources]
         self.plan_of_samples = MixturePlan(
-            [None if t is None else len(t) for t in self.train_sets], self.weights,
-            self.global_batch_size, self.seed,
-        )  # fmt: skip
+            [None if t is None else len(t) for t in self.train_sets],
+            self.weights,
+            self.global_batch_size,
+            self.seed,
+        )
         single = len(self.sources) == 1
         if any(t is None for t in self.train_sets):  # streamed sources: read while training
             self.train_set = StreamedMixture(
-                self.plan_of_samples, self.train_sets,
-                [getattr(s, "spec", None) if t is None else None
-                 for s, t in zip(self.sources, self.train_sets, strict=True)],
+                self.plan_of_samples,
+                self.train_sets,
+                [
+                    getattr(s, "spec", None) if t is None else None
+                    for s, t in zip(self.sources, self.train_sets, strict=True)
+                ],
                 [getattr(s, "shuffle_windows", 1) for s in self.sources],
-                seq_len=self.seq_len, num_workers=self.num_workers, separator=self.separator,
-            )  # fmt: skip
+                seq_len=self.seq_len,
+                num_workers=self.num_workers,
+                separator=self.separator,
+            )
         elif any(isinstance(t, ChatWindows) for t in self.train_sets):  # a loss mask for all
             self.train_set = with_loss_masks(self.train_sets, self.seq_len)
             self.val_set = with_loss_masks(self.val_sets, self.seq_len)
@@ -361,15 +384,21 @@ class MixtureDataModule(LMDataModule):
                 log.warning(
                     "The checkpoint's data mixture (sources %s, weights %s, %d samples drawn) "
                     "is not this run's (%s, %s, %d): the samples of step %d on are this run's",
-                    saved["names"], saved["weights"], sum(saved["drawn"]), self.names,
-                    self.weights, self.resume_step * self.global_batch_size, self.resume_step + 1,
-                )  # fmt: skip
+                    saved["names"],
+                    saved["weights"],
+                    sum(saved["drawn"]),
+                    self.names,
+                    self.weights,
+                    self.resume_step * self.global_batch_size,
+                    self.resume_step + 1,
+                )
         rank, size = self.dp_rank_and_size()
         micro, _ = self.plan(size)
         start, shares = self.resume_step, self.dp_shares()
         if isinstance(self.train_set, StreamedMixture):  # micro-batches come out collated
-            rank_sampler = GlobalBatchSampler(self.global_batch_size, self.global_batch_size,
-                                              micro, rank, size, shares=shares)  # fmt: skip
+            rank_sampler = GlobalBatchSampler(
+                self.global_batch_size, self.global_batch_size, micro, rank, size, shares=shares
+            )
             self.train_set.start(rank_sampler, start, streams)
             return DataLoader(self.train_set, batch_size=None, num_workers=0)
         offsets = np.cumsum([0, *(len(t) for t in self.train_sets[:-1])]).tolist()

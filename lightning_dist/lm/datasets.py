@@ -37,8 +37,14 @@ class TokenWindows(Dataset):
     each document) a window is a `packed_window`.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, *, split: str = "train",
-                 separator: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        *,
+        split: str = "train",
+        separator: int | None = None,
+    ):
         if seq_len < 1:
             raise ValueError(f"data.seq_len={seq_len} must be at least 1")
         n = len(tokens)
@@ -76,8 +82,9 @@ class TokenWindows(Dataset):
         tokens = state["tokens"]
         if isinstance(tokens, tuple):
             filename, dtype, offset, n = tokens
-            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset,
-                                        shape=(n,))  # fmt: skip
+            state["tokens"] = np.memmap(
+                filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(n,)
+            )
         self.__dict__.update(state)
 
 
@@ -89,9 +96,14 @@ class SyntheticTokens(Dataset):
     stream) each end with one, so a window is a `packed_window` of several documents."""
 
     def __init__(
-        self, num_samples: int, seq_len: int, vocab_size: int, seed: int = 0, offset: int = 0,
+        self,
+        num_samples: int,
+        seq_len: int,
+        vocab_size: int,
+        seed: int = 0,
+        offset: int = 0,
         documents: bool = False,
-    ):  # fmt: skip
+    ):
         if num_samples < 1 or seq_len < 1 or vocab_size < 1 + documents:
             raise ValueError(
                 f"synthetic data needs num_samples={num_samples}, seq_len={seq_len} and "

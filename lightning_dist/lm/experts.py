@@ -28,8 +28,9 @@ class ExpertStats:
     @classmethod
     def of(cls, spec: Any) -> ExpertStats:
         """For the model described by `spec` (`MoEArgs`)."""
-        return cls(layers=tuple(spec.moe_layers), top_k=spec.top_k,
-                   active_parameters=spec.active_params())  # fmt: skip
+        return cls(
+            layers=tuple(spec.moe_layers), top_k=spec.top_k, active_parameters=spec.active_params()
+        )
 
     def record(self, loads: torch.Tensor, aux_loss: float | None) -> dict[str, float]:
         """Keep one step: `loads` [n_layers, num_experts], any positive multiple of the step's

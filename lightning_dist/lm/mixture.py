@@ -32,8 +32,13 @@ _MARKS = 256
 class MixturePlan:
     """The source and window of every sample of the stream (see the module docstring)."""
 
-    def __init__(self, lengths: Sequence[int | None], weights: Sequence[float],
-                 global_batch_size: int, seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        lengths: Sequence[int | None],
+        weights: Sequence[float],
+        global_batch_size: int,
+        seed: int = 0,
+    ):
         if len(lengths) != len(weights) or not lengths:
             raise ValueError(f"{len(lengths)} source sizes for {len(weights)} weights")
         total = float(sum(weights))
@@ -121,13 +126,26 @@ class MixtureSampler(GlobalBatchSampler):
     cut of each global batch into (micro-step, rank) pieces, over the batches `plan` draws.
     Indices are into the sources' training windows laid end to end (`offsets[s]` + window)."""
 
-    def __init__(self, plan: MixturePlan, offsets: Sequence[int], micro_batch_size: int,
-                 dp_rank: int, dp_size: int, start_step: int = 0,
-                 shares: Sequence[int] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        plan: MixturePlan,
+        offsets: Sequence[int],
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        start_step: int = 0,
+        shares: Sequence[int] | None = None,
+    ):
         super().__init__(
-            sum(n or 0 for n in plan.lengths), plan.global_batch_size, micro_batch_size,
-            dp_rank, dp_size, seed=plan.seed, start_step=start_step, shares=shares,
-        )  # fmt: skip
+            sum(n or 0 for n in plan.lengths),
+            plan.global_batch_size,
+            micro_batch_size,
+            dp_rank,
+            dp_size,
+            seed=plan.seed,
+            start_step=start_step,
+            shares=shares,
+        )
         self.plan = plan
         self.offsets = list(offsets)
 

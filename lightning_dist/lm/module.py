@@ -296,8 +296,10 @@ class CausalLM(L.LightningModule):
                 {"params": decay, "weight_decay": o.weight_decay},
                 {"params": no_decay, "weight_decay": 0.0},
             ],
-            lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-        )  # fmt: skip
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+        )
         schedule = warmup_cosine(o.warmup_steps, self.trainer.max_steps, o.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {

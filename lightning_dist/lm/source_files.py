@@ -20,8 +20,11 @@ def record_files(path: str | list[str] | None, fmt: str, where: str) -> list[Pat
     found = []
     for match in path_matches(path, where):
         if match.is_dir():
-            found += [f for f in sorted(match.rglob("*"))
-                      if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])]  # fmt: skip
+            found += [
+                f
+                for f in sorted(match.rglob("*"))
+                if f.is_file() and f.name.endswith(RECORD_SUFFIXES[fmt])
+            ]
         else:
             found.append(match)
     if not found:

@@ -68,9 +68,18 @@ class TextSource:
 
     `where` names the setting in errors (`data.paths`, or `data.sources[i].path`)."""
 
-    def __init__(self, spec: DataSource, *, name: str, where: str,
-                 tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
-                 cache_dir: str | None, follow_symlinks: bool):  # fmt: skip
+    def __init__(
+        self,
+        spec: DataSource,
+        *,
+        name: str,
+        where: str,
+        tokenizer: ByteTokenizer | HFTokenizer,
+        seq_len: int,
+        val_fraction: float,
+        cache_dir: str | None,
+        follow_symlinks: bool,
+    ):
         self.spec, self.name, self.where = spec, name, where
         self.tokenizer, self.seq_len, self.val_fraction = tokenizer, seq_len, val_fraction
         self.cache_dir = cache_dir
@@ -96,9 +105,13 @@ class TextSource:
         """What the source reads: logged here and written to summary.json's `data`."""
         log.info(
             "Reading %d files, %d bytes (%s%s); %d symlinks leading out of %s skipped",
-            len(self.files), sum(sizes), ", ".join(str(f) for f in self.files[:5]),
-            ", ..." if len(self.files) > 5 else "", skipped, where,
-        )  # fmt: skip
+            len(self.files),
+            sum(sizes),
+            ", ".join(str(f) for f in self.files[:5]),
+            ", ..." if len(self.files) > 5 else "",
+            skipped,
+            where,
+        )
         self.cache: TokenCache | None = None
 
     @property
@@ -160,9 +173,13 @@ class TextSource:
         """Tokenize the files into the cache unless an identical cache exists."""
         files, documents = self._read()
         self.cache = build_token_cache(
-            files, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir,
-            key=self.key, documents=documents,
-        )  # fmt: skip
+            files,
+            self.tokenizer,
+            val_fraction=self.val_fraction,
+            cache_dir=self.cache_dir,
+            key=self.key,
+            documents=documents,
+        )
 
     def windows(self, split: str, separator: int | None) -> WindowSet:
         """The split's windows over the cache (built here if `prepare` did not run)."""
@@ -244,9 +261,18 @@ class TokenFileSource:
     `_SCAN_CHUNK` ids at a time): an id the model has no embedding for would fail mid-run, or
     silently index another row."""
 
-    def __init__(self, spec: DataSource, *, name: str, where: str, seq_len: int,
-                 val_fraction: float, vocab_size: int | None, files: list[Path] | None = None,
-                 dtype: np.dtype | None = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: DataSource,
+        *,
+        name: str,
+        where: str,
+        seq_len: int,
+        val_fraction: float,
+        vocab_size: int | None,
+        files: list[Path] | None = None,
+        dtype: np.dtype | None = None,
+    ):
         self.spec, self.name, self.where = spec, name, where
         self.seq_len, self.val_fraction = seq_len, val_fraction
         dtype = dtype or np.dtype(spec.dtype or token_file_dtype(vocab_size or 0))
@@ -269,8 +295,12 @@ class TokenFileSource:
             "tokens": sum(self.counts),
             "first_paths": [str(f) for f in self.files[:5]],
         }
-        log.info("Reading %d token files, %d tokens (%s)", len(self.files), sum(self.counts),
-                 ", ".join(self.inputs["first_paths"]))  # fmt: skip
+        log.info(
+            "Reading %d token files, %d tokens (%s)",
+            len(self.files),
+            sum(self.counts),
+            ", ".join(self.inputs["first_paths"]),
+        )
         for split in SPLITS:  # fails now, before any process starts
             if not self._parts(split):
                 raise ValueError(
@@ -311,17 +341,21 @@ class TokenFileSource:
         """The split's windows, file by file (a window never spans two files)."""
         sets = [
             TokenWindows(
-                np.memmap(file, dtype=self.dtype, mode="r", offset=start * self.dtype.itemsize,
-                          shape=(n,)),
-                self.seq_len, split=split, separator=separator,
+                np.memmap(
+                    file, dtype=self.dtype, mode="r", offset=start * self.dtype.itemsize, shape=(n,)
+                ),
+                self.seq_len,
+                split=split,
+                separator=separator,
             )
             for file, start, n in self._parts(split)
-        ]  # fmt: skip
+        ]
         return sets[0] if len(sets) == 1 else ConcatDataset(sets)
 
 
-def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int | None,
-                      formats: list[str]) -> tuple[ByteTokenizer | HFTokenizer, int | None]:  # fmt: skip
+def checked_tokenizer(
+    path: str | None, *, pack_documents: bool, vocab_size: int | None, formats: list[str]
+) -> tuple[ByteTokenizer | HFTokenizer, int | None]:
     """`data.tokenizer` loaded, and the id that ends documents under `pack_documents` (None
     without): ValueError when packing has no end-of-text id, or when a source it tokenizes
     would make ids the model (`vocab_size`) has no embedding for."""
@@ -342,49 +376,102 @@ def checked_tokenizer(path: str | None, *, pack_documents: bool, vocab_size: int
     return tokenizer, tokenizer.eos_id if pack_documents else None
 
 
-def build_source(spec: DataSource, *, index: int, where: str,
-                 tokenizer: ByteTokenizer | HFTokenizer, seq_len: int, val_fraction: float,
-                 cache_dir: str | None, follow_symlinks: bool, vocab_size: int | None,
-                 skip_bad_records: bool = False, seed: int = 0, val_windows: int = 0):  # fmt: skip
+def build_source(
+    spec: DataSource,
+    *,
+    index: int,
+    where: str,
+    tokenizer: ByteTokenizer | HFTokenizer,
+    seq_len: int,
+    val_fraction: float,
+    cache_dir: str | None,
+    follow_symlinks: bool,
+    vocab_size: int | None,
+    skip_bad_records: bool = False,
+    seed: int = 0,
+    val_windows: int = 0,
+):
     """The source of one `data.sources` entry (checked now: files, sizes, ids, records); a
     streamed one (`stream=true`) reads `val_windows` validation windows and nothing else."""
     name = spec.label(index)
     if spec.stream:
         try:
-            return StreamedSource(spec, index=index, name=name, where=f"{where}.path",
-                                  tokenizer=tokenizer, seq_len=seq_len,
-                                  val_fraction=val_fraction, seed=seed,
-                                  follow_symlinks=follow_symlinks,
-                                  skip_bad_records=skip_bad_records, val_windows=val_windows)  # fmt: skip
+            return StreamedSource(
+                spec,
+                index=index,
+                name=name,
+                where=f"{where}.path",
+                tokenizer=tokenizer,
+                seq_len=seq_len,
+                val_fraction=val_fraction,
+                seed=seed,
+                follow_symlinks=follow_symlinks,
+                skip_bad_records=skip_bad_records,
+                val_windows=val_windows,
+            )
         except ValueError as e:  # the text finder names data.paths
             raise _renamed(e, f"{where}.path") from e
     if spec.format == "text":
         files_key = where if where == "data.paths" else f"{where}.path"
-        return TextSource(spec, name=name, where=files_key, tokenizer=tokenizer, seq_len=seq_len,
-                          val_fraction=val_fraction, cache_dir=cache_dir,
-                          follow_symlinks=follow_symlinks)  # fmt: skip
+        return TextSource(
+            spec,
+            name=name,
+            where=files_key,
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            val_fraction=val_fraction,
+            cache_dir=cache_dir,
+            follow_symlinks=follow_symlinks,
+        )
     if spec.format == "tokens":
-        return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
-                               val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
+        return TokenFileSource(
+            spec,
+            name=name,
+            where=where,
+            seq_len=seq_len,
+            val_fraction=val_fraction,
+            vocab_size=vocab_size,
+        )
     if spec.format == "chat":
         from lightning_dist.lm.chat import ChatSource
 
         files = record_files(spec.path, "chat", f"{where}.path")
-        return ChatSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
-                          tokenizer_path=getattr(tokenizer, "path", None), seq_len=seq_len,
-                          val_fraction=val_fraction, files=files,
-                          skip_bad_records=skip_bad_records)  # fmt: skip
+        return ChatSource(
+            spec,
+            name=name,
+            where=f"{where}.path",
+            tokenizer=tokenizer,
+            tokenizer_path=getattr(tokenizer, "path", None),
+            seq_len=seq_len,
+            val_fraction=val_fraction,
+            files=files,
+            skip_bad_records=skip_bad_records,
+        )
     if spec.format == "megatron":
-        return megatron_source(spec, name=name, where=where, seq_len=seq_len,
-                               val_fraction=val_fraction, vocab_size=vocab_size)  # fmt: skip
-    return RecordSource(spec, name=name, where=f"{where}.path", tokenizer=tokenizer,
-                        seq_len=seq_len, val_fraction=val_fraction, cache_dir=cache_dir,
-                        follow_symlinks=follow_symlinks,
-                        skip_bad_records=skip_bad_records)  # fmt: skip
+        return megatron_source(
+            spec,
+            name=name,
+            where=where,
+            seq_len=seq_len,
+            val_fraction=val_fraction,
+            vocab_size=vocab_size,
+        )
+    return RecordSource(
+        spec,
+        name=name,
+        where=f"{where}.path",
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        val_fraction=val_fraction,
+        cache_dir=cache_dir,
+        follow_symlinks=follow_symlinks,
+        skip_bad_records=skip_bad_records,
+    )
 
 
-def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | None,
-                cap_gib: float) -> list[DataSource]:  # fmt: skip
+def local_specs(
+    specs: list[DataSource], where: list[str], *, cache_dir: str | None, cap_gib: float
+) -> list[DataSource]:
     """The sources with every URL path replaced by its local copies (`data/remote.py`; one
     line for an unknown protocol, missing credentials, no match, shards above the cap), each
     keeping the name its URL gives it."""
@@ -404,9 +491,15 @@ def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | N
         opts = spec.storage_options
         return OmegaConf.to_container(opts, resolve=True) if OmegaConf.is_config(opts) else opts
 
-    requests = [{"paths": entries(specs[i]), "format": specs[i].format,
-                 "where": where[i] if where[i] == "data.paths" else f"{where[i]}.path",
-                 "storage_options": options(specs[i])} for i in remote]  # fmt: skip
+    requests = [
+        {
+            "paths": entries(specs[i]),
+            "format": specs[i].format,
+            "where": where[i] if where[i] == "data.paths" else f"{where[i]}.path",
+            "storage_options": options(specs[i]),
+        }
+        for i in remote
+    ]
     root = cache_folder(cache_dir or default_cache_dir())
     local = fetch_remote_sources(requests, cache_root=root, cap_bytes=int(cap_gib * 2**30))
     out = list(specs)
@@ -415,8 +508,15 @@ def local_specs(specs: list[DataSource], where: list[str], *, cache_dir: str | N
     return out
 
 
-def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,
-                    val_fraction: float, vocab_size: int | None) -> TokenFileSource:  # fmt: skip
+def megatron_source(
+    spec: DataSource,
+    *,
+    name: str,
+    where: str,
+    seq_len: int,
+    val_fraction: float,
+    vocab_size: int | None,
+) -> TokenFileSource:
     """A Megatron-Core indexed dataset (`prefix.bin` + `prefix.idx`, `data/indexed.py` checks
     both) as a token source: its documents back to back, as Megatron's GPT dataset reads them.
     `path` is the prefix (a `.bin` or `.idx` suffix is dropped), a glob of them, or a list."""
@@ -435,8 +535,17 @@ def megatron_source(spec: DataSource, *, name: str, where: str, seq_len: int,
             prefixes.append(prefix)
             dtypes.add(IndexedDataset(prefix).dtype)
     if len(dtypes) > 1 or dtypes & {np.dtype(np.float32), np.dtype(np.float64)}:
-        raise ValueError(f"{where}: the indexed datasets hold {sorted(map(str, dtypes))} tokens; "
-                         "one integer dtype per source")  # fmt: skip
-    return TokenFileSource(spec, name=name, where=where, seq_len=seq_len,
-                           val_fraction=val_fraction, vocab_size=vocab_size,
-                           files=[Path(p + ".bin") for p in prefixes], dtype=dtypes.pop())  # fmt: skip
+        raise ValueError(
+            f"{where}: the indexed datasets hold {sorted(map(str, dtypes))} tokens; "
+            "one integer dtype per source"
+        )
+    return TokenFileSource(
+        spec,
+        name=name,
+        where=where,
+        seq_len=seq_len,
+        val_fraction=val_fraction,
+        vocab_size=vocab_size,
+        files=[Path(p + ".bin") for p in prefixes],
+        dtype=dtypes.pop(),
+    )

@@ -84,8 +84,9 @@ class StreamSpec:
             for text in iter_documents(path, "text"):
                 yield self.val_files[index], text
             return
-        texts = iter_documents(path, self.format, field=self.field,
-                               skip_bad_records=self.skip_bad_records)  # fmt: skip
+        texts = iter_documents(
+            path, self.format, field=self.field, skip_bad_records=self.skip_bad_records
+        )
         for k, text in enumerate(texts):
             yield held_out(k, self.val_fraction), text
 
@@ -148,20 +149,37 @@ class BlockStream(IterableDataset):
                     ordinal, blocks = ordinal + 1, blocks + 1
                 first_block = 0
             if blocks == 0 and first_position == 0:
-                raise ConfigError(f"streamed source {self.spec.name!r} holds no training "
-                                  "document (every one is held out for validation)")  # fmt: skip
+                raise ConfigError(
+                    f"streamed source {self.spec.name!r} holds no training "
+                    "document (every one is held out for validation)"
+                )
             epoch, first_position = epoch + 1, 0
 
 
 class WindowStream:
     """One source's windows, draw after draw (`take`), from a saved `position` or the start."""
 
-    def __init__(self, spec: StreamSpec, *, seq_len: int, shuffle_windows: int,
-                 num_workers: int, position: dict[str, int] | None, keep_draws: int):  # fmt: skip
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        seq_len: int,
+        shuffle_windows: int,
+        num_workers: int,
+        position: dict[str, int] | None,
+        keep_draws: int,
+    ):
         self.spec, self.seq_len, self.shuffle_windows = spec, seq_len, shuffle_windows
         self.keep_draws = keep_draws
-        at = position or {"draw": 0, "epoch": 0, "chunk": 0, "file_position": 0, "block": 0,
-                          "offset": 0, "skip": 0}  # fmt: skip
+        at = position or {
+            "draw": 0,
+            "epoch": 0,
+            "chunk": 0,
+            "file_position": 0,
+            "block": 0,
+            "offset": 0,
+            "skip": 0,
+        }
         self.draw, self.epoch, self.chunk_index = at["draw"] - at["skip"], at["epoch"], at["chunk"]
         start = (at["epoch"], at["file_position"], at["block"])
         blocks = BlockStream(spec, start)
@@ -220,8 +238,10 @@ class WindowStream:
                 break  # the epoch ends: its last chunk is shorter
         if not windows:  # the epoch ended on a chunk's boundary
             if self.epoch_windows == 0:
-                raise ConfigError(f"streamed source {self.spec.name!r} holds fewer tokens than "
-                                  f"one window of data.seq_len={self.seq_len}")  # fmt: skip
+                raise ConfigError(
+                    f"streamed source {self.spec.name!r} holds fewer tokens than "
+                    f"one window of data.seq_len={self.seq_len}"
+                )
             self._next_epoch()
             return self._fill_chunk()
         rng = np.random.default_rng([*self.spec.seed, _CHUNK_ORDER, self.epoch, self.chunk_index])
@@ -231,9 +251,16 @@ class WindowStream:
 
     def _record_start(self) -> None:
         start, position, block, offset = self.segments[0]
-        self.history.append({"first_draw": self.draw, "epoch": self.epoch,
-                             "chunk": self.chunk_index, "file_position": position,
-                             "block": block, "offset": offset - start})  # fmt: skip
+        self.history.append(
+            {
+                "first_draw": self.draw,
+                "epoch": self.epoch,
+                "chunk": self.chunk_index,
+                "file_position": position,
+                "block": block,
+                "offset": offset - start,
+            }
+        )
         while len(self.history) > 1 and self.history[1]["first_draw"] < self.draw - self.keep_draws:
             self.history.popleft()
 
@@ -269,9 +296,17 @@ class StreamedMixture(IterableDataset):
     from `train_sets`), this rank's positions of them (`sampler.rank_positions`) collated.
     Iterated in the training process (its DataLoader has no workers; the streams have)."""
 
-    def __init__(self, plan: MixturePlan, train_sets: list[WindowSet | None],
-                 specs: list[StreamSpec | None], shuffle_windows: list[int], *, seq_len: int,
-                 num_workers: int, separator: int | None):  # fmt: skip
+    def __init__(
+        self,
+        plan: MixturePlan,
+        train_sets: list[WindowSet | None],
+        specs: list[StreamSpec | None],
+        shuffle_windows: list[int],
+        *,
+        seq_len: int,
+        num_workers: int,
+        separator: int | None,
+    ):
         self.plan, self.train_sets, self.specs = plan, train_sets, specs
         self.shuffle_windows, self.seq_len = shuffle_windows, seq_len
         self.num_workers, self.separator = num_workers, separator
@@ -280,16 +315,22 @@ class StreamedMixture(IterableDataset):
         self.positions: dict[str, dict[str, int]] = {}
         self.streams: dict[int, WindowStream] = {}
 
-    def start(self, sampler: GlobalBatchSampler, start_step: int,
-              positions: dict[str, dict[str, int]] | None) -> None:  # fmt: skip
+    def start(
+        self,
+        sampler: GlobalBatchSampler,
+        start_step: int,
+        positions: dict[str, dict[str, int]] | None,
+    ) -> None:
         """Read as `sampler`'s rank from `start_step`, the streams from their saved positions
         (by source name; a stream without one reads from its start up to its draws)."""
         self.sampler, self.start_step, self.positions = sampler, start_step, positions or {}
 
     def positions_at(self, drawn: list[int]) -> dict[str, dict[str, int]]:
         """Each started stream's position at its draws `drawn[s]` (the checkpoint's entry)."""
-        return {self.specs[s].name: stream.position_at(drawn[s])  # type: ignore[union-attr]
-                for s, stream in self.streams.items()}  # fmt: skip
+        return {
+            self.specs[s].name: stream.position_at(drawn[s])  # type: ignore[union-attr]
+            for s, stream in self.streams.items()
+        }
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.sampler
@@ -301,19 +342,20 @@ class StreamedMixture(IterableDataset):
                 continue
             saved = self.positions.get(spec.name)
             stream = WindowStream(
-                spec, seq_len=self.seq_len, shuffle_windows=self.shuffle_windows[s],
+                spec,
+                seq_len=self.seq_len,
+                shuffle_windows=self.shuffle_windows[s],
                 num_workers=self.num_workers,
                 position=saved if saved and saved["draw"] == drawn[s] else None,
                 keep_draws=32 * self.plan.global_batch_size,
-            )  # fmt: skip
+            )
             while stream.draw < drawn[s]:  # no saved position: read up to the draws
                 stream.take(stream.draw)
             self.streams[s] = stream
         try:
             for step in itertools.count(self.start_step):
                 samples = self.plan.step_samples(step)
-                taken = [self.streams[s].take(i) if s in self.streams else None
-                         for s, i in samples]  # fmt: skip
+                taken = [self.streams[s].take(i) if s in self.streams else None for s, i in samples]
                 for micro_step in range(sampler.grad_accumulation):
                     positions = sampler.rank_positions(micro_step)
                     yield default_collate([self._sample(samples[p], taken[p]) for p in positions])
@@ -328,8 +370,9 @@ class StreamedMixture(IterableDataset):
         return packed_window(torch.from_numpy(window.astype(np.int64)), self.separator)
 
 
-def validation_windows(spec: StreamSpec, *, seq_len: int, windows: int,
-                       separator: int | None) -> WindowSet:  # fmt: skip
+def validation_windows(
+    spec: StreamSpec, *, seq_len: int, windows: int, separator: int | None
+) -> WindowSet:
     """The first `windows` validation windows of a streamed source (its held-out documents in
     file order, tokenized now: only as many as those windows need); [] when it has none."""
     tokenizer = load_tokenizer(spec.tokenizer_path)
@@ -355,9 +398,21 @@ class StreamedSource:
     """A source read as a stream (`stream=true`): found and checked now (its files, the first
     record of the first one), nothing tokenized before training but the validation windows."""
 
-    def __init__(self, spec: DataSource, *, index: int, name: str, where: str,
-                 tokenizer: Any, seq_len: int, val_fraction: float, seed: int,
-                 follow_symlinks: bool, skip_bad_records: bool, val_windows: int):  # fmt: skip
+    def __init__(
+        self,
+        spec: DataSource,
+        *,
+        index: int,
+        name: str,
+        where: str,
+        tokenizer: Any,
+        seq_len: int,
+        val_fraction: float,
+        seed: int,
+        follow_symlinks: bool,
+        skip_bad_records: bool,
+        val_windows: int,
+    ):
 
         self.name, self.seq_len, self.val_windows = name, seq_len, val_windows
         fmt = spec.format
@@ -370,10 +425,16 @@ class StreamedSource:
         val_files = split_files(relative_names(files), val_fraction) if fmt == "text" else []
         path = getattr(tokenizer, "path", None)
         self.spec = StreamSpec(
-            name=name, format=fmt, files=tuple(str(f) for f in files), field=spec.field,
-            skip_bad_records=skip_bad_records, tokenizer_path=None if path is None else str(path),
-            val_fraction=val_fraction, val_files=tuple(val_files), seed=(seed, index),
-        )  # fmt: skip
+            name=name,
+            format=fmt,
+            files=tuple(str(f) for f in files),
+            field=spec.field,
+            skip_bad_records=skip_bad_records,
+            tokenizer_path=None if path is None else str(path),
+            val_fraction=val_fraction,
+            val_files=tuple(val_files),
+            seed=(seed, index),
+        )
         self.shuffle_windows = spec.shuffle_windows
         with contextlib.closing(self.spec.documents(0)) as documents:
             next(documents, None)  # a wrong field or format: one line, now
@@ -390,5 +451,6 @@ class StreamedSource:
         """The validation windows (read now); None for train (the stream, `StreamedMixture`)."""
         if split == "train":
             return None
-        return validation_windows(self.spec, seq_len=self.seq_len, windows=self.val_windows,
-                                  separator=separator)  # fmt: skip
+        return validation_windows(
+            self.spec, seq_len=self.seq_len, windows=self.val_windows, separator=separator
+        )

@@ -93,8 +93,12 @@ def find_files(
 def special_file_kind(path: Path) -> str:
     """What a path that is neither a regular file nor a folder is, in a few words."""
     mode = path.stat().st_mode
-    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    kinds = (
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
@@ -130,8 +134,11 @@ class _Walker:
         self.root = base.resolve()
         out: list[Path] = []
         for match, is_dir in self._glob(base, self.root, parts[fixed:], frozenset()):
-            out.extend(self._text_files(match, match.resolve(), frozenset()) if is_dir
-                       else [match.resolve()])  # fmt: skip
+            out.extend(
+                self._text_files(match, match.resolve(), frozenset())
+                if is_dir
+                else [match.resolve()]
+            )
         return out
 
     def _children(self, folder: Path, real: Path, ancestors: frozenset):
@@ -290,8 +297,9 @@ def invalid_utf8_bytes(data: bytes) -> int:
     decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
     view, count = memoryview(data), 0
     for start in range(0, len(data), _DECODE_CHUNK):  # each undecodable byte: one surrogate
-        text = decoder.decode(view[start : start + _DECODE_CHUNK],
-                              final=start + _DECODE_CHUNK >= len(data))  # fmt: skip
+        text = decoder.decode(
+            view[start : start + _DECODE_CHUNK], final=start + _DECODE_CHUNK >= len(data)
+        )
         count += len(_ESCAPED_BYTE.findall(text))
     return count
 

@@ -10,5 +10,11 @@ from lightning_dist.data.tokenizer import (
     load_tokenizer,
 )
 
-__all__ = ["EOS_CANDIDATES", "ByteTokenizer", "HFTokenizer", "Tokenizer", "describe",
-           "load_tokenizer"]  # fmt: skip
+__all__ = [
+    "EOS_CANDIDATES",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "describe",
+    "load_tokenizer",
+]

@@ -76,10 +76,16 @@ class Traffic:
 
 def _kind(op_name: str) -> str | None:
     name = op_name.split("::")[-1]
-    for key, kind in (("gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
-                      ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
-                      ("all_to_all", "all_to_all"), ("alltoall", "all_to_all"),
-                      ("broadcast", "broadcast"), ("send", "send")):  # fmt: skip
+    for key, kind in (
+        ("gather", "all_gather"),
+        ("reduce_scatter", "reduce_scatter"),
+        ("allreduce", "all_reduce"),
+        ("all_reduce", "all_reduce"),
+        ("all_to_all", "all_to_all"),
+        ("alltoall", "all_to_all"),
+        ("broadcast", "broadcast"),
+        ("send", "send"),
+    ):
         if key in name:
             return kind
     return None  # recv, barrier, wait_tensor: nothing sent
@@ -97,8 +103,9 @@ class CollectiveCounter(dispatch_mode_class()):
     """Counts every c10d collective by the mesh dimension of its group (`dims`: group name ->
     (dimension, group size)); groups outside the mesh count as 'other'."""
 
-    def __init__(self, dims: dict[str, tuple[str, int]],
-                 ring_volume: Callable[[str, float, int], float]):  # fmt: skip
+    def __init__(
+        self, dims: dict[str, tuple[str, int]], ring_volume: Callable[[str, float, int], float]
+    ):
         super().__init__()
         self.dims = dims
         self.ring_volume = ring_volume
@@ -164,8 +171,9 @@ def fake_world(world_size: int, rank: int):
         clear_dtensor_caches()  # the next rank's meshes are equal to this one's
 
 
-def each_in_a_fresh_process(function: Callable[[int], RankDryRun],
-                            ranks: list[int]) -> list[RankDryRun]:  # fmt: skip
+def each_in_a_fresh_process(
+    function: Callable[[int], RankDryRun], ranks: list[int]
+) -> list[RankDryRun]:
     """`function(rank)` for each rank, each in a forked process of its own (as many at once as
     there are cores). A process holds one fake world: torch keeps meshes and their groups by
     name, and a second world in the same process resolves the first's names and fails."""
@@ -212,9 +220,11 @@ def _local_bytes(tensors) -> int:
 
 def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return _local_bytes(
-        v for state in optimizer.state.values() for v in state.values()
+        v
+        for state in optimizer.state.values()
+        for v in state.values()
         if isinstance(v, torch.Tensor) and v.dim() > 0
-    )  # fmt: skip
+    )
 
 
 def dry_run_rank(
@@ -259,8 +269,9 @@ def dry_run_rank(
             model = build_model()
         args, tp = model.args, options.tp
         sp = layout.tp > 1 and uses_sequence_parallel(model, tp.sequence_parallel, tp.tp_plan)
-        model = parallelize(model, mesh, layout, device=torch.device("cpu"), options=options,
-                            precision=precision)  # fmt: skip
+        model = parallelize(
+            model, mesh, layout, device=torch.device("cpu"), options=options, precision=precision
+        )
         parts = model_parts(model)
         for part in parts:
             balance_routing(part)
@@ -280,13 +291,23 @@ def dry_run_rank(
                 counter.traffic = Traffic()
                 # As Lightning's step: the precision plugin's autocast around it all, backward
                 # (the schedule's, under PP) included.
-                with counter, loss_parallel_context(layout.tp, tp.loss_parallel), \
-                        _autocast(precision):  # fmt: skip
+                with (
+                    counter,
+                    loss_parallel_context(layout.tp, tp.loss_parallel),
+                    _autocast(precision),
+                ):
                     if layout.pp > 1:
-                        _pipeline_micro_step(model, layout, mesh["pp"].get_local_rank(),
-                                             counter.traffic, boundary, local_len,
-                                             args.vocab_size, _compute_dtype(options, layout),
-                                             positions)  # fmt: skip
+                        _pipeline_micro_step(
+                            model,
+                            layout,
+                            mesh["pp"].get_local_rank(),
+                            counter.traffic,
+                            boundary,
+                            local_len,
+                            args.vocab_size,
+                            _compute_dtype(options, layout),
+                            positions,
+                        )
                     else:
                         tokens = _tokens(micro_batch_size, local_len, args.vocab_size)
                         _loss(model(tokens, **_extra(positions)), tokens).backward()
@@ -296,14 +317,22 @@ def dry_run_rank(
                 if grad_clip:
                     clip_grad_norm_global(params, grad_clip, stage_size=layout.dp * layout.tp)
                 optimizer.step()
-            states = (_local_bytes(params), _local_bytes(p.grad for p in params),
-                      _optimizer_bytes(optimizer))  # fmt: skip
+            states = (
+                _local_bytes(params),
+                _local_bytes(p.grad for p in params),
+                _optimizer_bytes(optimizer),
+            )
     traffic = micro_steps[0].combined(micro_steps[-1], accumulate - 1).combined(counter.traffic)
     return RankDryRun(
-        rank=rank, coordinate=layout.coordinate(rank), param_bytes=states[0],
-        grad_bytes=states[1], optimizer_bytes=states[2], traffic=traffic,
-        micro_steps_run=len(micro_steps), seconds=time.perf_counter() - started,
-    )  # fmt: skip
+        rank=rank,
+        coordinate=layout.coordinate(rank),
+        param_bytes=states[0],
+        grad_bytes=states[1],
+        optimizer_bytes=states[2],
+        traffic=traffic,
+        micro_steps_run=len(micro_steps),
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _tokens(batch: int, seq_len: int, vocab_size: int) -> torch.Tensor:
@@ -347,8 +376,11 @@ def _actions(model, layout: Layout, pp_rank: int) -> list[tuple[str, int, int]]:
     if layout.virtual_stages > 1:
         names = {kinds.FORWARD: "F", kinds.FULL_BACKWARD: "B"}
         order = [a for a in model.schedule.pipeline_order[pp_rank] if a is not None]
-        return [(names[a.computation_type], a.stage_index, a.microbatch_index)
-                for a in order if a.computation_type in names]  # fmt: skip
+        return [
+            (names[a.computation_type], a.stage_index, a.microbatch_index)
+            for a in order
+            if a.computation_type in names
+        ]
     warmup = m if layout.schedule == "GPipe" else min(m, layout.pp - pp_rank)
     steps = [("F", mb) for mb in range(warmup)]
     for mb in range(m - warmup):
@@ -357,9 +389,17 @@ def _actions(model, layout: Layout, pp_rank: int) -> list[tuple[str, int, int]]:
     return [(kind, pp_rank, mb) for kind, mb in steps]
 
 
-def _pipeline_micro_step(model, layout: Layout, pp_rank: int, traffic: Traffic,
-                         boundary: tuple[int, ...], seq_len: int, vocab_size: int,
-                         dtype: torch.dtype, positions: torch.Tensor | None) -> None:  # fmt: skip
+def _pipeline_micro_step(
+    model,
+    layout: Layout,
+    pp_rank: int,
+    traffic: Traffic,
+    boundary: tuple[int, ...],
+    seq_len: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+    positions: torch.Tensor | None,
+) -> None:
     """One schedule step of this rank's chunks in its schedule's order (see module doc)."""
     from torch.distributed.fsdp import FSDPModule
 

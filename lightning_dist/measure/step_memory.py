@@ -139,8 +139,13 @@ class StepMemoryMeter:
     call `optimizer_step_begins()` once backward is done.
     """
 
-    def __init__(self, device: torch.device | None = None, *, closure_step: bool = False,
-                 module_hooks: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device | None = None,
+        *,
+        closure_step: bool = False,
+        module_hooks: bool = True,
+    ) -> None:
         self.device = device
         self.closure_step = closure_step
         self.module_hooks = module_hooks

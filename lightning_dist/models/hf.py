@@ -66,8 +66,13 @@ def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     shared expert width `MoEShape` cannot describe."""
     model_type = cfg.get("model_type")
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 8
-    fields = dict(num_experts=experts, top_k=cfg.get("num_experts_per_tok", 2),
-                  aux_loss_coeff=0.0, bias_update_rate=0.0, score_func="softmax")  # fmt: skip
+    fields = dict(
+        num_experts=experts,
+        top_k=cfg.get("num_experts_per_tok", 2),
+        aux_loss_coeff=0.0,
+        bias_update_rate=0.0,
+        score_func="softmax",
+    )
     if model_type == "mixtral":
         return {**fields, "expert_hidden_size": cfg["intermediate_size"], "route_norm": True}
     expert = cfg["moe_intermediate_size"]
@@ -84,8 +89,13 @@ def moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
             f"shared_expert_intermediate_size={shared} is not a multiple of moe_intermediate_size="
             f"{expert}; MoEArgs' shared experts are n_shared_experts x the expert width"
         )
-    return {**fields, "expert_hidden_size": expert, "n_shared_experts": shared // expert,
-            "first_k_dense": len(dense), "route_norm": bool(cfg.get("norm_topk_prob", False))}  # fmt: skip
+    return {
+        **fields,
+        "expert_hidden_size": expert,
+        "n_shared_experts": shared // expert,
+        "first_k_dense": len(dense),
+        "route_norm": bool(cfg.get("norm_topk_prob", False)),
+    }
 
 
 def _import_transformers():

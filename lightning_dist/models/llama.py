@@ -142,8 +142,13 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, kv_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
-                documents: torch.Tensor | None = None):  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        documents: torch.Tensor | None = None,
+    ):
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
@@ -223,8 +228,13 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = feed_forward or FeedForward(args.dim, args.hidden_dim)
 
-    def forward(self, h: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
-                documents: torch.Tensor | None = None):  # fmt: skip
+    def forward(
+        self,
+        h: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        documents: torch.Tensor | None = None,
+    ):
         h = h + self.attention(self.attention_norm(h), rope_cos, rope_sin, documents)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -300,8 +310,12 @@ class Transformer(nn.Module):
         """Block `layer` (built on the meta device); a model with other blocks overrides it."""
         return TransformerBlock(args)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Token ids [b, s] to logits [b, s, vocab].
 
         On a pipeline stage without `tok_embeddings` the input is hidden states [b, s, dim];

@@ -90,8 +90,15 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor
     return _ContiguousGrad.apply(_GROUPED_MM(x, weight.transpose(-2, -1), offs=offsets))
 
 
-def expert_mlp(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-               w3: torch.Tensor, *, grouped: bool) -> torch.Tensor:  # fmt: skip
+def expert_mlp(
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    *,
+    grouped: bool,
+) -> torch.Tensor:
     """SwiGLU experts over rows sorted by expert: rows `counts[e]` of `x` [N, dim] go through
     expert e, w2[e](silu(w1[e] x) * w3[e] x). `grouped` runs the three grouped matmuls; else a
     loop over the experts, which gives the same numbers (tests/unit/test_moe.py) wherever
@@ -107,8 +114,9 @@ def expert_mlp(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torc
     return torch.cat(outputs)
 
 
-def run_grouped_experts(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
-                        w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def run_grouped_experts(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+) -> torch.Tensor:
     """`expert_mlp` of `GroupedExperts`' weights (or an expert-parallel rank's slice of them,
     `counts` then one per expert of the slice): under autocast the operands are cast to its
     dtype first, as autocast casts a matmul's (it has no rule for the grouped matmul)."""
@@ -261,16 +269,20 @@ class MoE(nn.Module):
             flat + self.num_experts * sequence, minlength=bsz * self.num_experts
         ).view(bsz, self.num_experts)
 
-    def _record(self, scores: torch.Tensor, by_sequence: torch.Tensor,
-                counts: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+    def _record(
+        self, scores: torch.Tensor, by_sequence: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor | None:
         """This forward's load-balancing loss (None when off), kept with the loads for the
         step unless the forward is a rerun (below) or `recording` is off."""
         aux = None
         if self.aux_loss_coeff:
             balance = sequence_balance_loss(
-                scores, by_sequence, self.top_k, normalise=self.normalise_scores,
+                scores,
+                by_sequence,
+                self.top_k,
+                normalise=self.normalise_scores,
                 sequence_sum=self.sequence_sum,
-            )  # fmt: skip
+            )
             aux = self.aux_loss_coeff * balance
         # Activation checkpointing reruns this forward in backward: the same ops (it checks
         # that they save as many tensors), but the step has its loss and loads already.
@@ -312,8 +324,14 @@ class _AuxLossGradient(torch.autograd.Function):
         return grad, torch.full((), ctx.scale, dtype=dtype, device=device), None
 
 
-def sequence_balance_loss(scores: torch.Tensor, by_sequence: torch.Tensor, top_k: int, *,
-                          normalise: bool, sequence_sum=None) -> torch.Tensor:  # fmt: skip
+def sequence_balance_loss(
+    scores: torch.Tensor,
+    by_sequence: torch.Tensor,
+    top_k: int,
+    *,
+    normalise: bool,
+    sequence_sum=None,
+) -> torch.Tensor:
     """Mean over sequences of sum_i f_i P_i (`MoEShape.aux_loss_coeff`; 1 when balanced).
 
     `scores` [b * s, E] are the router's, `by_sequence` [b, E] the tokens of each sequence
@@ -357,8 +375,9 @@ def take_aux_loss(layers: list[MoE]) -> torch.Tensor | None:
     return torch.stack(losses).sum() if losses else None
 
 
-def take_step_loads(layers: list[MoE], n_layers: int, num_experts: int,
-                    device: torch.device) -> torch.Tensor:  # fmt: skip
+def take_step_loads(
+    layers: list[MoE], n_layers: int, num_experts: int, device: torch.device
+) -> torch.Tensor:
     """[n_layers, num_experts] float64: the tokens each layer routed to each expert since the
     last call; rows of layers not held here (other pipeline stages, dense layers) are zero, so
     an all-reduce over every rank adds each layer's counts from the ranks that hold it."""

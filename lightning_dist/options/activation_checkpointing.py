@@ -19,8 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-NAMES = {"none": ("none", 0), "off": ("none", 0), "full": ("full", 1), "op": ("op", 1),
-         "selective": ("op", 1), "op_alternate": ("op", 1, True)}  # fmt: skip
+NAMES = {
+    "none": ("none", 0),
+    "off": ("none", 0),
+    "full": ("full", 1),
+    "op": ("op", 1),
+    "selective": ("op", 1),
+    "op_alternate": ("op", 1, True),
+}
 
 
 @dataclass(frozen=True)

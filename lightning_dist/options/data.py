@@ -24,55 +24,63 @@ class DataSource:
     """One source of a mixture: where its documents are, how to read them, how often to draw."""
 
     path: str | list[str] | None = knob(
-        None, "A file, a directory, a glob (** crosses directories), an fsspec URL of any of "
+        None,
+        "A file, a directory, a glob (** crosses directories), an fsspec URL of any of "
         "them (s3://bucket/prefix/*.jsonl.zst, copied into a local cache), or a list of them; "
         "format=text: null means the .py sources of Python's standard library.",
         hydra_type=Any,
-    )  # fmt: skip
+    )
     format: str = knob(
-        "text", "text (each file one document), tokens (a flat little-endian array of token "
+        "text",
+        "text (each file one document), tokens (a flat little-endian array of token "
         "ids, no header: nanoGPT's .bin), jsonl (field), parquet (field is the column), "
         "hf_disk (datasets.save_to_disk; field is the column) or megatron (an indexed "
         "dataset's .bin/.idx prefix) or chat (JSON Lines of {messages: [{role, content}, ...]} "
         "or {prompt, response}: supervised fine-tuning, the loss on the assistant's tokens "
         "only; docs/SFT.md).",
-    )  # fmt: skip
+    )
     field: str | None = knob(
-        None, "The JSON field or column that holds the text (jsonl, parquet, hf_disk); null "
-        "means text.",
-    )  # fmt: skip
+        None,
+        "The JSON field or column that holds the text (jsonl, parquet, hf_disk); null means text.",
+    )
     weight: float = knob(
-        1.0, "Relative share of the training samples drawn from this source (normalised over "
+        1.0,
+        "Relative share of the training samples drawn from this source (normalised over "
         "the sources); a finite number above 0.",
-    )  # fmt: skip
+    )
     name: str | None = knob(
-        None, "The source's name in the logs (val/loss/<name>) and summary.json; null: the "
+        None,
+        "The source's name in the logs (val/loss/<name>) and summary.json; null: the "
         "file or folder name of path.",
-    )  # fmt: skip
+    )
     storage_options: dict[str, Any] | None = knob(
-        None, "A URL path (s3://, gs://, any fsspec protocol; docs/DATA.md): keyword arguments "
+        None,
+        "A URL path (s3://, gs://, any fsspec protocol; docs/DATA.md): keyword arguments "
         "of its fsspec filesystem, such as {endpoint_url: ...} or {anon: true}; null: the "
         "protocol's own configuration (for s3, the AWS environment and ~/.aws).",
         hydra_type=Any,
-    )  # fmt: skip
+    )
     dtype: str | None = knob(
-        None, "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
+        None,
+        "format=tokens: uint16 or uint32; null: uint16 when the model's vocabulary fits "
         "in it (model.vocab_size <= 65536), else uint32.",
-    )  # fmt: skip
+    )
 
     stream: bool = knob(
-        False, "Tokenize on the fly in the DataLoader workers instead of into the token cache "
+        False,
+        "Tokenize on the fly in the DataLoader workers instead of into the token cache "
         "first (formats text, jsonl, parquet, hf_disk): the first step starts in seconds on a "
         "corpus of any size, with the samples and resume position of a prepared source "
         "(docs/DATA.md, Streaming). Every data-parallel rank reads the whole stream and keeps "
         "its share, so at large data parallelism prepare the corpus instead.",
-    )  # fmt: skip
+    )
     shuffle_windows: int = knob(
-        1024, "stream=true: the most windows shuffled together, a chunk at a time (each chunk's "
+        1024,
+        "stream=true: the most windows shuffled together, a chunk at a time (each chunk's "
         "order seeded by (seed, source, epoch, chunk); an epoch's chunks grow from 64 windows, "
         "doubling, to this); memory: shuffle_windows x (data.seq_len + 1) x 4 bytes per "
         "streamed source and rank (32 MiB at seq_len 8192). 1 reads the windows in file order.",
-    )  # fmt: skip
+    )
 
     def label(self, index: int) -> str:
         """The name it is logged under: `name`, else the last part of `path` (of a glob: the
@@ -103,8 +111,9 @@ def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> l
             entry = dict(entry)
             unknown = sorted(set(entry) - known)
             if unknown:
-                raise ValueError(f"{where} has no key {unknown[0]!r}; its keys are: "
-                                 f"{', '.join(sorted(known))}")  # fmt: skip
+                raise ValueError(
+                    f"{where} has no key {unknown[0]!r}; its keys are: {', '.join(sorted(known))}"
+                )
             entry = DataSource(**entry)
         _check(entry, where)
         sources.append(entry)
@@ -128,8 +137,9 @@ def parse_sources(entries: Sequence[Mapping[str, Any] | DataSource] | None) -> l
 
 def _check(source: DataSource, where: str) -> None:
     if source.format not in SOURCE_FORMATS:
-        raise ValueError(f"{where}.format={source.format!r} is not one of "
-                         f"{', '.join(SOURCE_FORMATS)}")  # fmt: skip
+        raise ValueError(
+            f"{where}.format={source.format!r} is not one of {', '.join(SOURCE_FORMATS)}"
+        )
     w = source.weight
     if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
         raise ValueError(
@@ -138,8 +148,9 @@ def _check(source: DataSource, where: str) -> None:
         )
     if source.path is None and source.format != "text":
         raise ValueError(f"{where} (format={source.format}) has no path; set {where}.path")
-    if source.stream is not False and (source.stream is not True
-                                       or source.format not in STREAMED_FORMATS):  # fmt: skip
+    if source.stream is not False and (
+        source.stream is not True or source.format not in STREAMED_FORMATS
+    ):
         raise ValueError(
             f"{where}.stream={source.stream!r}: streaming is true or false and reads formats "
             f"{', '.join(STREAMED_FORMATS)} (this source is {source.format}); set it to false"

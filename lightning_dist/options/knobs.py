@@ -31,8 +31,12 @@ def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_ty
     and, for a knob the planner does not model, the reason (`planner_ignores`). `hydra_type`
     is the type the Hydra schema gives it where the Python type is a union OmegaConf cannot
     hold (those become Any)."""
-    meta = {"doc": doc, "planner": planner_ignores is None, "planner_ignores": planner_ignores,
-            "hydra_type": hydra_type}  # fmt: skip
+    meta = {
+        "doc": doc,
+        "planner": planner_ignores is None,
+        "planner_ignores": planner_ignores,
+        "hydra_type": hydra_type,
+    }
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -74,10 +78,14 @@ def _flag(value: Any, name: str) -> None:
 class CompileOptions:
     """Per-block torch.compile (regional compilation; `parallel/compile.py`)."""
 
-    compile: bool = knob(False, "torch.compile each block, after activation checkpointing and "
-                         "before FSDP wraps the model.")  # fmt: skip
-    compile_backend: str = knob("inductor", "inductor (needs a C compiler on CPUs), aot_eager (no "
-                                "code generation) or eager.")  # fmt: skip
+    compile: bool = knob(
+        False,
+        "torch.compile each block, after activation checkpointing and before FSDP wraps the model.",
+    )
+    compile_backend: str = knob(
+        "inductor",
+        "inductor (needs a C compiler on CPUs), aot_eager (no code generation) or eager.",
+    )
 
     def __post_init__(self) -> None:
         _flag(self.compile, "compile")
@@ -98,18 +106,20 @@ class Float8Options:
     """Float8 training of the blocks' linear layers (`parallel/float8.py`, torchao)."""
 
     float8: str = knob(
-        "none", "none, tensorwise or rowwise: torchao's float8 recipe for the linear layers "
+        "none",
+        "none, tensorwise or rowwise: torchao's float8 recipe for the linear layers "
         "(the output projection, and layers whose sizes are not multiples of 16, stay in high "
         "precision); emulated on CPUs. With tp > 1 tensorwise only (activations travel in bf16). "
         "Needs torchao "
         "(pip install 'lightning_dist[fp8]').",
-    )  # fmt: skip
+    )
     float8_all_gather: bool = knob(
-        False, "FSDP gathers the float8 linears' weights already cast to float8 (half the bytes "
+        False,
+        "FSDP gathers the float8 linears' weights already cast to float8 (half the bytes "
         "of bf16; torchao's enable_fsdp_float8_all_gather) instead of in the parameter dtype. "
         "Tensorwise only. On backends without float8 collectives (gloo) the bytes move as uint8, "
         "unchanged. No effect without FSDP sharding (dp_shard = 1).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         if self.float8 not in FLOAT8_RECIPES:
@@ -129,12 +139,13 @@ class CheckpointingOptions:
     """Activation checkpointing (`parallel/activation_checkpoint.py` applies it)."""
 
     activation_checkpointing: CheckpointChoice = knob(
-        0, "0: off; n: every n-th block in full (1: every block); full (= 1); op or selective: "
+        0,
+        "0: off; n: every n-th block in full (1: every block); full (= 1); op or selective: "
         "every block, saving matmul/attention outputs and recomputing the pointwise ops (under "
         "TP also the row-parallel matmuls and the all-gathers, whose outputs are full-size); "
         "op_alternate: op, but every other matmul (2nd, 4th, ... of a block) recomputed too.",
         hydra_type=Any,
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         choice = parse_activation_checkpointing(
@@ -148,11 +159,13 @@ class PrecisionOptions:
     """FSDP's mixed-precision policy (FSDP1 and FSDP2)."""
 
     param_dtype: str | None = knob(
-        None, "fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs.",
-    )  # fmt: skip
+        None,
+        "fp32, bf16 or fp16; null follows trainer.precision on GPUs and stays fp32 on CPUs.",
+    )
     reduce_dtype: str | None = knob(
-        "fp32", "dtype of the gradient reduction (fp32, bf16 or fp16).",
-    )  # fmt: skip
+        "fp32",
+        "dtype of the gradient reduction (fp32, bf16 or fp16).",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "param_dtype", _dtype(self.param_dtype, "param_dtype"))
@@ -164,11 +177,15 @@ class ShardingOptions:
     """What FSDP (1 or 2) shards one by one, and where the shards live."""
 
     auto_wrap: list[str] | None = knob(
-        None, "Block class names to shard one by one; null detects them ([] under FSDP1: the "
-        "root only).", planner_ignores="the planner shards each transformer block",
-    )  # fmt: skip
-    cpu_offload: bool = knob(False, "Parameters, gradients and optimizer state in host memory "
-                             "(the optimizer step then runs on the CPU).")  # fmt: skip
+        None,
+        "Block class names to shard one by one; null detects them ([] under FSDP1: the root only).",
+        planner_ignores="the planner shards each transformer block",
+    )
+    cpu_offload: bool = knob(
+        False,
+        "Parameters, gradients and optimizer state in host memory "
+        "(the optimizer step then runs on the CPU).",
+    )
 
     def __post_init__(self) -> None:
         _flag(self.cpu_offload, "cpu_offload")
@@ -181,11 +198,12 @@ class FSDP2Options:
     """FSDP2 (`fully_shard`) over the data-parallel ranks of a mesh strategy."""
 
     reshard_after_forward: Any = knob(
-        True, "true (free gathered weights after forward), false (keep them until backward: "
+        True,
+        "true (free gathered weights after forward), false (keep them until backward: "
         "ZeRO-2), or an int above 1 (reshard to groups of that size). Under pp a stage stays "
         "gathered from its first forward to its last backward whatever this says: resharding "
         "would gather it again for every microbatch.",
-    )  # fmt: skip
+    )
     prefetch_forward: int = knob(
         1,
         "Blocks whose all-gather is issued ahead in forward.",
@@ -197,10 +215,11 @@ class FSDP2Options:
         planner_ignores="the planner assumes one block of overlap",
     )
     init_sharded: bool = knob(
-        False, "Each rank initialises only its own shards (no full copy; the init then "
+        False,
+        "Each rank initialises only its own shards (no full copy; the init then "
         "differs from a single process's); false materialises whole, then shards.",
         planner_ignores="initialisation is outside the step",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         check_reshard(self.reshard_after_forward)
@@ -219,21 +238,24 @@ class FSDP1Options:
     """FSDP1 (`strategy=fsdp`, `fsdp_tuned`), the tuned recipe's knobs (docs/FSDP.md)."""
 
     sharding_strategy: str | None = knob(
-        None, "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or NO_SHARD; null "
+        None,
+        "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 or NO_SHARD; null "
         "picks SHARD_GRAD_OP on one node and HYBRID_SHARD across nodes (or with "
         "hybrid_shard_size).",
-    )  # fmt: skip
-    hybrid_shard_size: int | None = knob(None, "Ranks per shard group under HYBRID_SHARD; null "
-                                         "means one node.")  # fmt: skip
+    )
+    hybrid_shard_size: int | None = knob(
+        None, "Ranks per shard group under HYBRID_SHARD; null means one node."
+    )
     forward_prefetch: bool = knob(
         True,
         "Issue the next unit's all-gather during forward.",
         planner_ignores="the planner assumes one block of overlap",
     )
     backward_prefetch: str | None = knob(
-        "BACKWARD_PRE", "BACKWARD_PRE, BACKWARD_POST or none.",
+        "BACKWARD_PRE",
+        "BACKWARD_PRE, BACKWARD_POST or none.",
         planner_ignores="the planner assumes one block of overlap",
-    )  # fmt: skip
+    )
     limit_all_gathers: bool = knob(True, "At most two units' gathered parameters in flight.")
     buffer_dtype: str | None = knob(
         "fp32",
@@ -289,20 +311,24 @@ class TensorParallelOptions:
     """Tensor parallelism over the `tp` ranks (`parallel/tp.py`)."""
 
     tp_plan: Any = knob(
-        None, "{module pattern: style}; null uses the model's own plan. On the command line a key "
+        None,
+        "{module pattern: style}; null uses the model's own plan. On the command line a key "
         "cannot hold `*`: name modules exactly there, or write the plan in a YAML file; quote a "
         "fused style there (`'strategy.tp_plan={blocks.0.attn.qkv:\"colwise_fused(3)\"}'`).",
         planner_ignores="the planner models the Megatron plan of a Llama block",
-    )  # fmt: skip
+    )
     sequence_parallel: Any = knob(
-        "auto", "Split norms and the residual stream along the sequence between tensor-parallel "
+        "auto",
+        "Split norms and the residual stream along the sequence between tensor-parallel "
         "regions: auto (on whenever tp > 1 and the TP plan names the norms, as the Llama plan "
-        "does), true (an error where the plan cannot) or false.", hydra_type=Any,
-    )  # fmt: skip
+        "does), true (an error where the plan cannot) or false.",
+        hydra_type=Any,
+    )
     loss_parallel: bool = knob(
-        True, "Keep the logits split along the vocabulary for the cross-entropy (tp > 1).",
+        True,
+        "Keep the logits split along the vocabulary for the cross-entropy (tp > 1).",
         planner_ignores="the planner counts vocabulary-split logits",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         if not (self.sequence_parallel == "auto" or isinstance(self.sequence_parallel, bool)):
@@ -321,12 +347,13 @@ class ContextParallelOptions:
     """Context parallelism over the `cp` ranks (`parallel/context_parallel.py`)."""
 
     cp_mode: str = knob(
-        "allgather", "allgather: each rank gathers the whole sequence's keys and values and "
+        "allgather",
+        "allgather: each rank gathers the whole sequence's keys and values and "
         "keeps its own queries (head and tail chunks, so causal work is even); ulysses: two "
         "all-to-alls per attention move sequence shards to head shards and back (needs the "
         "query heads per tp rank divisible by cp, and the key/value heads per tp rank "
         "divisible by cp or dividing it; fewer are repeated up to cp). Only read when cp > 1.",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         if self.cp_mode not in CP_MODES:
@@ -340,11 +367,12 @@ class PipelineOptions:
     """How the model is cut into pipeline stages (the schedule and counts are in `Layout`)."""
 
     split_points: list[int] | None = knob(
-        None, "First layer index of each stage after the first (pp x virtual_stages - 1 of "
+        None,
+        "First layer index of each stage after the first (pp x virtual_stages - 1 of "
         "them, in stage order: with virtual stages, rank r holds stages r, r + pp, ...); null "
         "balances stages by parameters, so the first and last stages (embedding, output) hold "
         "fewer blocks.",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         if self.split_points is not None:
@@ -365,9 +393,10 @@ class DDPOptions:
         False, "Passed to DDP.", planner_ignores="no memory or time cost modelled"
     )
     broadcast_buffers: bool = knob(
-        False, "Re-broadcast buffers every forward; off, since our buffers (RoPE tables) never "
-        "change.", planner_ignores="buffers are negligible",
-    )  # fmt: skip
+        False,
+        "Re-broadcast buffers every forward; off, since our buffers (RoPE tables) never change.",
+        planner_ignores="buffers are negligible",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -375,9 +404,10 @@ class ProcessOptions:
     """The process group."""
 
     process_group_backend: str | None = knob(
-        None, "torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs).",
+        None,
+        "torch.distributed backend; null takes the hardware's (gloo on CPUs, nccl on GPUs).",
         planner_ignores="the hardware spec gives the links",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,9 +415,10 @@ class CheckpointFormatOptions:
     """How the strategy writes checkpoints (always the one format of docs/CHECKPOINTS.md)."""
 
     state_dict_type: str = knob(
-        "sharded", "Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full "
-        "(one file).", planner_ignores="checkpoints are outside the step",
-    )  # fmt: skip
+        "sharded",
+        "Checkpoint format: sharded (a torch.distributed.checkpoint folder) or full (one file).",
+        planner_ignores="checkpoints are outside the step",
+    )
 
     def __post_init__(self) -> None:
         if self.state_dict_type not in STATE_DICT_TYPES:
@@ -408,25 +439,40 @@ def _positive(value: Any, name: str, *, minimum: float = 1, whole: bool = False)
 class ReplicaGroupOptions:
     """Replica groups that heal live (`strategy=ft_hsdp`, torchft; `cluster/replica_groups.py`)."""
 
-    replica_groups: int = knob(2, "Replica groups of the job, each its own process group (one "
-                               "torchrun per group, `python -m lightning_dist.launch replicas`); "
-                               "gradients are averaged over the groups present at each step.",
-                               planner_ignores="the planner plans one replica group")  # fmt: skip
-    min_replica_groups: int = knob(1, "Fewest groups a step may commit with; with fewer, the "
-                                   "quorum waits for groups to come back, and the run stops "
-                                   "after ft_timeout_s.",
-                                   planner_ignores="a fault-tolerance setting")  # fmt: skip
-    join_timeout_s: float = knob(10.0, "How long a step's quorum waits for a live group that has "
-                                 "not asked to join before going on without it.",
-                                 planner_ignores="a fault-tolerance setting")  # fmt: skip
-    heartbeat_timeout_s: float = knob(1.0, "A group whose heartbeat (sent every 0.1 s) the "
-                                      "Lighthouse has not heard for this long is left out of "
-                                      "the next quorum.",
-                                      planner_ignores="a fault-tolerance setting")  # fmt: skip
-    ft_timeout_s: float = knob(60.0, "Seconds a quorum, a cross-group all-reduce or a healing "
-                               "transfer may take; past it the step is retried without the "
-                               "group that did not answer.",
-                               planner_ignores="a fault-tolerance setting")  # fmt: skip
+    replica_groups: int = knob(
+        2,
+        "Replica groups of the job, each its own process group (one "
+        "torchrun per group, `python -m lightning_dist.launch replicas`); "
+        "gradients are averaged over the groups present at each step.",
+        planner_ignores="the planner plans one replica group",
+    )
+    min_replica_groups: int = knob(
+        1,
+        "Fewest groups a step may commit with; with fewer, the "
+        "quorum waits for groups to come back, and the run stops "
+        "after ft_timeout_s.",
+        planner_ignores="a fault-tolerance setting",
+    )
+    join_timeout_s: float = knob(
+        10.0,
+        "How long a step's quorum waits for a live group that has "
+        "not asked to join before going on without it.",
+        planner_ignores="a fault-tolerance setting",
+    )
+    heartbeat_timeout_s: float = knob(
+        1.0,
+        "A group whose heartbeat (sent every 0.1 s) the "
+        "Lighthouse has not heard for this long is left out of "
+        "the next quorum.",
+        planner_ignores="a fault-tolerance setting",
+    )
+    ft_timeout_s: float = knob(
+        60.0,
+        "Seconds a quorum, a cross-group all-reduce or a healing "
+        "transfer may take; past it the step is retried without the "
+        "group that did not answer.",
+        planner_ignores="a fault-tolerance setting",
+    )
 
     def __post_init__(self) -> None:
         _positive(self.replica_groups, "replica_groups", whole=True)

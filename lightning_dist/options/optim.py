@@ -16,10 +16,15 @@ class OptimOptions:
     """AdamW over the matrices with weight decay (norm weights and biases without), a linear
     warm-up, then a cosine decay to `lr x min_lr_ratio` at `trainer.max_steps`."""
 
-    lr: float = knob(3e-3, "Peak learning rate, reached after warmup_steps; 0 or more (0 trains "
-                     "nothing and only warns).")  # fmt: skip
-    min_lr_ratio: float = knob(0.1, "The cosine schedule decays to lr x min_lr_ratio at "
-                               "trainer.max_steps; between 0 and 1.")  # fmt: skip
+    lr: float = knob(
+        3e-3,
+        "Peak learning rate, reached after warmup_steps; 0 or more (0 trains "
+        "nothing and only warns).",
+    )
+    min_lr_ratio: float = knob(
+        0.1,
+        "The cosine schedule decays to lr x min_lr_ratio at trainer.max_steps; between 0 and 1.",
+    )
     warmup_steps: int = knob(20, "Optimizer steps of the linear warm-up from 0 to lr.")
     weight_decay: float = knob(0.1, "AdamW's decoupled weight decay of the matrices; 0 or more.")
     betas: list[float] = knob([0.9, 0.95], "AdamW's two moment decays, each in [0, 1).")

@@ -214,7 +214,7 @@ PRESETS: dict[str, Preset] = {
             "process",
             "checkpoint_format",
         )
-    ),  # fmt: skip
+    ),
     "fsdp2": Preset(MESH_GROUPS, {"dp_shard": -1, "dp_replicate": None}),
     "3d": Preset(MESH_GROUPS, {"dp_shard": -1}),
     "ft_hsdp": Preset((*MESH_GROUPS, "replicas"), {"dp_shard": -1}),

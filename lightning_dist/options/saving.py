@@ -16,19 +16,22 @@ class SaveOptions:
     `strategy.state_dict_type`)."""
 
     every_n_train_steps: int | None = knob(
-        None, "Save a checkpoint every this many optimizer steps, as <dirpath>/step<N>.ckpt (a "
+        None,
+        "Save a checkpoint every this many optimizer steps, as <dirpath>/step<N>.ckpt (a "
         "folder when the strategy saves sharded); null saves none.",
-    )  # fmt: skip
+    )
     dirpath: str | None = knob(None, "Where checkpoints go; null means <run dir>/checkpoints.")
     save_last: bool = knob(False, "Also save <dirpath>/last.ckpt when training ends.")
     keep_last: int | None = knob(
-        3, "Keep this many of the newest complete step<N>.ckpt; an older one is deleted only "
+        3,
+        "Keep this many of the newest complete step<N>.ckpt; an older one is deleted only "
         "once a newer one is complete (null: keep every one).",
-    )  # fmt: skip
+    )
     async_save: bool = knob(
-        False, "Write sharded checkpoints in the background (fsdp2 and 3d); the next save and "
+        False,
+        "Write sharded checkpoints in the background (fsdp2 and 3d); the next save and "
         "the end of training wait for the previous one.",
-    )  # fmt: skip
+    )
 
     @classmethod
     def of(cls, settings: Any) -> SaveOptions:

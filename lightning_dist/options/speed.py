@@ -33,7 +33,8 @@ class DataShareOptions:
     """How the global batch is split between data-parallel ranks of unequal speed (DDP)."""
 
     dp_shares: list[int] | None = knob(
-        None, "Relative share of the global batch of each data-parallel rank, in rank order "
+        None,
+        "Relative share of the global batch of each data-parallel rank, in rank order "
         "(strategy=ddp), e.g. [2, 1]: rank 0 runs twice as many micro-batches per step as rank "
         "1 (uneven gradient accumulation, the extra ones under no_sync). The global batch, the "
         "weight of every token in the loss, and so the losses stay one device's. The batch is "
@@ -41,7 +42,7 @@ class DataShareOptions:
         "null: equal shares. FSDP strategies refuse it: a rank with more forwards would run "
         "more all-gathers than its peers.",
         planner_ignores="the planner plans equal data-parallel shares",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         shares = self.dp_shares
@@ -50,8 +51,9 @@ class DataShareOptions:
         if isinstance(shares, str | dict) or not hasattr(shares, "__iter__"):
             raise ValueError(f"strategy.dp_shares={shares!r} must be a list of whole numbers")
         shares = list(shares)
-        if len(shares) < 1 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                                  for s in shares):  # fmt: skip
+        if len(shares) < 1 or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shares
+        ):
             raise ValueError(
                 f"strategy.dp_shares={shares!r} must be whole numbers of at least 1, one per "
                 "data-parallel rank (e.g. [2, 1])"
@@ -64,35 +66,41 @@ class GradientSyncOptions:
     """How DDP's replicas exchange gradients over a slow link: compressed, or rarely (DiLoCo)."""
 
     grad_compression: str = knob(
-        "none", "DDP's gradient all-reduce: none (fp32), bf16 or fp16 (each bucket cast, "
+        "none",
+        "DDP's gradient all-reduce: none (fp32), bf16 or fp16 (each bucket cast, "
         "averaged, cast back: torch's compress hooks) or powersgd (low-rank matrices, with error "
         "feedback; torch's PowerSGD hook, strategy.powersgd_rank). FSDP strategies: set "
         "strategy.reduce_dtype instead.",
-    )  # fmt: skip
+    )
     powersgd_rank: int = knob(
-        2, "Rank of PowerSGD's matrix approximation (strategy.grad_compression=powersgd).",
-    )  # fmt: skip
+        2,
+        "Rank of PowerSGD's matrix approximation (strategy.grad_compression=powersgd).",
+    )
     powersgd_start_step: int = knob(
-        10, "Optimizer steps whose gradients are all-reduced uncompressed before PowerSGD "
+        10,
+        "Optimizer steps whose gradients are all-reduced uncompressed before PowerSGD "
         "starts (torch's start_powerSGD_iter; at least 2, as its error feedback needs).",
         planner_ignores="the planner times the steady state, past the uncompressed steps",
-    )  # fmt: skip
+    )
     diloco_inner_steps: int = knob(
-        0, "DiLoCo across the data-parallel replicas (strategy=ddp): each replica takes this "
+        0,
+        "DiLoCo across the data-parallel replicas (strategy=ddp): each replica takes this "
         "many optimizer steps on its own gradients (no all-reduce), then the replicas average "
         "their parameter change since the last sync (one all-reduce) and apply it with an outer "
         "SGD with Nesterov momentum. 0: off (every step all-reduces gradients).",
-    )  # fmt: skip
+    )
     diloco_outer_lr: float = knob(
-        0.7, "Learning rate of DiLoCo's outer step; the default is the paper's, tuned for H of "
+        0.7,
+        "Learning rate of DiLoCo's outer step; the default is the paper's, tuned for H of "
         "hundreds of steps. 1.0 with momentum 0 is plain parameter averaging (LocalSGD), which "
         "at H = 8 kept the loss within 3% of DDP's where the default lost 14% "
         "(docs/SLOW_LINKS.md).",
         planner_ignores="an optimisation setting, no time or memory",
-    )  # fmt: skip
+    )
     diloco_outer_momentum: float = knob(
-        0.9, "Nesterov momentum of DiLoCo's outer step (0: none, and no momentum buffer).",
-    )  # fmt: skip
+        0.9,
+        "Nesterov momentum of DiLoCo's outer step (0: none, and no momentum buffer).",
+    )
 
     def __post_init__(self) -> None:
         if self.grad_compression not in GRAD_COMPRESSIONS:
@@ -124,25 +132,29 @@ class SimulationOptions:
     and a delay on each gradient all-reduce (`cluster/simulate.py`; CPUs only)."""
 
     simulate_slowdown: Any = knob(
-        None, "TEST TOOL. Simulated speed per rank: a list by global rank ([1, 3]: rank 1 three "
+        None,
+        "TEST TOOL. Simulated speed per rank: a list by global rank ([1, 3]: rank 1 three "
         "times slower) or {rank: factor} (unlisted ranks 1). Each block and each linear layer "
         "outside the blocks (the output projection) then takes factor x 2 x parameters x tokens "
         "/ strategy.simulate_flops seconds forward and twice that backward: a hook sleeps until "
         "then (real compute counts towards it). null: off. CPUs only.",
-        planner_ignores="a test tool", hydra_type=Any,
-    )  # fmt: skip
+        planner_ignores="a test tool",
+        hydra_type=Any,
+    )
     simulate_flops: float = knob(
-        1e9, "TEST TOOL. FLOP/s of a simulated rank of slowdown 1 (strategy.simulate_slowdown); "
+        1e9,
+        "TEST TOOL. FLOP/s of a simulated rank of slowdown 1 (strategy.simulate_slowdown); "
         "keep it below the machine's real speed so the simulated time, not noisy real "
         "compute, sets the pace.",
         planner_ignores="a test tool",
-    )  # fmt: skip
+    )
     simulate_delay_ms: float = knob(
-        0.0, "TEST TOOL. Milliseconds each gradient all-reduce across the data-parallel "
+        0.0,
+        "TEST TOOL. Milliseconds each gradient all-reduce across the data-parallel "
         "replicas waits before it starts (strategy=ddp: every DDP bucket, and DiLoCo's outer "
         "all-reduce); the step's loss all-reduce is not delayed. 0: off. CPUs only.",
         planner_ignores="a test tool",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "simulate_slowdown", parse_slowdown(self.simulate_slowdown))
@@ -169,8 +181,13 @@ def parse_slowdown(value: Any) -> dict[int, float] | None:
     """`strategy.simulate_slowdown` as {global rank: factor}; ValueError naming the bad value."""
     if value is None:
         return None
-    pairs = value.items() if hasattr(value, "items") else enumerate(value) if (
-        hasattr(value, "__iter__") and not isinstance(value, str)) else None  # fmt: skip
+    pairs = (
+        value.items()
+        if hasattr(value, "items")
+        else enumerate(value)
+        if (hasattr(value, "__iter__") and not isinstance(value, str))
+        else None
+    )
     if pairs is None:
         raise ValueError(
             f"strategy.simulate_slowdown={value!r} must be a list of factors by rank or a "

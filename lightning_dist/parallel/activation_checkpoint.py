@@ -178,6 +178,9 @@ def apply_activation_checkpointing(
     log.info(
         "Applied %s activation checkpointing to %d of %d blocks",
         {"op": "op-level (selective)", "op_alternate": "op-level (every other matmul)"}.get(
-            choice.label, "full"), len(chosen), len(blocks),
-    )  # fmt: skip
+            choice.label, "full"
+        ),
+        len(chosen),
+        len(blocks),
+    )
     return model

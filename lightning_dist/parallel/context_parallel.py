@@ -88,8 +88,9 @@ def _positions(local_len: int, group) -> tuple[torch.Tensor, torch.Tensor]:
     return every[rank * local_len : (rank + 1) * local_len], every
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None,
-               scale: float | None = None) -> torch.Tensor:  # fmt: skip
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask=None, scale: float | None = None
+) -> torch.Tensor:
     """SDPA, causal without `mask`, with grouped-query heads: on CPUs SDPA groups them itself;
     on CUDA only the flash kernel takes `enable_gqa` and it takes no mask, so under a mask k
     and v are repeated instead of falling back to the math path's scores (never run on a GPU)."""
@@ -108,9 +109,14 @@ def _gather_documents(documents: torch.Tensor, group) -> torch.Tensor:
     return _all_gather_along(documents, 1, group)
 
 
-def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
-                        documents: torch.Tensor | None = None,
-                        scale: float | None = None) -> torch.Tensor:  # fmt: skip
+def allgather_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group=None,
+    documents: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention of this rank's queries ([B, Hq, S_local, D], the tokens of its
     `chunk_positions`) over the whole sequence's keys and values, gathered from the group;
     with `documents` (this rank's tokens' document ids, [B, S_local]) only within each.
@@ -167,9 +173,14 @@ def check_ulysses_heads(n_heads: int, n_kv_heads: int, cp: int, tp: int = 1) -> 
         raise ValueError(problem)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
-                      documents: torch.Tensor | None = None,
-                      scale: float | None = None) -> torch.Tensor:  # fmt: skip
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group=None,
+    documents: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention by head shards: the same result as `allgather_attention`."""
     cp = dist.get_world_size(group)
     check_ulysses_heads(q.size(1), k.size(1), cp)
@@ -199,9 +210,14 @@ class ContextParallelAttention:
         self.calls = 0
         """Attention calls this rank ran through it (summary.json shows that CP ran)."""
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 documents: torch.Tensor | None = None,
-                 scale: float | None = None) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        documents: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
         self.calls += 1
         return self.attend(q, k, v, self.group, documents, scale)
 
@@ -241,8 +257,15 @@ def shard_sequences(
     return inputs, targets, {"positions": chunks}
 
 
-def check_context_parallel(model: torch.nn.Module, cp: int, mode: str, *, n_heads: int | None,
-                           n_kv_heads: int | None, tp: int = 1) -> None:  # fmt: skip
+def check_context_parallel(
+    model: torch.nn.Module,
+    cp: int,
+    mode: str,
+    *,
+    n_heads: int | None,
+    n_kv_heads: int | None,
+    tp: int = 1,
+) -> None:
     """ValueError in one line unless `model` can run under context parallelism of degree `cp`
     in `mode`: its attention modules need an `attend` slot, or it holds Hugging Face models
     whose attention goes through transformers' registry (`check_hf_context_parallel`); Ulysses

@@ -128,8 +128,9 @@ class ExpertParallel:
         return _by_local_expert(received)
 
 
-def _local_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor,
-                   order: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _local_experts(
+    experts: nn.Module, x: torch.Tensor, counts: torch.Tensor, order: torch.Tensor
+) -> torch.Tensor:
     """`GroupedExperts.forward` on this rank's slice of the experts (`counts` one per expert
     of it) over rows that `order` sorts by expert, returned in their own order; the slice's
     gradient goes back into the DTensor as its `Shard(0)` piece."""
@@ -140,8 +141,9 @@ def _local_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor,
     return out.index_select(0, back)
 
 
-def check_expert_parallel(model: nn.Module, ep: int, tp: int = 1, pp: int = 1,
-                          num_experts: int = 0) -> None:  # fmt: skip
+def check_expert_parallel(
+    model: nn.Module, ep: int, tp: int = 1, pp: int = 1, num_experts: int = 0
+) -> None:
     """ValueError in one line unless `model` has our MoE layers (`models/moe.py`) for `ep`
     ranks to split: a Hugging Face MoE model has none of their seams. Such a model
     (`num_experts` from its description, no MoE layers of ours) is refused under `tp` or `pp`
@@ -176,8 +178,10 @@ def _import_advice(model: nn.Module, gain: str) -> tuple[bool, str]:
                       "lightning_dist.checkpoint import DIR; train the checkpoint it writes with "
                       "trainer.init_from=... and the model overrides it prints)")  # fmt: skip
     lacks = NOT_IMPORTABLE.get(kind, "an architecture the import does not convert")
-    return False, (f"model_type={kind} cannot be imported into our MoE model (ours has no "
-                   f"{lacks}; import converts {', '.join(IMPORTABLE_MODEL_TYPES)})")  # fmt: skip
+    return False, (
+        f"model_type={kind} cannot be imported into our MoE model (ours has no "
+        f"{lacks}; import converts {', '.join(IMPORTABLE_MODEL_TYPES)})"
+    )
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> nn.Module:
@@ -195,15 +199,19 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> nn.Module:
             experts.register_parameter(name, nn.Parameter(split, requires_grad=param.requires_grad))
         experts.forward = partial(_local_experts, experts)
         moe.run_experts = ExpertParallel(ep_mesh.get_group())
-    log.info(
-        "Applied expert parallelism: ep=%d, %d MoE layers", ep_mesh.size(), len(layers)
-    )  # fmt: skip
+    log.info("Applied expert parallelism: ep=%d, %d MoE layers", ep_mesh.size(), len(layers))
     return model
 
 
-def apply_expert_fsdp(model: nn.Module, mesh, *, divide_factor: int,
-                      reshard_after_forward: bool | int = True, mp_policy=None,
-                      offload_policy=None) -> nn.Module:  # fmt: skip
+def apply_expert_fsdp(
+    model: nn.Module,
+    mesh,
+    *,
+    divide_factor: int,
+    reshard_after_forward: bool | int = True,
+    mp_policy=None,
+    offload_policy=None,
+) -> nn.Module:
     """Make each MoE layer's experts an FSDP2 unit of their own over `mesh`
     (`experts_fsdp_mesh`), sharded along dim 1, with gradients divided by `divide_factor` (the
     dense units' data-parallel size, module docs). Before `apply_fsdp`, which then leaves them
@@ -228,8 +236,13 @@ def apply_expert_fsdp(model: nn.Module, mesh, *, divide_factor: int,
             "the experts' gradients twice; use strategy.reduce_dtype=fp32 or bf16, or a smaller ep"
         )
     for moe in moe_layers(model):
-        unit = fully_shard(moe.experts, mesh=mesh, reshard_after_forward=reshard,
-                           shard_placement_fn=lambda param: Shard(1), **options)  # fmt: skip
+        unit = fully_shard(
+            moe.experts,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            shard_placement_fn=lambda param: Shard(1),
+            **options,
+        )
         unit.set_gradient_divide_factor(float(divide_factor))
         if not alone:
             unit.set_force_sum_reduction_for_comms(True)

@@ -120,8 +120,9 @@ def _quiet_loggers(*names: str):
             logger.setLevel(level)
 
 
-def apply_float8(model: nn.Module, recipe: str, *, device_type: str,
-                 all_gather: bool = False) -> nn.Module:  # fmt: skip
+def apply_float8(
+    model: nn.Module, recipe: str, *, device_type: str, all_gather: bool = False
+) -> nn.Module:
     """Convert `model`'s linear layers to torchao's float8 training with `recipe` (and, with
     `all_gather`, weights FSDP gathers in float8); returns the model (use it: a model that is
     itself a Linear is replaced, not changed in place)."""
@@ -148,8 +149,12 @@ def apply_float8(model: nn.Module, recipe: str, *, device_type: str,
         return keep
 
     model = convert_to_float8_training(model, config=config, module_filter_fn=include)
-    log.info("Float8 (%s%s): %d linear layers", recipe,
-             ", emulated" if config.emulate else "", len(converted))  # fmt: skip
+    log.info(
+        "Float8 (%s%s): %d linear layers",
+        recipe,
+        ", emulated" if config.emulate else "",
+        len(converted),
+    )
     return model
 
 
@@ -189,8 +194,9 @@ class Float8BytesAllGather:
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group,
-                 async_op: bool = False):  # fmt: skip
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, async_op: bool = False
+    ):
         if output_tensor.dtype in FLOAT8_DTYPES:
             output_tensor, input_tensor = (
                 output_tensor.view(torch.uint8),

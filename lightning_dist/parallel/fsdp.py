@@ -118,8 +118,12 @@ def apply_fsdp(
     # A fused projection split by tensor parallelism is sharded along its parts' rows
     # (parallel/fused.py); every other parameter along dim 0.
     placement = fused_shard_placement(model, mesh.size(mesh.ndim - 1))
-    options = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload_policy,
-               "shard_placement_fn": placement}  # fmt: skip
+    options = {
+        "mesh": mesh,
+        "mp_policy": mp_policy,
+        "offload_policy": offload_policy,
+        "shard_placement_fn": placement,
+    }
     options = {k: v for k, v in options.items() if v is not None}
     for i, block in enumerate(blocks):
         # Backward starts with the last block, so resharding it after forward would only
@@ -134,9 +138,11 @@ def apply_fsdp(
     set_prefetch(blocks, prefetch_forward, prefetch_backward)
     log.info(
         "Applied FSDP2 to %d %s blocks on a %s mesh (reshard_after_forward=%s)",
-        len(blocks), "/".join(t.__name__ for t in block_types) or "no", tuple(mesh.shape),
+        len(blocks),
+        "/".join(t.__name__ for t in block_types) or "no",
+        tuple(mesh.shape),
         reshard_after_forward,
-    )  # fmt: skip
+    )
     return model
 
 
@@ -172,9 +178,11 @@ def fsdp_kwargs(options, *, precision: str, device_type: str) -> dict:
     from lightning_dist.parallel.precision import mixed_dtypes
 
     dtypes = mixed_dtypes(
-        param_dtype=options.precision.param_dtype, reduce_dtype=options.precision.reduce_dtype,
-        precision=precision, device_type=device_type,
-    )  # fmt: skip
+        param_dtype=options.precision.param_dtype,
+        reduce_dtype=options.precision.reduce_dtype,
+        precision=precision,
+        device_type=device_type,
+    )
     # Pinned host memory needs CUDA; on a CPU-only machine plain memory does the same job.
     offload = (
         CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

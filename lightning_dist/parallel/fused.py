@@ -197,9 +197,13 @@ def single_device_view(tensor: torch.Tensor) -> torch.Tensor:
     local = local.view(-1, *local.shape[2:])  # a view, never a copy: loads land in it
     shape = torch.Size([parts * tensor.shape[1], *tensor.shape[2:]])
     return DTensor.from_local(
-        local, tensor.device_mesh, placements, run_check=False, shape=shape,
+        local,
+        tensor.device_mesh,
+        placements,
+        run_check=False,
+        shape=shape,
         stride=_contiguous_strides(shape),
-    )  # fmt: skip
+    )
 
 
 def _merged(placement, parts: int):

@@ -23,11 +23,18 @@ HF_CONTEXT_PARALLEL = "lightning_dist_context_parallel"
 """Our name in transformers' `AttentionInterface` (set as the model's attention implementation)."""
 
 
-def hf_context_parallel_attention(module: torch.nn.Module, query: torch.Tensor,
-                                  key: torch.Tensor, value: torch.Tensor,
-                                  attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                                  scaling: float | None = None, sliding_window: int | None = None,
-                                  softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
+def hf_context_parallel_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract, run by the layer's context-parallel step
     (`module.attend`, set by `attach_hf_context_parallel`); the rest of `kwargs`
     (`position_ids`, ...) carries nothing attention needs here."""

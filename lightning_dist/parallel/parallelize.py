@@ -117,9 +117,13 @@ def parallelize(
         )  # parts are not Linears
         if layout.tp > 1:
             apply_tp(
-                part, mesh["tp"], plan=tp.tp_plan, loss_parallel=tp.loss_parallel,
-                sequence_parallel=sequence_parallel, strict=not pipelined,
-            )  # fmt: skip
+                part,
+                mesh["tp"],
+                plan=tp.tp_plan,
+                loss_parallel=tp.loss_parallel,
+                sequence_parallel=sequence_parallel,
+                strict=not pipelined,
+            )
             if experts:
                 replicate_over_tp(part, mesh["tp"], sequence_parallel=sequence_parallel)
         if ep_mesh is not None:
@@ -139,9 +143,13 @@ def parallelize(
                 check_float8_all_gather(part, layout.shard_size)
             if ep_mesh is not None:  # before the blocks' units, which then leave them out
                 apply_expert_fsdp(
-                    part, experts_fsdp_mesh(ep_mesh, layout), divide_factor=layout.dp * layout.cp,
-                    **{k: fsdp[k] for k in ("reshard_after_forward", "mp_policy", "offload_policy")},
-                )  # fmt: skip
+                    part,
+                    experts_fsdp_mesh(ep_mesh, layout),
+                    divide_factor=layout.dp * layout.cp,
+                    **{
+                        k: fsdp[k] for k in ("reshard_after_forward", "mp_policy", "offload_policy")
+                    },
+                )
             apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
             if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)
@@ -149,8 +157,10 @@ def parallelize(
         return model
     log.info(
         "Applied pipeline parallelism: pp=%d, %s, %d microbatches",
-        layout.pp, layout.schedule, layout.num_microbatches,
-    )  # fmt: skip
+        layout.pp,
+        layout.schedule,
+        layout.num_microbatches,
+    )
     return PipelinedModel(parts, layout, mesh["pp"].get_group(), device, experts=experts)
 
 

@@ -173,8 +173,10 @@ def stage_modules(
         parts.append((stage, part))
     log.info(
         "Pipeline rank %d holds stages %s with layers %s",
-        pp_rank, ids, [plan[s] for s in ids],
-    )  # fmt: skip
+        pp_rank,
+        ids,
+        [plan[s] for s in ids],
+    )
     return parts
 
 
@@ -235,8 +237,15 @@ class PipelinedModel(nn.Module):
 
     computes_loss = True
 
-    def __init__(self, parts: list[tuple[int, nn.Module]], layout: Layout, pp_group, device,
-                 *, experts: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        parts: list[tuple[int, nn.Module]],
+        layout: Layout,
+        pp_group,
+        device,
+        *,
+        experts: bool = False,
+    ):
         """`experts`: the whole model is a mixture of experts (this rank's stages may hold none
         of its MoE layers, `first_k_dense`, but take part in summing their losses)."""
         super().__init__()
@@ -272,9 +281,13 @@ class PipelinedModel(nn.Module):
         return self._loss_fn(output, target) / self._loss_scale()
 
     def forward(
-        self, inputs: torch.Tensor, target: torch.Tensor, loss_fn: Callable,
-        positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        inputs: torch.Tensor,
+        target: torch.Tensor,
+        loss_fn: Callable,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run the batch `inputs` through the pipeline; `loss_fn(output, target)` gives the mean
         loss of one microbatch on the last stage. Returns the batch's mean loss (no grad).
         `positions` (the tokens' rotary positions: [s] or [b, s]) and `documents` (packed
@@ -299,12 +312,14 @@ class PipelinedModel(nn.Module):
         if training:
             # The marker lets the telemetry measure the bubble of the schedule alone.
             with torch.profiler.record_function(SCHEDULE_MARKER):
-                self.schedule.step(*args, target=target, losses=losses, return_outputs=False,
-                                   **extra)  # fmt: skip
+                self.schedule.step(
+                    *args, target=target, losses=losses, return_outputs=False, **extra
+                )
         else:
             with _forward_actions_only(self.schedule):
-                self.schedule.eval(*args, target=target, losses=losses, return_outputs=False,
-                                   **extra)  # fmt: skip
+                self.schedule.eval(
+                    *args, target=target, losses=losses, return_outputs=False, **extra
+                )
         if self.is_last:
             # A loss-parallel cross-entropy gives replicated DTensors; keep the plain values.
             values = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in losses]

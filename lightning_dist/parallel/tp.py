@@ -215,18 +215,21 @@ def apply_tp(
 
     matched = match_plan(model, plan_for(model, plan), strict=strict)
     styles = {
-        name: style if not isinstance(style, str) else _style(
-            style, model.get_submodule(name), sequence_parallel, loss_parallel
-        )
+        name: style
+        if not isinstance(style, str)
+        else _style(style, model.get_submodule(name), sequence_parallel, loss_parallel)
         for name, style in matched.items()
-    }  # fmt: skip
+    }
     styles = {name: style for name, style in styles.items() if style is not None}
     parallelize_module(model, tp_mesh, styles, src_data_rank=None)
     _divide_head_counts(model, matched, tp_mesh.size())
     log.info(
         "Applied tensor parallelism (tp=%d, %d modules, sequence_parallel=%s, loss_parallel=%s)",
-        tp_mesh.size(), len(styles), sequence_parallel, loss_parallel,
-    )  # fmt: skip
+        tp_mesh.size(),
+        len(styles),
+        sequence_parallel,
+        loss_parallel,
+    )
     return model
 
 
@@ -293,16 +296,20 @@ class VocabParallelEmbedding(RowwiseParallel):
             )
         module.forward = partial(_vocab_parallel_lookup, module)
         return distribute_module(
-            module, device_mesh, self._partition_embedding_fn, None,
+            module,
+            device_mesh,
+            self._partition_embedding_fn,
+            None,
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )  # fmt: skip
+        )
 
 
 def _divide_head_counts(model: nn.Module, matched: dict[str, Any], tp: int) -> None:
     # The parents of column-parallel projections are the attention modules (and MLPs, which
     # have no head counts); only integer head-count attributes are touched.
-    parents = {name.rpartition(".")[0] for name, style in matched.items()
-               if _is_column_parallel(style)}  # fmt: skip
+    parents = {
+        name.rpartition(".")[0] for name, style in matched.items() if _is_column_parallel(style)
+    }
     for name in parents:
         module = model.get_submodule(name)
         for attr in HEAD_COUNT_ATTRS:

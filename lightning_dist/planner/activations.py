@@ -91,8 +91,9 @@ def analytic_checkpointed_layer_bytes(model, tp: int, settings: TrainSettings) -
     return checkpointed_layer_bytes(model, tp, settings)
 
 
-def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = False,
-                             ep: int = 1) -> float:  # fmt: skip
+def checkpointed_layer_bytes(
+    model, tp: int, settings: TrainSettings, moe: bool = False, ep: int = 1
+) -> float:
     """Bytes one block keeps per token on one TP rank under the settings' checkpointing, from
     its forward until its backward (recomputation not included; see `recomputed_layer_bytes`).
 
@@ -109,8 +110,9 @@ def checkpointed_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool 
     return layer_activation_bytes(model, tp, settings, moe)
 
 
-def selective_layer_bytes(model, tp: int, settings: TrainSettings, moe: bool = False,
-                          ep: int = 1) -> float:  # fmt: skip
+def selective_layer_bytes(
+    model, tp: int, settings: TrainSettings, moe: bool = False, ep: int = 1
+) -> float:
     """Bytes one block keeps per token on one TP rank under op-level checkpointing.
 
     The op policy (`parallel/activation_checkpoint.py`, `SelectivePolicy`) caches the outputs

@@ -34,8 +34,10 @@ def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
     t, lay, st = candidate.time, candidate.layout, candidate.settings
     if t.comm_compute_ratio <= COMM_COMPUTE_RULE or lay.dp == 1 or not t.dp_comm_seconds:
         return []
-    lines = [f"note: communication is {t.comm_compute_ratio:.0%} of compute, over the 30% rule; "
-             "the same layout with less gradient traffic:"]  # fmt: skip
+    lines = [
+        f"note: communication is {t.comm_compute_ratio:.0%} of compute, over the 30% rule; "
+        "the same layout with less gradient traffic:"
+    ]
     if strategy_name(lay, st) == "ddp":  # the strategy with these knobs (options/presets.py)
         options = DDP_OPTIONS
     elif st.sharding not in REPLICATED_MODES and st.gradient_reduce_bytes > 2:
@@ -49,8 +51,10 @@ def slow_link_advice(model, hardware, candidate, *, evaluate) -> list[str]:
         gain = other.time.tokens_per_sec / t.tokens_per_sec - 1
         changed = {k: v for k, v in after.knobs().items() if k in knobs and before.get(k) != v}
         setting = " ".join(f"strategy.{k}={v}" for k, v in changed.items())
-        lines.append(f"  {setting}: {other.time.tokens_per_sec:,.0f} tokens/s predicted "
-                     f"({gain:+.0%}), comm/compute {other.time.comm_compute_ratio:.2f}")  # fmt: skip
+        lines.append(
+            f"  {setting}: {other.time.tokens_per_sec:,.0f} tokens/s predicted "
+            f"({gain:+.0%}), comm/compute {other.time.comm_compute_ratio:.2f}"
+        )
     if options:
         lines.append("  (their loss cost is measured, not predicted: docs/SLOW_LINKS.md)")
     return lines

@@ -157,8 +157,7 @@ def microbatch_compute(
     rows (`expert_matmuls`, over `ep` ranks' tokens), in bf16 also under float8, and the
     permutation around them (MOE_PERMUTE_BYTES a routed element); under op-level checkpointing
     the grouped matmuls run again (the policy saves no grouped-matmul output)."""
-    clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16,
-                                  CLOCK_POWER_EXPONENT)  # fmt: skip
+    clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16, CLOCK_POWER_EXPONENT)
     speed = peak * hardware.matmul_efficiency * clock
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
@@ -211,22 +210,28 @@ def microbatch_compute(
         moe_tokens = tokens  # every tp rank runs an MoE layer on the whole (gathered) sequence
         attention_shapes = shapes[:4]
         extra = moe_extra_matmuls(model)
-        experts = sum(6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
-                      for m, n, k in expert_matmuls(model, moe_tokens, ep))  # fmt: skip
+        experts = sum(
+            6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
+            for m, n, k in expert_matmuls(model, moe_tokens, ep)
+        )
         routed = model.top_k * (POINTWISE_BYTES["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)
         shared = POINTWISE_BYTES["mlp"] * model.n_shared_experts * model.expert_dim
         moe_pointwise = pointwise_seconds(attention_shapes + extra, routed + shared)
         moe_block = (
             _matmul_seconds(attention_shapes, tokens, block_speed)
             + _matmul_seconds(extra, moe_tokens, block_speed)
-            + experts + attn + moe_pointwise
-        )  # fmt: skip
+            + experts
+            + attn
+            + moe_pointwise
+        )
         train += moe_layers * moe_block
         kept_attention = [shapes[i] for i in recomputed_projections(tp, alternate) if i < 4]
         moe_replay = _replay(
-            mode, moe_block, moe_pointwise,
+            mode,
+            moe_block,
+            moe_pointwise,
             _matmul_seconds(kept_attention, tokens, block_speed) + experts,
-        )  # fmt: skip
+        )
         recompute += min(checkpointed, moe_layers) * moe_replay
     if has_output:
         output = _matmul_seconds([(model.vocab_size / tp, d)], tokens, speed)

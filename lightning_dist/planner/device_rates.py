@@ -76,14 +76,16 @@ def flash_attention_share(seq_len: float, head_dim: float, causal: bool, hopper:
     card it was measured on, at `seq_len` keys and `head_dim`, causal or not."""
     device = "h100" if hopper else "a100"
     dims = (64, 128)
-    rates = [_interpolate(SEQ_LENS, FLASH2_FWD_BWD_TFLOPS[(device, hd, causal)], seq_len)
-             for hd in dims]  # fmt: skip
+    rates = [
+        _interpolate(SEQ_LENS, FLASH2_FWD_BWD_TFLOPS[(device, hd, causal)], seq_len) for hd in dims
+    ]
     rate = _interpolate(dims, rates, head_dim)
     return rate / MEASURED_PEAK_TFLOPS[device]
 
 
-def sustained_clock_share(power_w: float | None, peak_tflops: float | None,
-                          exponent: float) -> float:  # fmt: skip
+def sustained_clock_share(
+    power_w: float | None, peak_tflops: float | None, exponent: float
+) -> float:
     """The share of its datasheet clock a GPU sustains at the power limit `power_w`:
     (power_w / datasheet power) ** exponent, at most 1; 1 when either power is unknown."""
     rated = DATASHEET_POWER_W.get(float(peak_tflops)) if peak_tflops else None

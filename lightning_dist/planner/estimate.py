@@ -121,15 +121,22 @@ def float8_problem(recipe: str, tp: int, hardware=None) -> str | None:
             f"strategy.float8={recipe} with tp={tp} is not supported yet (tensorwise is); set "
             "strategy.float8=tensorwise or none, or tp=1"
         )
-    lacking = [f"{k} ({g.name})" for k, g in getattr(hardware, "groups", {}).items()
-               if g.peak_tflops_fp8 is None]  # fmt: skip
+    lacking = [
+        f"{k} ({g.name})"
+        for k, g in getattr(hardware, "groups", {}).items()
+        if g.peak_tflops_fp8 is None
+    ]
     if lacking:
         return (
             f"strategy.float8={recipe}: node group {lacking[0]} of {hardware.name} has no float8 "
             "matmuls (A100s and older have none); set strategy.float8=none"
         )
-    if (hardware is not None and hardware.accelerator == "gpu"
-            and hardware.peak_tflops_bf16 is not None and hardware.peak_tflops_fp8 is None):  # fmt: skip
+    if (
+        hardware is not None
+        and hardware.accelerator == "gpu"
+        and hardware.peak_tflops_bf16 is not None
+        and hardware.peak_tflops_fp8 is None
+    ):
         return (
             f"strategy.float8={recipe}: {hardware.name} has no float8 matmuls (its spec sets no "
             "hardware.peak_tflops_fp8; A100s and older have none); set strategy.float8=none"
@@ -274,8 +281,17 @@ def fit_problem(memory: MemoryBreakdown, hardware, headroom: float) -> str | Non
     return None
 
 
-def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, overlap=None,
-             compile_speedup=None):  # fmt: skip
+def evaluate(
+    model,
+    hardware,
+    layout,
+    settings,
+    *,
+    headroom,
+    efficiency=None,
+    overlap=None,
+    compile_speedup=None,
+):
     """Memory, fit and time of a valid, resolved layout (no validation: see `estimate`). On
     mixed hardware each pipeline rank is checked against its own group's memory, and a
     pipeline without `strategy.split_points` gets the speed-balanced split (`speed_split_points`)."""
@@ -286,10 +302,24 @@ def evaluate(model, hardware, layout, settings, *, headroom, efficiency=None, ov
         memory = memory_per_device(model, layout, settings)
         problem = fit_problem(memory, hardware, headroom)
     kwargs = {} if overlap is None else {"overlap": overlap}
-    time = step_time(model, hardware, layout, settings, efficiency=efficiency,
-                     compile_speedup=compile_speedup, **kwargs)  # fmt: skip
-    return Candidate(layout, settings, memory, time, problem is None, problem,
-                     planner_only(model, layout, settings))  # fmt: skip
+    time = step_time(
+        model,
+        hardware,
+        layout,
+        settings,
+        efficiency=efficiency,
+        compile_speedup=compile_speedup,
+        **kwargs,
+    )
+    return Candidate(
+        layout,
+        settings,
+        memory,
+        time,
+        problem is None,
+        problem,
+        planner_only(model, layout, settings),
+    )
 
 
 def mixed_fit(model, hardware, layout, settings, headroom):
@@ -335,8 +365,9 @@ def speed_split_points(model, hardware, layout, settings, caps=None) -> list[int
     assigns it), at most `caps[s]` blocks each (`planner/mixed.py`: `speed_split`)."""
     groups = stage_hardware(hardware, layout, settings)
     owner = {s: r for r in range(layout.pp) for s in layout.stage_ids(r)}
-    speeds = [sustained_flops(groups[owner[s]], settings.precision)
-              for s in range(layout.num_stages)]  # fmt: skip
+    speeds = [
+        sustained_flops(groups[owner[s]], settings.precision) for s in range(layout.num_stages)
+    ]
     costs, output = layer_costs(model, settings.seq_len)
     return speed_split(costs, speeds, last=output, caps=caps)
 
@@ -358,8 +389,9 @@ def mixed_split(model, hardware, layout, settings, headroom):
         memories = stage_memories(model, layout, split)
         points = list(split.options.pipeline.split_points)
         sizes = [b - a for a, b in zip([0, *points], [*points, model.n_layers], strict=True)]
-        over = [s for s in range(stages)
-                if fit_problem(memories[owner[s]], groups[owner[s]], headroom)]  # fmt: skip
+        over = [
+            s for s in range(stages) if fit_problem(memories[owner[s]], groups[owner[s]], headroom)
+        ]
         if not over:
             return split
         for s in over:
@@ -441,6 +473,12 @@ def estimate(
     if layout.pp > 1:
         layout = replace(layout, microbatches=per_rank // micro_batch_size)
     return evaluate(
-        model, hardware, layout, settings, headroom=headroom, efficiency=efficiency,
-        overlap=overlap, compile_speedup=compile_speedup,
-    )  # fmt: skip
+        model,
+        hardware,
+        layout,
+        settings,
+        headroom=headroom,
+        efficiency=efficiency,
+        overlap=overlap,
+        compile_speedup=compile_speedup,
+    )

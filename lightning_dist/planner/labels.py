@@ -121,8 +121,9 @@ def stage_lines(candidate, hardware, n_layers: int) -> list[str]:
         return []
     if lay.pp == 1:
         groups = ", ".join(f"{k} {g.num_nodes} x {g.name}" for k, g in hardware.groups.items())
-        return [f"no pipeline: every rank does the same work on {groups}, at the slowest "
-                "group's pace"]  # fmt: skip
+        return [
+            f"no pipeline: every rank does the same work on {groups}, at the slowest group's pace"
+        ]
     points = list(candidate.settings.options.pipeline.split_points or [])
     bounds = list(zip([0, *points], [*points, n_layers], strict=True))
     devices, per_rank = hardware.resolved_devices(), hardware.world_size // lay.pp

@@ -68,9 +68,14 @@ def gpt_model_args(hidden: int, layers: int, heads: int) -> ModelArgs:
     activation memory (one 4h tensor where SwiGLU keeps three of 8h/3).
     """
     return ModelArgs(
-        dim=hidden, n_layers=layers, n_heads=heads, vocab_size=VOCAB,
-        ffn_hidden_size=64 * round(8 * hidden / 3 / 64), max_seq_len=SEQ_LEN, tie_embeddings=True,
-    )  # fmt: skip
+        dim=hidden,
+        n_layers=layers,
+        n_heads=heads,
+        vocab_size=VOCAB,
+        ffn_hidden_size=64 * round(8 * hidden / 3 / 64),
+        max_seq_len=SEQ_LEN,
+        tie_embeddings=True,
+    )
 
 
 def paper_flops_per_step(row: PublishedRow) -> float:
@@ -91,25 +96,42 @@ def compare_row(row: PublishedRow, node, *, rank: bool = True) -> dict:
     plan = None
     if rank:
         plan = plan_layouts(
-            model, hardware, global_batch_size=row.batch, seq_len=SEQ_LEN,
-            sharding_modes=("NO_SHARD",), activation_checkpointing=True, attention="math",
-        )  # fmt: skip
-    ranks = [i for i, c in enumerate(plan.candidates if plan else [])
-             if (c.layout.tp, c.layout.pp) == (row.tp, row.pp)]  # fmt: skip
+            model,
+            hardware,
+            global_batch_size=row.batch,
+            seq_len=SEQ_LEN,
+            sharding_modes=("NO_SHARD",),
+            activation_checkpointing=True,
+            attention="math",
+        )
+    ranks = [
+        i
+        for i, c in enumerate(plan.candidates if plan else [])
+        if (c.layout.tp, c.layout.pp) == (row.tp, row.pp)
+    ]
     dp = row.gpus // (row.tp * row.pp)
     best = None
     for schedule in ("1F1B", "Interleaved1F1B") if row.pp > 1 else ("1F1B",):
         layout = Layout(
-            tp=row.tp, pp=row.pp, dp_replicate=dp, schedule=schedule,
+            tp=row.tp,
+            pp=row.pp,
+            dp_replicate=dp,
+            schedule=schedule,
             virtual_stages=2 if schedule == "Interleaved1F1B" else 1,
-        )  # fmt: skip
+        )
         for mbs in (1, 2, 4):
             try:
                 c = estimate(
-                    model, hardware, layout, global_batch_size=row.batch, seq_len=SEQ_LEN,
-                    activation_checkpointing=True, micro_batch_size=mbs, sharding="NO_SHARD",
+                    model,
+                    hardware,
+                    layout,
+                    global_batch_size=row.batch,
+                    seq_len=SEQ_LEN,
+                    activation_checkpointing=True,
+                    micro_batch_size=mbs,
+                    sharding="NO_SHARD",
                     attention="math",
-                )  # fmt: skip
+                )
             except ValueError:  # e.g. interleaving needs microbatches divisible by pp
                 continue
             if c.fits and (best is None or c.time.step_seconds < best.time.step_seconds):
@@ -119,10 +141,13 @@ def compare_row(row: PublishedRow, node, *, rank: bool = True) -> dict:
         paper_percent = 100 * paper_flops_per_step(row) / best.time.step_seconds
         paper_percent /= row.gpus * A100_PEAK_BF16
         result.update(
-            label=best.describe(), memory_gib=best.memory.total / 2**30,
-            mfu_percent=100 * best.time.mfu, paper_percent=paper_percent,
-            bubble=best.time.bubble_fraction, chosen=plan.best().describe() if plan else None,
-        )  # fmt: skip
+            label=best.describe(),
+            memory_gib=best.memory.total / 2**30,
+            mfu_percent=100 * best.time.mfu,
+            paper_percent=paper_percent,
+            bubble=best.time.bubble_fraction,
+            chosen=plan.best().describe() if plan else None,
+        )
     return result
 
 

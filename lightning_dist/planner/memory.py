@@ -71,8 +71,16 @@ class MemoryBreakdown:
     def as_dict(self) -> dict[str, float]:
         """The JSON form: every category plus `total`, as whole bytes."""
         fields = asdict(self)
-        order = ("params", "grads", "optimizer", "activations", "buffers", "allocator", "reserve",
-                 "host")  # fmt: skip
+        order = (
+            "params",
+            "grads",
+            "optimizer",
+            "activations",
+            "buffers",
+            "allocator",
+            "reserve",
+            "host",
+        )
         out = {k: round(fields[k]) for k in order}
         out["total"] = round(self.total)
         return out
@@ -117,8 +125,15 @@ def stage_shapes(
     """`cut_stages`, remembered (the shapes depend on the model, tp, ep, pp, the virtual
     stages and whether the schedule is a V; not on the batch or the data-parallel split)."""
     ep = expert_degree(layout)
-    key = (repr(model), layout.pp, layout.tp, ep, layout.virtual_stages,
-           layout.schedule == "ZBVZeroBubble", tuple(split_points or ()))  # fmt: skip
+    key = (
+        repr(model),
+        layout.pp,
+        layout.tp,
+        ep,
+        layout.virtual_stages,
+        layout.schedule == "ZBVZeroBubble",
+        tuple(split_points or ()),
+    )
     shapes = _SHAPES.get(key)
     if shapes is None:
         if len(_SHAPES) > 4096:
@@ -145,22 +160,37 @@ def cut_stages(
     ep = expert_degree(layout)
     per_layer = [layer_params_on_rank(model, i, tp, ep) for i in range(model.n_layers)]
 
-    def shape(first: bool, last: bool, chunks: tuple[int, ...], rank: int,
-              starts: tuple[int, ...]) -> StageShape:  # fmt: skip
+    def shape(
+        first: bool, last: bool, chunks: tuple[int, ...], rank: int, starts: tuple[int, ...]
+    ) -> StageShape:
         roots = []
         if first:
             roots.append(vocab)
         if last:
             # A tied output shares the embedding's weight only when both live on this rank.
             roots.append((0.0 if (model.tie_embeddings and first) else vocab) + d)
-        held = [per_layer[i] for start, n in zip(starts, chunks, strict=True)
-                for i in range(start, start + n)]  # fmt: skip
+        held = [
+            per_layer[i]
+            for start, n in zip(starts, chunks, strict=True)
+            for i in range(start, start + n)
+        ]
         params = sum(p for p, _, _ in held) + sum(roots)
         block = max((p for p, _, _ in held), default=per_layer[-1][0])
         linear = max((q for _, _, q in held), default=per_layer[-1][2])
         moe = sum(moe_layer_count(model, s, n) for s, n in zip(starts, chunks, strict=True))
-        return StageShape(sum(chunks), params, block, tuple(roots), first, last, chunks, rank,
-                          linear, sum(e for _, e, _ in held), moe)  # fmt: skip
+        return StageShape(
+            sum(chunks),
+            params,
+            block,
+            tuple(roots),
+            first,
+            last,
+            chunks,
+            rank,
+            linear,
+            sum(e for _, e, _ in held),
+            moe,
+        )
 
     if layout.pp == 1:
         return [("only", shape(True, True, (model.n_layers,), 0, (0,)))]
@@ -169,8 +199,11 @@ def cut_stages(
     if split_points:
         sizes = run_lengths(split_points, model.n_layers)
     else:
-        blocks = (tuple(model.layer_params(i) for i in range(model.n_layers))
-                  if is_moe(model) else model.block_params())  # fmt: skip
+        blocks = (
+            tuple(model.layer_params(i) for i in range(model.n_layers))
+            if is_moe(model)
+            else model.block_params()
+        )
         if n > model.n_layers:
             sizes = end_chunk_sizes(model.n_layers, n, blocks, embedding, embedding + d)
         else:
@@ -343,8 +376,9 @@ def model_state_bytes(
     return device[0], device[1], device[2], 0.0
 
 
-def buffer_bytes(model, layout: Layout, settings: TrainSettings, shape: StageShape,
-                 microbatches: int) -> float:  # fmt: skip
+def buffer_bytes(
+    model, layout: Layout, settings: TrainSettings, shape: StageShape, microbatches: int
+) -> float:
     """Bytes of one rank that live only within a step, beside the activations at their peak.
 
     The peak is the turn from forward to backward, where every activation is alive:
@@ -450,8 +484,9 @@ def stage_memories(model, layout: Layout, settings: TrainSettings) -> list[Memor
         buffers = buffer_bytes(model, layout, settings, shape, microbatches)
         reserve = RESERVE_BYTES.get(settings.accelerator, RESERVE_BYTES["gpu"])
         slack = allocator_bytes(model, layout, settings, shape)
-        out.append(MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage,
-                                   slack))  # fmt: skip
+        out.append(
+            MemoryBreakdown(params, grads, optimizer, acts, buffers, reserve, host, stage, slack)
+        )
     return out
 
 

@@ -49,8 +49,13 @@ def slowest(groups: list, precision: str):
     return min(groups, key=lambda g: sustained_flops(g, precision))
 
 
-def speed_split(costs: list[float], speeds: list[float], first: float = 0.0, last: float = 0.0,
-                caps: list[int] | None = None) -> list[int]:  # fmt: skip
+def speed_split(
+    costs: list[float],
+    speeds: list[float],
+    first: float = 0.0,
+    last: float = 0.0,
+    caps: list[int] | None = None,
+) -> list[int]:
     """Cut blocks of `costs` into len(speeds) contiguous non-empty stages, stage s running at
     `speeds[s]`, minimising the slowest stage's time (its blocks' costs, plus `first` on the
     first stage and `last` on the last, over its speed), each stage holding at most `caps[s]`
@@ -63,8 +68,13 @@ def speed_split(costs: list[float], speeds: list[float], first: float = 0.0, las
 
 
 @functools.lru_cache(maxsize=4096)
-def _speed_split(costs: tuple[float, ...], speeds: tuple[float, ...], first: float, last: float,
-                 caps: tuple[int, ...] | None) -> tuple[int, ...]:  # fmt: skip
+def _speed_split(
+    costs: tuple[float, ...],
+    speeds: tuple[float, ...],
+    first: float,
+    last: float,
+    caps: tuple[int, ...] | None,
+) -> tuple[int, ...]:
     n, stages = len(costs), len(speeds)
     caps = caps or (n,) * stages
     prefix = [0.0]
@@ -97,9 +107,14 @@ def mixed_problem(hardware, pp: int) -> str | None:
         return None
     from lightning_dist.layout import Layout
 
-    if hardware.world_size % pp == 0 and rank_groups(hardware, Layout(pp=pp, dp_shard=-1)
-                                                      .resolve(hardware.world_size)) is not None:  # fmt: skip
+    if (
+        hardware.world_size % pp == 0
+        and rank_groups(hardware, Layout(pp=pp, dp_shard=-1).resolve(hardware.world_size))
+        is not None
+    ):
         return None
     counts = ", ".join(f"{k} {g.num_nodes}" for k, g in hardware.groups.items())
-    return (f"pp={pp} puts a pipeline rank on two node groups ({counts} nodes); use a pp whose "
-            "ranks each lie in one group")  # fmt: skip
+    return (
+        f"pp={pp} puts a pipeline rank on two node groups ({counts} nodes); use a pp whose "
+        "ranks each lie in one group"
+    )

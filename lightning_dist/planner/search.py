@@ -260,8 +260,9 @@ def _cp_modes(model, tp: int, cp: int) -> tuple[str | None, ...]:
     return ("allgather", "ulysses")
 
 
-def _dp_families(search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1,
-                 cp_mode: str | None = None) -> list[_Family]:  # fmt: skip
+def _dp_families(
+    search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1, cp_mode: str | None = None
+) -> list[_Family]:
     """The families of one (tp, pp, cp, cp_mode): one per dp split and FSDP mode, or a single
     rejected one when the global batch does not split over dp."""
     gbs = search.base.global_batch_size

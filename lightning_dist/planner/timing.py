@@ -153,26 +153,36 @@ def _stage_flops_per_token(
     return shape.layers * per_layer + output, checkpointed * replay
 
 
-def _stage_compute(model, hardware, layout: Layout, settings: TrainSettings, shape: StageShape,
-                   peak: float):  # fmt: skip
+def _stage_compute(
+    model, hardware, layout: Layout, settings: TrainSettings, shape: StageShape, peak: float
+):
     """One microbatch of one rank of a stage, by planner/compute.py's model."""
     mode = settings.activation_checkpointing.mode
     return microbatch_compute(
-        model, hardware, tp=layout.tp, layers=shape.layers, has_output=shape.has_output,
-        checkpointed=checkpointed_blocks(layout, settings, shape), mode=mode,
-        tokens=settings.rank_tokens(layout), seq_len=settings.seq_len,
-        peak=peak, compiled=settings.compile and settings.compile_backend == "inductor",
+        model,
+        hardware,
+        tp=layout.tp,
+        layers=shape.layers,
+        has_output=shape.has_output,
+        checkpointed=checkpointed_blocks(layout, settings, shape),
+        mode=mode,
+        tokens=settings.rank_tokens(layout),
+        seq_len=settings.seq_len,
+        peak=peak,
+        compiled=settings.compile and settings.compile_backend == "inductor",
         sequence_parallel=settings.sequence_parallel and layout.tp > 1,
         attention=settings.attention,
         # a spec without a float8 peak times float8 projections as bf16 ones (estimate refuses
         # float8 on a GPU spec with datasheet figures but no float8 peak: an A100)
         float8_peak=hardware.peak_tflops_fp8 * 1e12
-        if settings.float8 and hardware.peak_tflops_fp8 else None,
+        if settings.float8 and hardware.peak_tflops_fp8
+        else None,
         float8_weight_share=1 / layout.shard_size if settings.float8_all_gather else 1.0,
         masked=layout.cp > 1 and settings.cp_mode == "allgather",
         alternate=settings.activation_checkpointing.alternate_matmuls,
-        moe_layers=shape.moe_layers, ep=expert_degree(layout),
-    )  # fmt: skip
+        moe_layers=shape.moe_layers,
+        ep=expert_degree(layout),
+    )
 
 
 def exposed_seconds(phases: list[tuple[float, float]], overlap: float, slowdown: float) -> float:
@@ -232,16 +242,27 @@ def step_time(
     split_points = settings.options.pipeline.split_points
     shapes = [shape for _, shape in stage_shapes(model, layout, split_points)]
     physical = (
-        efficiency is None and peak and hardware.memory_gbytes_per_sec
+        efficiency is None
+        and peak
+        and hardware.memory_gbytes_per_sec
         and hardware.matmul_efficiency
-    )  # fmt: skip
+    )
     if physical:  # matmuls by shape, attention, pointwise traffic: planner/compute.py
         specs = stage_hardware(hardware, layout, settings)
         stage = max(
-            (_stage_compute(model, specs[sh.rank], layout, settings, sh,
-                            specs[sh.rank].peak_flops(settings.precision)) for sh in shapes),
+            (
+                _stage_compute(
+                    model,
+                    specs[sh.rank],
+                    layout,
+                    settings,
+                    sh,
+                    specs[sh.rank].peak_flops(settings.precision),
+                )
+                for sh in shapes
+            ),
             key=lambda c: c.seconds,
-        )  # fmt: skip
+        )
         # Compilation is in the pointwise term; an explicit `compile_speedup` still divides.
         t_mb = stage.seconds / (compile_speedup or 1.0)
         fwd = stage.train_seconds / 3 / (compile_speedup or 1.0)

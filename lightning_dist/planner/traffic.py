@@ -42,8 +42,9 @@ def ring_volume(kind: str, nbytes: float, n: int) -> float:
     return nbytes if kind in ("send", "broadcast") else (n - 1) / n * nbytes
 
 
-def cp_exchange(model, layout: Layout, settings: TrainSettings,
-                shape: StageShape) -> tuple[float, int]:  # fmt: skip
+def cp_exchange(
+    model, layout: Layout, settings: TrainSettings, shape: StageShape
+) -> tuple[float, int]:
     """(ring bytes, ring steps) one rank of the stage `shape` moves over its cp group in one
     microbatch, by the ops of `parallel/context_parallel.py`, with w, kv = n_kv_heads x
     head_dim per tp rank and b x s / cp tokens on a rank:
@@ -76,8 +77,9 @@ def cp_exchange(model, layout: Layout, settings: TrainSettings,
     return volume, steps
 
 
-def ep_exchange(model, layout: Layout, settings: TrainSettings,
-                shape: StageShape) -> tuple[float, int]:  # fmt: skip
+def ep_exchange(
+    model, layout: Layout, settings: TrainSettings, shape: StageShape
+) -> tuple[float, int]:
     """(bytes, all-to-alls) one rank of the stage `shape` sends over its ep group in one
     microbatch: four all-to-alls per MoE block (dispatch and combine, forward and backward),
     two more for a checkpointed block, in full or op-level (its forward runs again, and the
@@ -140,12 +142,17 @@ class DPVolumes:
     @property
     def sharded(self) -> float:
         """FSDP's bytes of one round, experts included."""
-        return (self.gather + self.regather + self.reduce_scatter + self.expert_gather
-                + self.expert_regather + self.expert_reduce_scatter)  # fmt: skip
+        return (
+            self.gather
+            + self.regather
+            + self.reduce_scatter
+            + self.expert_gather
+            + self.expert_regather
+            + self.expert_reduce_scatter
+        )
 
 
-def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape,
-               model=None) -> DPVolumes:  # fmt: skip
+def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape, model=None) -> DPVolumes:
     """The data-parallel traffic of one rank of the stage `shape`; see `dp_phases`. Without
     sharding (DDP) the gradients' all-reduce is `ddp_gradient_bytes`' (`model` is needed for
     PowerSGD's matrix shapes)."""
@@ -216,8 +223,9 @@ def ddp_gradient_bytes(settings: TrainSettings, shape: StageShape, model, tp: in
     return settings.gradient_reduce_bytes * psi
 
 
-def traffic_by_dim(model, layout: Layout, settings: TrainSettings,
-                   shape: StageShape) -> dict[str, float]:  # fmt: skip
+def traffic_by_dim(
+    model, layout: Layout, settings: TrainSettings, shape: StageShape
+) -> dict[str, float]:
     """Ring bytes one rank of the stage `shape` moves in one optimizer step, by mesh dimension
     (what `step_time` times; the dry run measures the same quantity). Pipeline traffic is what
     the rank sends: each microbatch's activations forward and gradients backward, for each of

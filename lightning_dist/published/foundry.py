@@ -33,8 +33,12 @@ FOUNDRY = (
     "mosaicml/llm-foundry scripts/train/benchmarking/README.md (llm-foundry "
     "061f2c7ce64e655100286584a7629e2a09f827ba)"
 )
-MPT_SHAPES = {"7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56),
-              "70b": (8192, 80, 64)}  # fmt: skip
+MPT_SHAPES = {
+    "7b": (4096, 32, 32),
+    "13b": (5120, 40, 40),
+    "30b": (7168, 48, 56),
+    "70b": (8192, 80, 64),
+}
 """(d_model, n_layers, n_heads) of each MPT size."""
 MPT_VOCAB = 50368
 H100_TABLE, A100_TABLE = "H100 80GB BF16", "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"
@@ -91,9 +95,15 @@ GradAccum, GlobalBatchSize, Throughput (T/s/GPU), Precision, Activation Checkpoi
 def mpt_model(size: str, seq_len: int) -> ModelArgs:
     """MPT-`size` in the planner's terms (see the module docstring)."""
     d, layers, heads = MPT_SHAPES[size]
-    return ModelArgs(dim=d, n_layers=layers, n_heads=heads, vocab_size=MPT_VOCAB,
-                     ffn_hidden_size=64 * round(8 * d / 3 / 64), max_seq_len=seq_len,
-                     tie_embeddings=True)  # fmt: skip
+    return ModelArgs(
+        dim=d,
+        n_layers=layers,
+        n_heads=heads,
+        vocab_size=MPT_VOCAB,
+        ffn_hidden_size=64 * round(8 * d / 3 / 64),
+        max_seq_len=seq_len,
+        tie_embeddings=True,
+    )
 
 
 def foundry_hardware_overrides(run: FoundryRun) -> list[str]:
@@ -109,9 +119,14 @@ def foundry_candidate(run: FoundryRun, hardware):
         {} if run.pure_bf16 else {"param_dtype": "bf16", "reduce_dtype": "fp32"}
     )
     return estimate(
-        mpt_model(run.model, run.seq_len), hardware, Layout(dp_shard=run.gpus),
-        global_batch_size=run.global_batch, seq_len=run.seq_len,
-        micro_batch_size=run.micro_batch, sharding="FULL_SHARD",
+        mpt_model(run.model, run.seq_len),
+        hardware,
+        Layout(dp_shard=run.gpus),
+        global_batch_size=run.global_batch,
+        seq_len=run.seq_len,
+        micro_batch_size=run.micro_batch,
+        sharding="FULL_SHARD",
         precision="bf16-true" if run.pure_bf16 else "bf16-mixed",
-        activation_checkpointing="full" if run.checkpointing else 0, **dtypes,
-    )  # fmt: skip
+        activation_checkpointing="full" if run.checkpointing else 0,
+        **dtypes,
+    )

@@ -51,8 +51,9 @@ def stored_constants() -> TimeConstants:
     from lightning_dist.published.runs import hardware
 
     h100, a100 = (_efficiency(hardware([f"hardware={n}"])) for n in ("dgx_h100", "dgx_a100"))
-    return TimeConstants(h100, a100, compute.GEMM_HALF_DIM, compute.CLOCK_POWER_EXPONENT,
-                         compute.POINTWISE_SCALE)  # fmt: skip
+    return TimeConstants(
+        h100, a100, compute.GEMM_HALF_DIM, compute.CLOCK_POWER_EXPONENT, compute.POINTWISE_SCALE
+    )
 
 
 def _efficiency(spec) -> float:
@@ -89,19 +90,32 @@ def relative_errors(constants: TimeConstants, source: str) -> list:
     with applied(constants):
         if source == "torchtitan":
             for run in report.TORCHTITAN_RUNS:
-                spec = replace(report.torchtitan_hardware(run.gpus // 8),
-                               matmul_efficiency=constants.h100_efficiency)  # fmt: skip
+                spec = replace(
+                    report.torchtitan_hardware(run.gpus // 8),
+                    matmul_efficiency=constants.h100_efficiency,
+                )
                 c = report.torchtitan_candidate(run, spec)
-                out.append((report.torchtitan_label(run),
-                            c.time.tokens_per_sec / run.gpus / run.tokens_per_gpu - 1, 0.15))  # fmt: skip
+                out.append(
+                    (
+                        report.torchtitan_label(run),
+                        c.time.tokens_per_sec / run.gpus / run.tokens_per_gpu - 1,
+                        0.15,
+                    )
+                )
         elif source == "megatron":
-            node = replace(report.hardware(["hardware=dgx_a100"]),
-                           matmul_efficiency=constants.a100_efficiency)  # fmt: skip
+            node = replace(
+                report.hardware(["hardware=dgx_a100"]), matmul_efficiency=constants.a100_efficiency
+            )
             for row in megatron.TABLE1:
                 result = megatron.compare_row(row, node, rank=False)
                 points = result["paper_percent"] - row.percent_of_peak
-                out.append((f"GPT {row.billions:g}B", points / row.percent_of_peak,
-                            5 / row.percent_of_peak))  # fmt: skip
+                out.append(
+                    (
+                        f"GPT {row.billions:g}B",
+                        points / row.percent_of_peak,
+                        5 / row.percent_of_peak,
+                    )
+                )
         else:
             for mpt in foundry.FOUNDRY_RUNS:
                 spec = report.hardware(foundry.foundry_hardware_overrides(mpt))
@@ -109,8 +123,9 @@ def relative_errors(constants: TimeConstants, source: str) -> list:
                     constants.h100_efficiency if "h100" in spec.name else constants.a100_efficiency
                 )
                 c = foundry.foundry_candidate(mpt, replace(spec, matmul_efficiency=eff))
-                out.append((mpt.label, c.time.tokens_per_sec / mpt.gpus / mpt.tokens_per_gpu - 1,
-                            0.15))  # fmt: skip
+                out.append(
+                    (mpt.label, c.time.tokens_per_sec / mpt.gpus / mpt.tokens_per_gpu - 1, 0.15)
+                )
     return out
 
 
@@ -127,8 +142,9 @@ def loss(constants: TimeConstants, sources: tuple[str, ...]) -> float:
 
 def nelder_mead(f, start: list[float], steps: list[float], evaluations: int = 120) -> list[float]:
     """Minimise `f` from `start` (the textbook simplex: reflect, expand, contract, shrink)."""
-    simplex = [list(start)] + [[x + (s if i == j else 0.0) for j, x in enumerate(start)]
-                               for i, s in enumerate(steps)]  # fmt: skip
+    simplex = [list(start)] + [
+        [x + (s if i == j else 0.0) for j, x in enumerate(start)] for i, s in enumerate(steps)
+    ]
     values = [f(p) for p in simplex]
     calls = len(simplex)
     while calls < evaluations:
@@ -158,8 +174,9 @@ def nelder_mead(f, start: list[float], steps: list[float], evaluations: int = 12
                 simplex[-1], values[-1] = contracted, c
             else:  # shrink toward the best
                 best = simplex[0]
-                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)]
-                                    for p in simplex[1:]]  # fmt: skip
+                simplex = [best] + [
+                    [b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]
+                ]
                 values = [values[0]] + [f(p) for p in simplex[1:]]
                 calls += len(simplex) - 1
     return simplex[min(range(len(simplex)), key=values.__getitem__)]
@@ -196,16 +213,21 @@ def refit(evaluations: int = 300) -> dict:
         kept = tuple(s for s in SOURCES if s != left_out)
         fits[left_out] = fit(kept, start, evaluations)
     errors = [e for s in SOURCES for _, e, _ in relative_errors(fits[s], s)]
-    return {"fits": {s: vars(c) for s, c in fits.items()},
-            "band": band(errors), "evaluations": evaluations}  # fmt: skip
+    return {
+        "fits": {s: vars(c) for s, c in fits.items()},
+        "band": band(errors),
+        "evaluations": evaluations,
+    }
 
 
 def holdout_report(fits: dict) -> tuple[str, list[str]]:
     """A markdown table of every published time row: its error as shipped, in-sample (the
     "all" fit) and leave-one-source-out, against its target; and the lines of the rows whose
     leave-one-source-out error misses. Time rows only: the constants move no memory row."""
-    lines = ["| source | row | as shipped | in-sample | leave-one-source-out | target |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| source | row | as shipped | in-sample | leave-one-source-out | target |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     shipped = stored_constants()
     misses = []
     for source in SOURCES:
@@ -215,8 +237,10 @@ def holdout_report(fits: dict) -> tuple[str, list[str]]:
         for (label, e0, target), (_, e1, _), (_, e2, _) in zip(now, inside, held, strict=True):
             met = abs(e2) <= target + 1e-9
             shown = [f"{e:+.1%}" for e in (e0, e1, e2)]
-            lines.append(f"| {source} | {label} | {' | '.join(shown)} | {target:.0%} "
-                         f"{'met' if met else 'MISSED'} |")  # fmt: skip
+            lines.append(
+                f"| {source} | {label} | {' | '.join(shown)} | {target:.0%} "
+                f"{'met' if met else 'MISSED'} |"
+            )
             if not met:
                 misses.append(f"{source} {label}: {e2:+.1%}")
     return "\n".join(lines), misses

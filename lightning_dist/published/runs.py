@@ -21,8 +21,10 @@ TORCHTITAN = (
     "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (torchtitan 9dec370, "
     "2024-12-26)"
 )
-MEGATRON = "Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters " \
-    "Using Megatron-LM, SC 2021, Table 1"  # fmt: skip
+MEGATRON = (
+    "Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters "
+    "Using Megatron-LM, SC 2021, Table 1"
+)
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,15 @@ def config_model(name: str):
 
 def torchtitan_hardware(nodes: int) -> HardwareSpec:
     """conf/hardware/dgx_h100.yaml with the benchmark's 96 GB of HBM2e at 2.4 TB/s."""
-    return hardware(["hardware=dgx_h100", f"hardware.num_nodes={nodes}",
-                     "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400",
-                     "hardware.power_w=500"])  # fmt: skip
+    return hardware(
+        [
+            "hardware=dgx_h100",
+            f"hardware.num_nodes={nodes}",
+            "hardware.memory_gib=96",
+            "hardware.memory_gbytes_per_sec=2400",
+            "hardware.power_w=500",
+        ]
+    )
 
 
 def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
@@ -92,19 +100,26 @@ def torchtitan_overrides(run: TorchtitanRun) -> list[str]:
 
 def torchtitan_label(run: TorchtitanRun) -> str:
     """The row's layout name: 'fsdp 8 compile float8'."""
-    return f"fsdp {run.gpus}" + (" compile" if run.compile else "") + (
-        " float8" if run.float8 else "")  # fmt: skip
+    return (
+        f"fsdp {run.gpus}" + (" compile" if run.compile else "") + (" float8" if run.float8 else "")
+    )
 
 
 def torchtitan_candidate(run: TorchtitanRun, spec: HardwareSpec | None = None):
     """The planner's estimate of the run on `spec` (default `torchtitan_hardware`)."""
     model = config_model("llama3_8b")
     return estimate(
-        model, spec or torchtitan_hardware(run.gpus // 8), Layout(dp_shard=run.gpus),
-        global_batch_size=2 * run.gpus, seq_len=8192, micro_batch_size=2,
-        activation_checkpointing="op_alternate", compile=run.compile,
-        float8="tensorwise" if run.float8 else "none", float8_all_gather=run.float8,
-    )  # fmt: skip
+        model,
+        spec or torchtitan_hardware(run.gpus // 8),
+        Layout(dp_shard=run.gpus),
+        global_batch_size=2 * run.gpus,
+        seq_len=8192,
+        micro_batch_size=2,
+        activation_checkpointing="op_alternate",
+        compile=run.compile,
+        float8="tensorwise" if run.float8 else "none",
+        float8_all_gather=run.float8,
+    )
 
 
 def torchtitan_rows() -> list[CalibrationRow]:
@@ -113,21 +128,35 @@ def torchtitan_rows() -> list[CalibrationRow]:
         c = torchtitan_candidate(run)
         label = torchtitan_label(run)
         common = dict(
-            source="published", model="Llama 3.1 8B", hardware="H100 96GB HBM2e 500W",
-            layout=label, overrides=tuple(torchtitan_overrides(run)),
-            planner_layout=c.describe(), precision="bf16-mixed", seq_len=8192,
-            global_batch_size=2 * run.gpus, origin=f"{TORCHTITAN}, Table {run.table}",
+            source="published",
+            model="Llama 3.1 8B",
+            hardware="H100 96GB HBM2e 500W",
+            layout=label,
+            overrides=tuple(torchtitan_overrides(run)),
+            planner_layout=c.describe(),
+            precision="bf16-mixed",
+            seq_len=8192,
+            global_batch_size=2 * run.gpus,
+            origin=f"{TORCHTITAN}, Table {run.table}",
             date="2024-12-26",
-        )  # fmt: skip
-        rows.append(CalibrationRow(
-            quantity="time.tokens_per_sec_per_device", measured=run.tokens_per_gpu,
-            predicted=c.time.tokens_per_sec / run.gpus, **common,
-        ))  # fmt: skip
-        rows.append(CalibrationRow(
-            quantity="memory.reserved_bytes", measured=run.memory_gib * 2**30,
-            predicted=c.memory.reserved, notes="torchtitan logs the peak reserved memory",
-            **common,
-        ))  # fmt: skip
+        )
+        rows.append(
+            CalibrationRow(
+                quantity="time.tokens_per_sec_per_device",
+                measured=run.tokens_per_gpu,
+                predicted=c.time.tokens_per_sec / run.gpus,
+                **common,
+            )
+        )
+        rows.append(
+            CalibrationRow(
+                quantity="memory.reserved_bytes",
+                measured=run.memory_gib * 2**30,
+                predicted=c.memory.reserved,
+                notes="torchtitan logs the peak reserved memory",
+                **common,
+            )
+        )
     return rows
 
 
@@ -138,15 +167,24 @@ def megatron_rows() -> list[CalibrationRow]:
     rows = []
     for row in TABLE1:
         result = compare_row(row, node)
-        rows.append(CalibrationRow(
-            source="published", quantity="time.hfu", measured=row.percent_of_peak / 100,
-            predicted=result["paper_percent"] / 100 if result["fits"] else None,
-            model=f"GPT {row.billions:g}B", hardware="DGX A100 80GB",
-            layout=f"tp {row.tp} x pp {row.pp} x dp {row.gpus // (row.tp * row.pp)}",
-            planner_layout=result.get("label", ""), precision="bf16-mixed", seq_len=2048,
-            global_batch_size=row.batch, origin=MEGATRON, date="2021-11-14",
-            notes="the paper's FLOPs count the recomputed forward",
-        ))  # fmt: skip
+        rows.append(
+            CalibrationRow(
+                source="published",
+                quantity="time.hfu",
+                measured=row.percent_of_peak / 100,
+                predicted=result["paper_percent"] / 100 if result["fits"] else None,
+                model=f"GPT {row.billions:g}B",
+                hardware="DGX A100 80GB",
+                layout=f"tp {row.tp} x pp {row.pp} x dp {row.gpus // (row.tp * row.pp)}",
+                planner_layout=result.get("label", ""),
+                precision="bf16-mixed",
+                seq_len=2048,
+                global_batch_size=row.batch,
+                origin=MEGATRON,
+                date="2021-11-14",
+                notes="the paper's FLOPs count the recomputed forward",
+            )
+        )
     return rows
 
 
@@ -158,21 +196,30 @@ def foundry_rows() -> list[CalibrationRow]:
         foundry_candidate,
         foundry_hardware_overrides,
         mpt_model,
-    )  # fmt: skip
+    )
 
     rows = []
     for run in FOUNDRY_RUNS:
         overrides = foundry_hardware_overrides(run)
         c = foundry_candidate(run, hardware(overrides))
-        rows.append(CalibrationRow(
-            source="published", quantity="time.tokens_per_sec_per_device",
-            measured=run.tokens_per_gpu, predicted=c.time.tokens_per_sec / run.gpus,
-            model=f"MPT-{run.model} ({mpt_model(run.model, run.seq_len).num_params() / 1e9:.1f}B)",
-            hardware=overrides[0].partition("=")[2], layout=run.label,
-            planner_layout=c.describe(), precision=c.settings.precision, seq_len=run.seq_len,
-            global_batch_size=run.global_batch, origin=f"{FOUNDRY}, {run.table}",
-            date="2023-10-17", notes="fsdp FULL_SHARD over every GPU, flash attention",
-        ))  # fmt: skip
+        rows.append(
+            CalibrationRow(
+                source="published",
+                quantity="time.tokens_per_sec_per_device",
+                measured=run.tokens_per_gpu,
+                predicted=c.time.tokens_per_sec / run.gpus,
+                model=f"MPT-{run.model} ({mpt_model(run.model, run.seq_len).num_params() / 1e9:.1f}B)",
+                hardware=overrides[0].partition("=")[2],
+                layout=run.label,
+                planner_layout=c.describe(),
+                precision=c.settings.precision,
+                seq_len=run.seq_len,
+                global_batch_size=run.global_batch,
+                origin=f"{FOUNDRY}, {run.table}",
+                date="2023-10-17",
+                notes="fsdp FULL_SHARD over every GPU, flash attention",
+            )
+        )
     return rows
 
 
@@ -198,8 +245,12 @@ class HeldOutRun:
 
 _TT = "compile, float8 tensorwise with the float8 all-gather (assumed)"
 _F8 = dict(compile=True, float8="tensorwise", float8_all_gather=True)
-_H100 = ("hardware=dgx_h100", "hardware.memory_gib=96", "hardware.memory_gbytes_per_sec=2400",
-         "hardware.power_w=500")  # fmt: skip
+_H100 = (
+    "hardware=dgx_h100",
+    "hardware.memory_gib=96",
+    "hardware.memory_gbytes_per_sec=2400",
+    "hardware.power_w=500",
+)
 HELD_OUT = (
     HeldOutRun("8B fsdp 8, 32k tokens", "llama3_8b", (*_H100, "hardware.num_nodes=1"),
                Layout(dp_shard=8), dict(global_batch_size=8, seq_len=32768, micro_batch_size=1,
@@ -250,15 +301,34 @@ def held_out_rows() -> list[CalibrationRow]:
         model = model_spec(compose_config([f"model={run.model}", "paths.output_dir=."]))
         spec = hardware(list(run.hardware))
         c = estimate(model, spec, run.layout, **run.knobs)
-        common = dict(source="published", model=run.model, hardware=spec.name,
-                      layout=run.label, planner_layout=c.describe(), precision="bf16-mixed",
-                      seq_len=run.knobs["seq_len"], global_batch_size=run.knobs["global_batch_size"],
-                      origin=run.origin, date="2025-06-13", notes=f"held out: {run.notes}")  # fmt: skip
-        rows.append(CalibrationRow(quantity="time.tokens_per_sec_per_device",
-                                   measured=run.tokens_per_gpu,
-                                   predicted=c.time.tokens_per_sec / spec.world_size, **common))  # fmt: skip
+        common = dict(
+            source="published",
+            model=run.model,
+            hardware=spec.name,
+            layout=run.label,
+            planner_layout=c.describe(),
+            precision="bf16-mixed",
+            seq_len=run.knobs["seq_len"],
+            global_batch_size=run.knobs["global_batch_size"],
+            origin=run.origin,
+            date="2025-06-13",
+            notes=f"held out: {run.notes}",
+        )
+        rows.append(
+            CalibrationRow(
+                quantity="time.tokens_per_sec_per_device",
+                measured=run.tokens_per_gpu,
+                predicted=c.time.tokens_per_sec / spec.world_size,
+                **common,
+            )
+        )
         if run.memory_gib:
-            rows.append(CalibrationRow(quantity="memory.reserved_bytes",
-                                       measured=run.memory_gib * 2**30,
-                                       predicted=c.memory.reserved, **common))  # fmt: skip
+            rows.append(
+                CalibrationRow(
+                    quantity="memory.reserved_bytes",
+                    measured=run.memory_gib * 2**30,
+                    predicted=c.memory.reserved,
+                    **common,
+                )
+            )
     return rows

@@ -56,10 +56,13 @@ def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
     module = build_module(plan)
     stats = RunStats(tokens_per_step=plan.batch.tokens_per_step)
     context = RunContext(
-        hardware=plan.hardware, layout=plan.layout, precision=plan.precision,
-        seq_len=plan.batch.seq_len, global_batch_size=plan.batch.global_batch_size,
+        hardware=plan.hardware,
+        layout=plan.layout,
+        precision=plan.precision,
+        seq_len=plan.batch.seq_len,
+        global_batch_size=plan.batch.global_batch_size,
         flops_per_token=spec.model.train_flops_per_token(plan.batch.seq_len),
-    )  # fmt: skip
+    )
     history = RunHistory(started)
     callbacks = [*run_callbacks(plan, stats), history]
     for callback in callbacks:
@@ -71,8 +74,16 @@ def build_run(plan: RunPlan, started: float | None = None) -> BuiltRun:
         note_no_logger(spec.choices["debug"])
     with config_errors():  # Lightning's own checks of its arguments (e.g. the precision name)
         trainer = build_trainer(plan, callbacks, logger)
-    return BuiltRun(trainer=trainer, module=module, datamodule=datamodule, callbacks=callbacks,
-                    logger=logger, stats=stats, history=history, context=context)  # fmt: skip
+    return BuiltRun(
+        trainer=trainer,
+        module=module,
+        datamodule=datamodule,
+        callbacks=callbacks,
+        logger=logger,
+        stats=stats,
+        history=history,
+        context=context,
+    )
 
 
 def check_validation_split(plan: RunPlan, datamodule: Any) -> None:
@@ -156,8 +167,10 @@ def note_no_logger(debug: str) -> None:
     from lightning_dist.runtime.console import launch_rank_zero
 
     if launch_rank_zero():
-        print(f"debug={debug}: no experiment logger, W&B is off; add logger=wandb to log this run",
-              flush=True)  # fmt: skip
+        print(
+            f"debug={debug}: no experiment logger, W&B is off; add logger=wandb to log this run",
+            flush=True,
+        )
 
 
 def slurm_environment() -> list:

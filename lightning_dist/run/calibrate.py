@@ -168,11 +168,18 @@ def comparisons(rows: Iterable[CalibrationRow]) -> list[Comparison]:
         if set(got) != set(CATEGORIES):
             continue
         first = group[0]
-        out.append(Comparison(
-            name, first.planner_layout,
-            {c: got[c].predicted for c in CATEGORIES}, {c: got[c].measured for c in CATEGORIES},
-            first.overrides, first.precision, first.seq_len, first.global_batch_size,
-        ))  # fmt: skip
+        out.append(
+            Comparison(
+                name,
+                first.planner_layout,
+                {c: got[c].predicted for c in CATEGORIES},
+                {c: got[c].measured for c in CATEGORIES},
+                first.overrides,
+                first.precision,
+                first.seq_len,
+                first.global_batch_size,
+            )
+        )
     return out
 
 
@@ -226,10 +233,13 @@ def repredict(rows: Iterable[CalibrationRow]) -> list[CalibrationRow]:
         if r.overrides not in cache:
             cache[r.overrides] = predict(list(r.overrides))
         candidate = cache[r.overrides]
-        out.append(replace(
-            r, predicted=predicted_bytes(candidate)[category[r.quantity]],
-            planner_layout=candidate.describe(),
-        ))  # fmt: skip
+        out.append(
+            replace(
+                r,
+                predicted=predicted_bytes(candidate)[category[r.quantity]],
+                planner_layout=candidate.describe(),
+            )
+        )
     return out
 
 
@@ -252,8 +262,7 @@ def measure(overrides: list[str], run_dir: str | Path, train=None) -> dict[str, 
     }
 
 
-def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None = None,
-            train=None):  # fmt: skip
+def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None = None, train=None):
     """Predict and measure layout `name` of LAYOUTS (with `extra` overrides appended); `train`
     as in `measure`."""
     overrides = [*COMMON, *LAYOUTS[name], *extra]
@@ -262,6 +271,12 @@ def compare(name: str, extra: tuple[str, ...] = (), workdir: str | Path | None =
         measured = measure(overrides, Path(tmp) / "run", train)
     st = candidate.settings
     return Comparison(
-        name, candidate.describe(), predicted_bytes(candidate), measured, tuple(overrides),
-        st.precision, st.seq_len, st.global_batch_size,
-    )  # fmt: skip
+        name,
+        candidate.describe(),
+        predicted_bytes(candidate),
+        measured,
+        tuple(overrides),
+        st.precision,
+        st.seq_len,
+        st.global_batch_size,
+    )

@@ -179,8 +179,9 @@ def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_cpu_capacity(devices: int, num_params: int, *, cores: int | None = None,
-                       memory: int | None = None) -> None:  # fmt: skip
+def check_cpu_capacity(
+    devices: int, num_params: int, *, cores: int | None = None, memory: int | None = None
+) -> None:
     """A CPU run's processes fit this machine: at most `CPU_RANKS_PER_CORE` per core, and their
     memory (a base per process plus one full copy of the model states) under physical memory."""
     cores = cores or cpu_count()

@@ -37,8 +37,9 @@ def _format_key(source: Mapping[str, Any]) -> str:
     return f"{fmt}.zst" if fmt == "jsonl" and any(str(p).endswith(".zst") for p in paths) else fmt
 
 
-def worker_rate(sources: Sequence[Mapping[str, Any]], rates: Mapping[str, float],
-                dp: int = 1) -> float | None:  # fmt: skip
+def worker_rate(
+    sources: Sequence[Mapping[str, Any]], rates: Mapping[str, float], dp: int = 1
+) -> float | None:
     """Tokens/s of its own samples one loader worker of one of `dp` data-parallel ranks reads
     from this mixture (None: a format the table lacks). A streamed source is tokenized whole
     on every rank (`lm/streaming.py`): each of its samples costs a rank dp samples' work."""
@@ -47,13 +48,19 @@ def worker_rate(sources: Sequence[Mapping[str, Any]], rates: Mapping[str, float]
     if not sources or any(k not in rates for k in keys):
         return None
     total = sum(weights)
-    cost = [w * (max(dp, 1) if k == "streamed" else 1) / rates[k]
-            for w, k in zip(weights, keys, strict=True)]  # fmt: skip
+    cost = [
+        w * (max(dp, 1) if k == "streamed" else 1) / rates[k]
+        for w, k in zip(weights, keys, strict=True)
+    ]
     return total / sum(cost)
 
 
-def keep_up_warning(data: Mapping[str, Any], tokens_per_sec: float | None, dp: int,
-                    rates: Mapping[str, float] | None = None) -> str | None:  # fmt: skip
+def keep_up_warning(
+    data: Mapping[str, Any],
+    tokens_per_sec: float | None,
+    dp: int,
+    rates: Mapping[str, float] | None = None,
+) -> str | None:
     """One line when the loaders are predicted to fall behind the devices, naming the
     `data.num_workers` that would keep up; None when they keep up or nothing is known."""
     if not tokens_per_sec or "_target_" not in data or "Synthetic" in str(data["_target_"]):

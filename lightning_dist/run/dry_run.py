@@ -65,9 +65,11 @@ def options_on_device(options, precision: str, accelerator: str):
     from lightning_dist.parallel.precision import mixed_dtypes
 
     dtypes = mixed_dtypes(
-        param_dtype=options.precision.param_dtype, reduce_dtype=options.precision.reduce_dtype,
-        precision=precision, device_type="cuda" if accelerator == "gpu" else "cpu",
-    )  # fmt: skip
+        param_dtype=options.precision.param_dtype,
+        reduce_dtype=options.precision.reduce_dtype,
+        precision=precision,
+        device_type="cuda" if accelerator == "gpu" else "cpu",
+    )
     if dtypes is None:
         return options
     name = str(dtypes.compute).removeprefix("torch.")
@@ -110,8 +112,9 @@ def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     from lightning_dist.run.preflight import estimate_run
 
     check_dry_run(plan)
-    candidate = estimate_run(plan.batch, plan.model, plan.hardware, plan.strategy, plan.layout,
-                             plan.precision)  # fmt: skip
+    candidate = estimate_run(
+        plan.batch, plan.model, plan.hardware, plan.strategy, plan.layout, plan.precision
+    )
     layout, settings = candidate.layout, candidate.settings
     options = options_on_device(plan.strategy.options, plan.precision, plan.hardware.accelerator)
     shapes = [s for _, s in stage_shapes(plan.model, layout, options.pipeline.split_points)]
@@ -119,22 +122,31 @@ def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     # under PP, whose microbatches the schedule runs itself).
     accumulate = candidate.grad_accumulation // (layout.num_microbatches if layout.pp > 1 else 1)
     ranks = dry_run_ranks(layout)
-    progress(f"dry run: rank(s) {', '.join(map(str, ranks))} of {layout.world_size}, each in a "
-             "process of its own ...")  # fmt: skip
+    progress(
+        f"dry run: rank(s) {', '.join(map(str, ranks))} of {layout.world_size}, each in a "
+        "process of its own ..."
+    )
     build = partial(
-        dry_run_rank, plan.model.build, layout, options=options, precision=plan.precision,
-        micro_batch_size=settings.micro_batch_size, seq_len=settings.seq_len,
-        accumulate=accumulate, ring_volume=ring_volume,
+        dry_run_rank,
+        plan.model.build,
+        layout,
+        options=options,
+        precision=plan.precision,
+        micro_batch_size=settings.micro_batch_size,
+        seq_len=settings.seq_len,
+        accumulate=accumulate,
+        ring_volume=ring_volume,
         grad_clip=plan.spec.trainer.gradient_clip_val,
-    )  # fmt: skip
+    )
     measured = each_in_a_fresh_process(build, ranks)
     out = []
     for rank in measured:
         shape = shapes[rank.coordinate["pp"]]
         params, grads, optimizer, _ = model_state_bytes(layout, settings, shape)
         predicted = {"params": params, "grads": grads, "optimizer": optimizer}
-        out.append(RankComparison(rank, predicted, traffic_by_dim(plan.model, layout, settings,
-                                                                  shape)))  # fmt: skip
+        out.append(
+            RankComparison(rank, predicted, traffic_by_dim(plan.model, layout, settings, shape))
+        )
     return out
 
 
@@ -152,12 +164,20 @@ def print_dry_run(comparisons: list[RankComparison], layout_text: str) -> None:
         ]
         for dim in sorted(set(m.traffic.volume) | set(c.predicted_traffic)):
             calls = m.traffic.calls.get(dim, 0)
-            rows.append((f"{dim} GiB/step ({calls} calls)", m.traffic.volume.get(dim, 0.0),
-                         c.predicted_traffic.get(dim, 0.0)))  # fmt: skip
+            rows.append(
+                (
+                    f"{dim} GiB/step ({calls} calls)",
+                    m.traffic.volume.get(dim, 0.0),
+                    c.predicted_traffic.get(dim, 0.0),
+                )
+            )
         for what, got, want in rows:
             error = (
-                f"{got / want - 1:+.1%}" if want
-                else "-" if got < NEGLIGIBLE_BYTES else "unpredicted"
-            )  # fmt: skip
+                f"{got / want - 1:+.1%}"
+                if want
+                else "-"
+                if got < NEGLIGIBLE_BYTES
+                else "unpredicted"
+            )
             print(f"{m.rank:>6} {what:<34} {got / GiB:>12.3f} {want / GiB:>12.3f} {error:>8}")
         print(f"{m.rank:>6} {'seconds here':<34} {m.seconds:>12.1f}")

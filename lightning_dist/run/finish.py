@@ -78,8 +78,9 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     return summary
 
 
-def write_stopped_summary(plan: RunPlan, run: BuiltRun, *, wall_seconds: float,
-                          status: str, error: str) -> str:  # fmt: skip
+def write_stopped_summary(
+    plan: RunPlan, run: BuiltRun, *, wall_seconds: float, status: str, error: str
+) -> str:
     """A run that stopped on an error after training steps (a checkpoint it could not write):
     rank 0 writes summary.json with every step trained so far, `status` and `error`, and no
     collective runs (the ranks may not meet again). Returns words for the run's one line."""
@@ -130,8 +131,9 @@ def run_config(resolved: dict[str, Any], layout: Layout) -> dict[str, Any]:
     return redact(record)
 
 
-def build_summary(plan: RunPlan, run: BuiltRun, *, world_size: int,
-                  wall_seconds: float) -> dict[str, Any]:  # fmt: skip
+def build_summary(
+    plan: RunPlan, run: BuiltRun, *, world_size: int, wall_seconds: float
+) -> dict[str, Any]:
     """The summary.json contract of DESIGN.md (keys are only ever added, never renamed).
 
     `tokens_per_sec` and `mfu` (here only, not repeated elsewhere in the summary) use the shared

@@ -62,8 +62,10 @@ def wandb_server() -> WandbServer:
         except ValueError as e:  # pydantic's ValidationError, many lines: its first error
             errors = e.errors() if hasattr(e, "errors") else []
             why = f"{errors[0]['loc'][0]}: {errors[0]['msg']}" if errors else str(e)
-            raise ValueError(f"wandb refuses its settings ({why}); fix the WANDB_* "
-                             "environment variable or wandb's settings file") from None  # fmt: skip
+            raise ValueError(
+                f"wandb refuses its settings ({why}); fix the WANDB_* "
+                "environment variable or wandb's settings file"
+            ) from None
         url = settings.base_url
     if os.environ.get("WANDB_API_KEY"):
         source = "WANDB_API_KEY"
@@ -226,9 +228,19 @@ def wandb_logger(
     id = id or _new_run_id()
     if _first_process():
         Path(save_dir, WANDB_RUN_ID_FILE).write_text(id + "\n")
-    logger = WandbLogger(project=project, name=name, save_dir=save_dir, mode=mode, entity=entity,
-                         group=group, tags=list(tags or []), notes=notes, job_type=job_type,
-                         id=id, resume="allow")  # fmt: skip
+    logger = WandbLogger(
+        project=project,
+        name=name,
+        save_dir=save_dir,
+        mode=mode,
+        entity=entity,
+        group=group,
+        tags=list(tags or []),
+        notes=notes,
+        job_type=job_type,
+        id=id,
+        resume="allow",
+    )
     drop_wandb_anonymous(logger)  # else wandb warns about a setting nobody set
     return logger
 

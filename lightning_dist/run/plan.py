@@ -96,10 +96,19 @@ def make_plan(spec: RunSpec) -> RunPlan:
     shares = contract.data_shares(layout)
     _, accumulate = batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)
     return RunPlan(
-        spec=spec, strategy=strategy, devices=devices, num_nodes=num_nodes, layout=layout,
-        precision=precision, batch=batch, accumulate=accumulate, checkpoints=checkpoints,
-        ckpt_path=ckpt_path, resume_note=resume_note, resume_step=resume_step,
-    )  # fmt: skip
+        spec=spec,
+        strategy=strategy,
+        devices=devices,
+        num_nodes=num_nodes,
+        layout=layout,
+        precision=precision,
+        batch=batch,
+        accumulate=accumulate,
+        checkpoints=checkpoints,
+        ckpt_path=ckpt_path,
+        resume_note=resume_note,
+        resume_step=resume_step,
+    )
 
 
 def checkpoint_step(path: str) -> int | None:
@@ -122,9 +131,11 @@ def build_planned_strategy(spec: RunSpec) -> tuple[Any, Batch]:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         print(f"strategy=auto: the planner chose {description}", flush=True)
     strategy = build_strategy(
-        spec.strategy, spec.hardware, collective_timeout_s=spec.trainer.collective_timeout_s,
+        spec.strategy,
+        spec.hardware,
+        collective_timeout_s=spec.trainer.collective_timeout_s,
         **kwargs,
-    )  # fmt: skip
+    )
     return strategy, replace(spec.batch, micro_batch_size=micro)
 
 

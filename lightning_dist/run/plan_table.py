@@ -95,8 +95,10 @@ def strategy_overrides(candidate) -> list[str]:
         if lay.ep > 1:
             out.append(f"strategy.ep={lay.ep}")
     if lay.pp > 1:
-        out += [f"strategy.schedule={lay.schedule}",
-                f"strategy.microbatches={candidate.grad_accumulation}"]  # fmt: skip
+        out += [
+            f"strategy.schedule={lay.schedule}",
+            f"strategy.microbatches={candidate.grad_accumulation}",
+        ]
         if lay.virtual_stages > 1:
             out.append(f"strategy.virtual_stages={lay.virtual_stages}")
         points = st.options.pipeline.split_points
@@ -227,8 +229,9 @@ def compile_note(strategy: Any) -> str:
     return f"per-block torch.compile: {backend}, compute time / {speedup:.2f} (assumed)"
 
 
-def assumptions(batch: Batch, precision: str | None, strategy: Any, model, hardware,
-                model_name: str) -> list[str]:  # fmt: skip
+def assumptions(
+    batch: Batch, precision: str | None, strategy: Any, model, hardware, model_name: str
+) -> list[str]:
     """The lines every plan starts with: the model, batch, precision (null: the hardware's),
     optimizer, compilation (`strategy`: its config section) and hardware."""
     args = model.to_model_args() if hasattr(model, "to_model_args") else model
@@ -237,8 +240,10 @@ def assumptions(batch: Batch, precision: str | None, strategy: Any, model, hardw
     per_node = hardware.resolved_devices()
     memory = f"{hardware.memory_gib:g} GiB each" if hardware.memory_gib else "memory unknown"
     if hardware.mixed:
-        memory = "; ".join(f"{k}: {g.num_nodes} x {g.name} ({g.memory_gib:g} GiB)"
-                           for k, g in hardware.groups.items())  # fmt: skip
+        memory = "; ".join(
+            f"{k}: {g.num_nodes} x {g.name} ({g.memory_gib:g} GiB)"
+            for k, g in hardware.groups.items()
+        )
     return [
         f"model {model_name} ({_size(args.num_params())} parameters), {precision}, "
         f"{OPTIMIZER_NAMES['adamw']}; global batch {gbs} x {seq} tokens = {gbs * seq:,} "
@@ -265,8 +270,10 @@ def realistic_batch(batch: Batch, model) -> list[str]:
     if args.num_params() < LARGE_MODEL_PARAMS or gbs * seq >= REALISTIC_TOKENS_PER_STEP // 4:
         return []
     seq_len = min(getattr(args, "max_seq_len", 4096) or 4096, 4096)
-    return [f"data.global_batch_size={REALISTIC_TOKENS_PER_STEP // seq_len}",
-            f"data.seq_len={seq_len}"]  # fmt: skip
+    return [
+        f"data.global_batch_size={REALISTIC_TOKENS_PER_STEP // seq_len}",
+        f"data.seq_len={seq_len}",
+    ]
 
 
 def batch_set_by_user(overrides: list[str]) -> bool:
@@ -295,8 +302,9 @@ def batch_note(batch: Batch, model, overrides: list[str]) -> str | None:
     )
 
 
-def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[str] = (),
-               details: bool = False) -> None:  # fmt: skip
+def print_plan(
+    result, cfg, model, hardware, top: int = 8, *, overrides: list[str] = (), details: bool = False
+) -> None:
     """Print the assumptions, the table of the top `top` candidates (memory by category with
     `details`), the legend, the choice with its train.py command, and some rejections."""
     from rich import box
@@ -309,8 +317,9 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
 
     batch = Batch.of_config(cfg.data)
     precision, strategy = cfg.trainer.get("precision"), cfg.get("strategy")
-    for line in assumptions(batch, precision, strategy, model, hardware,
-                            config_choice(overrides, "model")):  # fmt: skip
+    for line in assumptions(
+        batch, precision, strategy, model, hardware, config_choice(overrides, "model")
+    ):
         console.print(line, highlight=False)
     for note in plan_notes(batch, model, hardware, overrides):  # a warning is one line
         console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=note.startswith("warn"))
@@ -325,8 +334,16 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("layout", justify="left", overflow="fold")
     categories = ("params", "grads", "optim", "acts", "buffers") if details else ()
-    numbers = (*categories, "GiB/dev", *(("host GiB",) if host else ()), "step", "tok/s", "MFU",
-               "comm/comp", "bubble")  # fmt: skip
+    numbers = (
+        *categories,
+        "GiB/dev",
+        *(("host GiB",) if host else ()),
+        "step",
+        "tok/s",
+        "MFU",
+        "comm/comp",
+        "bubble",
+    )
     for name in numbers:
         table.add_column(name, justify="right", no_wrap=True)
     for i, cand in enumerate(shown):
@@ -354,13 +371,18 @@ def print_plan(result, cfg, model, hardware, top: int = 8, *, overrides: list[st
         for line in stage_lines(best, hardware, shape.n_layers):
             console.print(line, highlight=False)
         command = train_command(overrides, best)
-        console.print(f"run it: {_wrapped(command)}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
+        console.print(f"run it: {_wrapped(command)}", highlight=False, soft_wrap=True)
         console.print("(the command of row N: --command N; of every row: --command all)")
         if hardware.accelerator == "gpu":
             console.print(prediction_line(best), highlight=False)
-        for line in slow_link_advice(shape, hardware, best, evaluate=lambda settings: evaluate(
-                shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM)):  # fmt: skip
+        for line in slow_link_advice(
+            shape,
+            hardware,
+            best,
+            evaluate=lambda settings: evaluate(
+                shape, hardware, best.layout, settings, headroom=DEFAULT_HEADROOM
+            ),
+        ):
             console.print(line, highlight=False)
     if result.rejected:
         n = len(result.rejected)
@@ -382,11 +404,13 @@ def prediction_line(candidate) -> str:
 
     t = candidate.time
     low, high = prediction_band(t.tokens_per_sec)
-    line = (f"predicted: tokens/s {t.tokens_per_sec:,.0f}, likely {_sig3(low):,.0f}-"
-            f"{_sig3(high):,.0f}; step "
-            f"{format_seconds(t.step_seconds)}, likely "
-            f"{format_seconds(t.step_seconds * t.tokens_per_sec / high)}-"
-            f"{format_seconds(t.step_seconds * t.tokens_per_sec / low)}")  # fmt: skip
+    line = (
+        f"predicted: tokens/s {t.tokens_per_sec:,.0f}, likely {_sig3(low):,.0f}-"
+        f"{_sig3(high):,.0f}; step "
+        f"{format_seconds(t.step_seconds)}, likely "
+        f"{format_seconds(t.step_seconds * t.tokens_per_sec / high)}-"
+        f"{format_seconds(t.step_seconds * t.tokens_per_sec / low)}"
+    )
     if t.mfu is not None:
         scale = t.mfu / t.tokens_per_sec
         line += f"; MFU {t.mfu:.1%}, likely {low * scale:.1%}-{high * scale:.1%}"

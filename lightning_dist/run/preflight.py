@@ -15,8 +15,9 @@ from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch, Layout
 
 
-def estimate_run(batch: Batch, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout,
-                 precision: str):  # fmt: skip
+def estimate_run(
+    batch: Batch, spec: Any, hardware: HardwareSpec, strategy: Any, layout: Layout, precision: str
+):
     """The planner's prediction for exactly this run (one layout, its sharding and batch)."""
     from lightning_dist.planner import estimate
 
@@ -32,8 +33,9 @@ def estimate_run(batch: Batch, spec: Any, hardware: HardwareSpec, strategy: Any,
     )
 
 
-def best_layout_hint(batch: Batch, strategy_cfg: Any, spec: Any, hardware: HardwareSpec,
-                     precision: str) -> str:  # fmt: skip
+def best_layout_hint(
+    batch: Batch, strategy_cfg: Any, spec: Any, hardware: HardwareSpec, precision: str
+) -> str:
     """One line: the planner's best layout for this model and hardware and the train.py
     command that runs it, or why none fits."""
     from lightning_dist.planner import plan_layouts
@@ -101,23 +103,27 @@ def print_prediction(plan: Any) -> bool:
     gib = {k: v / 1024**3 for k, v in memory["memory_bytes"].items()}
     overrides = hydra_task_overrides()
     model_name = config_choice(overrides, "model")
-    for line in assumptions(batch, plan.spec.trainer.precision, strategy_cfg, spec, hardware,
-                            model_name):  # fmt: skip
+    for line in assumptions(
+        batch, plan.spec.trainer.precision, strategy_cfg, spec, hardware, model_name
+    ):
         print(line)
     for note in plan_notes(batch, spec, hardware, overrides):
         print(note)
-    print(f"plan for strategy={plan.spec.strategy_name} on {hardware.name} "
-          f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):")  # fmt: skip
+    print(
+        f"plan for strategy={plan.spec.strategy_name} on {hardware.name} "
+        f"({hardware.num_nodes} node(s) x {hardware.resolved_devices()} devices):"
+    )
     print(f"  layout: {candidate.describe(plan.spec.strategy_name)}")
     print(f"  {batch_line(candidate)}")
-    print("  memory per device (GiB): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in gib.items()))  # fmt: skip
+    print("  memory per device (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in gib.items()))
     step = memory.get("step_seconds")
     if step:
         mfu = memory.get("mfu")
-        print(f"  step {format_seconds(step)}, {memory['tokens_per_sec']:,.0f} tokens/s, "
-              f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
-              f"comm/compute {memory['comm_compute_ratio']:.2f}")  # fmt: skip
+        print(
+            f"  step {format_seconds(step)}, {memory['tokens_per_sec']:,.0f} tokens/s, "
+            f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}, "
+            f"comm/compute {memory['comm_compute_ratio']:.2f}"
+        )
     print(f"  fits: {'yes' if candidate.fits else 'no: ' + str(candidate.reason)}")
     loader = loader_warning(plan, memory.get("tokens_per_sec"))
     if loader:  # silent when the loaders keep up (the README shows this output as it is)
@@ -126,8 +132,9 @@ def print_prediction(plan: Any) -> bool:
     return candidate.fits
 
 
-def planned_strategy(batch: Batch, spec: Any, hardware: HardwareSpec, precision: str | None
-                     ) -> tuple[dict, int | None, str]:  # fmt: skip
+def planned_strategy(
+    batch: Batch, spec: Any, hardware: HardwareSpec, precision: str | None
+) -> tuple[dict, int | None, str]:
     """`strategy=auto`: the planner's fastest layout that fits, as Parallel3DStrategy keyword
     arguments, the per-rank micro-batch size to use (None under PP, where the strategy cuts a
     rank's batch into the pipeline microbatches), and a one-line description. `precision`

@@ -45,9 +45,15 @@ def run_label(run_dir: Path, summary: dict[str, Any]) -> str:
     return f"{name} ({summary.get('strategy')}, {summary.get('model')})"
 
 
-def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple[int, float]]],
-                reference: float | None = None, reference_label: str = "",
-                xlabel: str = "optimizer step") -> None:  # fmt: skip
+def _plot_lines(
+    path: Path,
+    title: str,
+    ylabel: str,
+    lines: dict[str, list[tuple[int, float]]],
+    reference: float | None = None,
+    reference_label: str = "",
+    xlabel: str = "optimizer step",
+) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -66,9 +72,15 @@ def _plot_lines(path: Path, title: str, ylabel: str, lines: dict[str, list[tuple
     plt.close(fig)
 
 
-def _plot_bars(path: Path, title: str, ylabel: str, labels: list[str],
-               groups: dict[str, list[float]], reference: float | None = None,
-               reference_label: str = "") -> None:  # fmt: skip
+def _plot_bars(
+    path: Path,
+    title: str,
+    ylabel: str,
+    labels: list[str],
+    groups: dict[str, list[float]],
+    reference: float | None = None,
+    reference_label: str = "",
+) -> None:
     """Bars for each label, one bar per group (side by side when there are several)."""
     import matplotlib.pyplot as plt
 
@@ -112,11 +124,24 @@ def _comm_ratio_plot(path: Path, title: str, metrics: dict, warn_ratio: float) -
         groups = {
             name: [dict(points).get(s, 0.0) for s in steps] for name, points in series.items()
         }
-        _plot_bars(path, title, "communication / compute", [f"step {s}" for s in steps], groups,
-                   reference=warn_ratio, reference_label=threshold)  # fmt: skip
+        _plot_bars(
+            path,
+            title,
+            "communication / compute",
+            [f"step {s}" for s in steps],
+            groups,
+            reference=warn_ratio,
+            reference_label=threshold,
+        )
     else:
-        _plot_lines(path, title, "communication / compute", series, reference=warn_ratio,
-                    reference_label=threshold)  # fmt: skip
+        _plot_lines(
+            path,
+            title,
+            "communication / compute",
+            series,
+            reference=warn_ratio,
+            reference_label=threshold,
+        )
     return True
 
 
@@ -173,50 +198,88 @@ def _write_report(run_dir: Path, out: Path) -> list[Path]:
     first = summary.get("first_step") or 0
     losses = list(enumerate(summary["losses"], start=first + 1))
     # A mixture of several sources: each one's validation loss too (val/loss/<name>).
-    by_source = {f"validation: {key.removeprefix('val/loss/')}": points
-                 for key, points in metrics.items() if key.startswith("val/loss/")}  # fmt: skip
-    lines("loss.png", "loss", "cross-entropy",
-          {"train": losses, "validation": metrics.get("val/loss", []), **by_source})  # fmt: skip
-    lines("tokens_per_sec.png", "throughput", "tokens/s",
-          {"tokens/s": metrics.get("throughput/tokens_per_sec", [])})  # fmt: skip
+    by_source = {
+        f"validation: {key.removeprefix('val/loss/')}": points
+        for key, points in metrics.items()
+        if key.startswith("val/loss/")
+    }
+    lines(
+        "loss.png",
+        "loss",
+        "cross-entropy",
+        {"train": losses, "validation": metrics.get("val/loss", []), **by_source},
+    )
+    lines(
+        "tokens_per_sec.png",
+        "throughput",
+        "tokens/s",
+        {"tokens/s": metrics.get("throughput/tokens_per_sec", [])},
+    )
     lines("mfu.png", "model FLOPs utilisation", "MFU", {"MFU": metrics.get("throughput/mfu", [])})
     warn = (summary.get("comm") or {}).get("warn_ratio", DEFAULT_WARN_RATIO)
     if _comm_ratio_plot(out / "comm_ratio.png", f"communication / compute: {label}", metrics, warn):
         written.append(out / "comm_ratio.png")
     peaks = summary.get("peak_memory_bytes") or []
     if peaks:
-        _plot_bars(out / "memory_per_rank.png", f"peak memory per rank: {label}", "GiB",
-                   [f"rank {r}" for r in range(len(peaks))], {"peak": [p / GIB for p in peaks]})  # fmt: skip
+        _plot_bars(
+            out / "memory_per_rank.png",
+            f"peak memory per rank: {label}",
+            "GiB",
+            [f"rank {r}" for r in range(len(peaks))],
+            {"peak": [p / GIB for p in peaks]},
+        )
         written.append(out / "memory_per_rank.png")
     moe = summary.get("moe")
     if moe and moe["tokens_per_expert"]:
         imbalance = {
             f"layer {i}": metrics.get(f"moe/imbalance_layer{i}", []) for i in moe["layers"]
         }
-        lines("expert_imbalance.png", "expert load, max / mean tokens per expert", "max / mean",
-              imbalance)  # fmt: skip
-        lines("aux_loss.png", "load-balancing loss", "aux loss",
-              {"aux loss": metrics.get("train/aux_loss", [])})  # fmt: skip
+        lines(
+            "expert_imbalance.png",
+            "expert load, max / mean tokens per expert",
+            "max / mean",
+            imbalance,
+        )
+        lines(
+            "aux_loss.png",
+            "load-balancing loss",
+            "aux loss",
+            {"aux loss": metrics.get("train/aux_loss", [])},
+        )
         experts = [f"expert {e}" for e in range(len(moe["tokens_per_expert"][0]))]
         if len(experts) <= 32:  # one bar per expert and layer: readable up to a few dozen
-            _plot_bars(out / "tokens_per_expert.png", f"tokens per expert, last step: {label}",
-                       "tokens", experts, dict(zip(
-                           [f"layer {i}" for i in moe["layers"]], moe["tokens_per_expert"],
-                           strict=True)))  # fmt: skip
+            _plot_bars(
+                out / "tokens_per_expert.png",
+                f"tokens per expert, last step: {label}",
+                "tokens",
+                experts,
+                dict(
+                    zip(
+                        [f"layer {i}" for i in moe["layers"]], moe["tokens_per_expert"], strict=True
+                    )
+                ),
+            )
             written.append(out / "tokens_per_expert.png")
     bubble = summary.get("bubble")
     if bubble:
         stages = bubble["per_stage"]
-        _plot_bars(out / "bubble.png", f"pipeline bubble per stage: {label}", "idle fraction",
-                   [f"stage {s}" for s in range(len(stages))], {"measured": stages},
-                   reference=bubble["theoretical"], reference_label="schedule (p-1)/(m+p-1)")  # fmt: skip
+        _plot_bars(
+            out / "bubble.png",
+            f"pipeline bubble per stage: {label}",
+            "idle fraction",
+            [f"stage {s}" for s in range(len(stages))],
+            {"measured": stages},
+            reference=bubble["theoretical"],
+            reference_label="schedule (p-1)/(m+p-1)",
+        )
         written.append(out / "bubble.png")
     (out / "README.md").write_text(markdown_summary(summary, written, label))
     return written
 
 
-def write_loss_comparison(summaries: dict[str, dict[str, Any]], path: Path, title: str,
-                          smooth: int = 10) -> Path:  # fmt: skip
+def write_loss_comparison(
+    summaries: dict[str, dict[str, Any]], path: Path, title: str, smooth: int = 10
+) -> Path:
     """One PNG of several runs' train losses against the tokens trained on (each summary.json's
     `losses`, a step being `global_batch_size` x `seq_len` tokens), as moving means over
     `smooth` steps, e.g. DiLoCo against DDP (bench/diloco.py). Returns `path`."""

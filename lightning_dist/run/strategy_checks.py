@@ -20,8 +20,13 @@ from lightning_dist.layout import Batch, batch_plan
 from lightning_dist.run.spec import RunSpec
 
 
-def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
-                   collective_timeout_s: float | None = None, **overrides: Any):  # fmt: skip
+def build_strategy(
+    strategy_cfg: DictConfig,
+    hardware: HardwareSpec,
+    *,
+    collective_timeout_s: float | None = None,
+    **overrides: Any,
+):
     """Instantiate `conf/strategy/*.yaml` with Hydra. A distributed strategy (its schema
     declares `process_group_backend`) gets the hardware's backend when that is null, and
     `collective_timeout_s` as the timeout of its process groups."""
@@ -34,8 +39,9 @@ def build_strategy(strategy_cfg: DictConfig, hardware: HardwareSpec, *,
     return build(config, "strategy", **overrides, _convert_="all")
 
 
-def check_built_strategy(spec: RunSpec, strategy: Any, batch: Batch,
-                         precision: str) -> tuple[int, int]:  # fmt: skip
+def check_built_strategy(
+    spec: RunSpec, strategy: Any, batch: Batch, precision: str
+) -> tuple[int, int]:
     """The built strategy checked against the model, the batch and the hardware (every node
     count of an elastic job): (devices, num_nodes). The one function behind the strategy checks
     of train.py's plan stage (`plan.only` too) and of `python -m lightning_dist.plan`
@@ -52,11 +58,19 @@ def check_built_strategy(spec: RunSpec, strategy: Any, batch: Batch,
         check_cpu_capacity(devices, spec.model.num_params())
     if spec.data.get("pack_documents"):
         check_packed_documents(spec.model)
-    check_strategy(strategy, spec.model, batch, hardware, devices=devices, num_nodes=num_nodes,
-                   precision=precision)  # fmt: skip
+    check_strategy(
+        strategy,
+        spec.model,
+        batch,
+        hardware,
+        devices=devices,
+        num_nodes=num_nodes,
+        precision=precision,
+    )
     if not contract.single_process and spec.strategy_name != "auto":  # auto plans each round
-        check_every_round(strategy, spec.model, batch, hardware, devices, precision,
-                          node_counts=spec.node_counts)  # fmt: skip
+        check_every_round(
+            strategy, spec.model, batch, hardware, devices, precision, node_counts=spec.node_counts
+        )
     return devices, num_nodes
 
 
@@ -74,15 +88,26 @@ def check_strategy_settings(cfg: DictConfig) -> None:
         return
     spec = replace(spec, plan=replace(spec.plan, only=True))
     hardware = spec.hardware
-    precision = resolve_precision(spec.trainer.precision or hardware.precision,
-                                  hardware.accelerator)  # fmt: skip
-    strategy = build_strategy(spec.strategy, hardware,
-                              collective_timeout_s=spec.trainer.collective_timeout_s)  # fmt: skip
+    precision = resolve_precision(
+        spec.trainer.precision or hardware.precision, hardware.accelerator
+    )
+    strategy = build_strategy(
+        spec.strategy, hardware, collective_timeout_s=spec.trainer.collective_timeout_s
+    )
     check_built_strategy(spec, strategy, spec.batch, precision)
 
 
-def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec, *,
-                   devices: int, num_nodes: int, precision: str, notes: bool = True) -> None:  # fmt: skip
+def check_strategy(
+    strategy: Any,
+    model: Any,
+    batch: Batch,
+    hardware: HardwareSpec,
+    *,
+    devices: int,
+    num_nodes: int,
+    precision: str,
+    notes: bool = True,
+) -> None:
     """The strategy's own checks of the whole run: world size, precision, accelerator, batch
     split, the model's classes (built on the meta device), the sequence's cut into
     context-parallel chunks, and the layers float8 converts (with `notes`, one warning line
@@ -98,10 +123,14 @@ def check_strategy(strategy: Any, model: Any, batch: Batch, hardware: HardwareSp
     if float8_note and notes:
         warn_once(float8_note)
     contract_of(strategy).check_run(
-        devices=devices, num_nodes=num_nodes, model=built, precision=precision,
-        accelerator=hardware.accelerator, global_batch_size=batch.global_batch_size,
+        devices=devices,
+        num_nodes=num_nodes,
+        model=built,
+        precision=precision,
+        accelerator=hardware.accelerator,
+        global_batch_size=batch.global_batch_size,
         micro_batch_size=batch.micro_batch_size,
-    )  # fmt: skip
+    )
     contract_of(strategy).layout_for(devices, num_nodes).check_sequence(batch.seq_len)
 
 
@@ -120,8 +149,16 @@ def check_packed_documents(model: Any) -> None:
         )
 
 
-def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: HardwareSpec,
-                      devices: int, precision: str, *, node_counts: tuple[int, ...]) -> None:  # fmt: skip
+def check_every_round(
+    strategy: Any,
+    model: Any,
+    batch: Batch,
+    hardware: HardwareSpec,
+    devices: int,
+    precision: str,
+    *,
+    node_counts: tuple[int, ...],
+) -> None:
     """An elastic job runs on any of `node_counts` (hardware.min_nodes to num_nodes): in every
     round, before step 1, `check_strategy` for the counts other than this round's, so that a
     layout that a later round could not hold stops the first one, with the count named."""
@@ -129,8 +166,16 @@ def check_every_round(strategy: Any, model: Any, batch: Batch, hardware: Hardwar
         if nodes == hardware.num_nodes:
             continue  # this round's: checked already
         try:
-            check_strategy(strategy, model, batch, hardware, devices=devices, num_nodes=nodes,
-                           precision=precision, notes=False)  # fmt: skip
+            check_strategy(
+                strategy,
+                model,
+                batch,
+                hardware,
+                devices=devices,
+                num_nodes=nodes,
+                precision=precision,
+                notes=False,
+            )
             contract = contract_of(strategy)
             shares = contract.data_shares(contract.layout_for(devices, nodes))
             batch_plan(batch.global_batch_size, shares, batch.micro_batch_size)

@@ -34,8 +34,9 @@ def smoothed_final_loss(losses: list[float]) -> float | None:
     return statistics.fmean(losses[-smoothing_window(len(losses)) :])
 
 
-def loss_record(losses: list[float], val_losses: list[float],
-                val_steps: list[int]) -> dict[str, Any]:  # fmt: skip
+def loss_record(
+    losses: list[float], val_losses: list[float], val_steps: list[int]
+) -> dict[str, Any]:
     """The loss keys of summary.json beside `losses` and `final_loss`."""
     return {
         "final_loss_smoothed": smoothed_final_loss(losses),
@@ -98,8 +99,10 @@ def summary_block(summary: dict[str, Any], path: Path | str | None = None) -> st
     window = summary.get("smoothing_steps") or 0
     final = _fmt(summary.get("final_loss"), ".4f")
     if window > 1:  # the mean first: one step's loss is noisy
-        loss = (f"  loss {_fmt(summary['final_loss_smoothed'], '.4f')} (mean of the last "
-                f"{window} steps; step {steps} alone {final})")  # fmt: skip
+        loss = (
+            f"  loss {_fmt(summary['final_loss_smoothed'], '.4f')} (mean of the last "
+            f"{window} steps; step {steps} alone {final})"
+        )
     else:
         loss = f"  loss {final} at step {steps}"
     if summary.get("final_val_loss") is not None:

@@ -25,8 +25,17 @@ REDACTED = "<redacted>"
 MIN_SECRET_CHARS = 6
 """Shorter values are redacted next to a secret key only, never as free text."""
 
-_SECRET_WORDS = {"token", "key", "secret", "password", "passwd", "credential", "credentials",
-                 "auth", "apikey"}  # fmt: skip
+_SECRET_WORDS = {
+    "token",
+    "key",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+    "credentials",
+    "auth",
+    "apikey",
+}
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # `name=value` in overrides, program arguments and log lines; the name may carry Hydra's +, ++, ~.
 _ASSIGNMENT = re.compile(r"(?P<name>[~+]*[A-Za-z_][\w.\-/@]*)=(?P<value>[^\s,;'\"\]]+)")

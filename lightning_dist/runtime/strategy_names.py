@@ -34,8 +34,10 @@ RENAMED = {
 
 def deprecation_line(old: str) -> str:
     """The one line printed where an old name is used."""
-    return (f"deprecated: the strategy name {old!r} is now {RENAMED[old]!r}; the old one still "
-            "works (runtime/strategy_names.RENAMED) but will go")  # fmt: skip
+    return (
+        f"deprecated: the strategy name {old!r} is now {RENAMED[old]!r}; the old one still "
+        "works (runtime/strategy_names.RENAMED) but will go"
+    )
 
 
 def current_name(name: str) -> str:

@@ -104,9 +104,17 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
             return self.layout_for(len(self.parallel_devices), self.num_nodes)
         return self.declared_layout(self.num_nodes)
 
-    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
-                  model: nn.Module | None = None, global_batch_size: int | None = None,
-                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+    def check_run(
+        self,
+        *,
+        devices: int,
+        num_nodes: int,
+        precision: str,
+        accelerator: str,
+        model: nn.Module | None = None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+    ) -> None:
         """Raise ValueError if the layout cannot exist on this run; changes nothing."""
         layout = self.layout_for(devices, num_nodes)
         if global_batch_size is not None:

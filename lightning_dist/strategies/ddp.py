@@ -93,13 +93,26 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
             return 1.0
         return len(shares) * shares[self.global_rank] / sum(shares)
 
-    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
-                  model=None, global_batch_size: int | None = None,
-                  micro_batch_size: int | None = None) -> None:  # fmt: skip
-        super().check_run(devices=devices, num_nodes=num_nodes, precision=precision,
-                          accelerator=accelerator, model=model,
-                          global_batch_size=global_batch_size,
-                          micro_batch_size=micro_batch_size)  # fmt: skip
+    def check_run(
+        self,
+        *,
+        devices: int,
+        num_nodes: int,
+        precision: str,
+        accelerator: str,
+        model=None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+    ) -> None:
+        super().check_run(
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            accelerator=accelerator,
+            model=model,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+        )
         shares = self.options.shares.dp_shares
         if not shares:
             return
@@ -157,10 +170,12 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         super().configure_ddp()
         sync = self.options.grad_sync
         chosen = gradient_hook(
-            sync.grad_compression, local=sync.diloco_inner_steps > 0,
-            powersgd_rank=sync.powersgd_rank, powersgd_start_step=sync.powersgd_start_step,
+            sync.grad_compression,
+            local=sync.diloco_inner_steps > 0,
+            powersgd_rank=sync.powersgd_rank,
+            powersgd_start_step=sync.powersgd_start_step,
             delay_s=self.options.simulate.simulate_delay_ms / 1000,
-        )  # fmt: skip
+        )
         if chosen is not None:
             self.model.register_comm_hook(*chosen)
 
@@ -179,10 +194,12 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         sync = self.options.grad_sync
         if sync.diloco_inner_steps and self.diloco is None:
             self.diloco = DiLoCo(
-                list(self.lightning_module.parameters()), inner_steps=sync.diloco_inner_steps,
-                outer_lr=sync.diloco_outer_lr, outer_momentum=sync.diloco_outer_momentum,
+                list(self.lightning_module.parameters()),
+                inner_steps=sync.diloco_inner_steps,
+                outer_lr=sync.diloco_outer_lr,
+                outer_momentum=sync.diloco_outer_momentum,
                 delay_s=self.options.simulate.simulate_delay_ms / 1000,
-            )  # fmt: skip
+            )
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self.diloco is not None:
             trainer = self.lightning_module.trainer
@@ -194,8 +211,11 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         """What the slow-link settings did: DiLoCo's syncs and their time; the shares."""
         out: dict[str, Any] = {}
         if self.diloco is not None:
-            out["diloco"] = {"inner_steps": self.diloco.inner_steps, "syncs": self.diloco.syncs,
-                             "sync_seconds": self.diloco.sync_seconds}  # fmt: skip
+            out["diloco"] = {
+                "inner_steps": self.diloco.inner_steps,
+                "syncs": self.diloco.syncs,
+                "sync_seconds": self.diloco.sync_seconds,
+            }
         if self.options.shares.dp_shares:
             out["dp_shares"] = list(self.options.shares.dp_shares)
         if self.options.grad_sync.grad_compression != "none":

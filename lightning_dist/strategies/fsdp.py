@@ -38,8 +38,13 @@ from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 HYBRID = FSDP1_HYBRID
-LIGHTNING_ARGUMENTS = {"accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
-                       "precision_plugin"}  # fmt: skip
+LIGHTNING_ARGUMENTS = {
+    "accelerator",
+    "parallel_devices",
+    "cluster_environment",
+    "checkpoint_io",
+    "precision_plugin",
+}
 """Lightning's own FSDPStrategy arguments this class passes on (besides `timeout`)."""
 
 
@@ -133,9 +138,17 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         self._check_world(devices * num_nodes, devices, num_nodes)
         return super().layout_for(devices, num_nodes)
 
-    def check_run(self, *, devices: int, num_nodes: int, precision: str, accelerator: str,
-                  model: nn.Module | None = None, global_batch_size: int | None = None,
-                  micro_batch_size: int | None = None) -> None:  # fmt: skip
+    def check_run(
+        self,
+        *,
+        devices: int,
+        num_nodes: int,
+        precision: str,
+        accelerator: str,
+        model: nn.Module | None = None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+    ) -> None:
         """Validate against the run before any process starts; raises ValueError."""
         layout = self.layout_for(devices, num_nodes)
         check_param_dtype(self.options.precision.param_dtype, precision)
@@ -182,9 +195,10 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
         dtypes = mixed_dtypes(
             param_dtype=self.options.precision.param_dtype,
             reduce_dtype=self.options.precision.reduce_dtype,
-            buffer_dtype=self.options.fsdp1.buffer_dtype, precision=self.precision_plugin.precision,
+            buffer_dtype=self.options.fsdp1.buffer_dtype,
+            precision=self.precision_plugin.precision,
             device_type=self.root_device.type,
-        )  # fmt: skip
+        )
         if dtypes is None:
             return None
         return MixedPrecision(
@@ -203,9 +217,10 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
             shard = self.options.fsdp1.hybrid_shard_size or self.num_processes
             # Outer dimension replicates (across nodes), inner shards (within a node).
             self.kwargs["device_mesh"] = init_device_mesh(
-                self.root_device.type, (self.world_size // shard, shard),
+                self.root_device.type,
+                (self.world_size // shard, shard),
                 mesh_dim_names=("dp_replicate", "dp_shard"),
-            )  # fmt: skip
+            )
 
     def _check_offload_accumulation(self, accumulate: int) -> None:
         if self.cpu_offload.offload_params and accumulate > 1:

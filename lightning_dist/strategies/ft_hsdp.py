@@ -87,8 +87,13 @@ class FTHSDPStrategy(Parallel3DStrategy):
             )
         return layout
 
-    def check_run(self, *, global_batch_size: int | None = None,
-                  micro_batch_size: int | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def check_run(
+        self,
+        *,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if importlib.util.find_spec("torchft") is None:
             raise ValueError(
                 "strategy=ft_hsdp needs torchft: pip install 'lightning_dist[ft]' (torchft 0.2.0)"
@@ -114,8 +119,11 @@ class FTHSDPStrategy(Parallel3DStrategy):
                 f"of {micro}; set data.per_rank_batch_size={global_batch_size // shares}"
             )
         # Each group trains its share of the batch: the mesh strategy's own checks on it.
-        super().check_run(global_batch_size=global_batch_size // self.group_count,
-                          micro_batch_size=micro_batch_size, **kwargs)  # fmt: skip
+        super().check_run(
+            global_batch_size=global_batch_size // self.group_count,
+            micro_batch_size=micro_batch_size,
+            **kwargs,
+        )
 
     def check_environment(self) -> None:
         replica_group_id(self.group_count)  # started by the launcher
@@ -154,10 +162,13 @@ class FTHSDPStrategy(Parallel3DStrategy):
             )
         opts = self.options.replicas
         self._replicas = ReplicaGroups(
-            group_id=self.group_id, groups=opts.replica_groups,
-            min_groups=opts.min_replica_groups, timeout_s=opts.ft_timeout_s,
-            state_fn=self._state, load_fn=self._load,
-        )  # fmt: skip
+            group_id=self.group_id,
+            groups=opts.replica_groups,
+            min_groups=opts.min_replica_groups,
+            timeout_s=opts.ft_timeout_s,
+            state_fn=self._state,
+            load_fn=self._load,
+        )
         self._in_setup = True
         try:
             present = self._replicas.first_quorum()
@@ -167,8 +178,10 @@ class FTHSDPStrategy(Parallel3DStrategy):
         if self.healed_at_step is not None:
             log.warning(
                 "Replica group %d healed from a peer at step %d (%d groups present)",
-                self._replicas.group_id, self.healed_at_step, present,
-            )  # fmt: skip
+                self._replicas.group_id,
+                self.healed_at_step,
+                present,
+            )
 
     def _state(self) -> dict[str, Any]:
         """What a healing peer receives (torchft calls this on its quorum thread, while the
@@ -236,16 +249,21 @@ class FTHSDPStrategy(Parallel3DStrategy):
             step = self.lightning_module.trainer.global_step
             for attempt in range(1, 101):
                 loss = closure()
-                grads = [local_tensor(p.grad) if p.grad is not None else
-                         torch.zeros_like(local_tensor(p))  # absent here, maybe not elsewhere
-                         for p in self.model.parameters() if p.requires_grad]  # fmt: skip
+                grads = [
+                    local_tensor(p.grad)
+                    if p.grad is not None
+                    else torch.zeros_like(local_tensor(p))  # absent here, maybe not elsewhere
+                    for p in self.model.parameters()
+                    if p.requires_grad
+                ]
                 device = grads[0].device if grads else torch.device("cpu")
                 mine = torch.zeros((), device=device) if loss is None else loss.detach().float()
                 # The loss and the step ride along with the gradients: the step checks that
                 # every group of the quorum trains the same step (groups resumed from
                 # different checkpoints do not).
-                extras = torch.stack([mine.to(device).reshape(()),
-                                      torch.tensor(float(step), device=device)])  # fmt: skip
+                extras = torch.stack(
+                    [mine.to(device).reshape(()), torch.tensor(float(step), device=device)]
+                )
                 replicas.average([*grads, extras])
                 mean_step = float(extras[1])
                 problem = None if mean_step == step else f"groups at steps averaging {mean_step}"
@@ -260,9 +278,12 @@ class FTHSDPStrategy(Parallel3DStrategy):
                     )
                 log.warning(
                     "Replica group %d: step %d not committed (attempt %d: %s); running it again "
-                    "with the groups present", replicas.group_id, step + 1, attempt,
+                    "with the groups present",
+                    replicas.group_id,
+                    step + 1,
+                    attempt,
                     problem or "a group failed during it",
-                )  # fmt: skip
+                )
             raise RuntimeError(f"step {step + 1} failed to commit 100 times")
 
         return super().optimizer_step(optimizer, closure_until_committed, model, **kwargs)

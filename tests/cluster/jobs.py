@@ -29,8 +29,9 @@ class Job:
         self._out, self._err = (run_dir.with_suffix(".out"), run_dir.with_suffix(".err"))
         with self._out.open("w") as out, self._err.open("w") as err:
             # A session of its own: killing the job kills the ranks rank 0 started too.
-            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err, start_new_session=True
+            )
         threading.Thread(target=self._stamp_end, daemon=True).start()
         self.acted_at: float | None = None  # when the test's signal was sent
         self.ended_at: float | None = None

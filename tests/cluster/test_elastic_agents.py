@@ -34,8 +34,13 @@ pytestmark = pytest.mark.slow
 
 STEPS = 40
 KILL_AT = 6
-REFERENCE = ["debug=fast", f"trainer.max_steps={STEPS}", "logger=none", "strategy=single",
-             "hardware.devices=1"]  # fmt: skip
+REFERENCE = [
+    "debug=fast",
+    f"trainer.max_steps={STEPS}",
+    "logger=none",
+    "strategy=single",
+    "hardware.devices=1",
+]
 JOB = [
     "debug=fast", f"trainer.max_steps={STEPS}", "logger=none", "strategy=ddp",
     "hardware.devices=2", "hardware.num_nodes=2", "hardware.min_nodes=1",
@@ -58,8 +63,14 @@ def _agent(node: int, port: int, run_dir: Path, log: Path) -> subprocess.Popen:
         str(REPO_ROOT / "tests" / "toy_train.py"), *JOB, f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     with log.open("w") as out:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=ENV,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _records(run_dir: Path) -> list[dict]:

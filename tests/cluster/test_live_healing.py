@@ -30,8 +30,12 @@ STEPS = 18
 RUN = ["debug=fast", "model=tiny", "data.global_batch_size=8"]
 FT_TIMEOUT_S = 10
 """strategy.ft_timeout_s of the job: a quorum without its Lighthouse fails after it."""
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-       "LIGHTNING_DIST_ALLOW_TARGETS": "tests."}  # fmt: skip
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "WANDB_MODE": "offline",
+    "LIGHTNING_DIST_ALLOW_TARGETS": "tests.",
+}
 # Each step sleeps 2 s on rank 0 of each group, so that a relaunched group (about 10 s to start
 # on this machine) can rejoin by step 10; under load later (a CI run of 2026-12-03, beside other
 # heavy modules, rejoined at step 11, a run of 2026-12-04 at step 12, the fresh-clone CI of
@@ -58,15 +62,20 @@ def _summary(path):
 
 def _shards(checkpoint: Path) -> dict[str, str]:
     """The SHA-256 of each rank's DCP shard file of a checkpoint folder."""
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(checkpoint.glob("*.distcp"))}  # fmt: skip
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(checkpoint.glob("*.distcp"))
+    }
 
 
 def _job_processes(marker: str) -> list[int]:
     """Processes whose command line names `marker` (the job's run directory): the launcher, the
     groups' torchrun agents and their ranks."""
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and marker.encode() in cmdline(int(p.name))]  # fmt: skip
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and marker.encode() in cmdline(int(p.name))
+    ]
 
 
 def _run_until_the_lighthouse_is_lost(tmp_path):
@@ -78,8 +87,9 @@ def _run_until_the_lighthouse_is_lost(tmp_path):
               *RUN, *FAULT, f"hydra.run.dir={tmp_path / 'job'}"]  # fmt: skip
     saved = [tmp_path / "job" / f"group{g}" / "checkpoints" / f"step{STEPS}.ckpt" for g in (0, 1)]
     with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
-        job = subprocess.Popen(launch, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err,
-                               start_new_session=True)  # fmt: skip
+        job = subprocess.Popen(
+            launch, cwd=REPO_ROOT, env=ENV, stdout=out, stderr=err, start_new_session=True
+        )
     marker = str(tmp_path / "job")
     try:
         deadline = time.monotonic() + 240
@@ -115,8 +125,9 @@ def test_a_killed_group_drops_out_heals_from_its_peer_and_the_losses_stay_exact(
         mine = [line for line in lost if f": replica group {group}: the torchft Lighthouse" in line]
         assert sorted(line.split(":")[1] for line in mine) == [" rank 0", " rank 1"], lost
         steps = summary["steps"]  # no trained step lost: the last one is saved (strategy)
-        assert all(f"group{group}/checkpoints/step{steps}.ckpt (step {steps})" in line
-                   for line in mine), mine  # fmt: skip
+        assert all(
+            f"group{group}/checkpoints/step{steps}.ckpt (step {steps})" in line for line in mine
+        ), mine
         assert summary["status"] == "lighthouse_lost" and steps >= STEPS, summary["status"]
         assert len(summary["losses"]) == steps - summary["first_step"], summary
         assert any(f"the losses of steps 1-{steps} are in" in line for line in mine), mine
@@ -152,13 +163,16 @@ def test_a_killed_group_drops_out_heals_from_its_peer_and_the_losses_stay_exact(
                  f"trainer.max_steps={STEPS}",
                  "data._target_=tests.faults.FirstHalfAtSteps", f"hydra.run.dir={tmp_path / 'ref'}"]  # fmt: skip
     env = {**ENV, "FIRST_HALF_AT_STEPS": ",".join(map(str, out))}
-    ref = subprocess.run(reference, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    ref = subprocess.run(
+        reference, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert ref.returncode == 0, (ref.stdout + ref.stderr)[-3000:]
     expected = _summary(tmp_path / "ref")["losses"]
     worst = max(abs(a - b) / abs(b) for a, b in zip(first["losses"][:STEPS], expected, strict=True))
-    print(f"\nlive healing: out at steps {[i + 1 for i in out]}, healed at {back}, step median "
-          f"{median:.2f} s, slowest of steps 4-10 {max(seconds[3:10]):.2f} s, worst relative "
-          f"loss difference to the reference {worst:.1e}; the Lighthouse lost after step "
-          f"{first['steps']}, every process gone {gone_after:.1f} s after")  # fmt: skip
+    print(
+        f"\nlive healing: out at steps {[i + 1 for i in out]}, healed at {back}, step median "
+        f"{median:.2f} s, slowest of steps 4-10 {max(seconds[3:10]):.2f} s, worst relative "
+        f"loss difference to the reference {worst:.1e}; the Lighthouse lost after step "
+        f"{first['steps']}, every process gone {gone_after:.1f} s after"
+    )
     assert worst < 1e-5

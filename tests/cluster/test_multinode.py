@@ -60,8 +60,9 @@ class Job(NamedTuple):
     run_dir: Path
 
 
-def torchrun_node(node: int, port: int, overrides: list[str], run_dir: Path,
-                  ranks: int = 2) -> list[str]:  # fmt: skip
+def torchrun_node(
+    node: int, port: int, overrides: list[str], run_dir: Path, ranks: int = 2
+) -> list[str]:
     """The command of one agent; node 0 hosts the rendezvous store, as on two machines."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={ranks}",
@@ -74,8 +75,14 @@ def torchrun_node(node: int, port: int, overrides: list[str], run_dir: Path,
 def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """Start `cmd` in its own process group (an agent and its ranks end together)."""
     with log.open("w") as out:
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env or ENV, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env or ENV,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> int:
@@ -93,15 +100,18 @@ def runs(tmp_path_factory):
     plan: dict[str, list[list[str]]] = {}
     for name, overrides in JOBS.items():
         port = free_port()
-        plan[name] = [torchrun_node(n, port, [*BASE, *TWO_NODES, *overrides], root / name)
-                      for n in (0, 1)]  # fmt: skip
+        plan[name] = [
+            torchrun_node(n, port, [*BASE, *TWO_NODES, *overrides], root / name) for n in (0, 1)
+        ]
     port = free_port()  # two nodes of one rank started, but the config says one node of two
     wrong = [*BASE, "strategy=ddp", "hardware.devices=2"]
-    plan["wrong_nodes"] = [torchrun_node(n, port, wrong, root / "wrong_nodes", ranks=1)
-                           for n in (0, 1)]  # fmt: skip
+    plan["wrong_nodes"] = [
+        torchrun_node(n, port, wrong, root / "wrong_nodes", ranks=1) for n in (0, 1)
+    ]
     train = [sys.executable, str(REPO_ROOT / "train.py"), *BASE]
-    plan["3d_one_node"] = [[*train, *THREE_D, "hardware.devices=4",
-                            f"hydra.run.dir={root / '3d_one_node'}"]]  # fmt: skip
+    plan["3d_one_node"] = [
+        [*train, *THREE_D, "hardware.devices=4", f"hydra.run.dir={root / '3d_one_node'}"]
+    ]
     started = time.perf_counter()
     procs = {
         name: [_start(cmd, root / f"{name}.{i}.log") for i, cmd in enumerate(cmds)]
@@ -221,18 +231,31 @@ def test_a_wrong_node_count_stops_every_rank_with_one_line(runs):
 def test_two_nodes_on_gpus_with_nccl(name, tmp_path):
     gpu = [*BASE, "hardware=gpu", "trainer.precision=32-true"]
     single = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *gpu, "strategy=single",
-         "hardware.devices=1", f"hydra.run.dir={tmp_path / 'single'}"],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO_ROOT / "train.py"),
+            *gpu,
+            "strategy=single",
+            "hardware.devices=1",
+            f"hydra.run.dir={tmp_path / 'single'}",
+        ],
+        cwd=REPO_ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     port, run_dir = free_port(), tmp_path / name
     overrides = [*gpu, *TWO_NODES, *(o for o in JOBS[name] if not o.startswith("logger="))]
     agents = [
-        _start(torchrun_node(n, port, overrides, run_dir), tmp_path / f"{n}.log",
-               env={**ENV, "CUDA_VISIBLE_DEVICES": "0,1" if n == 0 else "2,3"})
+        _start(
+            torchrun_node(n, port, overrides, run_dir),
+            tmp_path / f"{n}.log",
+            env={**ENV, "CUDA_VISIBLE_DEVICES": "0,1" if n == 0 else "2,3"},
+        )
         for n in (0, 1)
-    ]  # fmt: skip
+    ]
     codes = [_wait(agent, 600) for agent in agents]
     output = "".join((tmp_path / f"{n}.log").read_text() for n in (0, 1))
     assert codes == [0, 0], output[-4000:]

@@ -38,12 +38,20 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
 
 # --- the first wave: NaN, signals, the uninterrupted run, torchrun, a lost checkpoint folder -
 
-DDP12 = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
-         "trainer.checkpoint.every_n_train_steps=5", "trainer.checkpoint.save_last=true"]  # fmt: skip
+DDP12 = [
+    "strategy=ddp",
+    "hardware.devices=2",
+    "trainer.max_steps=12",
+    "trainer.checkpoint.every_n_train_steps=5",
+    "trainer.checkpoint.save_last=true",
+]
 SIGNALS = {"sigterm_rank1": (signal.SIGTERM, 1), "sigusr1_rank0": (signal.SIGUSR1, 0)}
 # After step 5, rank 1 sleeps 1 s per step (math unchanged): the signal lands well before 12.
-SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=1.0",
-        "+callbacks.slow.from_step=5"]  # fmt: skip
+SLOW = [
+    "+callbacks.slow._target_=tests.slow_rank.SlowRank",
+    "+callbacks.slow.seconds=1.0",
+    "+callbacks.slow.from_step=5",
+]
 
 
 # The checkpoint folder turns unwritable after step 2 (as a full disk or a lost mount would):
@@ -94,8 +102,10 @@ def first_wave(tmp_path_factory):
         "unwritable": train_job(*UNWRITABLE, run_dir=root / "unwritable"),
     }  # fmt: skip
     lost = root / "unwritable" / "checkpoints"
-    actions = {name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
-               for name in SIGNALS}  # fmt: skip
+    actions = {
+        name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
+        for name in SIGNALS
+    }
     actions["unwritable"] = (lost / "step2.ckpt", lambda job: _unwritable(lost, True))
     try:
         act_when(jobs, actions, timeout=300)
@@ -109,14 +119,16 @@ def first_wave(tmp_path_factory):
     if failed.code == 2 and (failed.run_dir / "summary.json").exists():
         failed.preempted = json.loads((failed.run_dir / "summary.json").read_text())
         fallback = lost.with_name("checkpoints.fallback") / f"step{failed.preempted['steps']}.ckpt"
-        resumed["unwritable"] = train_job(*UNWRITABLE[:4], f"trainer.ckpt_path={fallback}",
-                                          run_dir=root / "unwritable_resumed")  # fmt: skip
+        resumed["unwritable"] = train_job(
+            *UNWRITABLE[:4], f"trainer.ckpt_path={fallback}", run_dir=root / "unwritable_resumed"
+        )
     for name in SIGNALS:  # both resumes at once
         job = jobs[name]
         if job.code == 75 and (job.run_dir / "summary.json").exists():
             job.preempted = json.loads((job.run_dir / "summary.json").read_text())
-            resumed[name] = train_job(*DDP12, *_logged(name), "trainer.resume=auto",
-                                      run_dir=job.run_dir)  # fmt: skip
+            resumed[name] = train_job(
+                *DDP12, *_logged(name), "trainer.resume=auto", run_dir=job.run_dir
+            )
     deadline = time.monotonic() + 600
     wait_all(resumed.values(), lambda job: deadline)
     return jobs, resumed

@@ -44,14 +44,23 @@ pytestmark = [
         bool(MISSING),
         reason=f"Slurm is not installed (no {', '.join(MISSING)}); "
         "scripts/slurm/install.sh installs it (apt, root)",
-    ),  # fmt: skip
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="starting munged and slurmd needs root"),
 ]
 
-RUN = ["debug=fast", "strategy=ddp", "hardware.devices=2", "trainer.max_steps=8",
-       "trainer.checkpoint.every_n_train_steps=3", "trainer.checkpoint.save_last=true"]  # fmt: skip
-SLOW = ["+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=3.0",
-        "+callbacks.slow.from_step=3"]  # fmt: skip
+RUN = [
+    "debug=fast",
+    "strategy=ddp",
+    "hardware.devices=2",
+    "trainer.max_steps=8",
+    "trainer.checkpoint.every_n_train_steps=3",
+    "trainer.checkpoint.save_last=true",
+]
+SLOW = [
+    "+callbacks.slow._target_=tests.slow_rank.SlowRank",
+    "+callbacks.slow.seconds=3.0",
+    "+callbacks.slow.from_step=3",
+]
 """After step 3, rank 1 sleeps 3 s a step (the math is unchanged), so the signal lands before the
 last step."""
 
@@ -64,8 +73,9 @@ def cluster():
     env = {**os.environ, "PATH": PATH, "SLURM_NODE_CPUS": "16", "OMP_NUM_THREADS": "1",
            "WANDB_MODE": "offline", "PYTHONPATH": os.pathsep.join(
                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    start = subprocess.run([SCRIPTS / "start.sh", state], env=env, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    start = subprocess.run(
+        [SCRIPTS / "start.sh", state], env=env, capture_output=True, text=True, timeout=120
+    )
     assert start.returncode == 0, start.stdout + start.stderr
     env["SLURM_CONF"] = str(state / "slurm.conf")
     try:
@@ -78,8 +88,14 @@ def cluster():
 
 def _submit(env: dict, *args: str) -> str:
     """`python -m lightning_dist.launch slurm ARGS`; the job id it prints."""
-    out = subprocess.run([sys.executable, "-m", "lightning_dist.launch", "slurm", *args],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "lightning_dist.launch", "slurm", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     match = re.search(r"submitted Slurm job (\d+)", out.stdout)
     assert out.returncode == 0 and match, out.stdout + out.stderr
     return match.group(1)
@@ -91,8 +107,13 @@ def jobs(cluster, tmp_path_factory):
     (the single-process reference is stored: tests/dist/baselines.py)."""
     root = tmp_path_factory.mktemp("slurm_jobs")
     env = cluster
-    popen = {"cwd": REPO_ROOT, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
-             "text": True}  # fmt: skip
+    popen = {
+        "cwd": REPO_ROOT,
+        "env": env,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT,
+        "text": True,
+    }
     launch = ["--log-dir", str(root), "--time", "15"]
     started = {
         "sbatch": _submit(
@@ -103,7 +124,7 @@ def jobs(cluster, tmp_path_factory):
             *launch,
             "--job-name",
             "parity",
-        ),  # fmt: skip
+        ),
         "requeue": _submit(
             env,
             *RUN,
@@ -113,7 +134,7 @@ def jobs(cluster, tmp_path_factory):
             *launch,
             "--job-name",
             "requeue",
-        ),  # fmt: skip
+        ),
         "srun": subprocess.Popen(
             [
                 "srun",
@@ -128,7 +149,7 @@ def jobs(cluster, tmp_path_factory):
                 f"hydra.run.dir={root}/srun",
             ],
             **popen,
-        ),  # fmt: skip
+        ),
         "sweep": subprocess.Popen(
             [
                 sys.executable,
@@ -143,7 +164,7 @@ def jobs(cluster, tmp_path_factory):
                 f"hydra.sweep.dir={root}/sweep",
             ],
             **popen,
-        ),  # fmt: skip
+        ),
     }
     yield root, started
     for proc in started.values():
@@ -158,8 +179,9 @@ def _finished(proc: subprocess.Popen, timeout: float = 600) -> str:
 
 
 def _job(env: dict, job_id: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True
+    ).stdout
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
@@ -249,8 +271,10 @@ def test_sigusr1_requeues_the_job_and_it_finishes_bitwise(jobs, cluster):
     bitwise = final.keys() == reference.keys() and all(
         torch.equal(final[k], reference[k]) for k in reference
     )
-    print(f"\nrequeue: stopped at step {stopped}, resumed to 8; final parameters bitwise "
-          f"equal to the uninterrupted job: {'yes' if bitwise else 'no'}")  # fmt: skip
+    print(
+        f"\nrequeue: stopped at step {stopped}, resumed to 8; final parameters bitwise "
+        f"equal to the uninterrupted job: {'yes' if bitwise else 'no'}"
+    )
     assert bitwise
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))  # both runs, one W&B run id
     assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1, runs
@@ -274,14 +298,28 @@ def test_submitit_launcher_runs_a_two_job_sweep(jobs):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the job asks Slurm "
-                    "for --gpus-per-node and runs NCCL")  # fmt: skip
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: the job asks Slurm for --gpus-per-node and runs NCCL",
+)
 def test_gpu_job_gets_its_gpus_and_the_hardware_nccl_settings(cluster, tmp_path):
     """Written for a GPU machine (start.sh declares its GPUs as a GRES); not yet run on one."""
     gpus = min(torch.cuda.device_count(), 2)
-    job_id = _submit(cluster, "debug=fast", "strategy=ddp", "hardware=gpu",
-                     f"hardware.devices={gpus}", "logger=none", f"hydra.run.dir={tmp_path}/run",
-                     "--log-dir", str(tmp_path), "--job-name", "gpu", "--time", "15")  # fmt: skip
+    job_id = _submit(
+        cluster,
+        "debug=fast",
+        "strategy=ddp",
+        "hardware=gpu",
+        f"hardware.devices={gpus}",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}/run",
+        "--log-dir",
+        str(tmp_path),
+        "--job-name",
+        "gpu",
+        "--time",
+        "15",
+    )
     job = _wait_job(cluster, job_id)
     log = (tmp_path / f"gpu-{job_id}.out").read_text()
     assert job["JobState"] == "COMPLETED", log[-4000:]

@@ -19,8 +19,13 @@ from tests.cluster.jobs import Job, act_when, alive, cmdline, train_job, wait_al
 
 # --- the hang watchdog: the second wave -----------------------------------------------------
 
-THREE_D = ["strategy=3d", "strategy.tp=2", "strategy.pp=2", "strategy.dp_shard=1",
-           "hardware.devices=4"]  # fmt: skip
+THREE_D = [
+    "strategy=3d",
+    "strategy.tp=2",
+    "strategy.pp=2",
+    "strategy.dp_shard=1",
+    "hardware.devices=4",
+]
 DDP = ["strategy=ddp", "hardware.devices=2"]
 STOPPED = {  # name: (layout, world size, the rank stopped, trainer.collective_timeout_s)
     # Rank 0 (it hosts the heartbeat store and started the other ranks) and the last rank; the
@@ -79,17 +84,24 @@ def stopped_jobs(tmp_path_factory):
         # Two waves: the 2-rank jobs start once the 4-rank ones are stopped (their other ranks
         # then wait, idle). 14 processes starting and training at once on 2 cores took over
         # 60 s, the collective timeout that also bounds the start-up rendezvous, to meet in CI.
-        for wave in ([n for n in STOPPED if STOPPED[n][1] == 4],
-                     [n for n in STOPPED if STOPPED[n][1] != 4]):  # fmt: skip
+        for wave in (
+            [n for n in STOPPED if STOPPED[n][1] == 4],
+            [n for n in STOPPED if STOPPED[n][1] != 4],
+        ):
             for name in wave:
                 layout, _, _, timeout = STOPPED[name]
-                jobs[name] = train_job(*layout, "trainer.max_steps=400",
-                                       "trainer.checkpoint.every_n_train_steps=3",
-                                       f"trainer.collective_timeout_s={timeout}",
-                                       run_dir=root / name)  # fmt: skip
-            act_when({n: jobs[n] for n in wave},
-                     {n: (root / n / "checkpoints" / "step3.ckpt", _stop(n)) for n in wave},
-                     timeout=300)  # fmt: skip
+                jobs[name] = train_job(
+                    *layout,
+                    "trainer.max_steps=400",
+                    "trainer.checkpoint.every_n_train_steps=3",
+                    f"trainer.collective_timeout_s={timeout}",
+                    run_dir=root / name,
+                )
+            act_when(
+                {n: jobs[n] for n in wave},
+                {n: (root / n / "checkpoints" / "step3.ckpt", _stop(n)) for n in wave},
+                timeout=300,
+            )
     except BaseException:
         for job in jobs.values():
             job.kill()

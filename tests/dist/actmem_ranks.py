@@ -35,9 +35,14 @@ from hiding the halving."""
 
 def args(n_layers: int) -> ModelArgs:
     return ModelArgs(
-        dim=64, n_layers=n_layers, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
+        dim=64,
+        n_layers=n_layers,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        ffn_hidden_size=128,
         max_seq_len=256,
-    )  # fmt: skip
+    )
 
 
 def build(n_layers: int):
@@ -84,8 +89,16 @@ def activations_per_block(
             apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=True)
         apply_activation_checkpointing(model, blocks, every_n=checkpointing)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step = step_fn(model, head, opt, batch, tp=mesh is not None and not cp_mode,
-                       precision=precision, positions=positions, chunk=chunk)  # fmt: skip
+        step = step_fn(
+            model,
+            head,
+            opt,
+            batch,
+            tp=mesh is not None and not cp_mode,
+            precision=precision,
+            positions=positions,
+            chunk=chunk,
+        )
         step()
         # The median of three measured steps: one CI run in many saw a row off by one block
         # input; one odd step cannot move it. Always three, on every rank: a third step taken
@@ -118,8 +131,14 @@ def context_parallel_rows(world: int, batch) -> list[dict]:
     for mode in ("allgather", "ulysses"):
         total: list[float] = []
         per_block = activations_per_block(mesh, batch, totals=total, cp_mode=mode, chunk=CP_CHUNK)
-        rows.append({"mode": mode, "per_block_token": per_block, "single_per_block_token": single,
-                     "share_of_single": total[0] / single_total[0]})  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "per_block_token": per_block,
+                "single_per_block_token": single,
+                "share_of_single": total[0] / single_total[0],
+            }
+        )
     return rows
 
 
@@ -134,13 +153,15 @@ def table(mesh, batch, tp2_losses: list | None = None) -> list[dict]:
                 plain_tp2 = tp == 2 and precision == "32-true" and ac == 0
                 losses = tp2_losses if plain_tp2 else None
                 measured = activations_per_block(row_mesh, batch, ac, precision, losses=losses)
-                rows.append({"tp": tp, "precision": precision, "checkpointing": ac,
-                             "measured": measured})  # fmt: skip
+                rows.append(
+                    {"tp": tp, "precision": precision, "checkpointing": ac, "measured": measured}
+                )
     return rows
 
 
-def step_fn(model, head, opt, batch, tp: bool, precision: str = "32-true", positions=None,
-            chunk=CHUNK):  # fmt: skip
+def step_fn(
+    model, head, opt, batch, tp: bool, precision: str = "32-true", positions=None, chunk=CHUNK
+):
     """One training step; with `positions` (context parallelism) only those tokens of every
     sequence, inputs and targets alike."""
     inputs, targets = batch[:, :-1], batch[:, 1:]

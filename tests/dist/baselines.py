@@ -115,9 +115,14 @@ def matches(entry: dict | None, fresh: dict) -> bool:
     """Whether a stored entry is a fresh run's: same overrides, every loss within STORED_MATCH."""
     from lightning_dist.run.parity_runs import max_relative_difference
 
-    return (entry is not None and entry["overrides"] == fresh["overrides"]
-            and all(max_relative_difference(entry[key], fresh[key]) <= STORED_MATCH
-                    for key in ("losses", "val_losses")))  # fmt: skip
+    return (
+        entry is not None
+        and entry["overrides"] == fresh["overrides"]
+        and all(
+            max_relative_difference(entry[key], fresh[key]) <= STORED_MATCH
+            for key in ("losses", "val_losses")
+        )
+    )
 
 
 def run(name: str) -> dict:
@@ -127,15 +132,23 @@ def run(name: str) -> dict:
 
     with tempfile.TemporaryDirectory(prefix=f"baseline-{name}-") as tmp:
         summary = run_train(REFERENCES[name], tmp)
-    return {"overrides": REFERENCES[name], "losses": summary["losses"],
-            "val_losses": summary["val_losses"]}  # fmt: skip
+    return {
+        "overrides": REFERENCES[name],
+        "losses": summary["losses"],
+        "val_losses": summary["val_losses"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/dist/baselines.py", description=__doc__)
     parser.add_argument("--write", action="store_true", help="rewrite tests/dist/baselines.json")
-    parser.add_argument("--only", action="append", choices=list(REFERENCES), metavar="NAME",
-                        help="run only this reference (repeatable); --write keeps the others")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(REFERENCES),
+        metavar="NAME",
+        help="run only this reference (repeatable); --write keeps the others",
+    )
     args = parser.parse_args(argv)
     names = args.only or list(REFERENCES)
     fresh = {}
@@ -148,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {PATH}")
         return 0
     differs = [n for n in fresh if not matches(stored().get(n), fresh[n])]
-    print(f"every stored reference is within {STORED_MATCH:g} of a fresh run" if not differs
-          else f"differ from a fresh run: {', '.join(differs)}")  # fmt: skip
+    print(
+        f"every stored reference is within {STORED_MATCH:g} of a fresh run"
+        if not differs
+        else f"differ from a fresh run: {', '.join(differs)}"
+    )
     return 1 if differs else 0
 
 

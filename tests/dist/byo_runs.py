@@ -67,10 +67,18 @@ def train(layout: str) -> tuple[list[float], bool]:
     strategy, devices, _ = layouts()[layout]
     logger = StepLosses()
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_steps=STEPS, logger=logger,
-        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, precision="32-true", use_distributed_sampler=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=STEPS,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        precision="32-true",
+        use_distributed_sampler=False,
+    )
     module = ByoLM(vocab=VOCAB, width=32, heads=4, depth=4, seq_len=SEQ_LEN, lr=1e-2)
     trainer.fit(module, datamodule=FixedBatches())
     return logger.losses, trainer.is_global_zero

@@ -55,12 +55,12 @@ LAYOUTS = {
         "hardware.devices=2",
         "strategy.schedule=Interleaved1F1B",
         "strategy.virtual_stages=2",
-    ],  # fmt: skip
+    ],
     "fsdp_full_dp4": [
         "strategy=fsdp",
         "strategy.sharding_strategy=FULL_SHARD",
         "hardware.devices=4",
-    ],  # fmt: skip
+    ],
     "dp2xtp2": [
         "strategy=3d",
         "strategy.tp=2",

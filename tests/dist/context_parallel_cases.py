@@ -4,8 +4,9 @@ against one device's attention, forward and backward."""
 from __future__ import annotations
 
 
-def attention_matches_one_device(mode: str, n_heads: int, n_kv_heads: int, dtype: str,
-                                 packed: bool = False) -> float:  # fmt: skip
+def attention_matches_one_device(
+    mode: str, n_heads: int, n_kv_heads: int, dtype: str, packed: bool = False
+) -> float:
     """The largest difference, relative to the largest value, between this rank's output and
     query/key/value gradients under `mode` and the same slices of one device's causal
     attention over the whole sequence (every rank computes that reference itself); `packed`:
@@ -77,8 +78,15 @@ def model_matches_one_device(mode: str, dtype: str) -> dict:
     init_group()
     rank, cp = dist.get_rank(), dist.get_world_size()
     kind = getattr(torch, dtype)
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
-                     ffn_hidden_size=128, max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=128,
+        ffn_hidden_size=128,
+        max_seq_len=64,
+    )
     torch.manual_seed(0)
     full = args.build().to(kind)
     torch.manual_seed(0)

@@ -70,8 +70,9 @@ def parallel(args, knobs: dict):
     layout = options.layout.resolve(dist.get_world_size())
     layout.check_model(args)
     options = options.with_knobs(**layout.degrees())
-    model = parallelize(build(args), layout.build_mesh("cpu"), layout,
-                        device=torch.device("cpu"), options=options)  # fmt: skip
+    model = parallelize(
+        build(args), layout.build_mesh("cpu"), layout, device=torch.device("cpu"), options=options
+    )
     return layout, model, options
 
 
@@ -115,8 +116,9 @@ def _measure_compute(model: nn.Module, record: list[int]) -> None:
     from lightning_dist.models.moe import moe_layers
 
     for m in moe_layers(model):
-        m.experts.register_forward_pre_hook(lambda module, args: record.append(
-            _local_bytes(module.parameters())))  # fmt: skip
+        m.experts.register_forward_pre_hook(
+            lambda module, args: record.append(_local_bytes(module.parameters()))
+        )
 
 
 def _gradients(model: nn.Module, ref_grads: dict[str, torch.Tensor]) -> tuple[tuple, list[str]]:
@@ -205,8 +207,9 @@ def layout_chain(folder: str, cases: dict[str, dict], changes: dict) -> dict:
     rank0 = dist.get_rank() == 0
     args, batch = moe_debug(**changes), tokens()
     ref_lm, ref_aux, ref_grads = one_device(args, batch)
-    total = sum(p.numel() * p.element_size() for n, p in build(args).named_parameters()
-                if ".experts." in n)  # fmt: skip
+    total = sum(
+        p.numel() * p.element_size() for n, p in build(args).named_parameters() if ".experts." in n
+    )
     paths = [Path(folder) / f"{i}-{name}" for i, name in enumerate(["single", *cases])]
     ckpt.prepare_folder(paths[0], rank0=rank0, barrier=dist.barrier)
     _one_device_checkpoint(args, paths[0])
@@ -230,8 +233,12 @@ def layout_chain(folder: str, cases: dict[str, dict], changes: dict) -> dict:
         }  # fmt: skip
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         optimizer.step()
-        ckpt.load_state(_checkpoint_module(model), [optimizer], before,
-                        whole_model=not hasattr(model, "computes_loss"))  # fmt: skip
+        ckpt.load_state(
+            _checkpoint_module(model),
+            [optimizer],
+            before,
+            whole_model=not hasattr(model, "computes_loss"),
+        )
         got = _snapshot(model, optimizer)
         bad = [k for k, v in got.items() if k not in expected or not torch.equal(v, expected[k])]
         links[f"{previous}->{name}"] = (len(got), bad[:5])
@@ -247,8 +254,9 @@ def layout_chain(folder: str, cases: dict[str, dict], changes: dict) -> dict:
         links[f"{name}->single"] = read[0]
         previous = name
     shapes = ckpt.tensor_shapes(paths[1])
-    experts = {k: list(v) for k, v in shapes.items()
-               if k.startswith(ckpt.WEIGHTS) and ".experts." in k}  # fmt: skip
+    experts = {
+        k: list(v) for k, v in shapes.items() if k.startswith(ckpt.WEIGHTS) and ".experts." in k
+    }
     return {"cases": out, "links": links, "expert_shapes": experts}
 
 
@@ -280,8 +288,9 @@ def empty_rank_case() -> dict:
     (lm + take_aux_loss(moe_layers(reference))).backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
     layout = Layout(dp_shard=world, ep=world)
-    model = parallelize(biased(build(args)), layout.build_mesh("cpu"), layout,
-                        device=torch.device("cpu"))  # fmt: skip
+    model = parallelize(
+        biased(build(args)), layout.build_mesh("cpu"), layout, device=torch.device("cpu")
+    )
     rows: list[int] = []
     for m in moe_layers(model):
         m.experts.register_forward_pre_hook(lambda module, a: rows.append(a[0].shape[0]))
@@ -337,10 +346,16 @@ def user_module_case(steps: int) -> dict:
     module = UserLM()
     world = int(os.environ["WORLD_SIZE"])
     trainer = L.Trainer(
-        accelerator="cpu", devices=world, strategy=Parallel3DStrategy(ep=world), max_steps=steps,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=world,
+        strategy=Parallel3DStrategy(ep=world),
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
     # Each rank reads its share of every global batch, in order (Lightning's sampler shuffles).
     share, rank = GLOBAL_BATCH // world, int(os.environ["RANK"])
     mine = torch.cat([b[rank * share : (rank + 1) * share] for b in data.split(GLOBAL_BATCH)])

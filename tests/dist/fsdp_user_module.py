@@ -68,9 +68,15 @@ def main(out_path: str) -> None:
         L.seed_everything(0, verbose=False)
         model = Regressor()
         trainer = L.Trainer(
-            accelerator="cpu", devices=2, strategy=strategy, max_steps=30, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
+            accelerator="cpu",
+            devices=2,
+            strategy=strategy,
+            max_steps=30,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(model, DataLoader(data, batch_size=16))
         results[name] = {
             "strategy": type(trainer.strategy).__name__,

@@ -114,14 +114,23 @@ class FixedBatches(L.LightningDataModule):
         return DataLoader(data, batch_size=GLOBAL_BATCH // shard["num_replicas"], sampler=sampler)
 
 
-def fit(strategy: Parallel3DStrategy, *, steps: int = STEPS, ckpt_path=None,
-        save_to: Path | None = None) -> list[float]:  # fmt: skip
+def fit(
+    strategy: Parallel3DStrategy, *, steps: int = STEPS, ckpt_path=None, save_to: Path | None = None
+) -> list[float]:
     logger = StepLosses()
     trainer = L.Trainer(
-        accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), strategy=strategy, max_steps=steps, logger=logger,
-        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, precision="32-true", use_distributed_sampler=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=int(os.environ["WORLD_SIZE"]),
+        strategy=strategy,
+        max_steps=steps,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        precision="32-true",
+        use_distributed_sampler=False,
+    )
     first = STEPS if ckpt_path else 0
     trainer.fit(FusedLM(), datamodule=FixedBatches(steps, first), ckpt_path=ckpt_path)
     if save_to is not None:

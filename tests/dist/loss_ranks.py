@@ -26,9 +26,14 @@ from lightning_dist.parallel.parallelize import parallelize
 from lightning_dist.parallel.tp import apply_tp
 
 ARGS = ModelArgs(
-    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=1024, ffn_hidden_size=128,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=1024,
+    ffn_hidden_size=128,
     max_seq_len=64,
-)  # fmt: skip
+)
 STEPS, BATCH, SEQ, CHUNK = 10, 4, 32, 48
 
 

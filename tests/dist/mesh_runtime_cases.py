@@ -29,14 +29,17 @@ def plain_loop_losses(model: dict, settings: dict, layouts: dict[str, dict]) -> 
         knobs = dict(knobs)
         options = PRESETS[knobs.pop("preset")].build(knobs, name)
         runtime = MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
-        out[name] = {"losses": example["train"](runtime, args, loop)[0],
-                     "layout": runtime.layout.describe()}  # fmt: skip
+        out[name] = {
+            "losses": example["train"](runtime, args, loop)[0],
+            "layout": runtime.layout.describe(),
+        }
     dist.barrier()
     return out
 
 
-def checkpoint_round_trip(model: dict, settings: dict, writer: dict, reader: dict,
-                          path: str) -> dict:  # fmt: skip
+def checkpoint_round_trip(
+    model: dict, settings: dict, writer: dict, reader: dict, path: str
+) -> dict:
     """Train 2 steps under the `writer` layout and save the runtime's checkpoint (model and
     optimizer) at `path`; load it into a differently initialised model under `reader`. Returns
     the largest difference between the weights saved and those loaded, over how many tensors,

@@ -17,8 +17,15 @@ def run_two_ranks(script: str, out: Path) -> dict:
     # never share torchrun's default port 29500 and its store. (The gloo "Received data size
     # doesn't match" first blamed on that came from actmem_ranks.py's ranks taking different
     # numbers of steps; fixed there.)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(Path(__file__).with_name(script)), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(Path(__file__).with_name(script)),
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())

@@ -54,8 +54,11 @@ def test_every_row_near_the_analytic_count_and_the_planner(measured):
 
 
 def _row(measured, tp, precision, checkpointing) -> float:
-    (row,) = [r for r in measured["table"] if (r["tp"], r["precision"], r["checkpointing"])
-              == (tp, precision, checkpointing)]  # fmt: skip
+    (row,) = [
+        r
+        for r in measured["table"]
+        if (r["tp"], r["precision"], r["checkpointing"]) == (tp, precision, checkpointing)
+    ]
     return row["measured"]
 
 
@@ -70,9 +73,13 @@ def _settings(checkpointing=0, sequence_parallel=False) -> TrainSettings:
     from tests.dist.actmem_ranks import BATCH, SEQ
 
     return TrainSettings.of(
-        global_batch_size=BATCH, seq_len=SEQ, micro_batch_size=BATCH, precision="32-true",
-        sequence_parallel=sequence_parallel, activation_checkpointing=checkpointing,
-    )  # fmt: skip
+        global_batch_size=BATCH,
+        seq_len=SEQ,
+        micro_batch_size=BATCH,
+        precision="32-true",
+        sequence_parallel=sequence_parallel,
+        activation_checkpointing=checkpointing,
+    )
 
 
 @pytest.mark.slow
@@ -110,8 +117,10 @@ def test_op_level_checkpointing_under_tp_and_sp_keeps_what_the_planner_counts(me
 
     per_layer, op = _row(measured, 2, "32-true", 0), _row(measured, 2, "32-true", "op")
     planner = selective_layer_bytes(args(4), 2, _settings("op", sequence_parallel=True))
-    print(f"tp=2 + SP, op-level, bytes per token and block: measured {op:.0f}, "
-          f"planner {planner:.0f}, none {per_layer:.0f}")  # fmt: skip
+    print(
+        f"tp=2 + SP, op-level, bytes per token and block: measured {op:.0f}, "
+        f"planner {planner:.0f}, none {per_layer:.0f}"
+    )
     assert op == pytest.approx(planner, rel=1e-3)
     assert op < 0.8 * per_layer
 
@@ -125,14 +134,21 @@ def test_a_context_parallel_rank_keeps_about_half_of_one_process_activations(mea
     from tests.dist.actmem_ranks import BATCH, SEQ, args
 
     for row in measured["context_parallel"]:
-        settings = TrainSettings.of(global_batch_size=BATCH, seq_len=SEQ, micro_batch_size=BATCH,
-                                    precision="32-true", cp_mode=row["mode"])  # fmt: skip
+        settings = TrainSettings.of(
+            global_batch_size=BATCH,
+            seq_len=SEQ,
+            micro_batch_size=BATCH,
+            precision="32-true",
+            cp_mode=row["mode"],
+        )
         planner = layer_activation_bytes(args(4), 1, settings) + context_parallel_layer_bytes(
             args(4), 1, 2, settings
         )
-        print(f"cp=2 {row['mode']}: {row['share_of_single']:.3f} of one process's activations; "
-              f"bytes per token and block {row['per_block_token']:.0f} (one process "
-              f"{row['single_per_block_token']:.0f}), planner {planner:.0f}")  # fmt: skip
+        print(
+            f"cp=2 {row['mode']}: {row['share_of_single']:.3f} of one process's activations; "
+            f"bytes per token and block {row['per_block_token']:.0f} (one process "
+            f"{row['single_per_block_token']:.0f}), planner {planner:.0f}"
+        )
         assert row["per_block_token"] == pytest.approx(planner, rel=0.05), (row, planner)
     shares = {row["mode"]: row["share_of_single"] for row in measured["context_parallel"]}
     # allgather keeps the whole sequence's keys and values and a mask: above 0.55 in this

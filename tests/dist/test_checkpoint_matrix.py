@@ -104,8 +104,9 @@ def test_every_pair_restores_bitwise_and_continues_with_the_same_losses(matrix):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["fsdp_full_dp4_from_ddp", "single_from_fsdp_full_dp4"],
-                         ids=["dp2_to_dp4", "dp4_to_dp1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "run", ["fsdp_full_dp4_from_ddp", "single_from_fsdp_full_dp4"], ids=["dp2_to_dp4", "dp4_to_dp1"]
+)
 def test_a_resume_under_another_dp_size_reads_the_same_global_batches(matrix, run):
     _, runs = matrix
     reference = runs["single"][0]["ids"]
@@ -123,10 +124,20 @@ def test_a_resume_under_another_dp_size_reads_the_same_global_batches(matrix, ru
 
 def _train(*overrides: str, tmp_path: Path, env=ENV) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "train.py"), "debug=fast", "logger=none", *overrides,
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO_ROOT / "train.py"),
+            "debug=fast",
+            "logger=none",
+            *overrides,
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _rank_env(rank: int, world: int) -> dict[str, str]:
@@ -156,16 +167,20 @@ def test_bad_checkpoints_stop_every_rank_with_one_line(matrix, tmp_path):
     shard.write_bytes(shard.read_bytes()[:-10])
     overrides = ["strategy=ddp", "hardware.devices=2", f"trainer.ckpt_path={bad}"]
     ranks = [_train(*overrides, tmp_path=tmp_path, env=_rank_env(r, 2)) for r in range(2)]
-    wrong_size = _train("model.dim=32", f"trainer.ckpt_path={out / 'single' / 'step5.ckpt'}",
-                        tmp_path=tmp_path)  # fmt: skip
+    wrong_size = _train(
+        "model.dim=32", f"trainer.ckpt_path={out / 'single' / 'step5.ckpt'}", tmp_path=tmp_path
+    )
     for proc in ranks:
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 2 and "step 1" not in stdout, stderr[-3000:]
         _one_error_line(stderr, f"{shard.name} does not match its hash")
     stdout, stderr = wrong_size.communicate(timeout=300)
     assert wrong_size.returncode == 2 and "step 1" not in stdout, stderr[-3000:]
-    _one_error_line(stderr, "model.tok_embeddings.weight has shape [512, 64] in the "
-                    "checkpoint but [512, 32] in this model")  # fmt: skip
+    _one_error_line(
+        stderr,
+        "model.tok_embeddings.weight has shape [512, 64] in the "
+        "checkpoint but [512, 32] in this model",
+    )
 
 
 @pytest.mark.slow
@@ -179,8 +194,14 @@ def test_a_crafted_metadata_file_stops_every_rank_of_a_resume_and_runs_nothing(t
     path, _, _ = _saved(tmp_path)  # the format's own folder: no training run needed
     marker = tmp_path / "marker"
     (path / ".metadata").write_bytes(f"cos\nsystem\n(V touch {marker}\ntR.".encode())
-    write_manifest(path, {k: v for k, v in json.loads((path / MANIFEST).read_text()).items()
-                          if k not in ("format", "version", "files")})  # fmt: skip
+    write_manifest(
+        path,
+        {
+            k: v
+            for k, v in json.loads((path / MANIFEST).read_text()).items()
+            if k not in ("format", "version", "files")
+        },
+    )
     open_manifest(path)  # the hashes match: only the restricted unpickler stands in the way
     overrides = ["strategy=ddp", "hardware.devices=2", f"trainer.ckpt_path={path}"]
     ranks = [_train(*overrides, tmp_path=tmp_path, env=_rank_env(r, 2)) for r in range(2)]

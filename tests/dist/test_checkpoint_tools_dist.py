@@ -83,8 +83,11 @@ def hf_first_step_loss(hf_dir) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", HF_MODELS)
-def test_imported_model_starts_from_the_hf_loss_under_tp2_and_pp2(model_type, imported,  # noqa: F811
-                                                                  first_losses):  # fmt: skip
+def test_imported_model_starts_from_the_hf_loss_under_tp2_and_pp2(
+    model_type,
+    imported,  # noqa: F811
+    first_losses,
+):
     # The HF model's own loss on the first batch: proves the weights were loaded, not drawn.
     expected = hf_first_step_loss(imported[model_type][0])
     for layout in CASES[model_type]:

@@ -24,8 +24,10 @@ def _relative(a: list[float], b: list[float]) -> float:
 @pytest.mark.parametrize("layout", ["single", "tp2", "pp2"])
 def test_ten_steps_match_the_plain_loss(ranks, layout):
     plain, chunked = ranks[f"{layout} plain"], ranks[f"{layout} chunked"]
-    print(f"{layout}: chunked vs plain loss, largest relative difference over 10 steps "
-          f"{_relative(plain, chunked):.2e}")  # fmt: skip
+    print(
+        f"{layout}: chunked vs plain loss, largest relative difference over 10 steps "
+        f"{_relative(plain, chunked):.2e}"
+    )
     assert len(plain) == 10
     assert _relative(plain, chunked) <= 1e-6
 

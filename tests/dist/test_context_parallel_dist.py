@@ -14,12 +14,19 @@ CASES = [  # (ranks, mode, query heads, key/value heads)
 @pytest.mark.slow
 def test_context_parallel_attention_matches_one_device(worlds):
     for ranks, mode, heads, kv_heads in CASES:
-        for dtype, bound, packed in (("float64", 1e-12, False), ("float32", 1e-5, False),
-                                     ("float64", 1e-12, True)):  # fmt: skip
+        for dtype, bound, packed in (
+            ("float64", 1e-12, False),
+            ("float32", 1e-5, False),
+            ("float64", 1e-12, True),
+        ):
             errors = worlds(ranks).run(
-                "context_parallel_cases:attention_matches_one_device", mode, heads, kv_heads,
-                dtype, packed,
-            )  # fmt: skip
+                "context_parallel_cases:attention_matches_one_device",
+                mode,
+                heads,
+                kv_heads,
+                dtype,
+                packed,
+            )
             label = f"cp={ranks} {mode} heads {heads}/{kv_heads} {dtype}" + " packed" * packed
             print(f"\n{label}: {max(errors):.1e}")
             assert max(errors) < bound, (label, errors)

@@ -137,8 +137,10 @@ def test_a_dp2_cp2_checkpoint_resumes_under_one_process_and_tp2(train_in, tmp_pa
     _, folder = _train("dp2xcp2", train_in, tmp_path_factory)
     checkpoint = folder / "checkpoints" / "step5.ckpt"
     failures = []
-    for name, layout in (("single", ["strategy=single", "hardware.devices=1"]),
-                         ("tp2", ["strategy=tp", "hardware.devices=2"])):  # fmt: skip
+    for name, layout in (
+        ("single", ["strategy=single", "hardware.devices=1"]),
+        ("tp2", ["strategy=tp", "hardware.devices=2"]),
+    ):
         run = [*BASE, *layout, "report=false", f"trainer.ckpt_path={checkpoint}"]
         resumed = train_in(run, tmp_path_factory.mktemp(f"resume_{name}"))
         diff = max_relative_difference(reference["losses"][5:], resumed["losses"][5:])

@@ -51,7 +51,7 @@ CASES = {
         },
         16,
         None,
-    ),  # fmt: skip
+    ),
     "cp2 all-gather x tp2 + SP x fsdp2": ({"cp": 2, "tp": 2, "dp_shard": 2}, 8, None),
     "ep4 x fsdp8, experts": ({"ep": 4, "dp_shard": 8}, 8, None, MOE_DEBUG),
 }
@@ -63,8 +63,16 @@ def test_each_rank_holds_and_sends_what_the_planner_predicts(name):
     model = rest[0] if rest else DEBUG
     options = options_on_device(PRESETS["3d"].build(knobs, "dry run"), "bf16-mixed", "gpu")
     layout = options.declared_layout(1).resolve(H100.world_size)
-    cand = estimate(model, H100, layout, global_batch_size=global_batch, seq_len=64,
-                    precision="bf16-mixed", micro_batch_size=micro, options=options)  # fmt: skip
+    cand = estimate(
+        model,
+        H100,
+        layout,
+        global_batch_size=global_batch,
+        seq_len=64,
+        precision="bf16-mixed",
+        micro_batch_size=micro,
+        options=options,
+    )
     layout, settings = cand.layout, cand.settings
     shapes = [s for _, s in stage_shapes(model, layout)]
     steps = cand.grad_accumulation // (layout.num_microbatches if layout.pp > 1 else 1)
@@ -90,8 +98,11 @@ def test_each_rank_holds_and_sends_what_the_planner_predicts(name):
         assert want, "every case moves data over some dimension"
         for dim, volume in want.items():
             assert got.traffic.volume.get(dim, 0.0) == pytest.approx(volume, rel=0.05), (
-                name, rank, dim, got.traffic.volume,
-            )  # fmt: skip
+                name,
+                rank,
+                dim,
+                got.traffic.volume,
+            )
         unpredicted = {d: v for d, v in got.traffic.volume.items() if d not in want}
         assert all(v < NEGLIGIBLE_BYTES for v in unpredicted.values()), unpredicted
         assert got.micro_steps_run == min(steps, 2)
@@ -111,9 +122,19 @@ def test_pipeline_ranks_and_accumulated_traffic():
 
 
 def test_a_schedule_with_split_backward_is_named():
-    options = PRESETS["3d"].build({"pp": 2, "dp_shard": 4, "schedule": "ZBVZeroBubble",
-                                   "virtual_stages": 2}, "dry run")  # fmt: skip
+    options = PRESETS["3d"].build(
+        {"pp": 2, "dp_shard": 4, "schedule": "ZBVZeroBubble", "virtual_stages": 2}, "dry run"
+    )
     layout = options.declared_layout(1).resolve(8)
     with pytest.raises(ValueError, match="schedule=ZBVZeroBubble"):  # before any group starts
-        dry_run_rank(DEBUG.build, layout, 0, options=options, precision="bf16-mixed",
-                     micro_batch_size=1, seq_len=64, accumulate=1, ring_volume=ring_volume)  # fmt: skip
+        dry_run_rank(
+            DEBUG.build,
+            layout,
+            0,
+            options=options,
+            precision="bf16-mixed",
+            micro_batch_size=1,
+            seq_len=64,
+            accumulate=1,
+            ring_volume=ring_volume,
+        )

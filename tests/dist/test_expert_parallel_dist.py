@@ -90,8 +90,12 @@ them in a pipeline stage."""
 def chain(worlds, tmp_path_factory):
     """The library-level chain of LAYOUTS on the world of 4 (expert_parallel_cases.py)."""
     started = time.perf_counter()
-    result = worlds(4).run("expert_parallel_cases:layout_chain",
-                           str(tmp_path_factory.mktemp("chain")), LAYOUTS, CHANGES)  # fmt: skip
+    result = worlds(4).run(
+        "expert_parallel_cases:layout_chain",
+        str(tmp_path_factory.mktemp("chain")),
+        LAYOUTS,
+        CHANGES,
+    )
     print(f"layout chain: {time.perf_counter() - started:.1f} s")
     return result
 
@@ -101,18 +105,22 @@ def test_every_gradient_matches_one_device_and_ep_halves_the_gathered_experts(ch
     for name in LAYOUTS:
         (lm, ref_lm), (aux, ref_aux) = chain[0]["cases"][name]["lm"], chain[0]["cases"][name]["aux"]
         worst = max(rank["cases"][name]["worst_grad"] for rank in chain)
-        print(f"GRADIENTS {name}: lm {abs(lm / ref_lm - 1):.1e}, aux {abs(aux / ref_aux - 1):.1e}, "
-              f"worst gradient {worst[0]:.1e} ({worst[1]})")  # fmt: skip
+        print(
+            f"GRADIENTS {name}: lm {abs(lm / ref_lm - 1):.1e}, aux {abs(aux / ref_aux - 1):.1e}, "
+            f"worst gradient {worst[0]:.1e} ({worst[1]})"
+        )
         if abs(lm / ref_lm - 1) > 1e-5 or abs(aux / ref_aux - 1) > 1e-5 or worst[0] > 1e-5:
             failures.append((name, lm, ref_lm, aux, ref_aux, worst))
         result = chain[0]["cases"][name]
         if result["params_checked"] != result["params"]:
             failures.append((name, "params", result["params_checked"], result["params"]))
     one, two = chain[0]["cases"]["ep1_dp4"], chain[0]["cases"]["ep2_dp4"]
-    print(f"EXPERT BYTES per rank, dp_shard=4: at rest (3 MoE layers, {one['expert_bytes_total']} "
-          f"in the model) ep1 {one['expert_bytes_at_rest']}, ep2 {two['expert_bytes_at_rest']}; "
-          f"gathered while one layer computes ep1 {one['expert_bytes_computing']}, ep2 "
-          f"{two['expert_bytes_computing']}")  # fmt: skip
+    print(
+        f"EXPERT BYTES per rank, dp_shard=4: at rest (3 MoE layers, {one['expert_bytes_total']} "
+        f"in the model) ep1 {one['expert_bytes_at_rest']}, ep2 {two['expert_bytes_at_rest']}; "
+        f"gathered while one layer computes ep1 {one['expert_bytes_computing']}, ep2 "
+        f"{two['expert_bytes_computing']}"
+    )
     # FSDP shards every expert over dp_shard either way: the same shards at rest; what ep
     # changes is what a layer gathers to compute: its E / ep experts instead of all E.
     assert one["expert_bytes_at_rest"] == two["expert_bytes_at_rest"]
@@ -139,8 +147,10 @@ def test_a_users_lightning_module_trains_under_expert_parallelism(worlds):
     started = time.perf_counter()
     result = worlds(2).run("expert_parallel_cases:user_module_case", 3)[0]
     diff = max_relative_difference(result["reference"], result["losses"])
-    print(f"USER MODULE ep2: {diff:.2e}, {time.perf_counter() - started:.1f} s, "
-          f"{result['expert_placements']}")  # fmt: skip
+    print(
+        f"USER MODULE ep2: {diff:.2e}, {time.perf_counter() - started:.1f} s, "
+        f"{result['expert_placements']}"
+    )
     assert len(result["losses"]) == 3 and diff < 1e-5
     assert result["expert_placements"] == ["(Shard(dim=1), Shard(dim=0))"]  # FSDP x ep
 
@@ -149,7 +159,9 @@ def test_a_rank_that_receives_no_rows(worlds):
     """Routing biased away from the second rank's experts: it receives (and sends back) no
     rows, and every gradient is still one device's."""
     results = worlds(2).run("expert_parallel_cases:empty_rank_case")
-    print(f"EMPTY RANK: rows per layer {[r['rows'] for r in results]}, "
-          f"worst gradient {max(r['worst_grad'] for r in results)}")  # fmt: skip
+    print(
+        f"EMPTY RANK: rows per layer {[r['rows'] for r in results]}, "
+        f"worst gradient {max(r['worst_grad'] for r in results)}"
+    )
     assert results[1]["rows"] == [0] * 4 and all(n > 0 for n in results[0]["rows"])
     assert max(r["worst_grad"][0] for r in results) < 1e-5

@@ -47,7 +47,7 @@ CASES = {
             "strategy.hybrid_shard_size=2",
         ],
         (2, 2),
-    ),  # fmt: skip
+    ),
     "fsdp2_reshard_full_ckpt": ([*FSDP2, "strategy.state_dict_type=full", *SAVE_AT_5], (1, 2)),
     "fsdp2_no_reshard_ac": (
         [*FSDP2, "strategy.reshard_after_forward=false", "strategy.activation_checkpointing=2"],
@@ -102,8 +102,9 @@ def test_resume_continues_with_the_same_losses(name, run, train_in, tmp_path_fac
     full, run_dir = run(name, overrides)
     checkpoint = run_dir / "checkpoints" / "step5.ckpt"
     assert (checkpoint / "manifest.json").is_file(), "every strategy saves the one folder format"
-    resumed = train_in([*overrides, f"trainer.ckpt_path={checkpoint}"],
-                       tmp_path_factory.mktemp(f"{name}_resumed"))  # fmt: skip
+    resumed = train_in(
+        [*overrides, f"trainer.ckpt_path={checkpoint}"], tmp_path_factory.mktemp(f"{name}_resumed")
+    )
     assert resumed["losses"] == full["losses"][:10]  # 1-5 from the checkpoint, 6-10 run again
 
 
@@ -145,10 +146,19 @@ def test_user_lightning_module_trains_with_our_strategies(tmp_path):
     script = tmp_path / "user_script.py"  # the launcher re-runs sys.argv, so run a real file
     script.write_text(USER_SCRIPT.read_text())
     out = tmp_path / "results.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results = json.loads(out.read_text())
     assert results["fsdp_tuned"]["strategy"] == results["object"]["strategy"] == "TunedFSDPStrategy"

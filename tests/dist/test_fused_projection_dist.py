@@ -31,8 +31,11 @@ def runs(worlds, tmp_path_factory) -> dict:
     print(f"FUSED runs: {result['seconds']:.0f} s")
     eight = worlds(8).run("fused_projection_runs:main_8", str(out))[0]
     print(f"FUSED runs on 8 ranks: {eight['seconds']:.0f} s")
-    return {**result, "fsdp_tp2_pp2": eight["fsdp_tp2_pp2"],
-            "weight_diff": {**result["weight_diff"], **eight["weight_diff"]}}  # fmt: skip
+    return {
+        **result,
+        "fsdp_tp2_pp2": eight["fsdp_tp2_pp2"],
+        "weight_diff": {**result["weight_diff"], **eight["weight_diff"]},
+    }
 
 
 @pytest.mark.slow
@@ -53,8 +56,10 @@ def test_fused_qkv_under_tp_pp_and_fsdp_has_one_devices_losses(runs):
 @pytest.mark.slow
 def test_the_fused_checkpoints_are_the_single_device_model_and_resume_elsewhere(runs):
     assert sorted(runs["weight_diff"]) == [
-        "fsdp_tp2.ckpt", "fsdp_tp2_pp2.ckpt", "tp2_pp2.ckpt",
-    ]  # fmt: skip
+        "fsdp_tp2.ckpt",
+        "fsdp_tp2_pp2.ckpt",
+        "tp2_pp2.ckpt",
+    ]
     for ckpt, diffs in runs["weight_diff"].items():
         assert sorted(diffs) == runs["weights"], ckpt  # every weight, single-device names
         for name, parts in diffs.items():
@@ -66,8 +71,10 @@ def test_the_fused_checkpoints_are_the_single_device_model_and_resume_elsewhere(
             else:
                 assert parts[0] <= TOLERANCE, (ckpt, name, parts)
     # Saved at step 10, resumed under another layout for steps 11 and 12.
-    for run, change in [("resumed", "tp2_pp2 -> dp_shard2_tp2"),
-                        ("resumed_from_fsdp", "dp_shard2_tp2 -> dp_replicate2_tp2")]:  # fmt: skip
+    for run, change in [
+        ("resumed", "tp2_pp2 -> dp_shard2_tp2"),
+        ("resumed_from_fsdp", "dp_shard2_tp2 -> dp_replicate2_tp2"),
+    ]:
         diff = _max_diff(runs["reference"][10:], runs[run])
         print(f"RESUME fused qkv {change}: {diff:.2e}")
         assert diff <= TOLERANCE, (run, runs[run])

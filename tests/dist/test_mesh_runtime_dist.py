@@ -71,7 +71,13 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
     assert runs["dp2xcp2"]["layout"]["cp"] == 2 and runs["pp2"]["layout"]["pp"] == 2
     assert runs["ddp_like"]["layout"]["dp_replicate"] == 2
 
-    moved = worlds(2).run("mesh_runtime_cases:checkpoint_round_trip", model, settings,
-                          TWO_RANKS["pp2"], TWO_RANKS["tp2"], str(tmp_path / "step2"))  # fmt: skip
+    moved = worlds(2).run(
+        "mesh_runtime_cases:checkpoint_round_trip",
+        model,
+        settings,
+        TWO_RANKS["pp2"],
+        TWO_RANKS["tp2"],
+        str(tmp_path / "step2"),
+    )
     assert moved[0]["tensors"] > 0 and moved[0]["max_difference"] == 0.0, moved[0]
     assert moved[0]["manifest_layout"]["pp"] == 2

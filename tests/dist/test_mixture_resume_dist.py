@@ -60,8 +60,16 @@ def write_sources(folder) -> list[str]:
 def test_a_mixture_resumed_on_1_and_4_ranks_continues_the_2_rank_stream(train_in, tmp_path):
     data = write_sources(tmp_path)
     first = tmp_path / "two_ranks"
-    full = train_in([*RUN, *data, *WORLDS[2], "trainer.checkpoint.every_n_train_steps=6",
-                     "trainer.checkpoint.keep_last=null"], first)  # fmt: skip
+    full = train_in(
+        [
+            *RUN,
+            *data,
+            *WORLDS[2],
+            "trainer.checkpoint.every_n_train_steps=6",
+            "trainer.checkpoint.keep_last=null",
+        ],
+        first,
+    )
     assert len(full["losses"]) == 10
     step6 = first / "checkpoints" / "step6.ckpt"
     saved = torch.load(step6 / "meta.pt", weights_only=True)["MixtureDataModule"]

@@ -28,17 +28,27 @@ def test_parallelize_reads_the_options_the_strategy_built(tmp_path):
     from lightning_dist.parallel.parallelize import parallelize
 
     _, _, strategy = _strategy(
-        tmp_path, "3d", ["strategy.activation_checkpointing=op", "strategy.compile=true",
-                         "strategy.compile_backend=eager"],
-    )  # fmt: skip
+        tmp_path,
+        "3d",
+        [
+            "strategy.activation_checkpointing=op",
+            "strategy.compile=true",
+            "strategy.compile_backend=eager",
+        ],
+    )
     cfg = compose_config(["model=llama_debug", f"paths.output_dir={tmp_path}"])
     model = model_spec(cfg).build()
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         layout = strategy.options.layout.resolve(1)
-        result = parallelize(model, layout.build_mesh("cpu"), layout, device=torch.device("cpu"),
-                             options=strategy.options)  # fmt: skip
+        result = parallelize(
+            model,
+            layout.build_mesh("cpu"),
+            layout,
+            device=torch.device("cpu"),
+            options=strategy.options,
+        )
     finally:
         dist.destroy_process_group()
     wrapped = [m for m in result.modules() if type(m).__name__ == "CheckpointWrapper"]

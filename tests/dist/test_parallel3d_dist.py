@@ -36,12 +36,20 @@ HF_BASE = [
 ]  # fmt: skip
 # Hard clipping with an Adam eps large enough that the clipped scale changes the updates (Adam
 # alone is blind to a uniform gradient scale): a wrong global norm would show in the losses.
-CLIP = [*BASE, "trainer.gradient_clip_val=0.05", "optim.eps=1e-3", "optim.warmup_steps=1",
-        "optim.lr=3e-2"]  # fmt: skip
+CLIP = [
+    *BASE,
+    "trainer.gradient_clip_val=0.05",
+    "optim.eps=1e-3",
+    "optim.warmup_steps=1",
+    "optim.lr=3e-2",
+]
 INTERLEAVED = ["strategy.virtual_stages=2"]
 FLOAT8 = [*BASE, "strategy.float8=tensorwise", "data.micro_batch_size=4"]
-SAC_COMPILE = ["strategy.activation_checkpointing=op", "strategy.compile=true",
-               "strategy.compile_backend=aot_eager"]  # fmt: skip
+SAC_COMPILE = [
+    "strategy.activation_checkpointing=op",
+    "strategy.compile=true",
+    "strategy.compile_backend=aot_eager",
+]
 
 PLANNED = ["strategy=3d", "strategy.tp=2", "strategy.reshard_after_forward=false"]
 """The layout words of `python -m lightning_dist.plan model=llama3_1b hardware=rtx4090_x4
@@ -161,8 +169,17 @@ def test_eight_ranks_with_clipping_match_one_process(run):
     """dp2 x tp2 x pp2 with hard gradient clipping: the global norm spans every mesh dim."""
     base, layout = CASES["dp2xtp2xpp2_clip"]
     reference = run([*base, "strategy=single", "hardware.devices=1"])
-    unclipped = run([*BASE, "optim.eps=1e-3", "optim.warmup_steps=1", "optim.lr=3e-2",
-                     "trainer.gradient_clip_val=null", "strategy=single", "hardware.devices=1"])  # fmt: skip
+    unclipped = run(
+        [
+            *BASE,
+            "optim.eps=1e-3",
+            "optim.warmup_steps=1",
+            "optim.lr=3e-2",
+            "trainer.gradient_clip_val=null",
+            "strategy=single",
+            "hardware.devices=1",
+        ]
+    )
     started = time.perf_counter()
     candidate = run([*base, *layout])
     seconds = time.perf_counter() - started
@@ -191,8 +208,16 @@ def test_resume_under_dp2_pp2_repeats_the_losses(run, train_in, tmp_path_factory
 def test_sharded_init_trains(run):
     """init_sharded: each rank initialises only its shards; not the single-process weights, but a
     sane start (about ln(vocab)) and finite losses."""
-    summary = run([*BASE, "trainer.max_steps=4", "strategy=3d", "strategy.tp=2",
-                   "strategy.init_sharded=true", "hardware.devices=2"])  # fmt: skip
+    summary = run(
+        [
+            *BASE,
+            "trainer.max_steps=4",
+            "strategy=3d",
+            "strategy.tp=2",
+            "strategy.init_sharded=true",
+            "hardware.devices=2",
+        ]
+    )
     assert abs(summary["losses"][0] - 6.238) < 0.1
     assert all(loss == loss for loss in summary["losses"])
 
@@ -214,8 +239,18 @@ def test_a_planned_command_trains_with_hardware_cpu_and_a_tiny_model(run, capsys
     same are tests/unit/test_plan_command.py.)"""
     from lightning_dist.plan import main
 
-    assert main(["model=llama3_1b", "hardware=rtx4090_x4", "data.global_batch_size=16",
-                 "data.seq_len=256", "--command"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "model=llama3_1b",
+                "hardware=rtx4090_x4",
+                "data.global_batch_size=16",
+                "data.seq_len=256",
+                "--command",
+            ]
+        )
+        == 0
+    )
     words = shlex.split(capsys.readouterr().out.strip())
     assert words[:2] == ["python", "train.py"], words
     swap = {"model=llama3_1b": "model=llama_debug", "hardware=rtx4090_x4": "hardware=cpu"}

@@ -61,14 +61,20 @@ print("never printed")
 
 @pytest.mark.parametrize(
     "body, status",
-    [("pass", 0), ("sys.exit(3)", 3), ("sys.exit(75)", 75), ("raise ValueError('boom')", 1),
-     ("raise KeyboardInterrupt", -signal.SIGINT)],
+    [
+        ("pass", 0),
+        ("sys.exit(3)", 3),
+        ("sys.exit(75)", 75),
+        ("raise ValueError('boom')", 1),
+        ("raise KeyboardInterrupt", -signal.SIGINT),
+    ],
     ids=["returns", "exit_3", "exit_75", "raises", "interrupted"],
-)  # fmt: skip
+)
 def test_end_process_keeps_the_status_and_runs_the_exit_work(body, status):
     code = ENDING.format(body=body)
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == status, result.stderr[-2000:]
     out = result.stdout
     assert "partial line, no newline" in out and "thread finished" in out and "atexit ran" in out

@@ -39,8 +39,9 @@ def reference(tmp_path_factory):
     """The chat file and one process's 10 losses."""
     folder = tmp_path_factory.mktemp("sft")
     data = chat_file(folder / "chat.jsonl", n=60)
-    cfg = compose_config(["strategy=single", *_overrides(str(data)),
-                          f"paths.output_dir={folder / 'single'}"])  # fmt: skip
+    cfg = compose_config(
+        ["strategy=single", *_overrides(str(data)), f"paths.output_dir={folder / 'single'}"]
+    )
     return data, folder, train(cfg)["losses"]
 
 

@@ -28,8 +28,13 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 1e-4
 LLAMA = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=10"]
-SHARP = ["trainer.val_check_interval=5", "optim.eps=1e-3", "optim.warmup_steps=1",
-         "optim.lr=3e-2", "trainer.gradient_clip_val=null"]  # fmt: skip
+SHARP = [
+    "trainer.val_check_interval=5",
+    "optim.eps=1e-3",
+    "optim.warmup_steps=1",
+    "optim.lr=3e-2",
+    "trainer.gradient_clip_val=null",
+]
 SINGLE = ["strategy=single", "hardware.devices=1"]
 FAST_SIMULATION = ["strategy.simulate_flops=1e12"]  # the hooks run, their sleeps are ~0
 DDP2 = ["strategy=ddp", "hardware.devices=2", *baselines.QUIET]
@@ -52,8 +57,14 @@ def test_speed_weighted_shares_equal_one_device(train_in, tmp_path):
 @pytest.mark.parametrize("split", [2, 3])
 def test_a_pipeline_with_a_slow_stage_equals_one_device_at_either_split(train_in, tmp_path, split):
     base = [*LLAMA, "trainer.val_check_interval=5"]
-    pp = ["strategy=pp", "hardware.devices=2", f"strategy.split_points=[{split}]",
-          "strategy.simulate_slowdown=[1,3]", *FAST_SIMULATION, *baselines.QUIET]  # fmt: skip
+    pp = [
+        "strategy=pp",
+        "hardware.devices=2",
+        f"strategy.split_points=[{split}]",
+        "strategy.simulate_slowdown=[1,3]",
+        *FAST_SIMULATION,
+        *baselines.QUIET,
+    ]
     ref, run = _run(train_in, tmp_path, base, pp)
     assert max_relative_difference(ref["losses"], run["losses"]) <= TOLERANCE
     assert max_relative_difference(ref["val_losses"], run["val_losses"]) <= TOLERANCE

@@ -14,12 +14,20 @@ from tests.unit.test_telemetry import key_count, read_metrics
 @pytest.mark.slow
 def test_straggler_comm_and_report_from_a_real_run(train_in, tmp_path):
     summary = train_in(
-        ["model=llama_debug", "data=synthetic", "strategy=ddp", "logger=wandb",
-         "trainer.max_steps=10", "trainer.log_every_n_steps=1", "trainer.val_check_interval=null",
-         "callbacks.comm.every_n_steps=5",
-         "+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.seconds=0.2"],
+        [
+            "model=llama_debug",
+            "data=synthetic",
+            "strategy=ddp",
+            "logger=wandb",
+            "trainer.max_steps=10",
+            "trainer.log_every_n_steps=1",
+            "trainer.val_check_interval=null",
+            "callbacks.comm.every_n_steps=5",
+            "+callbacks.slow._target_=tests.slow_rank.SlowRank",
+            "+callbacks.slow.seconds=0.2",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     stragglers = summary["stragglers"]
     assert stragglers["slowest_rank"] == 1, stragglers
     assert stragglers["spread"] > 1.2  # the default warning threshold
@@ -48,8 +56,12 @@ def test_straggler_comm_and_report_from_a_real_run(train_in, tmp_path):
 
     assert main([str(tmp_path)]) == 0
     pngs = sorted((tmp_path / "report").glob("*.png"))
-    assert {p.name for p in pngs} >= {"loss.png", "tokens_per_sec.png", "comm_ratio.png",
-                                      "memory_per_rank.png"}  # fmt: skip
+    assert {p.name for p in pngs} >= {
+        "loss.png",
+        "tokens_per_sec.png",
+        "comm_ratio.png",
+        "memory_per_rank.png",
+    }
     for png in pngs:
         with Image.open(png) as image:
             assert image.size[0] > 100 and image.size[1] > 100
@@ -95,10 +107,17 @@ def test_measured_bubble_matches_the_schedule(worlds, tmp_path, schedule):
 )
 def test_comm_numbers_reach_summary_and_wandb(train_in, tmp_path, overrides, dims):
     summary = train_in(
-        ["model=llama_debug", "data=synthetic", "logger=wandb", "trainer.max_steps=4",
-         "trainer.log_every_n_steps=1", "trainer.val_check_interval=null", *overrides],
+        [
+            "model=llama_debug",
+            "data=synthetic",
+            "logger=wandb",
+            "trainer.max_steps=4",
+            "trainer.log_every_n_steps=1",
+            "trainer.val_check_interval=null",
+            *overrides,
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     comm = summary["comm"]
     assert comm["comm_compute_ratio"] > 0
     for rank in comm["per_rank"]:

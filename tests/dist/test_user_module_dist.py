@@ -103,8 +103,17 @@ def test_the_doc_module_matches_one_process_under_every_layout(tmp_path):
             str(out),
             *layouts,
         ]
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, env=env, cwd=tmp_path), out)  # fmt: skip
+        procs[name] = (
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                cwd=tmp_path,
+            ),
+            out,
+        )
     losses: dict[str, list[float]] = {}
     for proc, out in procs.values():
         output, _ = proc.communicate(timeout=900)

@@ -70,9 +70,16 @@ def _leave_groups() -> None:
 
 def _serve(rank: int, size: int, conn, env: dict[str, str]) -> None:
     os.environ.update(env)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size),
-                      LOCAL_WORLD_SIZE=str(size), GROUP_RANK="0", ROLE_RANK=str(rank),
-                      NODE_RANK="0", MASTER_ADDR="127.0.0.1")  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_WORLD_SIZE=str(size),
+        GROUP_RANK="0",
+        ROLE_RANK=str(rank),
+        NODE_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+    )
     while True:
         message = conn.recv()
         if message is None:  # the end: without gloo's C++ teardown (runtime/process_end.py)
@@ -120,8 +127,14 @@ def _holds_polling_threads(proc) -> bool:
 class World:
     """`size` waiting gloo ranks; see the module doc."""
 
-    def __init__(self, size: int, *, timeout: float = CASE_TIMEOUT_S, env: dict | None = None,
-                 keep_ranks: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        size: int,
+        *,
+        timeout: float = CASE_TIMEOUT_S,
+        env: dict | None = None,
+        keep_ranks: bool = False,
+    ):
         """`keep_ranks`: never restart the ranks between cases, even when they hold polling
         threads (a test of what one process carries from one run to the next)."""
         self.size, self.timeout, self.keep_ranks = size, timeout, keep_ranks
@@ -135,8 +148,12 @@ class World:
         context.set_forkserver_preload(PRELOAD)  # no effect once the server runs
         for rank in range(self.size):
             parent, child = context.Pipe()
-            proc = context.Process(target=_serve, args=(rank, self.size, child, self.env),
-                                   daemon=True, name=f"world{self.size}-rank{rank}")  # fmt: skip
+            proc = context.Process(
+                target=_serve,
+                args=(rank, self.size, child, self.env),
+                daemon=True,
+                name=f"world{self.size}-rank{rank}",
+            )
             proc.start()
             child.close()
             self._procs.append(proc)

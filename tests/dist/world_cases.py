@@ -88,14 +88,23 @@ def float8_all_gather_bytes(all_gather: bool) -> dict:
             return work
 
     torch.manual_seed(0)
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
-                     ffn_hidden_size=128, max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        ffn_hidden_size=128,
+        max_seq_len=64,
+    )
     model = args.build()
     layout = Layout(dp_shard=2)
-    options = StrategyOptions(layout=layout, float8=Float8Options(
-        float8="tensorwise", float8_all_gather=all_gather))  # fmt: skip
-    model = parallelize(model, layout.build_mesh("cpu"), layout, device=torch.device("cpu"),
-                        options=options)  # fmt: skip
+    options = StrategyOptions(
+        layout=layout, float8=Float8Options(float8="tensorwise", float8_all_gather=all_gather)
+    )
+    model = parallelize(
+        model, layout.build_mesh("cpu"), layout, device=torch.device("cpu"), options=options
+    )
     for unit in model.modules():
         if hasattr(unit, "set_custom_all_gather"):
             unit.set_custom_all_gather(Recording())
@@ -103,10 +112,18 @@ def float8_all_gather_bytes(all_gather: bool) -> dict:
     logits = model(tokens[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
-    block_linears = sum(m.weight.numel() for m in next(iter(model.layers.values())).modules()
-                        if isinstance(m, torch.nn.Linear))  # fmt: skip
-    return {"bitwise": all(checks), "gathers": len(checks), "bytes": gathered[0],
-            "loss": float(loss.detach()), "block_linear_params": block_linears}  # fmt: skip
+    block_linears = sum(
+        m.weight.numel()
+        for m in next(iter(model.layers.values())).modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    return {
+        "bitwise": all(checks),
+        "gathers": len(checks),
+        "bytes": gathered[0],
+        "loss": float(loss.detach()),
+        "block_linear_params": block_linears,
+    }
 
 
 def saved_by_compiled_op_policy_blocks() -> dict:
@@ -127,12 +144,20 @@ def saved_by_compiled_op_policy_blocks() -> dict:
 
     init_group()
     torch.manual_seed(0)
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
-                     ffn_hidden_size=192, max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        ffn_hidden_size=192,
+        max_seq_len=64,
+    )
     model = args.build()
     blocks = find_block_types(model)
-    apply_tp(model, Layout(tp=2).build_mesh("cpu")["tp"], sequence_parallel=True,
-             loss_parallel=False)  # fmt: skip
+    apply_tp(
+        model, Layout(tp=2).build_mesh("cpu")["tp"], sequence_parallel=True, loss_parallel=False
+    )
     apply_activation_checkpointing(model, blocks, every_n="op")
     apply_compile(model, blocks, backend="aot_eager", tensor_parallel=True)
     saved: list[tuple[int, ...]] = []
@@ -193,8 +218,10 @@ def loss_parallel_peak_per_logit() -> dict:
         step()
         mem = measure_step(step, head, [opt])
         logits = tokens * vocab // 2
-        out[name] = {"forward": mem["activations"] / logits,
-                     "peak": (mem["total"] - mem["params"] - mem["grads"]) / logits}  # fmt: skip
+        out[name] = {
+            "forward": mem["activations"] / logits,
+            "peak": (mem["total"] - mem["params"] - mem["grads"]) / logits,
+        }
     return out
 
 

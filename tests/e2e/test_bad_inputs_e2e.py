@@ -38,8 +38,14 @@ def train_py(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), t
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     for name in unset:
         full_env.pop(name, None)
-    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO_ROOT, env=full_env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        env=full_env,
+    )
 
 
 E2E_CASES = ["strategy target", "hydra callback", "internal schema", "empty data file",
@@ -55,9 +61,13 @@ def test_errors_are_one_line_from_train_py(tmp_path):
         if case.prepare:
             case.prepare(tmp)
         env = _environment(case.env, tmp)
-        result = train_py(*_overrides(case, tmp), f"hydra.run.dir={tmp / 'run'}", timeout=120,
-                          env={k: v for k, v in env.items() if v is not None},
-                          unset=tuple(k for k, v in env.items() if v is None))  # fmt: skip
+        result = train_py(
+            *_overrides(case, tmp),
+            f"hydra.run.dir={tmp / 'run'}",
+            timeout=120,
+            env={k: v for k, v in env.items() if v is not None},
+            unset=tuple(k for k, v in env.items() if v is None),
+        )
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2, f"{case.name}: {result.stderr[-2000:]}"
         assert len(lines) == 1 and case.expect in lines[0], f"{case.name}: {lines}"
@@ -72,11 +82,19 @@ def test_secrets_stay_secret_and_the_run_dir_private(tmp_path):
     the same losses in both, and a secret from the environment and one from an override appear
     in no file, no log and no output."""
     result = train_py(
-        "-m", "strategy=single,ddp", "model=llama_debug", "data=synthetic", "logger=wandb",
-        "trainer.val_check_interval=null", "trainer.max_steps=3", "trainer.log_every_n_steps=1",
-        "trainer.checkpoint.every_n_train_steps=2", f"+hydra.job.env_set.WANDB_API_KEY={SECRET}",
-        f"hydra.sweep.dir={tmp_path}", env={"HF_TOKEN": ENV_SECRET, "WANDB_MODE": "offline"},
-    )  # fmt: skip
+        "-m",
+        "strategy=single,ddp",
+        "model=llama_debug",
+        "data=synthetic",
+        "logger=wandb",
+        "trainer.val_check_interval=null",
+        "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1",
+        "trainer.checkpoint.every_n_train_steps=2",
+        f"+hydra.job.env_set.WANDB_API_KEY={SECRET}",
+        f"hydra.sweep.dir={tmp_path}",
+        env={"HF_TOKEN": ENV_SECRET, "WANDB_MODE": "offline"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert jobs == ["0", "1"], jobs  # one directory per job
@@ -88,14 +106,21 @@ def test_secrets_stay_secret_and_the_run_dir_private(tmp_path):
         assert list((tmp_path / job / "checkpoints").glob("step*.ckpt"))
         overrides = (tmp_path / job / ".hydra" / "hydra.yaml").read_text()
         assert "WANDB_API_KEY=<redacted>" in overrides  # the override is kept, its value not
-    leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
-             and (SECRET.encode() in p.read_bytes() or ENV_SECRET.encode() in p.read_bytes())]  # fmt: skip
+    leaks = [
+        str(p)
+        for p in tmp_path.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and (SECRET.encode() in p.read_bytes() or ENV_SECRET.encode() in p.read_bytes())
+    ]
     assert not leaks
     for text in (result.stdout, result.stderr):
         assert SECRET not in text and ENV_SECRET not in text
-    loose = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in [tmp_path, *tmp_path.rglob("*")]
-             if not p.is_symlink()
-             and stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)]  # fmt: skip
+    loose = [
+        f"{oct(p.stat().st_mode & 0o777)} {p}"
+        for p in [tmp_path, *tmp_path.rglob("*")]
+        if not p.is_symlink() and stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)
+    ]
     assert not loose
 
 
@@ -104,9 +129,18 @@ def test_recorded_precision_and_data_are_what_ran(tmp_path):
     corpus = tmp_path / "corpus"
     for i in range(4):
         write(corpus / f"f{i}.txt", f"text number {i} " * 200)
-    result = train_py(*fast("trainer.precision=bf16-mixed", "trainer.max_steps=2", f"data.paths=[{corpus}]",
-                            "data.seq_len=32", "data.global_batch_size=2", data="text"),
-                      f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    result = train_py(
+        *fast(
+            "trainer.precision=bf16-mixed",
+            "trainer.max_steps=2",
+            f"data.paths=[{corpus}]",
+            "data.seq_len=32",
+            "data.global_batch_size=2",
+            data="text",
+        ),
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["precision"] == "bf16-mixed"
@@ -135,10 +169,19 @@ def test_resume_is_exact_and_quiet(tmp_path):
 def test_a_config_typo_is_reported_before_torch_or_lightning_is_imported(tmp_path):
     """train.py's key check runs before anything heavy is imported: one line, exit 2."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", str(REPO_ROOT / "train.py"), "+no_such_key=1",
-         f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            str(REPO_ROOT / "train.py"),
+            "+no_such_key=1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
@@ -168,9 +211,16 @@ def test_user():
         subprocess.run(["useradd", "--system", "--no-create-home", TEST_USER], check=True)
         added = True
     entry = pwd.getpwnam(TEST_USER)
-    folders = {parent for path in (Path(sys.executable).resolve(), Path(sys.prefix).resolve(),
-                                   REPO_ROOT.resolve())
-               for parent in path.parents if parent != Path("/")}  # fmt: skip
+    folders = {
+        parent
+        for path in (
+            Path(sys.executable).resolve(),
+            Path(sys.prefix).resolve(),
+            REPO_ROOT.resolve(),
+        )
+        for parent in path.parents
+        if parent != Path("/")
+    }
     opened = []
     try:
         for folder in sorted(folders):
@@ -233,12 +283,25 @@ def test_checkpoint_folders_a_user_cannot_use_and_a_full_disk_stop_before_step_1
         for name, (overrides, as_user, _) in cases.items():
             user = {"user": uid, "group": gid, "extra_groups": []} if as_user else {}
             procs[name] = subprocess.Popen(
-                [sys.executable, str(REPO_ROOT / "train.py"), *fast("trainer.max_steps=2"),
-                 *overrides, f"hydra.run.dir={run_dirs[name]}"],
-                cwd=run_dirs[name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
-                     "HOME": str(run_dirs[name]), "LANG": "C.UTF-8"}, **user,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    str(REPO_ROOT / "train.py"),
+                    *fast("trainer.max_steps=2"),
+                    *overrides,
+                    f"hydra.run.dir={run_dirs[name]}",
+                ],
+                cwd=run_dirs[name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    "PATH": os.environ.get("PATH", ""),
+                    "OMP_NUM_THREADS": "1",
+                    "HOME": str(run_dirs[name]),
+                    "LANG": "C.UTF-8",
+                },
+                **user,
+            )
         for name, proc in procs.items():
             out, err = proc.communicate(timeout=300)
             lines = [line for line in err.splitlines() if line.strip()]
@@ -262,11 +325,19 @@ def test_a_refusal_in_a_users_own_script_is_one_line():
     traceback, exit status 2 (lightning_dist/runtime/refusal.py)."""
     script = REPO_ROOT / "tests" / "user_script_refusal.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=300, cwd=REPO_ROOT, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     output = result.stdout + result.stderr
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert result.returncode == 2, output[-3000:]
-    assert errors == ["error: world size 2 is not divisible by pp=2, dp_replicate=1, "
-                      "dp_shard=-1, cp=1, tp=2 (product 4)"], output[-3000:]  # fmt: skip
+    assert errors == [
+        "error: world size 2 is not divisible by pp=2, dp_replicate=1, "
+        "dp_shard=-1, cp=1, tp=2 (product 4)"
+    ], output[-3000:]
     assert "Traceback" not in output and "[rank" not in output, output[-3000:]

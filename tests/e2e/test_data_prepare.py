@@ -49,8 +49,13 @@ def read_back(folder: Path) -> dict[str, list[str]]:
 
 def test_two_workers_write_every_document_once(tmp_path):
     docs = corpus(tmp_path / "in")
-    manifest = prepare([str(tmp_path / "in/**/*.jsonl*")], tmp_path / "out", workers=2,
-                       shard_tokens=2000, progress=False)  # fmt: skip
+    manifest = prepare(
+        [str(tmp_path / "in/**/*.jsonl*")],
+        tmp_path / "out",
+        workers=2,
+        shard_tokens=2000,
+        progress=False,
+    )
     assert read_back(tmp_path / "out") == docs
     assert manifest["complete"] and len(manifest["shards"]) > 6
     assert {f: r["documents"] for f, r in manifest["files"].items()} == dict.fromkeys(docs, 120)
@@ -60,8 +65,12 @@ def test_two_workers_write_every_document_once(tmp_path):
     from lightning_dist.lm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(word_tokenizer(tmp_path))
-    prepare([str(tmp_path / "in/a.jsonl")], tmp_path / "words", tokenizer=str(tokenizer.path),
-            progress=False)  # fmt: skip
+    prepare(
+        [str(tmp_path / "in/a.jsonl")],
+        tmp_path / "words",
+        tokenizer=str(tokenizer.path),
+        progress=False,
+    )
     shard = load_manifests(tmp_path / "words")["shards"][0]
     data = IndexedDataset(tmp_path / "words" / shard["name"])
     expected = [[*tokenizer.encode(text).tolist(), tokenizer.eos_id] for text in docs["a.jsonl"]]
@@ -85,8 +94,10 @@ def test_a_killed_prepare_resumes_without_redoing_finished_shards(tmp_path):
 
     with pytest.raises(Killed):
         prepare(*args, **kw, on_shard=kill_after_two)
-    finished = {s["name"]: os.stat(tmp_path / "out" / f"{s['name']}.bin")
-                for s in load_manifests(tmp_path / "out")["shards"]}  # fmt: skip
+    finished = {
+        s["name"]: os.stat(tmp_path / "out" / f"{s['name']}.bin")
+        for s in load_manifests(tmp_path / "out")["shards"]
+    }
     assert len(finished) == 2
     redone = []
     prepare(*args, **kw, on_shard=lambda record: redone.append(record["name"]))
@@ -151,11 +162,26 @@ def test_the_command_line_prepares_and_refuses_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "lightning_dist.data", *args], cwd=root,
-                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "lightning_dist.data", *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
-    done = run("prepare", "--input", str(tmp_path / "in/*.jsonl"), "--output", str(tmp_path / "o"),
-               "--workers", "1", "--shard-tokens", "5000")  # fmt: skip
+    done = run(
+        "prepare",
+        "--input",
+        str(tmp_path / "in/*.jsonl"),
+        "--output",
+        str(tmp_path / "o"),
+        "--workers",
+        "1",
+        "--shard-tokens",
+        "5000",
+    )
     assert done.returncode == 0, done.stderr
     assert "prepare: 1/1 files, 120 documents" in done.stderr
     assert run("verify", str(tmp_path / "o")).stdout.endswith(": ok\n")

@@ -22,7 +22,8 @@ def test_registry_names_after_import_without_loading_lightning():
         "assert {'fsdp_tuned', 'fsdp2'} <= set(StrategyRegistry), StrategyRegistry.available_strategies()\n"
         "t = L.Trainer(strategy='fsdp_tuned', accelerator='cpu', devices=2, logger=False)\n"
         "assert type(t.strategy) is lightning_dist.TunedFSDPStrategy\n"
-    )  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=120)  # fmt: skip
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]

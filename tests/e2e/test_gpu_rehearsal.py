@@ -19,9 +19,11 @@ ROWS = "fp8 ac=op compile|ac=full$|fsdp2| x[0-9]"
 
 
 def test_rehearsal_in_the_gpu_image_shape_measures_each_code_path_once(tmp_path):
-    inner = (f"python -c 'import wandb' 2>/dev/null && exit 9; "
-             f"python bench/gpu.py --rehearse --only small --rows '{ROWS}' --steps 3 --devices 1 "
-             f"--out {tmp_path}")  # fmt: skip
+    inner = (
+        f"python -c 'import wandb' 2>/dev/null && exit 9; "
+        f"python bench/gpu.py --rehearse --only small --rows '{ROWS}' --steps 3 --devices 1 "
+        f"--out {tmp_path}"
+    )
     cmd = [sys.executable, "bench/gpu_env.py", "shaped", "--site", "here", "--", "sh", "-c", inner]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     out = proc.stdout + proc.stderr
@@ -35,7 +37,9 @@ def test_rehearsal_in_the_gpu_image_shape_measures_each_code_path_once(tmp_path)
     assert all(re.search(r"– / [\d,]+ .*needs \d devices, 1 here", r) for r in rows[3:]), rows[3:]
     calibration = load(tmp_path / "gpu-rows.json")
     assert {r.quantity for r in calibration.rows} == {
-        "time.tokens_per_sec_per_device", "memory.process_bytes"}  # fmt: skip
+        "time.tokens_per_sec_per_device",
+        "memory.process_bytes",
+    }
     assert len(calibration.rows) == 6 and {r.source for r in calibration.rows} == {"measured-cpu"}
     assert all(r.predicted and r.measured > 0 for r in calibration.rows)
     assert "llama_debug 3d fp8 ac=op compile" in (tmp_path / "gpu-table.md").read_text()

@@ -24,14 +24,30 @@ def test_planner_does_not_import_torch():
 def test_every_cli_runs_under_its_public_name(cli):
     """`python -m lightning_dist.<cli> --help`, as the README and docs spell them; the planner
     also answers a real question (its table and its exit status)."""
-    out = subprocess.run([sys.executable, "-m", f"lightning_dist.{cli}", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", f"lightning_dist.{cli}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
     if cli == "plan":
         table = subprocess.run(
-            [sys.executable, "-m", "lightning_dist.plan", "model=llama3_8b", "hardware=dgx_h100",
-             "--top", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "lightning_dist.plan",
+                "model=llama3_8b",
+                "hardware=dgx_h100",
+                "--top",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert table.returncode == 0 and "chosen:" in table.stdout, table.stderr[-2000:]
 
 
@@ -41,11 +57,15 @@ def test_dry_run_prints_each_rank_beside_the_planner():
     model states within 2%. (What it refuses, strategy=ddp and strategy.cp=2 among them, is in
     tests/unit/test_bad_inputs.py, one line each; a refused config's exit status 2 is
     tests/e2e/test_bad_inputs_e2e.py's.)"""
-    base = ["model=llama_debug", "hardware=dgx_h100", "data.global_batch_size=8",
-            "data.seq_len=64"]  # fmt: skip
+    base = ["model=llama_debug", "hardware=dgx_h100", "data.global_batch_size=8", "data.seq_len=64"]
     command = [sys.executable, "-m", "lightning_dist.plan", *base, "--dry-run"]
-    run = subprocess.run([*command, "strategy=3d", "strategy.pp=2", "strategy.tp=2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [*command, "strategy=3d", "strategy.pp=2", "strategy.tp=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     out = run.stdout
     rows = [line.split() for line in out.splitlines() if "model states GiB" in line]

@@ -22,13 +22,20 @@ STEP_LINE = re.compile(r"^step (\d+)/\d+ \| loss (\d+\.\d+)", re.MULTILINE)
 TIPS = ("litlogger", "srun", "anonymous setting", "broadcast_buffers")
 
 
-def train_py(*args: str, timeout: float = 600, env: dict | None = None,
-             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
+def train_py(
+    *args: str, timeout: float = 600, env: dict | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **(env or {})}
     for name in unset:
         env.pop(name, None)
-    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def assert_quiet(output: str) -> None:
@@ -41,10 +48,21 @@ def assert_quiet(output: str) -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
-WANDB_FIELDS = ["logger.entity=planted-team", "logger.group=sweep-a", "logger.job_type=train",
-                "logger.notes='a short run'", "logger.tags=[ddp,short]"]  # fmt: skip
-WANDB_METADATA = {"project": "lightning_dist", "entity": "planted-team", "group": "sweep-a",
-                  "job_type": "train", "notes": "a short run", "tags": ["ddp", "short"]}  # fmt: skip
+WANDB_FIELDS = [
+    "logger.entity=planted-team",
+    "logger.group=sweep-a",
+    "logger.job_type=train",
+    "logger.notes='a short run'",
+    "logger.tags=[ddp,short]",
+]
+WANDB_METADATA = {
+    "project": "lightning_dist",
+    "entity": "planted-team",
+    "group": "sweep-a",
+    "job_type": "train",
+    "notes": "a short run",
+    "tags": ["ddp", "short"],
+}
 """What the W&B run must start with, given `WANDB_FIELDS`."""
 
 
@@ -66,9 +84,16 @@ def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path)
     steps = 5
     network = _no_network()
     secret = network["WANDB_API_KEY"] = "planted0secret0key0value0000000000000000"
-    result = train_py(*FAST, "logger=wandb", f"trainer.max_steps={steps}", *WANDB_FIELDS,
-                      "callbacks.progress.plain_every_n_steps=1", f"hydra.run.dir={tmp_path}",
-                      env=network, unset=("WANDB_MODE",))  # fmt: skip
+    result = train_py(
+        *FAST,
+        "logger=wandb",
+        f"trainer.max_steps={steps}",
+        *WANDB_FIELDS,
+        "callbacks.progress.plain_every_n_steps=1",
+        f"hydra.run.dir={tmp_path}",
+        env=network,
+        unset=("WANDB_MODE",),
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "W&B server unreachable" in warnings[0], result.stderr[-3000:]
@@ -83,14 +108,16 @@ def test_console_summary_metrics_and_wandb_hold_the_same_loss_per_step(tmp_path)
         assert shown == pytest.approx(losses[n - 1], abs=5e-5), f"console step {n}"
 
     with (tmp_path / "metrics" / "metrics.csv").open() as f:
-        csv_loss = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f)
-                    if r.get("train/loss")}  # fmt: skip
+        csv_loss = {
+            int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")
+        }
     assert csv_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
 
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     assert run_metadata(log) == WANDB_METADATA
-    wandb_loss = {r["trainer/global_step"]: r["train/loss"] for r in history(log)
-                  if "train/loss" in r}  # fmt: skip
+    wandb_loss = {
+        r["trainer/global_step"]: r["train/loss"] for r in history(log) if "train/loss" in r
+    }
     assert wandb_loss == {n - 1: pytest.approx(losses[n - 1], rel=1e-6) for n in console}
     records = log.read_bytes()  # config, history and summary
     for expected in (b"dp_replicate", b'"dim"', b"train/loss", b"summary/final_loss"):
@@ -115,9 +142,13 @@ def test_default_run_learns_on_real_text_and_prints_no_usdt_line_and_each_tip_on
     """`python train.py` as in the README (shortened to 25 steps): real text (stdlib sources),
     two DDP ranks, W&B offline, telemetry on (so the profiler runs), a validation. It keeps the
     summary contract, learns, writes one run directory and keeps the console quiet."""
-    result = train_py("trainer.max_steps=25", "trainer.val_check_interval=25",
-                      "data.global_batch_size=8", "data.seq_len=128",
-                      f"hydra.run.dir={tmp_path}")  # fmt: skip
+    result = train_py(
+        "trainer.max_steps=25",
+        "trainer.val_check_interval=25",
+        "data.global_batch_size=8",
+        "data.seq_len=128",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     output = result.stdout + result.stderr
     assert_quiet(output)

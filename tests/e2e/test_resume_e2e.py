@@ -28,10 +28,18 @@ def test_a_resume_under_another_accumulation_reads_whole_global_batches(tmp_path
     micro-batch): every step's loss equals the uninterrupted run's. (Without ResumePosition, a
     resume mid-epoch takes one micro-batch for its first step; see also the elastic job.)"""
     epoch5 = [*SINGLE, "data.num_samples=20"]
-    run_train([*epoch5, "trainer.max_steps=5", "data.micro_batch_size=4",
-               "trainer.checkpoint.every_n_train_steps=5"], tmp_path)  # fmt: skip
-    resumed = run_train([*epoch5, "trainer.max_steps=8", "data.micro_batch_size=1",
-                         "trainer.resume=auto"], tmp_path)  # fmt: skip
+    run_train(
+        [
+            *epoch5,
+            "trainer.max_steps=5",
+            "data.micro_batch_size=4",
+            "trainer.checkpoint.every_n_train_steps=5",
+        ],
+        tmp_path,
+    )
+    resumed = run_train(
+        [*epoch5, "trainer.max_steps=8", "data.micro_batch_size=1", "trainer.resume=auto"], tmp_path
+    )
     reference = baselines.reference([*epoch5, "trainer.max_steps=8"])["losses"]
     assert (
         len(resumed["losses"]) == 8 and resumed["first_step"] == 5
@@ -58,7 +66,8 @@ def test_a_world_fenced_out_of_its_folder_stops_at_its_next_save(tmp_path):
     assert "Traceback" not in result.stderr
     saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*.ckpt"))
     assert saved == ["step1.ckpt", "step2.ckpt"], saved  # step 3's save found the new claim
-    manifests = [json.loads((tmp_path / "checkpoints" / n / "manifest.json").read_text())
-                 for n in saved]  # fmt: skip
+    manifests = [
+        json.loads((tmp_path / "checkpoints" / n / "manifest.json").read_text()) for n in saved
+    ]
     assert [m["writer"] for m in manifests] == [1, 1]
     assert not (tmp_path / "summary.json").exists()

@@ -30,9 +30,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def start(cwd, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
 
 
 def stop_after_step(process: subprocess.Popen, step: int, signum: int, out: list[str]) -> None:
@@ -59,8 +65,10 @@ def finish(process: subprocess.Popen) -> str:
 def test_stopped_run_resumes_in_its_home_with_its_whole_history(tmp_path):
     runs = {"reference": [], "term": [], "int": []}
     procs = {name: start(tmp_path, *COMMAND, f"run_name={name}") for name in runs}
-    threads = [threading.Thread(target=stop_after_step, args=(procs[name], 8, signum, runs[name]))
-               for name, signum in (("term", signal.SIGTERM), ("int", signal.SIGINT))]  # fmt: skip
+    threads = [
+        threading.Thread(target=stop_after_step, args=(procs[name], 8, signum, runs[name]))
+        for name, signum in (("term", signal.SIGTERM), ("int", signal.SIGINT))
+    ]
     for thread in threads:
         thread.start()
     reference_out = finish(procs["reference"])
@@ -71,23 +79,31 @@ def test_stopped_run_resumes_in_its_home_with_its_whole_history(tmp_path):
     assert procs["int"].returncode == 130, "".join(runs["int"])[-2000:]
     for name in ("term", "int"):
         console = "".join(runs[name])
-        assert re.search(r"continue this run with: python \S*train.py .*trainer.resume=auto",
-                         console), console[-2000:]  # fmt: skip
+        assert re.search(
+            r"continue this run with: python \S*train.py .*trainer.resume=auto", console
+        ), console[-2000:]
         stopped = json.loads((tmp_path / "outputs" / name / "summary.json").read_text())
         assert stopped["status"] == "preempted" and stopped["preempted_at_step"] >= 8
         assert stopped["val_steps"] == []  # no validation after the preemption checkpoint
 
     # A fresh start where a run lives already: one line, exit 2, nothing touched.
-    again = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *COMMAND,
-                            "run_name=term"], cwd=tmp_path, capture_output=True, text=True,
-                           env=ENV, timeout=600)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *COMMAND, "run_name=term"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert again.returncode == 2, again.stderr[-2000:]
     error = [line for line in again.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "this run term would write over an earlier run" in error[0]
     assert "trainer.resume=auto" in error[0]
 
-    resumed = {name: start(tmp_path, *COMMAND, f"run_name={name}", "trainer.resume=auto")
-               for name in ("term", "int")}  # fmt: skip
+    resumed = {
+        name: start(tmp_path, *COMMAND, f"run_name={name}", "trainer.resume=auto")
+        for name in ("term", "int")
+    }
     reference = json.loads((tmp_path / "outputs" / "reference" / "summary.json").read_text())
     assert len(reference["losses"]) == STEPS
     for name, process in resumed.items():
@@ -103,8 +119,10 @@ def test_stopped_run_resumes_in_its_home_with_its_whole_history(tmp_path):
         worst = max(abs(a - b) for a, b in zip(summary["losses"], reference["losses"], strict=True))
         assert worst <= 1e-6, (name, worst)
         segments = summary["segments"]
-        assert [(s["first_step"], s["last_step"]) for s in segments] == [(1, first),
-                                                                        (first + 1, STEPS)]  # fmt: skip
+        assert [(s["first_step"], s["last_step"]) for s in segments] == [
+            (1, first),
+            (first + 1, STEPS),
+        ]
         total = summary["wall_seconds"] + segments[0]["wall_seconds"]
         assert summary["total_wall_seconds"] == pytest.approx(total, abs=0.5)
         with (home / "metrics" / "metrics.csv").open(newline="") as f:

@@ -16,8 +16,15 @@ def test_multirun_over_every_distributed_strategy(tmp_path):
     """Each job starts its own ranks: before, the second distributed job reused the first's
     finished process group and failed in gloo. Then one table compares them."""
     strategies = ["ddp", "fsdp2", "3d"]  # FSDP1 too until 2026-12-03 (suite time)
-    result = train_py("-m", f"strategy={','.join(strategies)}", *FAST, "trainer.max_steps=3",
-                      "hardware.devices=2", f"hydra.sweep.dir={tmp_path}", timeout=900)  # fmt: skip
+    result = train_py(
+        "-m",
+        f"strategy={','.join(strategies)}",
+        *FAST,
+        "trainer.max_steps=3",
+        "hardware.devices=2",
+        f"hydra.sweep.dir={tmp_path}",
+        timeout=900,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     summaries = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(3)]
     assert [s["strategy"] for s in summaries] == strategies
@@ -38,9 +45,16 @@ def test_multirun_over_every_distributed_strategy(tmp_path):
 @pytest.mark.slow
 def test_multirun_changes_the_number_of_ranks_between_jobs(tmp_path):
     """4 ranks, then 1, then 2: each job has the world size it asked for."""
-    result = train_py("-m", "strategy=ddp", "hardware.devices=4,1,2", *FAST,
-                      "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    result = train_py(
+        "-m",
+        "strategy=ddp",
+        "hardware.devices=4,1,2",
+        *FAST,
+        "trainer.max_steps=2",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    sizes = [json.loads((tmp_path / str(i) / "summary.json").read_text())["world_size"]
-             for i in range(3)]  # fmt: skip
+    sizes = [
+        json.loads((tmp_path / str(i) / "summary.json").read_text())["world_size"] for i in range(3)
+    ]
     assert sizes == [4, 1, 2]

@@ -22,11 +22,20 @@ def _toy(*overrides: str, tmp_path: Path):
     import sys
 
     return subprocess.run(
-        [sys.executable, str(TOY), "strategy=toy", "debug=fast", f"hydra.run.dir={tmp_path}",
-         *overrides],
-        capture_output=True, text=True, timeout=300, cwd=PACKAGE.parent,
+        [
+            sys.executable,
+            str(TOY),
+            "strategy=toy",
+            "debug=fast",
+            f"hydra.run.dir={tmp_path}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=PACKAGE.parent,
         env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"},
-    )  # fmt: skip
+    )
 
 
 def test_a_toy_strategy_gets_checks_planner_settings_and_telemetry(tmp_path):
@@ -39,8 +48,13 @@ def test_a_toy_strategy_gets_checks_planner_settings_and_telemetry(tmp_path):
     assert bad.returncode == 2 and len(errors) == 1, bad.stderr[-2000:]
     assert "power-of-two world size, got 3" in errors[0]
     # Planner: the toy's settings (activation checkpointing) reach the prediction.
-    plan = _toy("hardware=dgx_h100", "model=llama3_1b", "data.global_batch_size=64", "plan.only=true",
-                tmp_path=tmp_path / "plan")  # fmt: skip
+    plan = _toy(
+        "hardware=dgx_h100",
+        "model=llama3_1b",
+        "data.global_batch_size=64",
+        "plan.only=true",
+        tmp_path=tmp_path / "plan",
+    )
     layout_line = next(line for line in plan.stdout.splitlines() if "layout:" in line)
     assert "dp_replicate=8" in layout_line and layout_line.rstrip().endswith("ac=full"), plan.stdout
     # Telemetry: a real 2-rank run records the toy's layout, throughput and memory.

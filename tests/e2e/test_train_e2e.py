@@ -33,8 +33,9 @@ FAST = [
 def train_py(*overrides: str, env: dict | None = None, cwd: Path = REPO_ROOT, timeout=600):
     cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
+    )
 
 
 def test_parity_command_finds_ddp_on_two_ranks_matches_one_process(tmp_path, capsys):
@@ -58,10 +59,17 @@ def test_hugging_face_llama_trains(tmp_path):
     made every run do: runtime/quiet.py)."""
     pytest.importorskip("transformers")
     strategies = ["single", "ddp"]
-    result = train_py("-m", "model=hf_llama", "data=synthetic", "logger=none",
-                      f"strategy={','.join(strategies)}", "trainer.max_steps=6",
-                      "trainer.val_check_interval=null", "optim.lr=1e-2",
-                      f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    result = train_py(
+        "-m",
+        "model=hf_llama",
+        "data=synthetic",
+        "logger=none",
+        f"strategy={','.join(strategies)}",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=null",
+        "optim.lr=1e-2",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "is an Enum subclass" not in output, output[-4000:]

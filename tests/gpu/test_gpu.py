@@ -7,8 +7,14 @@ from lightning_dist.run.parity_runs import run_train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-FAST = ["model=llama_debug", "data=synthetic", "logger=none", "trainer.max_steps=5",
-        "trainer.val_check_interval=null", "hardware=gpu"]  # fmt: skip
+FAST = [
+    "model=llama_debug",
+    "data=synthetic",
+    "logger=none",
+    "trainer.max_steps=5",
+    "trainer.val_check_interval=null",
+    "hardware=gpu",
+]
 
 
 @pytest.mark.gpu

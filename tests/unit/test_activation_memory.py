@@ -71,8 +71,15 @@ def test_grouped_query_attention_keeps_k_and_v_unrepeated_and_matches_the_repeat
     from lightning_dist.models.llama import apply_rope
 
     torch.manual_seed(0)
-    shape = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64,
-                      ffn_hidden_size=64, max_seq_len=16)  # fmt: skip
+    shape = ModelArgs(
+        dim=32,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=64,
+        ffn_hidden_size=64,
+        max_seq_len=16,
+    )
     model = shape.build()
     attention = model.layers["0"].attention
     x = torch.randn(2, 16, 32, requires_grad=True)
@@ -115,8 +122,9 @@ def test_rmsnorm_returns_the_autocast_dtype_under_autocast_and_the_input_dtype_o
 def _settings(seq_len: int = 256, **knobs):
     from lightning_dist.planner.settings import TrainSettings
 
-    return TrainSettings.of(global_batch_size=4, seq_len=seq_len, precision="32-true",
-                            accelerator="cpu", **knobs)  # fmt: skip
+    return TrainSettings.of(
+        global_batch_size=4, seq_len=seq_len, precision="32-true", accelerator="cpu", **knobs
+    )
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
@@ -152,8 +160,7 @@ def test_the_cross_entropy_peaks_in_backward_at_the_planners_bytes_per_logit(aut
     assert peak == pytest.approx(loss_bytes_per_logit(tp=1), rel=0.02)
 
 
-DENSE = dict(dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=256,
-             max_seq_len=256)  # fmt: skip
+DENSE = dict(dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=256, max_seq_len=256)
 
 
 def kept_per_block_token(every_n, shape=None) -> float:
@@ -219,13 +226,23 @@ def _compiled_block_saves(choice) -> list[tuple[tuple[int, ...], int]]:
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=128,
-                      ffn_hidden_size=192, max_seq_len=64).build()  # fmt: skip
+    model = ModelArgs(
+        dim=64,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=128,
+        ffn_hidden_size=192,
+        max_seq_len=64,
+    ).build()
     blocks = find_block_types(model)
     apply_activation_checkpointing(model, blocks, every_n=choice)
     for slot in block_slots(model, blocks):
-        slot.compile(backend=aot_autograd(fw_compiler=forward_compiler,
-                                          bw_compiler=lambda graph, _: graph.forward))  # fmt: skip
+        slot.compile(
+            backend=aot_autograd(
+                fw_compiler=forward_compiler, bw_compiler=lambda graph, _: graph.forward
+            )
+        )
     tokens = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
     model(tokens).float().pow(2).mean().backward()
     torch._dynamo.reset()
@@ -240,13 +257,21 @@ def test_a_compiled_op_block_saves_the_planners_bytes_and_no_w2_output(choice):
     from lightning_dist.models.args import ModelArgs
     from lightning_dist.planner.activations import selective_layer_bytes
 
-    shape = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=128,
-                      ffn_hidden_size=192, max_seq_len=64)  # fmt: skip
+    shape = ModelArgs(
+        dim=64,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=128,
+        ffn_hidden_size=192,
+        max_seq_len=64,
+    )
     saved = _compiled_block_saves(choice)
     w2_output = (128, 64)  # [tokens, dim]: a matmul output of the block's width
     kept = sum(b for _, b in saved) / 128
-    settings = _settings(activation_checkpointing=choice, compile=True,
-                         compile_backend="aot_eager", seq_len=64)  # fmt: skip
+    settings = _settings(
+        activation_checkpointing=choice, compile=True, compile_backend="aot_eager", seq_len=64
+    )
     assert kept == selective_layer_bytes(shape, 1, settings)
     eager = selective_layer_bytes(shape, 1, _settings(activation_checkpointing=choice, seq_len=64))
     assert eager - kept == 64 * 4  # one [tokens, dim] fp32 tensor less than eager keeps

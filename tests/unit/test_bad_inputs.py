@@ -31,11 +31,22 @@ SECRET = "planted0override0secret0value0000"
 ENV_SECRET = "planted0environment0secret0value0"
 
 
-def fast(*extra: str, strategy: str = "single", data: str = "synthetic",
-         logger: str = "none", model: str = "llama_debug") -> tuple[str, ...]:  # fmt: skip
+def fast(
+    *extra: str,
+    strategy: str = "single",
+    data: str = "synthetic",
+    logger: str = "none",
+    model: str = "llama_debug",
+) -> tuple[str, ...]:
     """A tiny run of the debug model; `extra` comes last."""
-    return (f"model={model}", f"data={data}", f"strategy={strategy}", f"logger={logger}",
-            "trainer.val_check_interval=null", *extra)  # fmt: skip
+    return (
+        f"model={model}",
+        f"data={data}",
+        f"strategy={strategy}",
+        f"logger={logger}",
+        "trainer.val_check_interval=null",
+        *extra,
+    )
 
 
 def write(path: Path, text: str | bytes = "") -> Path:
@@ -61,8 +72,15 @@ def resumable_checkpoint(folder: Path, **model) -> Path:
     from lightning_dist.checkpoint.format import finish_folder, gather_state, save_state
     from lightning_dist.models.args import ModelArgs
 
-    debug = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512,
-                 ffn_hidden_size=128, max_seq_len=256)  # fmt: skip
+    debug = dict(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        ffn_hidden_size=128,
+        max_seq_len=256,
+    )
     args = ModelArgs(**{**debug, **model})
     module = torch.nn.Module()
     module.model = args.build()
@@ -104,13 +122,23 @@ WANDB_KEY = (("WANDB_API_KEY", "fake" * 10),)
 """A W&B key of a valid form (40 characters) that no server will ever see."""
 
 
-NO_AWS_CREDENTIALS = tuple((name, None) for name in (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI")) + (
-    ("AWS_SHARED_CREDENTIALS_FILE", "{tmp}/no_aws_credentials"), ("AWS_CONFIG_FILE", "{tmp}/no_aws_config"),
+NO_AWS_CREDENTIALS = tuple(
+    (name, None)
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    )
+) + (
+    ("AWS_SHARED_CREDENTIALS_FILE", "{tmp}/no_aws_credentials"),
+    ("AWS_CONFIG_FILE", "{tmp}/no_aws_config"),
     ("AWS_EC2_METADATA_DISABLED", "true"),
-)  # fmt: skip
+)
 """No AWS credentials in the environment, the files or an instance role (not asked)."""
 
 
@@ -497,8 +525,9 @@ def test_without_validation_a_short_validation_split_is_no_error(tmp_path, monke
     corpus = write(tmp_path / "small.txt", "word " * 300)
     overrides = fast(f"data.paths=[{corpus}]", "data.seq_len=32", data="text")
     assert run_in_process(list(overrides), tmp_path / "run", monkeypatch, capsys) == (0, [])
-    data = TextDataModule(paths=[str(corpus)], seq_len=32, global_batch_size=2,
-                          cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = TextDataModule(
+        paths=[str(corpus)], seq_len=32, global_batch_size=2, cache_dir=str(tmp_path / "cache")
+    )
     assert data.validation_windows() == 0
     data.setup("fit")
     assert len(data.val_set) == 0 and next(iter(data.train_dataloader())).shape == (2, 33)
@@ -552,15 +581,26 @@ def test_what_counts_as_a_secret(monkeypatch):
     source = {"path": "s3://AKIAPLANTED:se/cret@corpus/a.jsonl", "storage_options": {
         "key": "AKIAPLANTED", "secret": "planted/secret", "endpoint_url": "http://127.0.0.1:9",
         "client_kwargs": {"aws_session_token": "planted-session"}}}  # fmt: skip
-    assert redact({"sources": [source]}) == {"sources": [{
-        "path": f"s3://{REDACTED}@corpus/a.jsonl", "storage_options": {
-            "key": REDACTED, "secret": REDACTED, "endpoint_url": "http://127.0.0.1:9",
-            "client_kwargs": {"aws_session_token": REDACTED}}}]}  # fmt: skip
+    assert redact({"sources": [source]}) == {
+        "sources": [
+            {
+                "path": f"s3://{REDACTED}@corpus/a.jsonl",
+                "storage_options": {
+                    "key": REDACTED,
+                    "secret": REDACTED,
+                    "endpoint_url": "http://127.0.0.1:9",
+                    "client_kwargs": {"aws_session_token": REDACTED},
+                },
+            }
+        ]
+    }
     override = (
         "data.sources=[{path: 's3://c/a', storage_options: {key: AKIA0123, secret: 'x/y+z0'}}]"
     )
-    assert redact_text(override) == (f"data.sources=[{{path: 's3://c/a', storage_options: "
-                                      f"{{key: {REDACTED}, secret: {REDACTED}}}}}]")  # fmt: skip
+    assert redact_text(override) == (
+        f"data.sources=[{{path: 's3://c/a', storage_options: "
+        f"{{key: {REDACTED}, secret: {REDACTED}}}}}]"
+    )
 
 
 def test_schemas_are_not_choices():

@@ -54,12 +54,24 @@ def test_a_saved_folder_reloads_bitwise_into_a_fresh_model(tmp_path):
     )
     saved = read_full_state(path, "optimizer_0.")
     assert saved["optimizer_0.param_groups.0.weight.lr"] == 0.1
-    assert torch.equal(saved["optimizer_0.state.0.weight.exp_avg"],
-                       fresh_optimizer.state[fresh[0].weight]["exp_avg"])  # fmt: skip
+    assert torch.equal(
+        saved["optimizer_0.state.0.weight.exp_avg"],
+        fresh_optimizer.state[fresh[0].weight]["exp_avg"],
+    )
 
 
-@pytest.mark.parametrize("damage", ["truncated", "tampered", "partial", "extra", "no_manifest",
-                                    "future_version", "garbage_manifest"])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated",
+        "tampered",
+        "partial",
+        "extra",
+        "no_manifest",
+        "future_version",
+        "garbage_manifest",
+    ],
+)
 def test_a_damaged_checkpoint_is_one_line_before_anything_is_read(tmp_path, damage):
     path, _, _ = _saved(tmp_path)
     shard = next(path.glob("*.distcp"))
@@ -81,11 +93,14 @@ def test_a_damaged_checkpoint_is_one_line_before_anything_is_read(tmp_path, dama
     else:
         (path / MANIFEST).write_text("{not json")
     expected = {
-        "truncated": "does not match its hash", "tampered": "does not match its hash",
-        "partial": "is partial: __0_0.distcp is missing", "extra": "does not list",
-        "no_manifest": "has no manifest.json", "future_version": "format version 2, newer",
+        "truncated": "does not match its hash",
+        "tampered": "does not match its hash",
+        "partial": "is partial: __0_0.distcp is missing",
+        "extra": "does not list",
+        "no_manifest": "has no manifest.json",
+        "future_version": "format version 2, newer",
         "garbage_manifest": "is not valid JSON",
-    }[damage]  # fmt: skip
+    }[damage]
     with pytest.raises(CheckpointError, match=expected) as error:
         open_manifest(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
@@ -93,8 +108,11 @@ def test_a_damaged_checkpoint_is_one_line_before_anything_is_read(tmp_path, dama
 
 def test_a_model_of_another_size_names_the_first_parameter_and_both_shapes(tmp_path):
     path, _, _ = _saved(tmp_path)
-    with pytest.raises(CheckpointError, match=r"parameter 0.weight has shape \[4, 4\] in the "
-                       r"checkpoint but \[8, 8\] in this model"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"parameter 0.weight has shape \[4, 4\] in the "
+        r"checkpoint but \[8, 8\] in this model",
+    ):
         check_model_shapes(path, {"0.weight": (8, 8), "0.bias": (8,)})
     with pytest.raises(CheckpointError, match="holds parameter 1.bias, which this model lacks"):
         check_model_shapes(path, {n: tuple(s) for n, s in _shapes(path).items() if n != "1.bias"})

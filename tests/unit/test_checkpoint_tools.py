@@ -27,10 +27,16 @@ transformers = pytest.importorskip("transformers", reason="HF conversions need t
 
 TOLERANCE = 1e-5
 TINY_HF = dict(
-    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=128, vocab_size=512, max_position_embeddings=256, rms_norm_eps=1e-5,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
     tie_word_embeddings=False,
-)  # fmt: skip
+)
 # rope_theta other than the default, so a lost value shows in the logits.
 HF_MODELS = {"llama": {"rope_theta": 500000.0}, "mistral": {}}
 
@@ -86,8 +92,17 @@ def test_import_gives_the_hf_logits(model_type, imported):
 
 def test_export_gives_our_logits(tmp_path):
     # Tied embeddings and grouped-query attention: the two places where names are not 1:1.
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512,
-                     ffn_hidden_size=96, max_seq_len=128, rope_theta=1234.0, tie_embeddings=True)  # fmt: skip
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=512,
+        ffn_hidden_size=96,
+        max_seq_len=128,
+        rope_theta=1234.0,
+        tie_embeddings=True,
+    )
     torch.manual_seed(1)
     write_weights_checkpoint(args.build().state_dict(), args, tmp_path / "step0.ckpt", "test")
     assert main(["export", str(tmp_path / "step0.ckpt"), "--to", "hf", str(tmp_path / "hf")]) == 0
@@ -109,8 +124,15 @@ def test_export_writes_the_tokenizer_the_model_trained_with(tmp_path, capsys):
     from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer
     from tests.unit.test_data import make_hf_tokenizer
 
-    args = ModelArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=320,
-                     ffn_hidden_size=64, max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        vocab_size=320,
+        ffn_hidden_size=64,
+        max_seq_len=64,
+    )
     ckpt = tmp_path / "run" / "checkpoints" / "step0.ckpt"
     write_weights_checkpoint(args.build().state_dict(), args, ckpt, "test")
     (tmp_path / "run" / ".hydra").mkdir()
@@ -191,12 +213,14 @@ def test_inspect_reads_the_manifest_of_a_model_that_is_not_ours(imported, tmp_pa
     fields = {k: v for k, v in read_manifest(ckpt).items() if k not in ("format", "version")}
     spec = HFModelSpec(config={"model_type": "llama", **TINY_HF})
     for model, shown in [
-        (_model_args(SimpleNamespace(model_spec=spec)),
-         "Hugging Face llama hidden_size=64 num_hidden_layers=4 num_attention_heads=4 "
-         "num_key_value_heads=2 intermediate_size=128 vocab_size=512 "
-         "max_position_embeddings=256 (model=hf_llama, manifest.json)"),
+        (
+            _model_args(SimpleNamespace(model_spec=spec)),
+            "Hugging Face llama hidden_size=64 num_hidden_layers=4 num_attention_heads=4 "
+            "num_key_value_heads=2 intermediate_size=128 vocab_size=512 "
+            "max_position_embeddings=256 (model=hf_llama, manifest.json)",
+        ),
         ({}, "not recorded in manifest.json (a model without a lightning_dist model_spec)"),
-    ]:  # fmt: skip
+    ]:
         (ckpt / MANIFEST).unlink()
         write_manifest(ckpt, {**fields, "model": model})
         assert main(["inspect", str(ckpt)]) == 0
@@ -233,8 +257,11 @@ def test_an_imported_checkpoint_is_verified_named_like_a_trained_one_and_not_res
     shutil.copytree(ckpt, tampered)
     shard = next(tampered.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
-    for argv in (["inspect", str(tampered)], ["consolidate", str(tampered), str(tmp_path / "x")],
-                 ["export", str(tampered), "--to", "hf", str(tmp_path / "hf")]):  # fmt: skip
+    for argv in (
+        ["inspect", str(tampered)],
+        ["consolidate", str(tampered), str(tmp_path / "x")],
+        ["export", str(tampered), "--to", "hf", str(tmp_path / "hf")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "does not match its hash" in err and len(err.strip().splitlines()) == 1, err

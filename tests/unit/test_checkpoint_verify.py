@@ -27,8 +27,12 @@ def _checkpoint(tmp_path: Path) -> Path:
     SHA-256, long enough for processes started together to overlap), with its manifest."""
     folder = tmp_path / "step1.ckpt"
     folder.mkdir()
-    for name, size in (("__0_0.distcp", 8 << 20), (SHARD, 8 << 20), (".metadata", 4096),
-                       ("meta.pt", 1024)):  # fmt: skip
+    for name, size in (
+        ("__0_0.distcp", 8 << 20),
+        (SHARD, 8 << 20),
+        (".metadata", 4096),
+        ("meta.pt", 1024),
+    ):
         (folder / name).write_bytes(os.urandom(size))
     write_manifest(folder, {"step": 1})
     return folder

@@ -14,9 +14,14 @@ from lightning_dist.measure.step_memory import measure_step
 from lightning_dist.models.args import ModelArgs
 
 ARGS = ModelArgs(
-    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=4096, ffn_hidden_size=128,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=4096,
+    ffn_hidden_size=128,
     max_seq_len=128,
-)  # fmt: skip
+)
 TOKENS = torch.randint(0, ARGS.vocab_size, (4, 129), generator=torch.Generator().manual_seed(0))
 
 

@@ -27,10 +27,14 @@ def test_idx_bytes_are_the_published_layout(tmp_path):
         + bytes([8])  # dtype code of uint16
         + (2).to_bytes(8, "little")  # sequences
         + (3).to_bytes(8, "little")  # document indices: documents + 1
-        + (3).to_bytes(4, "little") + (1).to_bytes(4, "little")  # int32 lengths
-        + (0).to_bytes(8, "little") + (6).to_bytes(8, "little")  # int64 byte offsets
-        + (0).to_bytes(8, "little") + (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
-    )  # fmt: skip
+        + (3).to_bytes(4, "little")
+        + (1).to_bytes(4, "little")  # int32 lengths
+        + (0).to_bytes(8, "little")
+        + (6).to_bytes(8, "little")  # int64 byte offsets
+        + (0).to_bytes(8, "little")
+        + (1).to_bytes(8, "little")
+        + (2).to_bytes(8, "little")
+    )
     assert (tmp_path / "d.idx").read_bytes() == expected
     assert (tmp_path / "d.bin").read_bytes() == struct.pack("<4H", 5, 6, 7, 8)
     assert (summary.sequences, summary.documents, summary.tokens) == (2, 2, 4)
@@ -40,8 +44,10 @@ def test_idx_bytes_are_the_published_layout(tmp_path):
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32, np.int64])
 def test_round_trip_with_documents_of_several_sequences(tmp_path, dtype):
     rng = np.random.default_rng(0)
-    docs = [[rng.integers(0, 200, rng.integers(0, 50)) for _ in range(rng.integers(1, 4))]
-            for _ in range(30)]  # fmt: skip
+    docs = [
+        [rng.integers(0, 200, rng.integers(0, 50)) for _ in range(rng.integers(1, 4))]
+        for _ in range(30)
+    ]
     with IndexedWriter(tmp_path / "r", dtype) as writer:
         for doc in docs:
             for sequence in doc:
@@ -121,14 +127,26 @@ def test_slurm_array_steps_and_missing_slices(tmp_path):
         "SLURM_ARRAY_TASK_COUNT": "4",
     }
     assert [slice_of(None, None, {**array, "SLURM_ARRAY_TASK_ID": str(t)}) for t in (0, 4, 12)] == [
-        (0, 4), (1, 4), (3, 4)]  # fmt: skip
+        (0, 4),
+        (1, 4),
+        (3, 4),
+    ]
     assert slice_of(2, 5, {**array, "SLURM_ARRAY_TASK_ID": "8"}) == (2, 5)  # the options win
     assert slice_of(None, None, {}) == (0, 1)
 
     def manifest(i: int, n: int) -> None:
-        write_manifest(tmp_path / manifest_name(i, n), {
-            "format": MANIFEST_FORMAT, "tokenizer": {"name": "byte"}, "dtype": "uint16",
-            "slice": [i, n], "complete": True, "files": {}, "shards": []})  # fmt: skip
+        write_manifest(
+            tmp_path / manifest_name(i, n),
+            {
+                "format": MANIFEST_FORMAT,
+                "tokenizer": {"name": "byte"},
+                "dtype": "uint16",
+                "slice": [i, n],
+                "complete": True,
+                "files": {},
+                "shards": [],
+            },
+        )
 
     manifest(0, 3)
     manifest(2, 3)

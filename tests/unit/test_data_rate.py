@@ -19,8 +19,10 @@ def test_the_table_has_a_rate_for_every_format():
 
 def test_the_warning_names_the_workers_that_keep_up():
     rates = {"jsonl": 1000.0, "jsonl.zst": 500.0, "tokens": 4000.0}
-    sources = [{"path": "a/*.jsonl.zst", "format": "jsonl", "weight": 0.5},
-               {"path": "b.bin", "format": "tokens", "weight": 0.5}]  # fmt: skip
+    sources = [
+        {"path": "a/*.jsonl.zst", "format": "jsonl", "weight": 0.5},
+        {"path": "b.bin", "format": "tokens", "weight": 0.5},
+    ]
     rate = worker_rate(sources, rates)
     assert rate is not None and math.isclose(rate, 1 / (0.5 / 500 + 0.5 / 4000))
     data = {"_target_": MIXTURE, "sources": sources, "num_workers": 2}

@@ -33,8 +33,15 @@ def test_the_mask_is_causal_inside_each_document_and_closed_between_them():
 
 
 def _model():
-    args = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=16,
-                     ffn_hidden_size=64, max_seq_len=32)  # fmt: skip
+    args = ModelArgs(
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=16,
+        ffn_hidden_size=64,
+        max_seq_len=32,
+    )
     torch.manual_seed(0)
     return args.build().double()
 

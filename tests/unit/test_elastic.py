@@ -27,12 +27,17 @@ def test_a_round_takes_its_node_count_from_torchrun():
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({"GROUP_WORLD_SIZE": "1"}, "torchrun started this round on 1 node(s), outside "
-         "hardware.min_nodes=2 to hardware.num_nodes=4; start torchrun with --nnodes=2:4"),
-        ({"GROUP_WORLD_SIZE": "3", "TORCHELASTIC_USE_AGENT_STORE": "True"},
-         "python -m lightning_dist.launch torchrun"),
+        (
+            {"GROUP_WORLD_SIZE": "1"},
+            "torchrun started this round on 1 node(s), outside "
+            "hardware.min_nodes=2 to hardware.num_nodes=4; start torchrun with --nnodes=2:4",
+        ),
+        (
+            {"GROUP_WORLD_SIZE": "3", "TORCHELASTIC_USE_AGENT_STORE": "True"},
+            "python -m lightning_dist.launch torchrun",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_round_outside_the_range_or_on_the_shared_store_is_refused(environ, message):
     with pytest.raises(ValueError) as e:
         ELASTIC.this_round(environ)
@@ -41,8 +46,9 @@ def test_a_round_outside_the_range_or_on_the_shared_store_is_refused(environ, me
 
 def test_our_torchrun_gives_each_round_its_own_store():
     assert torchrun_environment({"PATH": "/bin", UNSHARED_STORE: "0"}) == {
-        "PATH": "/bin", UNSHARED_STORE: "1"
-    }  # fmt: skip
+        "PATH": "/bin",
+        UNSHARED_STORE: "1",
+    }
 
 
 def test_the_newest_world_holds_the_folder_and_an_older_one_is_fenced_out(tmp_path):

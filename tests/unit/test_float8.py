@@ -30,8 +30,10 @@ def test_block_linears_convert_and_the_output_projection_stays():
     assert kinds.pop("output") is nn.Linear
     assert kinds and all(k is Float8Linear for k in kinds.values()), kinds
     assert model.layers["0"].attention.wq.config.emulate  # no CUDA: emulated
-    assert apply_float8(_model(), "none", device_type="cpu").layers["0"].attention.wq.__class__ \
-        is nn.Linear  # fmt: skip
+    assert (
+        apply_float8(_model(), "none", device_type="cpu").layers["0"].attention.wq.__class__
+        is nn.Linear
+    )
 
 
 def test_float8_all_gather_refuses_rows_that_do_not_split_evenly():
@@ -39,8 +41,11 @@ def test_float8_all_gather_refuses_rows_that_do_not_split_evenly():
     sharding, one line names the first layer whose rows do not split over dp_shard."""
     model = apply_float8(_model(), "tensorwise", device_type="cpu", all_gather=True)
     check_float8_all_gather(model, 2)  # llama_debug's 64, 32 and 128 rows split in two
-    with pytest.raises(ValueError, match=r"dp_shard=3, but layers.0.attention.wq has 64 .*"
-                       r"set strategy.float8_all_gather=false, or a dp_shard that divides 64"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"dp_shard=3, but layers.0.attention.wq has 64 .*"
+        r"set strategy.float8_all_gather=false, or a dp_shard that divides 64",
+    ):
         check_float8_all_gather(model, 3)
 
 
@@ -72,8 +77,17 @@ def test_a_routers_gate_stays_out_of_float8():
     from lightning_dist.models.args import MoEArgs
     from lightning_dist.parallel.float8 import keeps_high_precision
 
-    model = MoEArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, ffn_hidden_size=128,
-                    num_experts=16, top_k=2, expert_hidden_size=64, n_shared_experts=1).build()  # fmt: skip
+    model = MoEArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        vocab_size=128,
+        ffn_hidden_size=128,
+        num_experts=16,
+        top_k=2,
+        expert_hidden_size=64,
+        n_shared_experts=1,
+    ).build()
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     kept = {n for n, m in linears.items() if keeps_high_precision(m, n)}
     assert {n for n in linears if n.endswith("router.gate")} <= kept

@@ -24,8 +24,9 @@ from lightning_dist.parallel.precision import mixed_dtypes
 from lightning_dist.strategies.fsdp import TunedFSDPStrategy
 from lightning_dist.strategies.fsdp2 import FSDP2Strategy
 
-DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
-                  max_seq_len=64)  # fmt: skip
+DEBUG = ModelArgs(
+    dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128, max_seq_len=64
+)
 
 
 def meta_model(args: ModelArgs = DEBUG) -> nn.Module:
@@ -137,7 +138,11 @@ def test_tuned_defaults_and_layouts():
 @pytest.mark.parametrize(
     ("cls", "kwargs", "match"),
     [
-        (TunedFSDPStrategy, {"sharding_strategy": "ZERO3"}, r"FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD"),
+        (
+            TunedFSDPStrategy,
+            {"sharding_strategy": "ZERO3"},
+            r"FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD",
+        ),
         (TunedFSDPStrategy, {"backward_prefetch": "early"}, r"BACKWARD_PRE, BACKWARD_POST, none"),
         (TunedFSDPStrategy, {"sharding_strategy": "FULL_SHARD", "hybrid_shard_size": 2}, "HYBRID"),
         (TunedFSDPStrategy, {"param_dtype": "int8"}, r"param_dtype='int8'"),
@@ -147,7 +152,7 @@ def test_tuned_defaults_and_layouts():
         (FSDP2Strategy, {"dp_replicate": 0}, "dp_replicate=0"),
         (FSDP2Strategy, {"prefetch_forward": -1}, "prefetch_forward=-1"),
     ],
-)  # fmt: skip
+)
 def test_bad_knobs_fail_at_construction(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cls(**kwargs)
@@ -156,8 +161,11 @@ def test_bad_knobs_fail_at_construction(cls, kwargs, match):
 @pytest.mark.parametrize(
     ("strategy", "run", "match"),
     [
-        (TunedFSDPStrategy(sharding_strategy="HYBRID_SHARD", hybrid_shard_size=3), {"devices": 4},
-         r"hybrid_shard_size=3 does not divide the world size 4; use one of 1, 2, 4"),
+        (
+            TunedFSDPStrategy(sharding_strategy="HYBRID_SHARD", hybrid_shard_size=3),
+            {"devices": 4},
+            r"hybrid_shard_size=3 does not divide the world size 4; use one of 1, 2, 4",
+        ),
         (TunedFSDPStrategy(cpu_offload=True), {}, r"cpu_offload=true cannot run on .*cpu"),
         (TunedFSDPStrategy(auto_wrap=["Block"]), {}, r"block classes are: TransformerBlock"),
         (TunedFSDPStrategy(param_dtype="bf16"), {}, r"param_dtype=bf16 disagrees with .*32-true"),
@@ -165,10 +173,16 @@ def test_bad_knobs_fail_at_construction(cls, kwargs, match):
         (FSDP2Strategy(reshard_after_forward=4), {}, r"divides the shard group size 2"),
         (FSDP2Strategy(auto_wrap=["Foo"]), {}, r"Foo is not in the model"),
     ],
-)  # fmt: skip
+)
 def test_run_checks_name_the_bad_value(strategy, run, match):
-    kwargs = {"devices": 2, "num_nodes": 1, "precision": "32-true", "accelerator": "cpu",
-              "model": meta_model(), **run}  # fmt: skip
+    kwargs = {
+        "devices": 2,
+        "num_nodes": 1,
+        "precision": "32-true",
+        "accelerator": "cpu",
+        "model": meta_model(),
+        **run,
+    }
     with pytest.raises(ValueError, match=match):
         strategy.check_run(**kwargs)
 
@@ -185,8 +199,12 @@ def test_mixed_precision_is_bf16_on_gpus_and_fp32_on_cpus():
     from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
 
     def compute(param_dtype, precision, device_type):
-        dtypes = mixed_dtypes(param_dtype=param_dtype, reduce_dtype="fp32", precision=precision,
-                              device_type=device_type)  # fmt: skip
+        dtypes = mixed_dtypes(
+            param_dtype=param_dtype,
+            reduce_dtype="fp32",
+            precision=precision,
+            device_type=device_type,
+        )
         return torch.float32 if dtypes is None else dtypes.compute
 
     assert compute(None, "bf16-mixed", "cuda") == torch.bfloat16
@@ -196,8 +214,10 @@ def test_mixed_precision_is_bf16_on_gpus_and_fp32_on_cpus():
     gpu.precision_plugin = FSDPPrecision("bf16-mixed")
     mp = gpu.mixed_precision_config
     assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (
-        torch.bfloat16, torch.float32, torch.float32,
-    )  # fmt: skip
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    )
     cpu = TunedFSDPStrategy(parallel_devices=[torch.device("cpu")])
     cpu.precision_plugin = FSDPPrecision("bf16-mixed")
     assert cpu.mixed_precision_config is None

@@ -48,13 +48,20 @@ class Cycles(L.LightningModule):
 
 
 def _fit(module: L.LightningModule, callback: GarbageCollection, steps: int) -> None:
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)),
-                                       batch_size=2)  # fmt: skip
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=2
+    )
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=2,
-        callbacks=[callback], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=2,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
 
 

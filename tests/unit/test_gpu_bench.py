@@ -27,16 +27,20 @@ def gpu():
 
 
 def _rows(text: str) -> dict[str, str]:
-    return {line.split(" | ")[0][2:]: line for line in text.splitlines()
-            if line.startswith("| llama")}  # fmt: skip
+    return {
+        line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| llama")
+    }
 
 
 def test_plan_for_one_h200_skips_what_does_not_fit_and_predicts_every_row(gpu, capsys, tmp_path):
     """A 1B row, an 8B row and a 2-GPU row, as `python bench/gpu.py --plan dgx_h200` plans
     them (each prediction composes conf/, half a second)."""
     profile = gpu.gpu_profile(330, 10, spec="dgx_h200")
-    rows = [gpu.ROWS[0], gpu.Row("large"), gpu.Row("small", strategy="tp", devices=2,
-                                                   extra=("strategy.tp=2",))]  # fmt: skip
+    rows = [
+        gpu.ROWS[0],
+        gpu.Row("large"),
+        gpu.Row("small", strategy="tp", devices=2, extra=("strategy.tp=2",)),
+    ]
     gpu.run_rows(profile, rows, 1, tmp_path, None)
     rows = _rows(capsys.readouterr().out)
     assert len(rows) == 3
@@ -81,18 +85,25 @@ def test_measured_rows_merge_into_a_calibration_file_and_rehearsed_ones_do_not(
     target = tmp_path / "calibration.json"
     shutil.copy(PATH, target)
     before = len(load(target).rows)
-    for profile, code in ((gpu.rehearsal_profile(budget_s=100, steps=4), 2),
-                          (gpu.gpu_profile(330, 10, spec="dgx_h200"), 0)):  # fmt: skip
+    for profile, code in (
+        (gpu.rehearsal_profile(budget_s=100, steps=4), 2),
+        (gpu.gpu_profile(330, 10, spec="dgx_h200"), 0),
+    ):
         row = gpu.Row("small", compile=True)
-        out = gpu.Outcome(row, row.name(profile.models["small"]), profile.overrides(row),
-                          measured={"tokens/s": 700.0, "MFU": None, "peak GiB": 4.4e8},
-                          predicted={"tokens/s": 900.0, "MFU": None, "peak GiB": 5.0e8},
-                          planner_layout="dp_shard=1")  # fmt: skip
+        out = gpu.Outcome(
+            row,
+            row.name(profile.models["small"]),
+            profile.overrides(row),
+            measured={"tokens/s": 700.0, "MFU": None, "peak GiB": 4.4e8},
+            predicted={"tokens/s": 900.0, "MFU": None, "peak GiB": 5.0e8},
+            planner_layout="dp_shard=1",
+        )
         rows = gpu.calibration_rows(profile, [out], "cpu", "a device")
         memory = "memory.process_bytes" if profile.rehearsal else "memory.total_bytes"
         assert [(r.quantity, r.measured, r.predicted) for r in rows] == [
-            ("time.tokens_per_sec_per_device", 700.0, 900.0), (memory, 4.4e8, 5.0e8),
-        ]  # fmt: skip
+            ("time.tokens_per_sec_per_device", 700.0, 900.0),
+            (memory, 4.4e8, 5.0e8),
+        ]
         assert rows[0].overrides == tuple(profile.overrides(row))
         assert rows[0].seq_len == profile.seq_len["small"]
         save(Calibration(rows=tuple(rows)), tmp_path / "gpu-rows.json")
@@ -110,11 +121,14 @@ def test_only_and_rows_pick_rows_by_slot_and_name(gpu, capsys):
     profile = gpu.rehearsal_profile(budget_s=100, steps=4)
     names = [row.name(profile.models[row.slot]) for row in gpu.selected(profile, "small", ROWS)]
     assert names == [
-        "llama_debug 3d fp8 ac=op compile", "llama_debug 3d bf16 ac=full",
-        "llama_debug fsdp2 bf16 ac=op", "llama_debug fsdp2 x2 bf16 ac=op",
-        "llama_debug tp x2 bf16 ac=op", "llama_debug pp x2 bf16 ac=op",
+        "llama_debug 3d fp8 ac=op compile",
+        "llama_debug 3d bf16 ac=full",
+        "llama_debug fsdp2 bf16 ac=op",
+        "llama_debug fsdp2 x2 bf16 ac=op",
+        "llama_debug tp x2 bf16 ac=op",
+        "llama_debug pp x2 bf16 ac=op",
         "llama_debug 3d x8 bf16 ac=op",
-    ]  # fmt: skip
+    ]
     assert len(gpu.selected(profile, None, None)) == len(gpu.ROWS)
     assert gpu.main(["--rehearse", "--rows", "no such row"]) == 2
     assert "error: no row matches --rows 'no such row';" in capsys.readouterr().err

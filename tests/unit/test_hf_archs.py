@@ -17,9 +17,15 @@ from lightning_dist.parallel.tp import check_tp
 pytest.importorskip("transformers", reason="HF architecture tests need the [hf] extra")
 
 TINY = dict(
-    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=128, vocab_size=512, max_position_embeddings=64, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 

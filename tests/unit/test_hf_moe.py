@@ -39,11 +39,19 @@ VOCAB, SEQ_LEN, BATCH, SEED = 128, 32, 8, 1234  # the runs' data: data=synthetic
 # intermediate_size differs from hidden_size, so a transposed expert fails the shape check;
 # rope_theta is not Mixtral's default, so a lost value shows in the logits.
 TINY_MIXTRAL = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=96, vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
-    num_local_experts=4, num_experts_per_tok=2, rope_parameters={"rope_type": "default",
-    "rope_theta": 500000.0}, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    tie_word_embeddings=False,
+)
 QUIET = [
     "data=synthetic", f"data.seq_len={SEQ_LEN}", "logger=none", "callbacks=none",
     "trainer.val_check_interval=null", "trainer.memory_by_category_step=0", "report=false",
@@ -73,8 +81,9 @@ def first_batch() -> torch.Tensor:
     from lightning_dist.lm.data import SyntheticDataModule
     from lightning_dist.lm.sampling import GlobalBatchSampler
 
-    data = SyntheticDataModule(vocab_size=VOCAB, seq_len=SEQ_LEN, global_batch_size=BATCH,
-                               seed=SEED)  # fmt: skip
+    data = SyntheticDataModule(
+        vocab_size=VOCAB, seq_len=SEQ_LEN, global_batch_size=BATCH, seed=SEED
+    )
     sampler = GlobalBatchSampler(len(data.train_set), BATCH, BATCH, dp_rank=0, dp_size=1, seed=SEED)
     return torch.stack([torch.as_tensor(data.train_set[i]) for i in sampler.step_indices(0, 0)])
 
@@ -159,8 +168,10 @@ def check_trained_round_trip(summary: dict, run_dir, hf_dir, out) -> None:
     theirs, _ = logits_and_loss(exported, batch, hf=True)
     ours, _ = logits_and_loss(our_model(ckpt), batch, hf=False)
     diff, moved = (ours - theirs).abs().max().item(), (ours - original).abs().max().item()
-    print(f"TRAINED {summary['layout']}: first-step loss {loss:.7f} (HF {hf_loss:.7f}), losses "
-          f"{summary['losses']}; exported max logit difference {diff:.2e} (moved {moved:.2e})")  # fmt: skip
+    print(
+        f"TRAINED {summary['layout']}: first-step loss {loss:.7f} (HF {hf_loss:.7f}), losses "
+        f"{summary['losses']}; exported max logit difference {diff:.2e} (moved {moved:.2e})"
+    )
     assert abs(loss - hf_loss) <= TOLERANCE * hf_loss
     assert diff <= TOLERANCE and moved > 100 * TOLERANCE
     assert summary["steps"] == 3
@@ -230,11 +241,17 @@ def test_export_refuses_what_mixtral_cannot_hold_in_one_line(imported, tmp_path,
     state["layers.1.feed_forward.router.expert_bias"][2] = 1e-3
     write_weights_checkpoint(state, args, tmp_path / "bias.ckpt", "test")
     for ckpt, message in [
-        ("shared.ckpt", "cannot write as MixtralForCausalLM: model.n_shared_experts=1, and "
-                        "MixtralForCausalLM has 0"),
-        ("bias.ckpt", "layers.1.feed_forward.router.expert_bias is not zero (trained with "
-                      "model.bias_update_rate=0.0): MixtralForCausalLM's router has no bias"),
-    ]:  # fmt: skip
+        (
+            "shared.ckpt",
+            "cannot write as MixtralForCausalLM: model.n_shared_experts=1, and "
+            "MixtralForCausalLM has 0",
+        ),
+        (
+            "bias.ckpt",
+            "layers.1.feed_forward.router.expert_bias is not zero (trained with "
+            "model.bias_update_rate=0.0): MixtralForCausalLM's router has no bias",
+        ),
+    ]:
         assert main(["export", str(tmp_path / ckpt), "--to", "hf", str(tmp_path / "hf")]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err

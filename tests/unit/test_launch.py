@@ -26,8 +26,13 @@ ONE_KIND = [h for h in choice_names("hardware") if not h.startswith("mixed_")]
 def test_dry_run_script_follows_the_hardware_profile(hardware, capsys):
     spec = hardware_spec(compose_config([f"hardware={hardware}", "paths.output_dir=x"]))
     devices = spec.devices if spec.devices != -1 else 4  # `gpu` needs the count spelled out
-    overrides = [f"hardware={hardware}", f"hardware.devices={devices}", "hardware.num_nodes=2",
-                 "strategy=ddp", BATCH]  # fmt: skip
+    overrides = [
+        f"hardware={hardware}",
+        f"hardware.devices={devices}",
+        "hardware.num_nodes=2",
+        "strategy=ddp",
+        BATCH,
+    ]
     lines = _dry_run(capsys, *overrides, "--time", "02:00:00").splitlines()
     assert lines[0] == "#!/bin/bash"
     assert "#SBATCH --nodes=2" in lines and f"#SBATCH --ntasks-per-node={devices}" in lines
@@ -98,8 +103,14 @@ def test_mixed_hardware_is_one_heterogeneous_job_in_the_groups_order(capsys):
     """hardware=mixed_h100_a100: a component per node group (H100s first, as the ranks map),
     each with its group's nodes and CPUs, the job's options in the first, the groups' shared
     NCCL settings, the rendezvous on the first component and one srun over both."""
-    lines = _dry_run(capsys, "hardware=mixed_h100_a100", "model=llama3_70b", "strategy=3d",
-                     "strategy.tp=8", "strategy.pp=4").splitlines()  # fmt: skip
+    lines = _dry_run(
+        capsys,
+        "hardware=mixed_h100_a100",
+        "model=llama3_70b",
+        "strategy=3d",
+        "strategy.tp=8",
+        "strategy.pp=4",
+    ).splitlines()
     het = lines.index("#SBATCH hetjob  # component 1: node group a100")
     first, second = lines[:het], lines[het:]
     assert "# A heterogeneous job: component 0 is node group h100" in first
@@ -112,9 +123,12 @@ def test_mixed_hardware_is_one_heterogeneous_job_in_the_groups_order(capsys):
     assert not any(line.startswith("export SRUN_CPUS_PER_TASK") for line in lines)
     at = next(i for i, line in enumerate(lines) if line.startswith("srun "))
     first, second = lines[at], lines[at + 1]  # one step, a part per component
-    assert first.startswith("srun --het-group=0 --cpus-per-task=28 env SLURM_NTASKS=32 "
-                            "OMP_NUM_THREADS=28 NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5")  # fmt: skip
-    assert second.startswith("    : --het-group=1 --cpus-per-task=32 env SLURM_NTASKS=32 "
-                             "OMP_NUM_THREADS=32 ")  # fmt: skip
+    assert first.startswith(
+        "srun --het-group=0 --cpus-per-task=28 env SLURM_NTASKS=32 "
+        "OMP_NUM_THREADS=28 NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5"
+    )
+    assert second.startswith(
+        "    : --het-group=1 --cpus-per-task=32 env SLURM_NTASKS=32 OMP_NUM_THREADS=32 "
+    )
     assert first.rstrip(" \\").endswith("trainer.resume=auto")
     assert second.endswith('"hydra.run.dir=$run_dir" trainer.resume=auto')

@@ -210,8 +210,17 @@ CLI_MODULES = (
 library; nothing in the package imports them (but `__main__`, which is `train`'s)."""
 
 _BASE = ("runtime", "layout", "hardware", "options", "models", "_compat")
-_MIDDLE = (*_BASE, "config", "contract", "planner", "parallel", "cluster", "measure", "published",
-           "data")  # fmt: skip
+_MIDDLE = (
+    *_BASE,
+    "config",
+    "contract",
+    "planner",
+    "parallel",
+    "cluster",
+    "measure",
+    "published",
+    "data",
+)
 FLOORS: dict[str, tuple[str, ...]] = {
     # the ground floor: torch-free records, the process helpers and the single-device models
     "runtime": (),
@@ -265,9 +274,10 @@ def test_every_floor_imports_only_the_floors_below_it():
         for name, targets in sorted(TYPING_GRAPH.items())
         if name not in CLI_MODULES and _floor(name) in FLOORS
         for target in sorted(targets)
-        if _floor(target) != _floor(name) and target not in CLI_MODULES
+        if _floor(target) != _floor(name)
+        and target not in CLI_MODULES
         and _floor(target) not in FLOORS[_floor(name)]
-    ]  # fmt: skip
+    ]
     assert set(bad) <= UPWARD_LEFT, sorted(set(bad) - UPWARD_LEFT)
 
 
@@ -374,8 +384,12 @@ def test_lower_layers_do_not_import_upper_ones():
     assert not bad, bad
 
 
-NO_LIGHTNING = ("lightning_dist.parallel", "lightning_dist.planner", "lightning_dist.models",
-                "lightning_dist.mesh")  # fmt: skip
+NO_LIGHTNING = (
+    "lightning_dist.parallel",
+    "lightning_dist.planner",
+    "lightning_dist.models",
+    "lightning_dist.mesh",
+)
 """The floors that run without Lightning: a plain PyTorch loop drives the mesh runtime."""
 
 

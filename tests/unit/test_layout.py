@@ -10,8 +10,12 @@ DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, f
 
 def test_resolve_fills_the_free_degree_and_checks_the_product():
     assert Layout(dp_shard=-1, tp=2, pp=2).resolve(8).degrees() == {
-        "pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2,
-    }  # fmt: skip
+        "pp": 2,
+        "dp_replicate": 1,
+        "dp_shard": 2,
+        "cp": 1,
+        "tp": 2,
+    }
     with pytest.raises(ValueError, match="multiply to 4, but the world size is 8"):
         Layout(tp=2, pp=2).resolve(8)
     with pytest.raises(ValueError, match="world size 6 is not divisible"):
@@ -28,10 +32,12 @@ def test_resolve_fills_the_free_degree_and_checks_the_product():
         (dict(pp=2, schedule="GPipe", virtual_stages=2), "runs one stage per rank"),
         (dict(pp=2, schedule="ZBVZeroBubble", virtual_stages=3), "needs virtual_stages=2, got 3"),
         (dict(pp=2, schedule="Interleaved1F1B"), "needs virtual_stages >= 2, got 1"),
-        (dict(pp=2, schedule="Interleaved1F1B", virtual_stages=2, microbatches=5),
-         "multiple of microbatches // pp = 2"),
+        (
+            dict(pp=2, schedule="Interleaved1F1B", virtual_stages=2, microbatches=5),
+            "multiple of microbatches // pp = 2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_layouts_name_the_numbers(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Layout(**kwargs)
@@ -93,16 +99,29 @@ def test_stage_ids_looped_and_v_shaped():
     [
         (Layout(tp=8), DEBUG, "n_heads=4 is not divisible by tp=8"),
         (Layout(tp=4), DEBUG, "n_kv_heads=2 is not divisible by tp=4"),
-        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "ffn_hidden_size": 129}),
-         "ffn_hidden_size=129 is not divisible by tp=2"),
-        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "vocab_size": 257}),
-         "vocab_size=257 is not divisible by tp=2"),
-        (Layout(pp=4, schedule="Interleaved1F1B", virtual_stages=2), DEBUG,
-         "n_layers=4 is fewer than pp=4 x virtual_stages=2 = 8"),
+        (
+            Layout(tp=2),
+            ModelArgs(**{**vars(DEBUG), "ffn_hidden_size": 129}),
+            "ffn_hidden_size=129 is not divisible by tp=2",
+        ),
+        (
+            Layout(tp=2),
+            ModelArgs(**{**vars(DEBUG), "vocab_size": 257}),
+            "vocab_size=257 is not divisible by tp=2",
+        ),
+        (
+            Layout(pp=4, schedule="Interleaved1F1B", virtual_stages=2),
+            DEBUG,
+            "n_layers=4 is fewer than pp=4 x virtual_stages=2 = 8",
+        ),
         (Layout(pp=2), ModelArgs(**{**vars(DEBUG), "tie_embeddings": True}), "tie_embeddings"),
-        (Layout(tp=2), ModelArgs(**{**vars(DEBUG), "tie_embeddings": True}), "not supported with tp=2"),
+        (
+            Layout(tp=2),
+            ModelArgs(**{**vars(DEBUG), "tie_embeddings": True}),
+            "not supported with tp=2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_check_model(layout, args, message):
     with pytest.raises(ValueError, match=message):
         layout.check_model(args)
@@ -127,9 +146,16 @@ def test_check_batch_under_pp():
 # --- expert parallelism: ep borrows ranks from dp_shard x cp --------------------------------------
 
 MOE = MoEArgs(
-    dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128,
-    num_experts=4, top_k=2, expert_hidden_size=64,
-)  # fmt: skip
+    dim=64,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=512,
+    ffn_hidden_size=128,
+    num_experts=4,
+    top_k=2,
+    expert_hidden_size=64,
+)
 
 
 def test_ep_borrows_ranks_from_dp_shard_and_adds_no_mesh_dimension():
@@ -147,11 +173,13 @@ def test_ep_borrows_ranks_from_dp_shard_and_adds_no_mesh_dimension():
     [
         (dict(ep=0), r"strategy.ep=0 must be a whole number of at least 1 \(it borrows"),
         (dict(ep=-1), "strategy.ep=-1 must be a whole number of at least 1"),
-        (dict(dp_shard=4, ep=3),
-         r"strategy.ep=3 does not divide dp_shard x cp = 4 x 1 = 4, the ranks it borrows"),
+        (
+            dict(dp_shard=4, ep=3),
+            r"strategy.ep=3 does not divide dp_shard x cp = 4 x 1 = 4, the ranks it borrows",
+        ),
         (dict(dp_shard=1, tp=2, ep=2), r"does not divide dp_shard x cp = 1 x 1 = 1"),
     ],
-)  # fmt: skip
+)
 def test_bad_ep_names_the_numbers(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Layout(**kwargs)
@@ -166,14 +194,20 @@ def test_ep_is_checked_again_once_dp_shard_is_resolved():
 @pytest.mark.parametrize(
     "layout, args, message",
     [
-        (Layout(dp_shard=2, ep=2), DEBUG, "strategy.ep=2 splits the experts of a mixture of "
-         "experts, but the model is dense"),
+        (
+            Layout(dp_shard=2, ep=2),
+            DEBUG,
+            "strategy.ep=2 splits the experts of a mixture of experts, but the model is dense",
+        ),
         (Layout(dp_shard=3, ep=3), MOE, "strategy.ep=3 does not divide model.num_experts=4"),
         (Layout(cp=2), MOE, "strategy.cp=2 with a mixture of experts"),
-        (Layout(dp_shard=8, ep=2), MoEArgs(**{**vars(MOE), "expert_hidden_size": 66}),
-         r"model.expert_hidden_size=66 is not divisible by dp_shard x cp / ep = 8 / 2 = 4"),
+        (
+            Layout(dp_shard=8, ep=2),
+            MoEArgs(**{**vars(MOE), "expert_hidden_size": 66}),
+            r"model.expert_hidden_size=66 is not divisible by dp_shard x cp / ep = 8 / 2 = 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_experts_problem(layout, args, message):
     with pytest.raises(ValueError, match=message):
         layout.check_model(args)

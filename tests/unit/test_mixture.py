@@ -40,8 +40,10 @@ def test_global_batches_are_the_same_set_on_1_2_and_4_ranks_and_after_a_resume()
     offsets = [0, 40, 65]
     reference = None
     for dp, micro in ((1, 8), (1, 2), (2, 2), (4, 1), (4, 2)):
-        ranks = [steps(MixtureSampler(MixturePlan(lengths, weights, g, 7), offsets, micro,
-                                      r, dp), 6) for r in range(dp)]  # fmt: skip
+        ranks = [
+            steps(MixtureSampler(MixturePlan(lengths, weights, g, 7), offsets, micro, r, dp), 6)
+            for r in range(dp)
+        ]
         batches = [sorted(i for rank in ranks for i in rank[k]) for k in range(6)]
         reference = reference or batches
         assert batches == reference, (dp, micro)
@@ -49,8 +51,9 @@ def test_global_batches_are_the_same_set_on_1_2_and_4_ranks_and_after_a_resume()
     saved = MixturePlan(lengths, weights, g, 7).drawn_at(4)
     resumed_plan = MixturePlan(lengths, weights, g, 7)
     resumed_plan.restore(4, saved)
-    ranks = [steps(MixtureSampler(resumed_plan, offsets, 2, r, 2, start_step=4), 2)
-             for r in range(2)]  # fmt: skip
+    ranks = [
+        steps(MixtureSampler(resumed_plan, offsets, 2, r, 2, start_step=4), 2) for r in range(2)
+    ]
     assert [sorted(ranks[0][k] + ranks[1][k]) for k in range(2)] == reference[4:6]
 
 
@@ -94,8 +97,14 @@ def test_token_files_read_the_ids_text_tokenizes_to(tmp_path):
     (tmp_path / "corpus.txt").write_text(text)
     ids = np.append(np.frombuffer(text.encode(), np.uint8), 256).astype("<u2")
     ids.tofile(tmp_path / "corpus.bin")
-    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
-                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    common = dict(
+        seq_len=16,
+        global_batch_size=4,
+        val_fraction=0.1,
+        val_batches=1,
+        cache_dir=str(tmp_path / "cache"),
+        vocab_size=300,
+    )
     as_text = MixtureDataModule(sources=[{"path": str(tmp_path / "corpus.txt")}], **common)
     as_tokens = MixtureDataModule(
         sources=[{"path": str(tmp_path / "corpus.bin"), "format": "tokens"}], **common
@@ -148,8 +157,14 @@ def test_hf_datasets_on_disk_and_megatron_read_the_tokens_text_reads(tmp_path):
     save_to_disk(tmp_path / "hf", {"body": [text]})
     ids = np.append(np.frombuffer(text.encode(), np.uint8), 256)
     write_megatron(tmp_path / "mega", [ids[:300], ids[300:]])  # a document split in two
-    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
-                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    common = dict(
+        seq_len=16,
+        global_batch_size=4,
+        val_fraction=0.1,
+        val_batches=1,
+        cache_dir=str(tmp_path / "cache"),
+        vocab_size=300,
+    )
     entries = {
         "text": {"path": str(tmp_path / "doc.txt")},
         "hf_disk": {"path": str(tmp_path / "hf"), "format": "hf_disk", "field": "body"},
@@ -172,8 +187,14 @@ def test_compressed_text_reads_as_the_plain_file(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "doc.txt").write_text(text)
     (tmp_path / "doc.txt.gz").write_bytes(gzip.compress(text.encode()))
-    common = dict(seq_len=16, global_batch_size=4, val_fraction=0.1, val_batches=1,
-                  cache_dir=str(tmp_path / "cache"), vocab_size=300)  # fmt: skip
+    common = dict(
+        seq_len=16,
+        global_batch_size=4,
+        val_fraction=0.1,
+        val_batches=1,
+        cache_dir=str(tmp_path / "cache"),
+        vocab_size=300,
+    )
     read = []
     for path in (tmp_path / "plain" / "doc.txt", tmp_path / "doc.txt.gz"):
         dm = MixtureDataModule(sources=[{"path": str(path)}], **common)
@@ -187,9 +208,16 @@ def test_the_checkpoint_holds_the_draws_and_a_resume_starts_from_them(tmp_path):
 
     for i, n in enumerate((3000, 1200)):
         np.random.default_rng(i).integers(0, 300, n).astype("<u2").tofile(tmp_path / f"{i}.bin")
-    kwargs = dict(sources=[{"path": str(tmp_path / f"{i}.bin"), "format": "tokens",
-                            "weight": w} for i, w in enumerate((0.7, 0.3))],
-                  seq_len=8, global_batch_size=4, val_batches=1, vocab_size=300)  # fmt: skip
+    kwargs = dict(
+        sources=[
+            {"path": str(tmp_path / f"{i}.bin"), "format": "tokens", "weight": w}
+            for i, w in enumerate((0.7, 0.3))
+        ],
+        seq_len=8,
+        global_batch_size=4,
+        val_batches=1,
+        vocab_size=300,
+    )
     first = MixtureDataModule(**kwargs)
     first.setup("fit")
     first.trainer = SimpleNamespace(global_step=5)
@@ -203,8 +231,14 @@ def test_the_checkpoint_holds_the_draws_and_a_resume_starts_from_them(tmp_path):
 
 
 def test_sources_are_named_by_their_path_and_names_are_unique():
-    sources = parse_sources([{"path": "corpus/web/*.jsonl", "format": "jsonl"},
-                             {"path": "corpus/code.txt"}, {"path": ["a", "b"]}, {}])  # fmt: skip
+    sources = parse_sources(
+        [
+            {"path": "corpus/web/*.jsonl", "format": "jsonl"},
+            {"path": "corpus/code.txt"},
+            {"path": ["a", "b"]},
+            {},
+        ]
+    )
     assert [s.label(i) for i, s in enumerate(sources)] == ["web", "code.txt", "source2", "stdlib"]
     with pytest.raises(
         ValueError, match=r"data.sources\[1\] is named 'web' like data.sources\[0\]"

@@ -135,8 +135,9 @@ def test_grouped_matmul_matches_the_per_expert_loop_forward_and_backward():
     torch.manual_seed(0)
     counts = torch.tensor([5, 0, 3, 9])  # an expert without tokens too
     x = torch.randn(17, 64, requires_grad=True)
-    weights = [(torch.randn(4, *shape) * 0.1).requires_grad_() for shape in
-               ((32, 64), (64, 32), (32, 64))]  # fmt: skip
+    weights = [
+        (torch.randn(4, *shape) * 0.1).requires_grad_() for shape in ((32, 64), (64, 32), (32, 64))
+    ]
     assert grouped_mm_supported(x, weights[0]) and grouped_mm_supported(x, weights[1])
     assert not grouped_mm_supported(x.double(), weights[0].double())  # the loop runs float64
     assert not grouped_mm_supported(x[:, :5], weights[0][..., :5])  # rows of 20 bytes
@@ -268,9 +269,11 @@ MLA_ATTENTION = 187_107_328
 
 @pytest.mark.parametrize(
     ("flavor", "total", "active"),
-    [("mixtral_8x7b", 46_702_792_704, 12_879_925_248),
-     ("deepseek_v3", 666_273_018_880, 32_798_897_152)],
-)  # fmt: skip
+    [
+        ("mixtral_8x7b", 46_702_792_704, 12_879_925_248),
+        ("deepseek_v3", 666_273_018_880, 32_798_897_152),
+    ],
+)
 def test_published_flavors_build_on_meta_with_their_counts(flavor, total, active):
     args = _flavor(flavor)
     with torch.device("meta"):

@@ -24,8 +24,12 @@ from lightning_dist.cluster.nodes import (
 
 def _nodes(node_of_rank: list[int]) -> NodeMap:
     n = len(node_of_rank)
-    return NodeMap(node_of_rank=node_of_rank, local_rank_of_rank=[0] * n,
-                   hostname_of_rank=["host"] * n, source="SLURM_NODEID")  # fmt: skip
+    return NodeMap(
+        node_of_rank=node_of_rank,
+        local_rank_of_rank=[0] * n,
+        hostname_of_rank=["host"] * n,
+        source="SLURM_NODEID",
+    )
 
 
 def test_tp_across_nodes_is_an_error_naming_the_group():

@@ -118,10 +118,13 @@ def _presets() -> list[tuple[str, str]]:
         if name == "auto":
             continue
         target = _composed((f"strategy={name}",)).strategy._target_
-        preset = {"single_device_strategy": "single", "DataParallelStrategy": "ddp",
-                  "TunedFSDPStrategy": "fsdp", "FSDP2Strategy": "fsdp2",
-                  "FTHSDPStrategy": "ft_hsdp"}.get(
-            target.rsplit(".", 1)[-1], "3d")  # fmt: skip
+        preset = {
+            "single_device_strategy": "single",
+            "DataParallelStrategy": "ddp",
+            "TunedFSDPStrategy": "fsdp",
+            "FSDP2Strategy": "fsdp2",
+            "FTHSDPStrategy": "ft_hsdp",
+        }.get(target.rsplit(".", 1)[-1], "3d")
         out.append((name, preset))
     return out
 
@@ -303,8 +306,14 @@ def test_every_optimizer_setting_is_declared_once_and_reaches_the_module(tmp_pat
     from lightning_dist.options.optim import OptimOptions
     from lightning_dist.run.spec import RunSpec
 
-    values = {"lr": 1e-4, "min_lr_ratio": 0.25, "warmup_steps": 7, "weight_decay": 0.05,
-              "betas": [0.8, 0.9], "eps": 1e-6}  # fmt: skip
+    values = {
+        "lr": 1e-4,
+        "min_lr_ratio": 0.25,
+        "warmup_steps": 7,
+        "weight_decay": 0.05,
+        "betas": [0.8, 0.9],
+        "eps": 1e-6,
+    }
     declared = [f.name for f in dataclasses.fields(OptimOptions)]
     assert [f.name for f in dataclasses.fields(OptimSchema)] == declared == list(values)
     assert all(f.metadata["doc"] for f in dataclasses.fields(OptimOptions))
@@ -350,11 +359,17 @@ def test_every_run_setting_is_declared_once_and_reaches_the_run_spec(tmp_path):
         assert [f.name for f in dataclasses.fields(schema)] == declared, section
         assert all(f.metadata["doc"] for f in dataclasses.fields(options_class)), section
         assert set(declared) - {"checkpoint"} == set(RUN_SETTING_VALUES[section]), section
-    overrides = [f"{section}.{k}={v}" for section, values in RUN_SETTING_VALUES.items()
-                 for k, v in values.items()]  # fmt: skip
+    overrides = [
+        f"{section}.{k}={v}"
+        for section, values in RUN_SETTING_VALUES.items()
+        for k, v in values.items()
+    ]
     spec = RunSpec.of(compose_config([*overrides, f"paths.output_dir={tmp_path}"]), {})
-    got = {"trainer": spec.trainer, "trainer.checkpoint": spec.trainer.checkpoint,
-           "plan": spec.plan}  # fmt: skip
+    got = {
+        "trainer": spec.trainer,
+        "trainer.checkpoint": spec.trainer.checkpoint,
+        "plan": spec.plan,
+    }
     for section, values in RUN_SETTING_VALUES.items():
         assert type(got[section]) is classes[section][0]
         assert {k: getattr(got[section], k) for k in values} == values, section

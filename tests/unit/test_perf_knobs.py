@@ -118,8 +118,12 @@ def test_strategies_take_the_knobs_from_config_and_reject_bad_ones(compose):
 
     for name in ("single", "ddp", "fsdp", "fsdp2", "3d"):
         extra = [] if name in ("single", "ddp") else ["strategy.activation_checkpointing=op"]
-        cfg = compose(f"strategy={name}", "strategy.compile=true",
-                      "strategy.compile_backend=aot_eager", *extra)  # fmt: skip
+        cfg = compose(
+            f"strategy={name}",
+            "strategy.compile=true",
+            "strategy.compile_backend=aot_eager",
+            *extra,
+        )
         strategy = build_strategy(cfg.strategy, hardware_spec(cfg))
         assert strategy.compile_backend == "aot_eager", name
     cfg = compose("strategy=fsdp2", "strategy.compile=true", "strategy.compile_backend=tvm")
@@ -148,8 +152,11 @@ def test_under_tp_the_settle_hook_goes_only_on_modules_that_can_feed_a_block():
 
     model = model_spec(compose_config(["debug=fast"])).build()
     apply_compile(model, find_block_types(model), backend="eager", tensor_parallel=True)
-    hooked = {name for name, m in model.named_modules()
-              if settle_async_output in m._forward_hooks.values()}  # fmt: skip
+    hooked = {
+        name
+        for name, m in model.named_modules()
+        if settle_async_output in m._forward_hooks.values()
+    }
     assert "tok_embeddings" in hooked and "norm" in hooked
     assert "" not in hooked and "output" not in hooked
     assert not any(name.startswith("layers.") for name in hooked), hooked

@@ -17,9 +17,16 @@ from lightning_dist.parallel.pipeline import balanced_split, cut_stage, split_bl
 
 DEBUG = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
 HF = HFModelSpec(
-    config=dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=128, vocab_size=512, max_position_embeddings=64),
-)  # fmt: skip
+    config=dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=512,
+        max_position_embeddings=64,
+    ),
+)
 
 
 def test_balanced_split_minimises_the_largest_stage():
@@ -127,9 +134,14 @@ def _check(**strategy_kwargs):
     with torch.device("meta"):
         built = model.build()
     Parallel3DStrategy(**strategy_kwargs).check_run(
-        devices=devices, num_nodes=1, precision="32-true", accelerator="cpu", model=built,
-        global_batch_size=batch, micro_batch_size=None,
-    )  # fmt: skip
+        devices=devices,
+        num_nodes=1,
+        precision="32-true",
+        accelerator="cpu",
+        model=built,
+        global_batch_size=batch,
+        micro_batch_size=None,
+    )
 
 
 def test_strategy_accepts_the_debug_layouts():
@@ -144,12 +156,18 @@ def test_strategy_accepts_the_debug_layouts():
     [
         (dict(tp=2, pp=2, dp_shard=1, devices=2), "multiply to 4, but the world size is 2"),
         (dict(tp=8, devices=8), "n_heads=4 is not divisible by tp=8"),
-        (dict(pp=2, tp=2, global_batch_size=12, devices=8), "not divisible by dp=2 x microbatches=4"),
+        (
+            dict(pp=2, tp=2, global_batch_size=12, devices=8),
+            "not divisible by dp=2 x microbatches=4",
+        ),
         (dict(tp=2, split_points=[5], pp=2, devices=4), "increasing layer indices"),
-        (dict(tp=2, sequence_parallel=True, model=HF, devices=2), "cannot run sequence parallelism"),
+        (
+            dict(tp=2, sequence_parallel=True, model=HF, devices=2),
+            "cannot run sequence parallelism",
+        ),
         (dict(tp=2, tp_plan={"layers.*.mlp.w1": "colwise"}, devices=2), "matches no module"),
     ],
-)  # fmt: skip
+)
 def test_strategy_rejects_bad_layouts(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _check(**kwargs)

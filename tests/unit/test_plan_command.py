@@ -48,8 +48,14 @@ def test_details_add_memory_by_category(capsys):
 
 
 def test_offload_rows_show_host_memory(capsys):
-    args = ["model=llama3_8b", "hardware=rtx4090_x4", "data.seq_len=1024",
-            "data.global_batch_size=8", "--top", "3"]  # fmt: skip
+    args = [
+        "model=llama3_8b",
+        "hardware=rtx4090_x4",
+        "data.seq_len=1024",
+        "data.global_batch_size=8",
+        "--top",
+        "3",
+    ]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("host GiB" in line for line in lines)
@@ -59,8 +65,14 @@ def test_offload_rows_show_host_memory(capsys):
 
 
 def test_compiled_plans_say_so_and_their_commands_compile(capsys):
-    args = ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
-            "data.global_batch_size=64", "data.seq_len=4096"]  # fmt: skip
+    args = [
+        "model=llama3_8b",
+        "hardware=dgx_h100",
+        "strategy=fsdp2",
+        "strategy.compile=true",
+        "data.global_batch_size=64",
+        "data.seq_len=4096",
+    ]
     assert main([*args, "--top", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "per-block torch.compile: inductor, compute time / 1.10 (assumed)"
@@ -92,38 +104,75 @@ def test_command_prints_one_runnable_line(capsys):
         ["model=llama3_8b", "hardware=rtx4090_x4", "data.seq_len=2048", "data.global_batch_size=8"],
         ["model=llama3_1b", "hardware=rtx4090_x4"],
         ["model=llama3_70b", "hardware=dgx_h100"],  # CPU offload with tp > 1 (strategy=3d)
-        ["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=64",
-         "data.global_batch_size=512", "data.seq_len=4096"],
-        ["model=llama3_8b", "hardware=dgx_h100", "strategy=fsdp2", "strategy.compile=true",
-         "data.global_batch_size=64", "data.seq_len=4096"],
+        [
+            "model=llama3_405b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=64",
+            "data.global_batch_size=512",
+            "data.seq_len=4096",
+        ],
+        [
+            "model=llama3_8b",
+            "hardware=dgx_h100",
+            "strategy=fsdp2",
+            "strategy.compile=true",
+            "data.global_batch_size=64",
+            "data.seq_len=4096",
+        ],
         ["model=tiny", "hardware=dgx_h100"],  # strategy=ddp rows (tp, pp: llama3_1b above)
         ["model=tiny", "hardware=cpu", "hardware.devices=1"],  # strategy=single
-        ["model=llama3_8b", "hardware=dgx_h100", "hardware.num_nodes=4",
-         "data.seq_len=131072", "data.global_batch_size=32"],  # cp > 1 (strategy.cp, cp_mode)
-        ["model=llama3_70b", "hardware=mixed_h100_a100", "data.global_batch_size=256",
-         "data.seq_len=4096"],  # mixed hardware: speed-balanced strategy.split_points
-        ["model=mixtral_8x7b", "hardware=dgx_h100", "hardware.num_nodes=2",
-         "data.global_batch_size=64", "data.seq_len=4096"],  # strategy.ep
+        [
+            "model=llama3_8b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=4",
+            "data.seq_len=131072",
+            "data.global_batch_size=32",
+        ],  # cp > 1 (strategy.cp, cp_mode)
+        [
+            "model=llama3_70b",
+            "hardware=mixed_h100_a100",
+            "data.global_batch_size=256",
+            "data.seq_len=4096",
+        ],  # mixed hardware: speed-balanced strategy.split_points
+        [
+            "model=mixtral_8x7b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=2",
+            "data.global_batch_size=64",
+            "data.seq_len=4096",
+        ],  # strategy.ep
     ],
-)  # fmt: skip
+)
 def test_every_rows_overrides_build_the_layout_the_planner_predicted(tmp_path, overrides):
     """Compose each row's command as train.py does: the strategy's layout, its planner settings
     and the pre-flight estimate are the row's own."""
     cfg = compose_config([*overrides, f"paths.output_dir={tmp_path}"])
     spec, hw = model_spec(cfg), hardware_spec(cfg)
-    result = plan_layouts(spec, hw, global_batch_size=int(cfg.data.global_batch_size),
-                          seq_len=int(cfg.data.seq_len), precision=cfg.trainer.precision or None,
-                          **compile_settings(cfg))  # fmt: skip
+    result = plan_layouts(
+        spec,
+        hw,
+        global_batch_size=int(cfg.data.global_batch_size),
+        seq_len=int(cfg.data.seq_len),
+        precision=cfg.trainer.precision or None,
+        **compile_settings(cfg),
+    )
     checked = 0
     for cand in result.candidates[:8]:
         if cand.planner_only:  # no command (tests/unit/test_planner_layouts.py)
             continue
-        run_cfg = compose_config([*_command_args(train_command(overrides, cand)),
-                                  f"paths.output_dir={tmp_path}"])  # fmt: skip
+        run_cfg = compose_config(
+            [*_command_args(train_command(overrides, cand)), f"paths.output_dir={tmp_path}"]
+        )
         strategy = build_strategy(run_cfg.strategy, hw)
         layout = contract_of(strategy).layout_for(hw.resolved_devices(), hw.num_nodes)
-        predicted = estimate_run(Batch.of_config(run_cfg.data), spec, hw, strategy, layout,
-                                 run_cfg.trainer.precision or hw.precision)  # fmt: skip
+        predicted = estimate_run(
+            Batch.of_config(run_cfg.data),
+            spec,
+            hw,
+            strategy,
+            layout,
+            run_cfg.trainer.precision or hw.precision,
+        )
         assert predicted.describe() == cand.describe()
         assert predicted.memory.total == pytest.approx(cand.memory.total)
         checked += 1
@@ -184,8 +233,9 @@ def _readme_block(command: str) -> list[str]:
     return lines[start:end]
 
 
-def test_plan_only_names_the_model_its_batch_and_warns_about_a_cpu_model(tmp_path, capsys,
-                                                                          monkeypatch):  # fmt: skip
+def test_plan_only_names_the_model_its_batch_and_warns_about_a_cpu_model(
+    tmp_path, capsys, monkeypatch
+):
     """`python train.py strategy=fsdp hardware=dgx_h100 plan.only=true`, as the README shows it:
     the model and its size, a one-line warning naming the fix, the per-rank batch, a step time
     that is no "0.000 s", and the users' strategy names (no NO_SHARD for plain DDP)."""
@@ -198,15 +248,21 @@ def test_plan_only_names_the_model_its_batch_and_warns_about_a_cpu_model(tmp_pat
     out = capsys.readouterr().out.splitlines()
     assert out == _readme_block("python train.py strategy=fsdp hardware=dgx_h100 plan.only=true")
     warnings = [line for line in out if line.startswith("warning:")]
-    assert warnings == ["warning: model=tiny (3.3M parameters) is a CPU model, not one to train "
-                        "on dgx_h100; plan with model=llama3_8b"]  # fmt: skip
+    assert warnings == [
+        "warning: model=tiny (3.3M parameters) is a CPU model, not one to train "
+        "on dgx_h100; plan with model=llama3_8b"
+    ]
     assert "  layout: fsdp dp_shard=8 SHARD_GRAD_OP mbs=2" in out
-    assert "  per-rank batch: 2 sequences x 256 tokens (one forward); global batch 16 over 8 " \
-           "data-parallel ranks" in out  # fmt: skip
+    assert (
+        "  per-rank batch: 2 sequences x 256 tokens (one forward); global batch 16 over 8 "
+        "data-parallel ranks" in out
+    )
     assert any(line.startswith("  step 174 µs, ") for line in out)
     assert "NO_SHARD" not in "\n".join(out) and "0.000 s" not in "\n".join(out)
-    assert out[-1].startswith("  the planner suggests: ddp dp_replicate=8 mbs=2; run it: python "
-                              "train.py hardware=dgx_h100 strategy=ddp")  # fmt: skip
+    assert out[-1].startswith(
+        "  the planner suggests: ddp dp_replicate=8 mbs=2; run it: python "
+        "train.py hardware=dgx_h100 strategy=ddp"
+    )
 
 
 def test_the_planner_cli_uses_the_same_words(capsys):
@@ -244,7 +300,12 @@ def test_step_times_keep_three_significant_digits():
     from lightning_dist.planner.labels import format_seconds
 
     assert [format_seconds(s) for s in (1.86e-4, 0.0744, 1.03, 9.55, 1234.5)] == [
-        "186 µs", "74.4 ms", "1.03 s", "9.55 s", "1,234 s"]  # fmt: skip
+        "186 µs",
+        "74.4 ms",
+        "1.03 s",
+        "9.55 s",
+        "1,234 s",
+    ]
 
 
 def test_labels_name_the_strategy_and_fsdp_modes_only_where_fsdp_runs():
@@ -281,9 +342,11 @@ def test_a_large_model_that_fits_nowhere_at_the_cpu_default_batch_is_planned_at_
     args = ["model=deepseek_v3", "hardware=dgx_h100", "hardware.num_nodes=32"]
     assert main([*args, "--command"]) == 0
     out, err = capsys.readouterr()
-    assert err.startswith("note: the CPU default batch of data=text (16 x 256 tokens) fits no "
-                          "layout of 256 devices; planned at data.global_batch_size=512 "
-                          "data.seq_len=4096 instead")  # fmt: skip
+    assert err.startswith(
+        "note: the CPU default batch of data=text (16 x 256 tokens) fits no "
+        "layout of 256 devices; planned at data.global_batch_size=512 "
+        "data.seq_len=4096 instead"
+    )
     words = _command_args(out.strip())
     assert "data.global_batch_size=512" in words and "data.seq_len=4096" in words
     assert any(w.startswith("strategy.ep=") and int(w.split("=")[1]) > 1 for w in words)

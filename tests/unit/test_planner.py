@@ -231,10 +231,11 @@ def test_recompute_time_and_tp_traffic_per_checkpointing_choice():
     assert tp[2] == pytest.approx((11 * n / 2 + 2) / (5 * n + 2) * tp[0])
     # Without SP: 4 per block; full replays 2 (6), op keeps every collective's output (4).
     plain = {
-        ac: step_time(llama, h100, layout, _settings(activation_checkpointing=ac,
-                                                      sequence_parallel=False)).tp_comm_seconds
+        ac: step_time(
+            llama, h100, layout, _settings(activation_checkpointing=ac, sequence_parallel=False)
+        ).tp_comm_seconds
         for ac in (0, "op", "full")
-    }  # fmt: skip
+    }
     assert plain["op"] == pytest.approx(plain[0])
     assert plain["full"] == pytest.approx((6 * n + 2) / (4 * n + 2) * plain[0])
     assert tp[0] == pytest.approx((5 * n + 2) / (4 * n + 2) * plain[0])
@@ -257,14 +258,26 @@ def test_compile_divides_compute_by_its_assumed_speedup():
         plain = step_time(llama, hw, layout, _settings())
         aot = step_time(llama, hw, layout, _settings(compile=True, compile_backend="aot_eager"))
         assert aot.compute_seconds == pytest.approx(plain.compute_seconds)
-        faster = step_time(llama, hw, layout, _settings(compile=True, compile_backend="aot_eager"),
-                           compile_speedup=1.5)  # fmt: skip
+        faster = step_time(
+            llama,
+            hw,
+            layout,
+            _settings(compile=True, compile_backend="aot_eager"),
+            compile_speedup=1.5,
+        )
         assert faster.compute_seconds == pytest.approx(plain.compute_seconds / 1.5)
     plain = step_time(llama, h100, layout, _settings())
     fused = step_time(llama, h100, layout, _settings(compile=True))
     assert 0.8 * plain.compute_seconds < fused.compute_seconds < 0.95 * plain.compute_seconds
-    cand = estimate(llama, h100, layout, global_batch_size=8, seq_len=4096,
-                    activation_checkpointing="op", compile=True)  # fmt: skip
+    cand = estimate(
+        llama,
+        h100,
+        layout,
+        global_batch_size=8,
+        seq_len=4096,
+        activation_checkpointing="op",
+        compile=True,
+    )
     assert cand.describe().endswith("mbs=1 ac=op compile")
     out = cand.as_dict()
     assert (out["activation_checkpointing"], out["compile"]) == ("op", "inductor")
@@ -273,8 +286,10 @@ def test_compile_divides_compute_by_its_assumed_speedup():
 def test_search_tries_every_checkpointing_choice_and_names_it():
     llama, h100 = model("llama3_70b"), hardware("dgx_h100", 4)
     kwargs = {"global_batch_size": 64, "seq_len": 4096}
-    pinned = {ac: plan_layouts(llama, h100, activation_checkpointing=ac, **kwargs).best()
-              for ac in (0, 2, "op", "full")}  # fmt: skip
+    pinned = {
+        ac: plan_layouts(llama, h100, activation_checkpointing=ac, **kwargs).best()
+        for ac in (0, 2, "op", "full")
+    }
     for ac, best in pinned.items():
         label = best.settings.activation_checkpointing.label
         assert label == {0: "none", 2: "every_2"}.get(ac, ac)
@@ -344,8 +359,9 @@ def test_fsdp_traffic_is_three_then_two_times_the_params():
     one_pass = 7 / 8 * 2 * llama.num_params() / 450e9
     assert t["FULL_SHARD"] == pytest.approx(8 * 4 * one_pass, rel=0.02)
     assert t["SHARD_GRAD_OP"] == pytest.approx(8 * 3 * one_pass, rel=0.02)
-    bf16 = step_time(llama, h100, lay, _settings(global_batch_size=64, micro_batch_size=1,
-                                                 reduce_dtype="bf16")).dp_comm_seconds  # fmt: skip
+    bf16 = step_time(
+        llama, h100, lay, _settings(global_batch_size=64, micro_batch_size=1, reduce_dtype="bf16")
+    ).dp_comm_seconds
     assert bf16 == pytest.approx(8 * 3 * one_pass, rel=0.02)
     # DDP's 25 MB buckets each add a few microseconds of latency on top.
     assert ddp.dp_comm_seconds == pytest.approx(4 * one_pass, rel=0.1)
@@ -574,8 +590,16 @@ def test_cli_json_for_405b_on_2048_nodes(capsys):
     from lightning_dist.plan import main
 
     start = time.perf_counter()
-    status = main(["model=llama3_405b", "hardware=dgx_h100", "hardware.num_nodes=2048",
-                   "data.global_batch_size=2048", "data.seq_len=8192", "--json"])  # fmt: skip
+    status = main(
+        [
+            "model=llama3_405b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=2048",
+            "data.global_batch_size=2048",
+            "data.seq_len=8192",
+            "--json",
+        ]
+    )
     elapsed = time.perf_counter() - start
     out = capsys.readouterr()
     print(f"CLI for llama3_405b on 2048 nodes answered in {elapsed:.2f} s")
@@ -602,9 +626,17 @@ def test_float8_times_the_projections_at_the_float8_peak_and_gathers_them_in_one
     llama, h100 = model("llama3_8b"), hardware("dgx_h100")
 
     def run(hw, **knobs):
-        return estimate(llama, hw, Layout(dp_shard=8), global_batch_size=16, seq_len=8192,
-                        precision="bf16-mixed", activation_checkpointing="op", compile=True,
-                        **knobs)  # fmt: skip
+        return estimate(
+            llama,
+            hw,
+            Layout(dp_shard=8),
+            global_batch_size=16,
+            seq_len=8192,
+            precision="bf16-mixed",
+            activation_checkpointing="op",
+            compile=True,
+            **knobs,
+        )
 
     bf16, fp8 = run(h100), run(h100, float8="tensorwise")
     gathered = run(h100, float8="tensorwise", float8_all_gather=True)

@@ -35,12 +35,21 @@ from lightning_dist.run.calibrate import (
     [
         (LAYOUTS["3d 1, AC op"], "op", None),
         (LAYOUTS["3d 1, AC every 2"], "every_2", None),
-        (("strategy=fsdp", "hardware.devices=2", "strategy.activation_checkpointing=full",
-          "strategy.compile=true", "strategy.compile_backend=aot_eager"), "full", "aot_eager"),
+        (
+            (
+                "strategy=fsdp",
+                "hardware.devices=2",
+                "strategy.activation_checkpointing=full",
+                "strategy.compile=true",
+                "strategy.compile_backend=aot_eager",
+            ),
+            "full",
+            "aot_eager",
+        ),
         (("strategy=single", "hardware.devices=1", "strategy.compile=true"), "none", "inductor"),
         (("strategy=ddp", "hardware.devices=2"), "none", None),
     ],
-)  # fmt: skip
+)
 def test_the_configured_checkpointing_and_compile_reach_the_planner(overrides, label, backend):
     """train.py's strategy config -> the planner's settings, as `plan.check` estimates a run."""
     settings = predict([*COMMON, *overrides]).settings
@@ -92,8 +101,9 @@ def test_compiled_blocks_run_eager_under_the_memory_meter():
         return run
 
     torch.manual_seed(0)
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=128, ffn_hidden_size=128,
-                     max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=64, n_layers=2, n_heads=4, vocab_size=128, ffn_hidden_size=128, max_seq_len=64
+    )
     model = args.build()
     for block in model.layers.values():
         block.compile(backend=counting_backend)
@@ -145,8 +155,10 @@ def test_the_stored_predictions_are_the_planners_current_ones(stored):
         now = predicted_bytes(candidate)
         for cat in CATEGORIES:
             if now[cat] != pytest.approx(result.predicted[cat], rel=1e-9):
-                stale.append(f"{result.name} {cat}: stored {result.predicted[cat]:.0f}, "
-                             f"planner now {now[cat]:.0f}")  # fmt: skip
+                stale.append(
+                    f"{result.name} {cat}: stored {result.predicted[cat]:.0f}, "
+                    f"planner now {now[cat]:.0f}"
+                )
         if candidate.describe() != result.label:
             stale.append(f"{result.name}: stored {result.label!r}, now {candidate.describe()!r}")
     assert not stale, "\n".join(stale)
@@ -187,8 +199,7 @@ def _document(**changes) -> dict:
     for k, v in changes.items():
         if v is None:
             bad.pop(k)
-    return {"format": calibration.FORMAT, "version": calibration.VERSION,
-            "rows": [published, bad]}  # fmt: skip
+    return {"format": calibration.FORMAT, "version": calibration.VERSION, "rows": [published, bad]}
 
 
 def test_a_valid_document_parses_with_a_published_row():
@@ -211,7 +222,7 @@ def test_a_valid_document_parses_with_a_published_row():
         ({"mesured": 1}, "unknown field 'mesured'"),
         ({"quantity": "time.mfu", "measured": 40}, "field 'measured' must be a fraction <= 1"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_row_is_refused_naming_the_row_and_field(changes, message):
     name = "ddp 2" if "layout" not in changes else changes["layout"]
     source = changes.get("source", "measured-cpu")
@@ -224,8 +235,11 @@ def test_a_malformed_row_is_refused_naming_the_row_and_field(changes, message):
 def test_a_malformed_file_is_refused(tmp_path):
     doc = _document()
     doc["rows"].append(dict(doc["rows"][1]))
-    with pytest.raises(ValueError, match=r"row 2 \(measured-cpu 'ddp 2' memory.total_bytes\) "
-                                         r"repeats row 1"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"row 2 \(measured-cpu 'ddp 2' memory.total_bytes\) "
+        r"repeats row 1",
+    ):
         calibration.parse(doc)
     with pytest.raises(ValueError, match="version 2 is not supported"):
         calibration.parse({**_document(), "version": 2})

@@ -19,8 +19,15 @@ SEQ = 32768
 
 
 def _estimate(layout: Layout, gbs: int, mode: str = "allgather", nodes: int = 1, **kw):
-    return estimate(model("llama3_8b"), hardware("dgx_h100", nodes), layout,
-                    global_batch_size=gbs, seq_len=SEQ, cp_mode=mode, **kw)  # fmt: skip
+    return estimate(
+        model("llama3_8b"),
+        hardware("dgx_h100", nodes),
+        layout,
+        global_batch_size=gbs,
+        seq_len=SEQ,
+        cp_mode=mode,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("mode", ["allgather", "ulysses"])
@@ -61,8 +68,9 @@ def test_the_exchange_is_counted_by_mode_over_the_cp_group():
 def test_bad_cp_layouts_are_refused_in_one_line():
     llama = model("llama3_8b")
     with pytest.raises(ValueError, match=r"seq_len=1004 does not split into 2 x cp = 8 chunks"):
-        estimate(llama, hardware("dgx_h100"), Layout(dp_shard=2, cp=4), global_batch_size=2,
-                 seq_len=1004)  # fmt: skip
+        estimate(
+            llama, hardware("dgx_h100"), Layout(dp_shard=2, cp=4), global_batch_size=2, seq_len=1004
+        )
     with pytest.raises(ValueError, match="the 4 query heads per tp=8 rank must divide by it"):
         _estimate(Layout(tp=8, cp=8), 1, "ulysses", nodes=8)
     _estimate(Layout(tp=8, cp=8), 1, "allgather", nodes=8)  # the all-gather splits any heads

@@ -45,14 +45,25 @@ def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
     assert sustained_clock_share(800, 989, 0.5) == 1.0  # no faster than the datasheet clock
     assert sustained_clock_share(500, 989, 0.5) == pytest.approx((5 / 7) ** 0.5)
     assert sustained_clock_share(None, 989, 0.5) == sustained_clock_share(300, 42.0, 0.5) == 1.0
-    model = ModelArgs(dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, vocab_size=1000,
-                      ffn_hidden_size=14336)  # fmt: skip
+    model = ModelArgs(
+        dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, vocab_size=1000, ffn_hidden_size=14336
+    )
     full = _hardware("dgx_h100")
     capped = replace(full, power_w=500)
     assert full.power_w == 700 and _hardware("dgx_a100").power_w == 400
-    kwargs = dict(tp=1, layers=2, has_output=False, checkpointed=0, mode="none", tokens=8192,
-                  seq_len=8192, peak=989e12, compiled=True, sequence_parallel=False,
-                  attention="flash")  # fmt: skip
+    kwargs = dict(
+        tp=1,
+        layers=2,
+        has_output=False,
+        checkpointed=0,
+        mode="none",
+        tokens=8192,
+        seq_len=8192,
+        peak=989e12,
+        compiled=True,
+        sequence_parallel=False,
+        attention="flash",
+    )
     slow = microbatch_compute(model, capped, **kwargs).seconds
     fast = microbatch_compute(model, full, **kwargs).seconds
     clock = (5 / 7) ** CLOCK_POWER_EXPONENT

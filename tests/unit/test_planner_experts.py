@@ -8,16 +8,31 @@ import torch
 
 from lightning_dist.models.args import MoEArgs
 
-SHAPE = dict(dim=64, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_hidden_size=128,
-             max_seq_len=256, num_experts=4, top_k=2, expert_hidden_size=64,
-             n_shared_experts=1, first_k_dense=0)  # fmt: skip
+SHAPE = dict(
+    dim=64,
+    n_heads=4,
+    n_kv_heads=2,
+    vocab_size=128,
+    ffn_hidden_size=128,
+    max_seq_len=256,
+    num_experts=4,
+    top_k=2,
+    expert_hidden_size=64,
+    n_shared_experts=1,
+    first_k_dense=0,
+)
 
 
 def _settings(choice):
     from lightning_dist.planner.settings import TrainSettings
 
-    return TrainSettings.of(global_batch_size=4, seq_len=256, precision="32-true",
-                            accelerator="cpu", activation_checkpointing=choice)  # fmt: skip
+    return TrainSettings.of(
+        global_batch_size=4,
+        seq_len=256,
+        precision="32-true",
+        accelerator="cpu",
+        activation_checkpointing=choice,
+    )
 
 
 @pytest.mark.parametrize(("choice", "tolerance"), [(0, 0.01), ("full", 1e-3), ("op", 1e-3)])
@@ -68,8 +83,9 @@ def _estimate(name, nodes, layout, **knobs):
 
     model = model_spec_of(name)
     hw = hardware(["hardware=dgx_h100", f"hardware.num_nodes={nodes}"])
-    return model, estimate(model, hw, layout, global_batch_size=8 * nodes, seq_len=4096,
-                           micro_batch_size=1, **knobs)  # fmt: skip
+    return model, estimate(
+        model, hw, layout, global_batch_size=8 * nodes, seq_len=4096, micro_batch_size=1, **knobs
+    )
 
 
 def model_spec_of(name):
@@ -119,14 +135,28 @@ def test_the_search_takes_ep_for_a_mixture_of_experts_and_reports_active_mfu():
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["model=mixtral_8x7b", "hardware=dgx_h100", "hardware.num_nodes=2",
-         "data.global_batch_size=64", "data.seq_len=4096"],  # ep
-        ["model=llama3_70b", "hardware=mixed_h100_a100", "data.global_batch_size=256",
-         "data.seq_len=4096"],  # split points by speed
-        ["model=llama3_8b", "hardware=dgx_h100", "hardware.num_nodes=4",
-         "data.seq_len=131072", "data.global_batch_size=32"],  # cp
+        [
+            "model=mixtral_8x7b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=2",
+            "data.global_batch_size=64",
+            "data.seq_len=4096",
+        ],  # ep
+        [
+            "model=llama3_70b",
+            "hardware=mixed_h100_a100",
+            "data.global_batch_size=256",
+            "data.seq_len=4096",
+        ],  # split points by speed
+        [
+            "model=llama3_8b",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=4",
+            "data.seq_len=131072",
+            "data.global_batch_size=32",
+        ],  # cp
     ],
-)  # fmt: skip
+)
 def test_strategy_auto_runs_the_layout_the_planner_chose(overrides):
     """strategy=auto's keyword arguments build the planner's layout, ep, cp and the speed
     split included (they were dropped, so auto ran another layout than it printed)."""
@@ -138,8 +168,9 @@ def test_strategy_auto_runs_the_layout_the_planner_chose(overrides):
 
     cfg = compose_config([*overrides, "strategy=auto", "paths.output_dir=."])
     hw = hardware_spec(cfg)
-    kwargs, _, description = planned_strategy(Batch.of_config(cfg.data), model_spec_of(
-        overrides[0].split("=")[1]), hw, None)  # fmt: skip
+    kwargs, _, description = planned_strategy(
+        Batch.of_config(cfg.data), model_spec_of(overrides[0].split("=")[1]), hw, None
+    )
     strategy = Parallel3DStrategy(**kwargs)
     layout = contract_of(strategy).layout_for(hw.resolved_devices(), hw.num_nodes)
     for name, value in layout.degrees().items():
@@ -170,8 +201,16 @@ def test_a_hugging_face_mixture_of_experts_is_planned_without_ep():
     from lightning_dist.config import compose_config, hardware_spec, model_spec
     from lightning_dist.planner import plan_layouts
 
-    cfg = compose_config(["model=hf_llama", "model.config.model_type=mixtral",
-                          "+model.config.num_local_experts=8", "+model.config.num_experts_per_tok=2",
-                          "hardware=dgx_h100", "hardware.num_nodes=2", "paths.output_dir=."])  # fmt: skip
+    cfg = compose_config(
+        [
+            "model=hf_llama",
+            "model.config.model_type=mixtral",
+            "+model.config.num_local_experts=8",
+            "+model.config.num_experts_per_tok=2",
+            "hardware=dgx_h100",
+            "hardware.num_nodes=2",
+            "paths.output_dir=.",
+        ]
+    )
     result = plan_layouts(model_spec(cfg), hardware_spec(cfg), global_batch_size=64, seq_len=256)
     assert result.candidates and all(c.layout.ep == 1 for c in result.candidates)

@@ -16,9 +16,13 @@ from lightning_dist.planner.traffic import allreduce_volume, dp_volumes
 from tests.unit.test_planner import hardware, model
 
 BLOOM_176B = ModelArgs(
-    dim=14336, n_layers=70, n_heads=112, vocab_size=250880, ffn_hidden_size=38208,
+    dim=14336,
+    n_layers=70,
+    n_heads=112,
+    vocab_size=250880,
+    ffn_hidden_size=38208,
     max_seq_len=2048,
-)  # fmt: skip
+)
 """BLOOM-176B's shape (BigScience, 2022: 70 layers, hidden 14336, 112 heads, vocabulary
 250880, sequence 2048) with its GELU MLP of 4h as a SwiGLU of 8h/3 (the same parameters:
 `planner/megatron.gpt_model_args`)."""
@@ -27,8 +31,7 @@ BLOOM_176B = ModelArgs(
 def test_a_176b_gpt_on_384_a100_gets_its_published_pp12_layout_with_uneven_stages():
     # BLOOM trained on tp4 x pp12 x dp8: 12 divides neither 70 nor is a power of two.
     assert 12 in pp_values(384 // 4, 70)
-    plan = plan_layouts(BLOOM_176B, hardware("dgx_a100", 48), global_batch_size=2048,
-                        seq_len=2048)  # fmt: skip
+    plan = plan_layouts(BLOOM_176B, hardware("dgx_a100", 48), global_batch_size=2048, seq_len=2048)
     assert plan.chosen is not None
     published = [
         c for c in plan.candidates if (c.layout.tp, c.layout.pp, c.layout.dp) == (4, 12, 8)
@@ -54,27 +57,53 @@ def test_interleaving_takes_microbatches_torch_splits_into_equal_rounds():
     llama, node = model("llama3_8b"), hardware("dgx_h100")
     # m = 10 on pp = 4: two rounds of 5 (torch's ScheduleInterleaved1F1B flex rounds).
     layout = Layout(pp=4, dp_replicate=2, schedule="Interleaved1F1B", virtual_stages=2)
-    c = estimate(llama, node, layout, global_batch_size=20, seq_len=2048, micro_batch_size=1,
-                 sharding="NO_SHARD")  # fmt: skip
+    c = estimate(
+        llama,
+        node,
+        layout,
+        global_batch_size=20,
+        seq_len=2048,
+        micro_batch_size=1,
+        sharding="NO_SHARD",
+    )
     assert c.layout.num_microbatches == 10 and c.time.bubble_fraction > 0
     with pytest.raises(ValueError, match=r"microbatches=9 to be a multiple of .* = 2"):
-        estimate(llama, node, layout, global_batch_size=18, seq_len=2048, micro_batch_size=1,
-                 sharding="NO_SHARD")  # fmt: skip
+        estimate(
+            llama,
+            node,
+            layout,
+            global_batch_size=18,
+            seq_len=2048,
+            micro_batch_size=1,
+            sharding="NO_SHARD",
+        )
 
 
 def test_more_chunks_than_layers_hold_an_embedding_only_and_a_loss_only_chunk():
     small = ModelArgs(dim=256, n_layers=6, n_heads=4, vocab_size=32000, ffn_hidden_size=512)
     node = hardware("dgx_h100")
     layout = Layout(pp=2, dp_replicate=4, schedule="Interleaved1F1B", virtual_stages=4)
-    c = estimate(small, node, layout, global_batch_size=16, seq_len=512, micro_batch_size=1,
-                 sharding="NO_SHARD")  # fmt: skip
+    c = estimate(
+        small,
+        node,
+        layout,
+        global_batch_size=16,
+        seq_len=512,
+        micro_batch_size=1,
+        sharding="NO_SHARD",
+    )
     chunks = [s.chunks for _, s in stage_shapes(small, c.layout)]
     assert sum(map(sum, chunks)) == 6 and chunks[0][0] == 0 and chunks[-1][-1] == 0
     assert "no embedding-only" in c.planner_only
     with pytest.raises(ValueError, match=r"exceeds n_layers=6 \+ 2"):
-        estimate(small, node, Layout(pp=2, dp_replicate=4, schedule="Interleaved1F1B",
-                                     virtual_stages=5),
-                 global_batch_size=16, seq_len=512, micro_batch_size=1)  # fmt: skip
+        estimate(
+            small,
+            node,
+            Layout(pp=2, dp_replicate=4, schedule="Interleaved1F1B", virtual_stages=5),
+            global_batch_size=16,
+            seq_len=512,
+            micro_batch_size=1,
+        )
 
 
 def test_zero1_shards_the_optimizer_over_dp_and_moves_an_all_reduces_bytes():
@@ -111,8 +140,13 @@ def test_zero1_shards_the_optimizer_over_dp_and_moves_an_all_reduces_bytes():
 def test_the_cli_marks_planner_only_rows_and_gives_them_no_command(capsys):
     from lightning_dist import plan
 
-    overrides = ["model=llama3_8b", "hardware=dgx_a100", "hardware.num_nodes=2",
-                 "data.global_batch_size=64", "data.seq_len=2048"]  # fmt: skip
+    overrides = [
+        "model=llama3_8b",
+        "hardware=dgx_a100",
+        "hardware.num_nodes=2",
+        "data.global_batch_size=64",
+        "data.seq_len=2048",
+    ]
     plan.main([*overrides, "--command", "all", "--top", "40"])
     out = capsys.readouterr().out
     assert "SHARD_OPTIMIZER" in out and "planner only, no command" in out

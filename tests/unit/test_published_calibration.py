@@ -67,8 +67,9 @@ def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
     from lightning_dist.published import holdout
 
     stored = holdout.load_fits()
-    errors = [e for s in holdout.SOURCES
-              for _, e, _ in holdout.relative_errors(stored["fits"][s], s)]  # fmt: skip
+    errors = [
+        e for s in holdout.SOURCES for _, e, _ in holdout.relative_errors(stored["fits"][s], s)
+    ]
     assert stored["band"] == pytest.approx(holdout.band(errors), abs=1e-9)
     low, high = holdout.prediction_band(46000)
     assert low < 46000 < high

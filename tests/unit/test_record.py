@@ -55,11 +55,22 @@ def test_comparison_table_names_jobs_by_the_overrides_that_differ(tmp_path):
         (tmp_path / str(job) / ".hydra" / "overrides.yaml").write_text(
             f"- strategy={strategy}\n- debug=fast\n"
         )
-        (tmp_path / str(job) / "summary.json").write_text(json.dumps({
-            "strategy": strategy, "world_size": 2, "steps": 3, "final_loss": loss,
-            "final_loss_smoothed": loss, "final_val_loss": None, "tokens_per_sec": 100.0 * (job + 1),
-            "peak_memory_bytes": [2**30], "mfu": None, "wall_seconds": 9.0,
-        }))  # fmt: skip
+        (tmp_path / str(job) / "summary.json").write_text(
+            json.dumps(
+                {
+                    "strategy": strategy,
+                    "world_size": 2,
+                    "steps": 3,
+                    "final_loss": loss,
+                    "final_loss_smoothed": loss,
+                    "final_val_loss": None,
+                    "tokens_per_sec": 100.0 * (job + 1),
+                    "peak_memory_bytes": [2**30],
+                    "mfu": None,
+                    "wall_seconds": 9.0,
+                }
+            )
+        )
     (tmp_path / "2" / ".hydra").mkdir(parents=True)  # a job that failed before its summary
     (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- strategy=3d\n- debug=fast\n")
     rows = job_rows(tmp_path)
@@ -88,19 +99,29 @@ def test_the_readmes_sweep_table_is_what_the_sweep_writes(tmp_path):
     header = [h for h, _, _ in COLUMNS]
     for line in shown[2:]:
         cells = dict(zip(header, [c.strip() for c in line.strip("|").split("|")], strict=True))
-        value = {k: None if v == "-" else float(v.rstrip("%").replace(",", "")) for k, v in cells.items()
-                 if k not in ("job", "overrides", "ranks", "steps")}  # fmt: skip
+        value = {
+            k: None if v == "-" else float(v.rstrip("%").replace(",", ""))
+            for k, v in cells.items()
+            if k not in ("job", "overrides", "ranks", "steps")
+        }
         job = tmp_path / cells["job"]
         (job / ".hydra").mkdir(parents=True)
         (job / ".hydra" / "overrides.yaml").write_text(f"- {cells['overrides']}\n- debug=fast\n")
-        (job / "summary.json").write_text(json.dumps({
-            "world_size": int(cells["ranks"]), "steps": int(cells["steps"]),
-            "final_loss": value["final loss"], "final_loss_smoothed": value["smoothed"],
-            "final_val_loss": value["val loss"], "tokens_per_sec": value["tokens/s"],
-            "peak_memory_bytes": [value["peak GiB"] * GIB],
-            "mfu": None if value["MFU"] is None else value["MFU"] / 100,
-            "wall_seconds": value["wall s"],
-        }))  # fmt: skip
+        (job / "summary.json").write_text(
+            json.dumps(
+                {
+                    "world_size": int(cells["ranks"]),
+                    "steps": int(cells["steps"]),
+                    "final_loss": value["final loss"],
+                    "final_loss_smoothed": value["smoothed"],
+                    "final_val_loss": value["val loss"],
+                    "tokens_per_sec": value["tokens/s"],
+                    "peak_memory_bytes": [value["peak GiB"] * GIB],
+                    "mfu": None if value["MFU"] is None else value["MFU"] / 100,
+                    "wall_seconds": value["wall s"],
+                }
+            )
+        )
     assert write_comparison(tmp_path).splitlines() == shown
 
 

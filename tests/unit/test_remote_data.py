@@ -42,13 +42,19 @@ def s3():
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                             "AWS_DEFAULT_REGION")}  # fmt: skip
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                      AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -78,8 +84,14 @@ def s3():
 
 
 def _module(sources, cache_dir, **kwargs) -> MixtureDataModule:
-    return MixtureDataModule(sources=sources, seq_len=32, global_batch_size=4, vocab_size=512,
-                             cache_dir=str(cache_dir), **kwargs)  # fmt: skip
+    return MixtureDataModule(
+        sources=sources,
+        seq_len=32,
+        global_batch_size=4,
+        vocab_size=512,
+        cache_dir=str(cache_dir),
+        **kwargs,
+    )
 
 
 def _same(a, b) -> bool:
@@ -131,8 +143,12 @@ def test_cache_cap_evicts_least_recently_used_and_refuses_a_shard_above_it(s3, t
     root = tmp_path / "remote"
 
     def fetch(path: str, cap: int) -> list[str]:
-        request = {"paths": [path], "format": "jsonl", "where": "data.sources[0].path",
-                   "storage_options": options}  # fmt: skip
+        request = {
+            "paths": [path],
+            "format": "jsonl",
+            "where": "data.sources[0].path",
+            "storage_options": options,
+        }
         return fetch_remote_sources([request], cache_root=root, cap_bytes=cap)[0]
 
     part0 = client.head_object(Bucket="corpus", Key="docs/part-0.jsonl")["ContentLength"]

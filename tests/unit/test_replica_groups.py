@@ -76,8 +76,11 @@ def test_the_group_comes_from_the_launchers_environment(monkeypatch):
 
 def test_the_launcher_sets_strategy_groups_and_ranks_and_refuses_a_disagreeing_override(capsys):
     assert group_overrides(["model=tiny", "hardware.devices=2"], 3, 2) == [
-        "strategy=ft_hsdp", "strategy.replica_groups=3", "hardware.devices=2", "model=tiny",
-    ]  # fmt: skip
+        "strategy=ft_hsdp",
+        "strategy.replica_groups=3",
+        "hardware.devices=2",
+        "model=tiny",
+    ]
     with pytest.raises(SystemExit) as exit_:
         group_overrides(["strategy=fsdp2"], 2, 2)
     assert exit_.value.code == 2

@@ -41,12 +41,19 @@ class NaNAt(L.LightningModule):
 
 
 def _fit(module: L.LightningModule, callback: L.Callback, steps: int = 6) -> None:
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)),
-                                       batch_size=4)  # fmt: skip
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4
+    )
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, callbacks=[callback], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
 
 

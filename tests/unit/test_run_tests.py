@@ -45,8 +45,11 @@ def test_the_quiet_tests_are_left_out_of_the_parallel_dist_phase_and_run_alone(r
 
 
 def test_workers_get_the_heaviest_modules_first_and_unknown_ones_count_as_heavy(run_tests):
-    recorded = {"tests.cluster.test_slurm": 199.0, "tests.cluster.test_elastic_agents": 125.0,
-                "tests.cluster.test_process_ends": 35.0}  # fmt: skip
+    recorded = {
+        "tests.cluster.test_slurm": 199.0,
+        "tests.cluster.test_elastic_agents": 125.0,
+        "tests.cluster.test_process_ends": 35.0,
+    }
     order = run_tests.heaviest_first(["tests/cluster"], recorded)
     assert order[:2] == ["tests/cluster/test_slurm.py", "tests/cluster/test_elastic_agents.py"]
     assert order[-1] == "tests/cluster/test_process_ends.py"  # the only one under 60 s
@@ -68,8 +71,10 @@ def test_the_slowest_files_sum_their_tests(run_tests):
         (5.0, "e2e", "tests.e2e.test_b::one"),
         (1.0, "unit", "tests.unit.test_c::one"),
     ]
-    assert run_tests.slowest_files(cases, 2) == [(7.0, "tests.dist.test_a"),
-                                                 (5.0, "tests.e2e.test_b")]  # fmt: skip
+    assert run_tests.slowest_files(cases, 2) == [
+        (7.0, "tests.dist.test_a"),
+        (5.0, "tests.e2e.test_b"),
+    ]
 
 
 def test_test_modules_have_unique_basenames_so_plain_pytest_collects_every_tier():

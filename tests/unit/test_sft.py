@@ -26,8 +26,9 @@ from lightning_dist.lm.tokenizer import ByteTokenizer
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.run.errors import ConfigError
 
-ARGS = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=260,
-                 ffn_hidden_size=64, max_seq_len=64)  # fmt: skip
+ARGS = ModelArgs(
+    dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=260, ffn_hidden_size=64, max_seq_len=64
+)
 
 
 def chat_file(path, n: int = 40):
@@ -48,9 +49,13 @@ def chat_file(path, n: int = 40):
 
 def test_default_template_trains_the_assistant_turn_and_its_end():
     pieces = ChatRenderer(None, None).pieces(
-        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-         {"role": "user", "content": "unanswered"}], "x",
-    )  # fmt: skip
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "unanswered"},
+        ],
+        "x",
+    )
     tok = ByteTokenizer()
     ids, mask = encode_conversation(pieces, tok)
     assert tok.decode(ids) == "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n"
@@ -70,8 +75,9 @@ def _hand_loss(module, batches) -> torch.Tensor:
     for batch in batches:
         tokens, mask = batch["tokens"], batch["loss_mask"][:, 1:].bool()
         logits = module.model(tokens[:, :-1])
-        per_token = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(),
-                                    reduction="none")  # fmt: skip
+        per_token = F.cross_entropy(
+            logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none"
+        )
         losses.append(per_token[mask.flatten()])
     return torch.cat(losses).mean()
 
@@ -82,8 +88,9 @@ def test_loss_is_the_mean_over_trained_targets_of_the_global_batch(tmp_path, mic
     if mixed:  # a text source beside it: its windows trained on whole
         (tmp_path / "prose.txt").write_text("the quick brown fox jumps over the lazy dog. " * 60)
         sources.append({"path": str(tmp_path / "prose.txt"), "weight": 1.0})
-    dm = MixtureDataModule(sources=sources, seq_len=32, global_batch_size=4,
-                           micro_batch_size=micro, val_fraction=0.2)  # fmt: skip
+    dm = MixtureDataModule(
+        sources=sources, seq_len=32, global_batch_size=4, micro_batch_size=micro, val_fraction=0.2
+    )
     loader = iter(dm.train_dataloader())
     batches = [next(loader) for _ in range(4 // micro)]  # the first step's global batch
     if mixed:
@@ -111,8 +118,10 @@ def test_prompt_positions_get_no_gradient():
     targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE)
     module.loss_fn(logits, targets).backward()
     prompt, response = logits.grad[:, :8], logits.grad[:, 8:]
-    print(f"max |grad| at prompt positions {prompt.abs().max():.3e}, at response "
-          f"{response.abs().max():.3e}")  # fmt: skip
+    print(
+        f"max |grad| at prompt positions {prompt.abs().max():.3e}, at response "
+        f"{response.abs().max():.3e}"
+    )
     assert torch.equal(prompt, torch.zeros_like(prompt)) and response.abs().min(-1).values.all()
 
 
@@ -123,8 +132,10 @@ def test_a_tokenizer_folder_chat_template_is_used(tmp_path):
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
     tok.save(str(tmp_path / "tokenizer.json"))
-    template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-                "{% if add_generation_prompt %}[assistant]{% endif %}")  # fmt: skip
+    template = (
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     found = load_chat_template(str(tmp_path / "tokenizer.json"))
     pieces = ChatRenderer(found, str(tmp_path / "tokenizer.json")).pieces(

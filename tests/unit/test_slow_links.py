@@ -80,8 +80,15 @@ def test_the_strategies_refuse_what_they_cannot_run():
 def _debug_model():
     from lightning_dist.models.args import ModelArgs
 
-    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
-                     ffn_hidden_size=128, max_seq_len=64)  # fmt: skip
+    args = ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=128,
+        ffn_hidden_size=128,
+        max_seq_len=64,
+    )
     torch.manual_seed(0)
     model = args.build()
     model.init_weights()

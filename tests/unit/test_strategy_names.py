@@ -33,8 +33,10 @@ def test_an_old_schema_name_in_a_users_yaml_composes_with_one_deprecation_line(t
     check_config_text(cfg, choices={})
     assert cfg.strategy.tp == 2 and cfg.strategy.dp_shard == -1  # the 3d preset's fields
     err = capsys.readouterr().err.splitlines()
-    assert err == ["warning: deprecated: the strategy name 'schema_parallel3d' is now 'schema_3d'; "
-                   "the old one still works (runtime/strategy_names.RENAMED) but will go"]  # fmt: skip
+    assert err == [
+        "warning: deprecated: the strategy name 'schema_parallel3d' is now 'schema_3d'; "
+        "the old one still works (runtime/strategy_names.RENAMED) but will go"
+    ]
 
 
 def test_the_old_registry_name_builds_the_strategy_with_one_deprecation_line(capsys):

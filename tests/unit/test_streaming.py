@@ -25,8 +25,9 @@ def corpus(folder) -> list[dict]:
     (folder / "records").mkdir()
     (folder / "text").mkdir()
     for f in range(3):
-        lines = [json.dumps({"body": f"record {f}-{k} " + "word " * (k % 13 + 2)})
-                 for k in range(90)]  # fmt: skip
+        lines = [
+            json.dumps({"body": f"record {f}-{k} " + "word " * (k % 13 + 2)}) for k in range(90)
+        ]
         (folder / "records" / f"{f}.jsonl").write_text("\n".join(lines) + "\n")
     for i in range(5):
         (folder / "text" / f"{i}.txt").write_text("".join(f"line {j} of {i}\n" for j in range(9)))
@@ -39,8 +40,9 @@ def corpus(folder) -> list[dict]:
 
 def read(sources, *, rank=0, ranks=1, micro=G, start=0, streams=None, drawn=None):
     """Steps start .. STEPS - 1 of one rank: a list of micro-batches per step."""
-    dm = MixtureDataModule(sources=sources, seq_len=12, global_batch_size=G, val_batches=1,
-                           val_fraction=0.2, seed=3)  # fmt: skip
+    dm = MixtureDataModule(
+        sources=sources, seq_len=12, global_batch_size=G, val_batches=1, val_fraction=0.2, seed=3
+    )
     dm.setup("fit")
     if drawn is not None:
         dm.plan_of_samples.restore(start, drawn)
@@ -57,12 +59,12 @@ def test_the_stream_is_the_same_on_any_ranks_and_resumes_exactly(tmp_path):
     one, dm = read(sources)
     reference = [torch.cat(step) for step in one]
     for ranks, micro in ((2, 2), (4, 1)):
-        per_rank = [read(sources, rank=r, ranks=ranks, micro=micro)[0]
-                    for r in range(ranks)]  # fmt: skip
+        per_rank = [read(sources, rank=r, ranks=ranks, micro=micro)[0] for r in range(ranks)]
         for step in range(STEPS):
             # micro-step a of rank r holds global positions (a * ranks + r) * micro ...
-            pieces = [per_rank[r][step][a] for a in range(G // (micro * ranks))
-                      for r in range(ranks)]  # fmt: skip
+            pieces = [
+                per_rank[r][step][a] for a in range(G // (micro * ranks)) for r in range(ranks)
+            ]
             assert torch.equal(torch.cat(pieces), reference[step]), (ranks, step)
     assert dm.train_set.streams[1].epoch >= 2, "the text source passes several epochs"
     for at in (11, 17, 23):
@@ -71,8 +73,9 @@ def test_the_stream_is_the_same_on_any_ranks_and_resumes_exactly(tmp_path):
         assert positions["text"]["draw"] == drawn[1]
         for streams in (positions, None):  # from the saved position; replayed from the start
             resumed, _ = read(sources, start=at, streams=streams, drawn=drawn)
-            assert all(torch.equal(torch.cat(s), r) for s, r in
-                       zip(resumed, reference[at:], strict=True)), (at, streams)  # fmt: skip
+            assert all(
+                torch.equal(torch.cat(s), r) for s, r in zip(resumed, reference[at:], strict=True)
+            ), (at, streams)
 
 
 def test_an_exhausted_source_starts_its_next_epoch_in_a_new_order(tmp_path):
@@ -80,8 +83,9 @@ def test_an_exhausted_source_starts_its_next_epoch_in_a_new_order(tmp_path):
     spec = dm.sources[1].spec  # the text source: one chunk holds a whole epoch
 
     def epochs(count: int) -> list[list[tuple]]:
-        stream = WindowStream(spec, seq_len=12, shuffle_windows=1000, num_workers=0,
-                              position=None, keep_draws=G)  # fmt: skip
+        stream = WindowStream(
+            spec, seq_len=12, shuffle_windows=1000, num_workers=0, position=None, keep_draws=G
+        )
         by_epoch: dict[int, list[tuple]] = {}
         while len(by_epoch) <= count:
             window = stream.take(stream.draw)

@@ -43,12 +43,18 @@ def test_theoretical_bubble():
 
 
 def test_mfu_uses_palm_flops_and_dense_peak():
-    args = ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
-                     ffn_hidden_size=14336)  # fmt: skip
+    args = ModelArgs(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_hidden_size=14336
+    )
     h100 = HardwareSpec(name="dgx_h100", accelerator="gpu", devices=8, peak_tflops_bf16=989)
-    ctx = RunContext(hardware=h100, layout=Layout(dp_shard=8), precision="bf16-mixed",
-                     seq_len=8192, global_batch_size=64,
-                     flops_per_token=args.train_flops_per_token(8192))  # fmt: skip
+    ctx = RunContext(
+        hardware=h100,
+        layout=Layout(dp_shard=8),
+        precision="bf16-mixed",
+        seq_len=8192,
+        global_batch_size=64,
+        flops_per_token=args.train_flops_per_token(8192),
+    )
     monitor = ThroughputMFU()
     monitor.bind(ctx)
     rates = monitor.rates(step_seconds=10.0, world_size=8)
@@ -56,8 +62,14 @@ def test_mfu_uses_palm_flops_and_dense_peak():
     expected = args.train_flops_per_token(8192) * tokens_per_sec / (989e12 * 8)
     assert rates["tokens_per_sec"] == pytest.approx(tokens_per_sec)
     assert rates["mfu"] == pytest.approx(expected)
-    cpu = RunContext(hardware=HardwareSpec(), layout=Layout(), precision="32-true", seq_len=8,
-                     global_batch_size=1, flops_per_token=1.0)  # fmt: skip
+    cpu = RunContext(
+        hardware=HardwareSpec(),
+        layout=Layout(),
+        precision="32-true",
+        seq_len=8,
+        global_batch_size=1,
+        flops_per_token=1.0,
+    )
     assert cpu.mfu(1000.0, 1) is None
 
 
@@ -123,11 +135,21 @@ def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, fitte
     from lightning_dist.train import train
 
     trainers = fitted_trainers
-    cfg = compose("model=llama_debug", "data=synthetic", "data.seq_len=32",
-                  "data.global_batch_size=4", "data.micro_batch_size=2", "strategy=single",
-                  "logger=none", "trainer.max_steps=6", "trainer.log_every_n_steps=1",
-                  "trainer.val_check_interval=null", "callbacks.progress.plain_every_n_steps=3",
-                  "callbacks.throughput.every_n_steps=3", "callbacks.comm.first_step=2")  # fmt: skip
+    cfg = compose(
+        "model=llama_debug",
+        "data=synthetic",
+        "data.seq_len=32",
+        "data.global_batch_size=4",
+        "data.micro_batch_size=2",
+        "strategy=single",
+        "logger=none",
+        "trainer.max_steps=6",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=null",
+        "callbacks.progress.plain_every_n_steps=3",
+        "callbacks.throughput.every_n_steps=3",
+        "callbacks.comm.first_step=2",
+    )
     summary = train(cfg)
     (trainer,) = trainers
     assert trainer.accumulate_grad_batches == 2
@@ -158,7 +180,13 @@ def test_memory_by_category_measures_the_configured_step_or_none(compose, step, 
     from lightning_dist.run.build import run_callbacks
     from lightning_dist.run.plan import plan_run
 
-    plan = plan_run(compose("model=llama_debug", "data=synthetic", "strategy=single",
-                            f"trainer.memory_by_category_step={step}"))  # fmt: skip
+    plan = plan_run(
+        compose(
+            "model=llama_debug",
+            "data=synthetic",
+            "strategy=single",
+            f"trainer.memory_by_category_step={step}",
+        )
+    )
     callbacks = run_callbacks(plan, RunStats(tokens_per_step=1))
     assert [c.step for c in callbacks if isinstance(c, MemoryByCategory)] == measured

@@ -16,9 +16,14 @@ from lightning_dist.parallel.tp import check_tp, match_plan, plan_for
 
 DEBUG = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_hidden_size=128)
 HF_CONFIG = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=128, vocab_size=512, max_position_embeddings=64,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    max_position_embeddings=64,
+)
 
 
 def meta(build):
@@ -86,8 +91,10 @@ def test_a_fused_style_is_parsed_and_checked():
 
     assert "colwise_fused(n)" in TP_STYLES
     assert [fused_parts(s) for s in ("colwise_fused(3)", "colwise_fused( 2 )", "colwise")] == [
-        3, 2, None,
-    ]  # fmt: skip
+        3,
+        2,
+        None,
+    ]
     matched = check_tp(gpt(), 2)
     assert matched["blocks.3.attn.qkv"] == "colwise_fused(3)"
     for style, message in [
