@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from lightning_dist._compat import module_internals
 from lightning_dist.layout import Layout, balanced_split  # noqa: F401 (re-exported)
 from lightning_dist.models.moe import moe_layers, take_aux_loss
 from lightning_dist.models.protocol import PipelineLayers
@@ -126,19 +127,25 @@ class StageBlocks(nn.ModuleDict):
     """
 
     def __iter__(self):
-        return iter(self._modules.values())
+        return iter(self._children().values())
 
     def __getitem__(self, key):
+        children = self._children()
         if isinstance(key, str):
-            return self._modules[key]
+            return children[key]
         if isinstance(key, slice):
-            return nn.ModuleList(list(self._modules.values())[key])
-        return list(self._modules.values())[key]
+            return nn.ModuleList(list(children.values())[key])
+        return list(children.values())[key]
 
     def __contains__(self, item) -> bool:
+        children = self._children()
         if isinstance(item, str):
-            return item in self._modules
-        return any(item is block for block in self._modules.values())
+            return item in children
+        return any(item is block for block in children.values())
+
+    def _children(self) -> dict:
+        # ModuleDict's own registry: this class redefines the dict API ModuleDict would read it by.
+        return module_internals(self).modules
 
 
 def cut_stage(model: nn.Module, blocks: list[str], *, first: bool, last: bool) -> nn.Module:

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dist._compat import config_child, config_is_none
 from lightning_dist.config.schemas import DeprecatedParallel3DSchema, TrainSchema
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
@@ -46,8 +47,8 @@ def check_keys(cfg: DictConfig, path: str = "") -> None:
                     f"check the spelling, or drop the override of {where}"
                 )
     for key in cfg:
-        child = cfg._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none():
+        child = config_child(cfg, key)
+        if isinstance(child, DictConfig) and not config_is_none(child):
             check_keys(child, f"{path}.{key}" if path else str(key))
 
 
@@ -110,8 +111,6 @@ def check_target_arguments(cfg: DictConfig) -> None:
     import inspect
 
     from hydra.utils import get_object
-
-    from lightning_dist._compat import config_child, config_is_none
 
     nodes = [("logger", config_child(cfg, "logger"))]
     callbacks = config_child(cfg, "callbacks")
