@@ -9,12 +9,14 @@ applies the layout to a meta-device model and materialises this rank's part;
 `runtime.train_step(micro_batches, loss_fn, optimizer, max_norm=...)` runs one optimizer step
 (the pipeline schedule or a forward and backward per micro-batch, the context-parallel cut,
 clipping by the whole model's gradient norm) and returns the loss averaged over every rank;
-`runtime.save(path, [optimizer])` writes the checkpoint folder that `train.py
-trainer.ckpt_path=...` (any strategy, any layout) reads too.
+`runtime.save(path, [optimizer])` writes a checkpoint folder in the format of every strategy:
+`python -m lightning_dist.checkpoint inspect PATH` describes it and `train.py
+trainer.init_from=PATH` (any strategy, any layout) starts from its weights.
 
 With the defaults below (those of `python train.py model=llama_debug data=synthetic
-trainer.max_steps=10`) every layout prints the losses of that Trainer run
-(tests/dist/test_mesh_runtime_dist.py holds them to 1e-6).
+trainer.max_steps=10`) every layout prints the losses of that Trainer run: within 1e-6
+relative of its single-process run (tests/dist/test_mesh_runtime_dist.py), and equal to the
+Trainer's run of the same layout (tp2 and fsdp2, measured once).
 """
 
 from __future__ import annotations

@@ -319,6 +319,22 @@ def is_weights_only(path: Path) -> bool:
     )
 
 
+LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
+"""A key Lightning writes into every checkpoint's metadata; a plain loop's folder has none."""
+
+
+def require_lightning_state(path: Path) -> None:
+    """CheckpointError (one line) when `path` was written by a plain PyTorch loop over the mesh
+    runtime (lightning_dist/mesh/): its weights and optimizer state are in the format, but not
+    the Trainer's loop state, so a Trainer starts from its weights instead of resuming it."""
+    if LIGHTNING_VERSION_KEY not in read_meta(path):
+        raise CheckpointError(
+            f"checkpoint {path} was written by a plain PyTorch loop (lightning_dist.mesh), "
+            f"without the Trainer's loop state; start from its weights with "
+            f"trainer.init_from={path}"
+        )
+
+
 def require_resumable(path: Path) -> None:
     """CheckpointError (one line) when `path` holds weights only."""
     if is_weights_only(path):

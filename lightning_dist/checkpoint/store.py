@@ -354,7 +354,11 @@ def verify_checkpoint(path: Path, model: Any) -> None:
     process group exists."""
     import torch
 
-    from lightning_dist.checkpoint.format import check_model_shapes, require_resumable
+    from lightning_dist.checkpoint.format import (
+        check_model_shapes,
+        require_lightning_state,
+        require_resumable,
+    )
     from lightning_dist.checkpoint.manifest import cannot_read, open_manifest
     from lightning_dist.checkpoint.weights import (
         CheckpointError,
@@ -377,4 +381,5 @@ def verify_checkpoint(path: Path, model: Any) -> None:
     with torch.device("meta"):
         built = model.build()
     shapes = {f"{MODEL_PREFIX}{name}": tuple(t.shape) for name, t in built.state_dict().items()}
-    check_model_shapes(path, shapes)
+    check_model_shapes(path, shapes)  # reads DCP's .metadata, through the restricted reader
+    require_lightning_state(path)  # a plain loop's folder: trainer.init_from too

@@ -10,7 +10,8 @@ It holds what a run needs between its steps and knows nothing of Lightning:
   forward and backward, the gradient accumulation, clipping by the norm of the whole model's
   gradient, the optimizer's step, and the loss's mean over micro-batches and ranks;
 - the checkpoint state in the one format of every strategy, under the single-process names
-  (pipeline stages merged), so a plain loop and a Lightning run read each other's folders.
+  (pipeline stages merged), so any layout loads it and `train.py trainer.init_from=` starts
+  from a plain loop's weights.
 
 The Lightning adapter (`lightning_dist.strategies.parallel3d`) forwards to the same methods.
 """

@@ -23,7 +23,6 @@ Its presets are `Parallel3DStrategy` (`3d`, `tp`, `pp`), `FSDP2Strategy` and `FT
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -35,7 +34,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from typing_extensions import override
@@ -50,14 +48,14 @@ from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.context_parallel import context_parallel_of
 from lightning_dist.parallel.parallelize import dp_mesh, optimizers_to_device, shard_children
 from lightning_dist.parallel.precision import check_param_dtype
-from lightning_dist.parallel.tp import plain_tensor
 from lightning_dist.runtime.refusal import Refusal, install_refusal_hook, refusals
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
+from lightning_dist.strategies.process_group import TorchProcessGroup
 from lightning_dist.strategies.user_path import explain_stage_errors
 
 
-class MeshStrategy(LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
+class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
     """Any layout of the mesh runtime for any LightningModule; see the module's docstring.
 
     Every knob is a keyword argument named as in `conf/strategy/3d.yaml` (`tp=2`,
@@ -128,16 +126,6 @@ class MeshStrategy(LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
     # --- processes, mesh, data ------------------------------------------------------------
 
     @property
-    @override
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
     def is_distributed(self) -> bool:  # read by Lightning for strategies it does not know
         return True
 
@@ -164,39 +152,6 @@ class MeshStrategy(LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
         self.place_on_nodes(self.runtime.mesh)
         set_module_device_mesh(self.lightning_module, self.runtime.mesh)
 
-    def join_process_group(self) -> None:
-        """Under torchrun restarts, join this attempt's key space first (cluster/elastic.py)."""
-        from lightning_dist.cluster.elastic import init_process_group_for_attempt
-
-        init_process_group_for_attempt(self.backend(), self.timeout or default_pg_timeout)
-
-    def backend(self) -> str:
-        """The process group's backend: the configured one, else the device's."""
-        return self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-
-    def set_world_ranks(self) -> None:
-        """Tell the cluster environment and the rank-zero helpers this process's rank."""
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(
-                self.node_rank * self.num_processes + self.local_rank
-            )
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
-
-    def init_process_group(self) -> None:
-        """The default process group over the cluster environment's ranks, unless it exists."""
-        if torch.distributed.is_initialized():
-            return
-        env = self.cluster_environment
-        assert env is not None
-        os.environ["MASTER_ADDR"] = env.main_address
-        os.environ["MASTER_PORT"] = str(env.main_port)
-        device = self.root_device if self.root_device.type != "cpu" else None
-        torch.distributed.init_process_group(
-            self.backend(), rank=self.global_rank, world_size=self.world_size,
-            timeout=self.timeout or default_pg_timeout, device_id=device,
-        )  # fmt: skip
-
     @property
     def pipelined(self) -> bool:  # type: ignore[override]  # the contract's
         return self.runtime is not None and self.runtime.pipeline is not None
@@ -217,37 +172,6 @@ class MeshStrategy(LightningDistStrategy, ScriptLauncherHook, ParallelStrategy):
     @override
     def lightning_restore_optimizer(self) -> bool:
         return False  # load_checkpoint reads the optimizers with the model
-
-    @override
-    def barrier(self, name: str | None = None) -> None:
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not torch.distributed.is_initialized():
-            return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src)
-        return box[0]
-
-    @override
-    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
-        """The sum or mean over ranks of a detached copy (a DTensor's full value first: the
-        loss under loss parallelism); the caller's tensor is never modified."""
-        if not isinstance(tensor, torch.Tensor) or not torch.distributed.is_initialized():
-            return tensor
-        value = plain_tensor(tensor)
-        mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
-        if isinstance(reduce_op, str):
-            op = getattr(torch.distributed.ReduceOp, "SUM" if mean else reduce_op.upper())
-        else:
-            op = reduce_op
-        torch.distributed.all_reduce(value, op=op, group=group)
-        if mean:  # gloo has no average
-            size = torch.distributed.get_world_size(group)
-            value = (value / size).to(value.dtype)
-        return value
 
     # --- the model ------------------------------------------------------------------------
 

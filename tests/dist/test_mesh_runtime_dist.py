@@ -8,7 +8,8 @@ multi-rank Trainer runs to it), and the loop takes every setting from the same c
 (model, data, seed, optimizer, schedule, clipping), so no Trainer runs here. Measured on the
 machine that wrote it: 1.5e-7 relative (9.5e-7 absolute) for each layout, and 0.0 against the
 Trainer path of the same layout (tp2 and fsdp2, trained through `train(cfg)` beside it). A
-checkpoint the runtime writes under pp2 loads, resharded, into tp2 with the same weights.
+checkpoint the runtime writes under pp2 loads, resharded, into tp2 with the same weights; the
+Trainer refuses to resume it (it holds no loop state) in one line naming `trainer.init_from`.
 """
 
 from __future__ import annotations
@@ -80,4 +81,12 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
         str(tmp_path / "step2"),
     )
     assert moved[0]["tensors"] > 0 and moved[0]["max_difference"] == 0.0, moved[0]
-    assert moved[0]["manifest_layout"]["pp"] == 2
+    assert moved[0]["manifest_layout"]["pp"] == 2 and moved[0]["meta_step"] == 2
+
+    # The Trainer starts from its weights (trainer.init_from); a resume is refused in one line.
+    from lightning_dist.checkpoint.safe import CheckpointError
+    from lightning_dist.checkpoint.store import verify_checkpoint
+    from lightning_dist.models.args import ModelArgs
+
+    with pytest.raises(CheckpointError, match="plain PyTorch loop .* trainer.init_from="):
+        verify_checkpoint(tmp_path / "step2", ModelArgs(**model))
