@@ -27,6 +27,7 @@ from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
 from lightning_dist.checkpoint.fence import FolderFence
 from lightning_dist.checkpoint.format import is_weights_only
 from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX
+from lightning_dist.options.knobs import options_of
 from lightning_dist.options.saving import SaveOptions
 
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
@@ -145,7 +146,7 @@ class RunCheckpoints:
         c = trainer.checkpoint
         return cls(
             dirpath=Path(c.dirpath or Path(run_dir) / "checkpoints"),
-            saving=SaveOptions.of(c),
+            saving=options_of(SaveOptions, c),
             resume=trainer.resume,
             ckpt_path=trainer.ckpt_path,
             init_from=trainer.init_from,

@@ -20,6 +20,7 @@ from lightning_dist import options
 from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs, MoEArgs
+from lightning_dist.options.data import DataSource
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.options.saving import SaveOptions
 from lightning_dist.options.trainer import PlanOptions, TrainerOptions
@@ -30,18 +31,38 @@ CONF_MODULE = "lightning_dist.conf"
 """The configs as a Python package: Hydra's `pkg://lightning_dist.conf` search path."""
 
 
-def _with_target(cls: type, target: str, name: str) -> type:
-    """A schema dataclass: `_target_` followed by the fields of dataclass `cls`, importable as
-    `lightning_dist.config.schemas.<name>`, so a config pickled to a Slurm job (the submitit launcher)
-    finds its schema there instead of a copy without fields."""
-    fields = [("_target_", str, field(default=target))]
+def _fields_of(cls: type, nested: dict[type, type] | None = None) -> list[tuple[str, Any, Any]]:
+    """The fields of dataclass `cls` as `make_dataclass` takes them: the same names, types (a
+    field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults; a field whose
+    default is an option class of `nested` gets that class's schema."""
+    out: list[tuple[str, Any, Any]] = []
     for f in dataclasses.fields(cls):
+        schema = (nested or {}).get(type(f.default))
+        if schema is not None:
+            out.append((f.name, schema, field(default_factory=schema)))
+            continue
         default = (
             field(default_factory=f.default_factory)
             if f.default_factory is not dataclasses.MISSING
             else field(default=f.default)
         )
-        fields.append((f.name, f.type, default))
+        out.append((f.name, f.metadata.get("hydra_type") or f.type, default))
+    return out
+
+
+def knob_schema(cls: type, name: str, nested: dict[type, type] | None = None) -> type:
+    """The Hydra schema of an option class whose fields are `knob()`s, generated so that each
+    setting is declared once, in its option class (see `_fields_of`)."""
+    return dataclasses.make_dataclass(
+        name, _fields_of(cls, nested), kw_only=True, namespace={"__module__": __name__}
+    )
+
+
+def _with_target(cls: type, target: str, name: str) -> type:
+    """A schema dataclass: `_target_` followed by the fields of dataclass `cls`, importable as
+    `lightning_dist.config.schemas.<name>`, so a config pickled to a Slurm job (the submitit launcher)
+    finds its schema there instead of a copy without fields."""
+    fields = [("_target_", str, field(default=target)), *_fields_of(cls)]
     return dataclasses.make_dataclass(
         name, fields, kw_only=True, namespace={"__module__": __name__}
     )
@@ -71,21 +92,9 @@ class DocumentPackingSchema:
     that takes a document mask (ours; not Hugging Face models)."""
 
 
-def _source_schema() -> type:
-    """The schema of one `data.sources` entry: the fields of `options.data.DataSource`, with
-    their defaults (generated, so each is declared once; a misspelt key fails at compose)."""
-    from lightning_dist.options.data import DataSource
-
-    fields = [
-        (f.name, f.metadata.get("hydra_type") or f.type, field(default=f.default))
-        for f in dataclasses.fields(DataSource)
-    ]
-    return dataclasses.make_dataclass(
-        "SourceSchema", fields, kw_only=True, namespace={"__module__": __name__}
-    )
-
-
-SourceSchema = _source_schema()
+SourceSchema = knob_schema(DataSource, "SourceSchema")
+"""One `data.sources` entry: the fields of `options.data.DataSource` (a misspelt key fails at
+compose)."""
 
 
 @dataclass(kw_only=True)
@@ -208,26 +217,6 @@ FTHSDPSchema = _strategy_schema(
 AutoSchema = _strategy_schema(
     "auto", _STRATEGIES + "parallel3d.Parallel3DStrategy", "auto", "AutoSchema"
 )
-
-
-def knob_schema(cls: type, name: str, nested: dict[type, type] | None = None) -> type:
-    """The Hydra schema of an option class whose fields are `knob()`s: the same names, types (a
-    field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults, generated so
-    that each setting is declared once, in its option class. A field whose default is an option
-    class of `nested` gets that class's schema."""
-    out: list[tuple[str, Any, Any]] = []
-    for f in dataclasses.fields(cls):
-        schema = (nested or {}).get(type(f.default))
-        if schema is not None:
-            out.append((f.name, schema, field(default_factory=schema)))
-            continue
-        default = (
-            field(default_factory=f.default_factory)
-            if f.default_factory is not dataclasses.MISSING
-            else field(default=f.default)
-        )
-        out.append((f.name, f.metadata.get("hydra_type") or f.type, default))
-    return dataclasses.make_dataclass(name, out, kw_only=True, namespace={"__module__": __name__})
 
 
 OptimSchema = knob_schema(OptimOptions, "OptimSchema")

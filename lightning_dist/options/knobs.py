@@ -8,7 +8,8 @@ Python, no torch and no Lightning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from lightning_dist.options.activation_checkpointing import (
@@ -40,6 +41,21 @@ def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_ty
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def options_of(cls: type, settings: Any) -> Any:
+    """An option class built from a composed config node, a mapping or any object with its
+    fields: each field read by name, a list-like value as a list, a field whose default is an
+    option class built the same way (`trainer.checkpoint` inside `trainer`)."""
+    values = {}
+    for f in fields(cls):
+        value = settings.get(f.name) if isinstance(settings, Mapping) else getattr(settings, f.name)
+        if is_dataclass(f.default):
+            value = options_of(type(f.default), value)
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            value = list(value)
+        values[f.name] = value
+    return cls(**values)
 
 
 def check_reshard(reshard_after_forward: bool | int, shard_size: int | None = None) -> None:

@@ -5,8 +5,7 @@ option classes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from lightning_dist.options.knobs import knob
 
@@ -45,13 +44,3 @@ class OptimOptions:
             if not ok:
                 shown = list(value) if name == "betas" else value
                 raise ValueError(f"optim.{name}={shown} must be {requirement}")
-
-    @classmethod
-    def of(cls, settings: Any) -> OptimOptions:
-        """From a mapping or an object with the fields (the composed `optim` node)."""
-        get = settings.get if hasattr(settings, "get") else lambda k, d: getattr(settings, k, d)
-        values = {f.name: get(f.name, None) for f in fields(cls)}
-        values = {k: v for k, v in values.items() if v is not None}
-        if "betas" in values:
-            values["betas"] = [float(b) for b in values["betas"]]
-        return cls(**values)

@@ -4,8 +4,7 @@ with `knob()`. The Hydra schema `CheckpointSchema` is generated from this class
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from lightning_dist.options.knobs import knob
 
@@ -32,8 +31,3 @@ class SaveOptions:
         "Write sharded checkpoints in the background (fsdp2 and 3d); the next save and "
         "the end of training wait for the previous one.",
     )
-
-    @classmethod
-    def of(cls, settings: Any) -> SaveOptions:
-        """From the composed `trainer.checkpoint` node (or any object with the fields)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})

@@ -5,8 +5,7 @@ Their ranges are checked with the rest of a composed config (`run.checks.check_n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from lightning_dist.options.knobs import knob
 from lightning_dist.options.saving import SaveOptions
@@ -82,12 +81,6 @@ class TrainerOptions:
     deterministic: bool = knob(False, "Lightning's deterministic algorithms switch.")
     benchmark: bool = knob(False, "Lightning's cudnn.benchmark switch (GPU only).")
 
-    @classmethod
-    def of(cls, settings: Any) -> TrainerOptions:
-        """From the composed `trainer` node (or any object with the fields)."""
-        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
-        return cls(**{**values, "checkpoint": SaveOptions.of(values["checkpoint"])})
-
 
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions:
@@ -105,7 +98,3 @@ class PlanOptions:
         "process group, fake tensors), run one step, print each dry-run rank's bytes beside the "
         "planner's, and exit (lightning_dist/run/dry_run.py).",
     )
-
-    @classmethod
-    def of(cls, settings: Any) -> PlanOptions:
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})

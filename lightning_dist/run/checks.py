@@ -18,6 +18,7 @@ from lightning_dist._compat import config_child, config_is_none
 from lightning_dist.config.schemas import DeprecatedParallel3DSchema, TrainSchema
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
+from lightning_dist.options.knobs import options_of
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.runtime.console import warn_once
 from lightning_dist.runtime.strategy_names import deprecation_line
@@ -91,7 +92,7 @@ def check_numbers(cfg: DictConfig) -> None:
             value = OmegaConf.to_container(value)
         if not ok(value):
             raise ValueError(f"{key}={value} must be {requirement}")
-    OptimOptions.of(cfg.optim)  # ValueError naming optim.<field>
+    options_of(OptimOptions, cfg.optim)  # ValueError naming optim.<field>
     if cfg.optim.lr == 0:
         warn_once("optim.lr=0: the weights will not change; set optim.lr above 0 to train")
 

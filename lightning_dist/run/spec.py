@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dist.config import hardware_spec, model_spec
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch
+from lightning_dist.options.knobs import options_of
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.options.trainer import PlanOptions, TrainerOptions
 
@@ -80,9 +81,9 @@ class RunSpec:
             batch=Batch.of_config(data),
             strategy=cfg.strategy,
             data=data,
-            trainer=TrainerOptions.of(cfg.trainer),
-            optim=OptimOptions.of(cfg.optim),
-            plan=PlanOptions.of(cfg.plan),
+            trainer=options_of(TrainerOptions, cfg.trainer),
+            optim=options_of(OptimOptions, cfg.optim),
+            plan=options_of(PlanOptions, cfg.plan),
             run_dir=Path(cfg.paths.output_dir),
             seed=int(cfg.seed),
             run_name=_run_name(cfg.get("run_name"), choices),
