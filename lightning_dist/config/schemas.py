@@ -24,6 +24,7 @@ from lightning_dist.options.data import DataSource
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.options.saving import SaveOptions
 from lightning_dist.options.trainer import PlanOptions, TrainerOptions
+from lightning_dist.runtime.strategy_names import RENAMED
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 """The YAML configs: `lightning_dist/conf/`, package data (`CONF_MODULE` to Hydra)."""
@@ -202,15 +203,6 @@ FSDP2Schema = _strategy_schema("fsdp2", _STRATEGIES + "fsdp2.FSDP2Strategy", "fs
 Parallel3DSchema = _strategy_schema(
     "3d", _STRATEGIES + "parallel3d.Parallel3DStrategy", "3d", "Parallel3DSchema"
 )
-DeprecatedParallel3DSchema = dataclasses.make_dataclass(
-    "DeprecatedParallel3DSchema",
-    [],
-    bases=(Parallel3DSchema,),
-    kw_only=True,
-    namespace={"__module__": __name__},
-)
-"""`/schema_parallel3d`, the old name of `/schema_3d` in a user's YAML: the same fields; a config
-composed with it prints a deprecation line (`run.checks.check_config_text`)."""
 FTHSDPSchema = _strategy_schema(
     "ft_hsdp", _STRATEGIES + "ft_hsdp.FTHSDPStrategy", "ft_hsdp", "FTHSDPSchema"
 )
@@ -294,10 +286,26 @@ SCHEMAS: dict[str, type] = {
     "schema_fsdp": FSDPSchema,
     "schema_fsdp2": FSDP2Schema,
     "schema_3d": Parallel3DSchema,
-    "schema_parallel3d": DeprecatedParallel3DSchema,
     "schema_ft_hsdp": FTHSDPSchema,
 }
 """Each group config's schema, by the name its YAML's defaults list gives (`/schema_<name>`)."""
+
+RENAMED_SCHEMAS: dict[type, str] = {}
+"""The old schema names of `runtime/strategy_names.RENAMED` (`/schema_parallel3d` in a user's
+YAML), each a subclass of its new schema with the same fields, by the old name: a config composed
+with one prints a deprecation line (`run.checks.check_config_text`)."""
+for _old, _new in RENAMED.items():
+    if _old.startswith("schema_"):
+        _schema = dataclasses.make_dataclass(
+            f"Renamed_{_old}",
+            [],
+            bases=(SCHEMAS[_new],),
+            kw_only=True,
+            namespace={"__module__": __name__},
+        )
+        globals()[_schema.__name__] = _schema  # importable by name, as `_with_target` says why
+        RENAMED_SCHEMAS[_schema] = _old
+        SCHEMAS[_old] = _schema
 
 
 register_schemas()

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dist._compat import config_child, config_is_none
-from lightning_dist.config.schemas import DeprecatedParallel3DSchema, TrainSchema
+from lightning_dist.config.schemas import RENAMED_SCHEMAS, TrainSchema
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
 from lightning_dist.options.knobs import options_of
@@ -145,8 +145,9 @@ def check_config_text(cfg: DictConfig, choices: dict[str, Any] | None = None) ->
         from hydra.core.hydra_config import HydraConfig
 
         choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    if OmegaConf.get_type(cfg.strategy) is DeprecatedParallel3DSchema:
-        warn_once(deprecation_line("schema_parallel3d"))
+    renamed = RENAMED_SCHEMAS.get(OmegaConf.get_type(cfg.strategy))  # type: ignore[arg-type]
+    if renamed:
+        warn_once(deprecation_line(renamed))
     check_targets(cfg, load=False)
     check_keys(cfg)
     check_choices(choices)

@@ -231,7 +231,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "_compat": (),
     "models": ("_compat",),
     # what reads configs, plans, applies parallelism and measures; no Lightning glue, no lm/
-    "config": ("options", "models", "hardware", "layout", "_compat"),
+    "config": ("options", "models", "hardware", "layout", "_compat", "runtime"),
     "contract": ("layout", "models", "options"),
     "planner": ("layout", "options", "hardware", "models"),
     "parallel": ("layout", "options", "models", "_compat"),
@@ -341,6 +341,7 @@ def test_lower_layers_do_not_import_upper_ones():
         "lightning_dist.models": ("lightning_dist.models", "lightning_dist._compat"),
         "lightning_dist.config": (
             "lightning_dist.config",
+            "lightning_dist.runtime",
             "lightning_dist.options",
             "lightning_dist.models",
             "lightning_dist.hardware",
