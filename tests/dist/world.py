@@ -24,6 +24,7 @@ import gc
 import importlib
 import multiprocessing as mp
 import os
+import random
 import socket
 import sys
 import time
@@ -40,10 +41,24 @@ PRELOAD = ["world", "torch.distributed", "lightning.pytorch", "lightning_dist.ru
 """What the fork server imports before it forks any rank."""
 
 
+PORTS = range(20000, 32000)
+"""Where `free_port` draws from: below Linux's ephemeral range (32768 and up), so no outgoing
+connection of another test (gloo opens hundreds) takes the port between this check and the
+listener's bind; a port the kernel hands out for bind(0) lies in that range and can."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that nothing listens on now, drawn at random from `PORTS`."""
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS} after 100 draws")
 
 
 def init_group(timeout_s: float = 120.0) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,10 @@ import pytest
 
 from lightning_dist.data.remote import fetch_remote_sources
 from lightning_dist.lm.data import MixtureDataModule
+from tests.dist.world import free_port
 
 SECRET_KEY = "planted-remote-secret-0000"
 DOCS = [json.dumps({"text": f"document {i} " + "word " * (20 + i)}) for i in range(40)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +33,7 @@ def s3():
     while the module runs."""
     pytest.importorskip("moto")
     boto3 = pytest.importorskip("boto3")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
