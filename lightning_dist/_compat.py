@@ -1,11 +1,16 @@
 """Every private name of torch, Lightning, Hydra, OmegaConf, wandb or transformers the project
 needs, in one place: `PRIVATE_NAMES` lists each (attribute, hook override, import, patch), with
 whose it is, where we use it, why no public API serves and the version it was checked on; the
-helpers below wrap the accesses that are easy to route here.
+helpers below wrap every access, so no other module names one. A private hook that one of our
+classes overrides is a class here (`ParallelStyleHook`, `MemTrackerHooks`, `ModelSetupHook`,
+`ScriptLauncherHook`), mixed in before the foreign base: its override calls a public method that
+our subclass implements.
 
 `tests/unit/test_compat.py` parses every module of the package and fails on a private name that is
-not listed, and checks that each listed name still exists where its entry says, so an upgrade
-that moves one fails there with its name, not deep inside a training run. Nothing here is
+not listed or that is used outside this module, and checks that each listed name still exists
+where its entry says, so an upgrade that moves one fails there with its name, not deep inside a
+training run. Patches of public attributes (`module.forward = ...`) stay registered where they
+are made. Nothing here is
 imported eagerly: the planner reads the package on machines without Lightning.
 
 Checked on torch 2.13.0, lightning 2.6.6, hydra-core 1.3.8, omegaconf 2.3.1, wandb 0.31.0 and
@@ -24,15 +29,23 @@ of its own, which 2.11's tracks, so the meter's numbers for DTensor layouts may 
 
 from __future__ import annotations
 
+import atexit
+import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from typing_extensions import override
 
-if TYPE_CHECKING:  # what `ScriptLauncherHook` is mixed into, for the type checker only
+if TYPE_CHECKING:  # what the hook classes below are mixed into, for the type checker only
     from lightning.pytorch.strategies import ParallelStrategy as _MixedInto
+    from lightning.pytorch.strategies import Strategy as _Strategy
+    from torch import nn
+    from torch.distributed._tools.mem_tracker import MemTracker as _MemTracker
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle as _ParallelStyle
 else:
-    _MixedInto = object
+    _MixedInto = _Strategy = _MemTracker = _ParallelStyle = object
 
 LIGHTNING_CHECKPOINT_METADATA = "meta.pt"
 """Lightning's `lightning.fabric.utilities.load._METADATA_FILENAME`: the file beside the DCP shards
@@ -529,6 +542,150 @@ def sigterm_broadcast_once_per_step(trainer: Any) -> None:
     loop._broadcast_sigterm_tensor = once_per_step
 
 
+def functional_collective_ops() -> Any:
+    """`torch.ops._c10d_functional`, the op namespace of the functional collectives that DTensor
+    and tensor parallelism issue. Selective activation checkpointing keeps an op's output by
+    its handle (parallel/activation_checkpoint.py); torch has no public namespace for them."""
+    import torch
+
+    return torch.ops._c10d_functional
+
+
+ATTENTION_KERNELS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
+"""The `torch.ops.aten` kernels `scaled_dot_product_attention` dispatches to (private op names;
+the public op is decomposed into one of them before selective checkpointing sees it)."""
+
+
+def checkpoint_wrapped_module(module: Any) -> Any:
+    """The module inside a torch checkpoint wrapper (its `_checkpoint_wrapped_module`), or None
+    when `module` is no wrapper. The wrapper has no public accessor; parallel/compile.py
+    compiles the wrapper in each block's place."""
+    return getattr(module, "_checkpoint_wrapped_module", None)
+
+
+def hf_block_class_names(module: Any) -> tuple[str, ...]:
+    """The block class names a Hugging Face model lists in `_no_split_modules` (empty for any
+    other module): its own word on which classes are its repeated blocks, as Accelerate reads
+    it too. parallel/fsdp.py wraps and checkpoints those; transformers has no public accessor."""
+    return tuple(getattr(module, "_no_split_modules", None) or ())
+
+
+def run_thread_exit_hooks() -> None:
+    """Run the hooks `threading` keeps for interpreter shutdown (`threading._threading_atexits`,
+    newest first), as shutdown runs them before it joins the threads: concurrent.futures stops
+    its workers there. runtime/process_end.py ends a process by `os._exit` after Python's own
+    exit work and must run them itself; there is no public call."""
+    for hook in reversed(list(threading._threading_atexits)):  # type: ignore[attr-defined]
+        hook()
+
+
+def run_atexit_handlers() -> None:
+    """Run (and clear) the `atexit` handlers now, as interpreter exit would
+    (`atexit._run_exitfuncs`): runtime/process_end.py then skips the C++ teardown with
+    `os._exit`; no public call."""
+    atexit._run_exitfuncs()
+
+
+def colwise_input_fn(style: Any) -> Any:
+    """A `ColwiseParallel` style's own input preparation, bound to its layouts (the private
+    static `_prepare_input_fn`), for `distribute_module`: parallel/fused.py's column-parallel
+    style prepares its input exactly as torch's does, which has no public form of it."""
+    return partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts)
+
+
+def rowwise_embedding_partition_fn(style: Any) -> Any:
+    """A `RowwiseParallel` style's own sharding of an embedding's weight by rows (the private
+    `_partition_embedding_fn`), for `distribute_module`: parallel/tp.py's vocab-parallel
+    embedding shards it so; no public form."""
+    return style._partition_embedding_fn
+
+
+def rowwise_output_fn(style: Any) -> Any:
+    """A `RowwiseParallel` style's own output redistribution (partial sums to its
+    `output_layouts`), bound to its layouts (the private static `_prepare_output_fn`), for
+    `distribute_module`: parallel/tp.py's vocab-parallel embedding ends as a row-parallel layer
+    does; no public form."""
+    return partial(style._prepare_output_fn, style.output_layouts, style.use_local_output)
+
+
+def stored_precision_plugin(strategy: Any) -> Any:
+    """The precision plugin set on a Lightning strategy (`Strategy._precision_plugin`), or None.
+    strategies/fsdp.py overrides the public `precision_plugin` property (a default built for
+    that strategy when none is set), so the stored one cannot be read through it."""
+    return strategy._precision_plugin
+
+
+class ParallelStyleHook(_ParallelStyle):
+    """Mixed in before torch's `ParallelStyle` in a tensor-parallel style of ours:
+    `parallelize_module` applies a style through its private `_apply`, the one method a custom
+    style implements (torch's own styles do); here it calls the public `apply_to`, which ours
+    implement instead."""
+
+    def apply_to(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        """Parallelize `module` over `device_mesh` and return it (ParallelStyle's `_apply`)."""
+        raise NotImplementedError(f"{type(self).__name__} implements no apply_to")
+
+    @override
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return self.apply_to(module, device_mesh)
+
+
+class MemTrackerHooks(_MemTracker):
+    """Mixed in before torch's `MemTracker` (see `mem_tracker_class`): its three private
+    methods below are where measure/step_memory.py changes what it counts (a closure-style
+    optimizer step, peak activations, FSDP1's non-leaf parameter views). Each calls a public
+    method that a subclass overrides; those call MemTracker's own by default."""
+
+    def register_optimizer_hooks(self) -> None:
+        """MemTracker's `_register_global_optimizer_hook`: count optimizer state from each
+        `optimizer.step()` on."""
+        super()._register_global_optimizer_hook()
+
+    def update_peak_stats(self, peak_state: Any) -> None:
+        """MemTracker's `_update_peak_stats`: record a new peak of `peak_state`'s kind."""
+        super()._update_peak_stats(peak_state)
+
+    def track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        """MemTracker's `_track_module_params_and_buffers`: (param, buffer) bytes of `module`,
+        hooking its parameters' gradients if `install_grad_hooks`."""
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    @override
+    def _register_global_optimizer_hook(self) -> None:
+        self.register_optimizer_hooks()
+
+    @override
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        self.update_peak_stats(peak_state)
+
+    @override
+    def _track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        return self.track_module_params_and_buffers(module, install_grad_hooks)
+
+
+class ModelSetupHook(_Strategy):
+    """Mixed in before Lightning's `FSDPStrategy` (strategies/fsdp.py): its `setup` wraps the
+    model through the private `_setup_model`, and Lightning has no public hook for it; here it
+    calls the public `wrap_model`, which our strategy overrides (by default Lightning's own)."""
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The model as the strategy trains it (Lightning's `_setup_model`: FSDP1-wrapped)."""
+        return super()._setup_model(model)
+
+    @override
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        return self.wrap_model(model)
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 KINDS = {
@@ -659,21 +816,18 @@ _ENTRIES = (
            "lightning_dist.parallel.activation_checkpoint",
            "the functional collectives DTensor issues; selective checkpointing keeps their "
            "outputs by op handle, and there is no public namespace", TORCH,
-           probe="torch.ops._c10d_functional.all_reduce"),
+           via="functional_collective_ops", probe="torch.ops._c10d_functional.all_reduce"),
     *(
         _entry(f"torch.ops.aten.{op}", "torch.ops.aten", "attribute",
-               "lightning_dist.parallel.activation_checkpoint", _SDPA, TORCH)
-        for op in (
-            "_scaled_dot_product_flash_attention",
-            "_scaled_dot_product_flash_attention_for_cpu",
-            "_scaled_dot_product_efficient_attention",
-            "_scaled_dot_product_cudnn_attention",
-        )
+               "lightning_dist.parallel.activation_checkpoint", _SDPA, TORCH,
+               via="ATTENTION_KERNELS")
+        for op in ATTENTION_KERNELS
     ),
     # --- torch: attributes and hooks on classes -------------------------------------------------
     _entry("_checkpoint_wrapped_module", f"{_CKPT_WRAPPER}.ActivationWrapper", "attribute",
            "lightning_dist.parallel.compile",
-           "a checkpoint wrapper's inner module; the wrapper has no public accessor", TORCH),
+           "a checkpoint wrapper's inner module; the wrapper has no public accessor", TORCH,
+           via="checkpoint_wrapped_module"),
     _entry("_parameters", _MODULE, "attribute",
            ("lightning_dist.checkpoint.canonical", "lightning_dist.parallel.fused"),
            "see module_internals", TORCH, via="module_internals"),
@@ -704,18 +858,20 @@ _ENTRIES = (
     _entry("_apply", "torch.distributed.tensor.parallel.ParallelStyle", "hook",
            ("lightning_dist.parallel.tp", "lightning_dist.parallel.fused",
             "lightning_dist.parallel.sequence_parallel"),
-           "the one method a custom tensor-parallel style implements (torch's styles do)", TORCH),
+           "the one method a custom tensor-parallel style implements (torch's styles do)", TORCH,
+           via="ParallelStyleHook"),
     _entry("_partition_embedding_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
            "attribute", "lightning_dist.parallel.tp",
            "RowwiseParallel's own sharding of an embedding, reused for the same placements",
-           TORCH),
+           TORCH, via="rowwise_embedding_partition_fn"),
     _entry("_prepare_input_fn", "torch.distributed.tensor.parallel.ColwiseParallel",
            "attribute", "lightning_dist.parallel.fused",
            "ColwiseParallel's own input preparation, reused by the fused column-parallel style",
-           TORCH),
+           TORCH, via="colwise_input_fn"),
     _entry("_prepare_output_fn", "torch.distributed.tensor.parallel.RowwiseParallel",
            "attribute", "lightning_dist.parallel.tp",
-           "RowwiseParallel's own output redistribution, reused for the same layouts", TORCH),
+           "RowwiseParallel's own output redistribution, reused for the same layouts", TORCH,
+           via="rowwise_output_fn"),
     _entry("_get_metadata_path", "torch.distributed.checkpoint.FileSystemReader", "attribute",
            "lightning_dist.checkpoint.safe", "the .metadata file a reader opens; no accessor",
            TORCH, via="dcp_metadata_path"),
@@ -724,9 +880,9 @@ _ENTRIES = (
                "Lightning's closure-style step and a pipeline's repeated module calls need "
                "MemTracker's internals changed (see measure/step_memory.py)", TORCH, via=via)
         for name, kind, via in (
-            ("_register_global_optimizer_hook", "hook", ""),
-            ("_update_peak_stats", "hook", ""),
-            ("_track_module_params_and_buffers", "hook", ""),
+            ("_register_global_optimizer_hook", "hook", "MemTrackerHooks"),
+            ("_update_peak_stats", "hook", "MemTrackerHooks"),
+            ("_track_module_params_and_buffers", "hook", "MemTrackerHooks"),
             ("_curr_mem_snap", "attribute", "mem_tracker_current"),
             ("_in_opt", "attribute", "mem_tracker_enter_optimizer"),
             ("_mod_tracker", "attribute", "mem_tracker_replace_module_hooks"),
@@ -786,10 +942,11 @@ _ENTRIES = (
     _entry("_setup_model", "lightning.pytorch.strategies.Strategy", "hook",
            "lightning_dist.strategies.fsdp",
            "where FSDPStrategy.setup wraps the model in FSDP1 (our wrap policy and checkpointing)",
-           LIGHTNING),
+           LIGHTNING, via="ModelSetupHook"),
     _entry("_precision_plugin", "lightning.pytorch.strategies.Strategy", "attribute",
            "lightning_dist.strategies.fsdp",
-           "the stored plugin behind the `precision_plugin` property we override", LIGHTNING),
+           "the stored plugin behind the `precision_plugin` property we override", LIGHTNING,
+           via="stored_precision_plugin"),
     _entry("clip_grad_by_norm", "lightning.pytorch.plugins.precision.Precision", "patch",
            "lightning_dist.strategies.mesh",
            "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
@@ -839,17 +996,18 @@ _ENTRIES = (
     # --- transformers ---------------------------------------------------------------------------
     _entry("_no_split_modules", "transformers.PreTrainedModel", "attribute",
            "lightning_dist.parallel.fsdp",
-           "an HF model's own list of its block classes (Accelerate reads it too)", TRANSFORMERS),
+           "an HF model's own list of its block classes (Accelerate reads it too)", TRANSFORMERS,
+           via="hf_block_class_names"),
     _entry(HF_INITIALIZED_FLAG, "transformers.PreTrainedModel", "attribute",
            "lightning_dist.models.hf", "see HF_INITIALIZED_FLAG", TRANSFORMERS,
            via="HF_INITIALIZED_FLAG"),
     # --- the standard library -------------------------------------------------------------------
     _entry("atexit._run_exitfuncs", "atexit", "attribute", "lightning_dist.runtime.process_end",
            "runs the atexit handlers now, as interpreter exit would, before os._exit skips the "
-           "C++ teardown; no public call", PYTHON),
+           "C++ teardown; no public call", PYTHON, via="run_atexit_handlers"),
     _entry("threading._threading_atexits", "threading", "attribute", "lightning_dist.runtime.process_end",
            "the hooks threading's shutdown runs before joining threads (concurrent.futures "
-           "stops its workers there); no public call", PYTHON),
+           "stops its workers there); no public call", PYTHON, via="run_thread_exit_hooks"),
     _entry("excepthook", "sys", "patch", "lightning_dist.runtime.refusal",
            "Python's documented hook for unhandled exceptions, wrapped (the hook before is "
            "called for all but our refusals) so that a user's own script prints a refusal in "

@@ -20,6 +20,15 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from lightning_dist._compat import (
+    MemTrackerHooks,
+    in_backward,
+    mem_tracker_class,
+    mem_tracker_current,
+    mem_tracker_enter_optimizer,
+    mem_tracker_replace_module_hooks,
+)
+
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temps", "total")
 
 
@@ -71,8 +80,6 @@ class _NoModuleHooks:
 
     @property
     def is_bw(self) -> bool:
-        from lightning_dist._compat import in_backward
-
         return in_backward()
 
     def register_user_hooks(self, *hooks) -> None:
@@ -89,15 +96,9 @@ class _NoModuleHooks:
 
 
 def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
-    from lightning_dist._compat import (
-        mem_tracker_class,
-        mem_tracker_current,
-        mem_tracker_replace_module_hooks,
-    )
-
     MemTracker = mem_tracker_class()
 
-    class Tracker(MemTracker):
+    class Tracker(MemTrackerHooks, MemTracker):
         def __init__(self) -> None:
             super().__init__()
             if not module_hooks:
@@ -106,26 +107,26 @@ def _tracker_class(optimizer_hooks: bool, module_hooks: bool = True):
         # The tracker counts everything after `optimizer.step()` begins as optimizer state. A
         # closure-style step (Lightning's) runs forward and backward inside it, so there the
         # caller marks the optimizer's own part with `StepMemoryMeter.optimizer_step_begins`.
-        def _register_global_optimizer_hook(self):
+        def register_optimizer_hooks(self):
             if optimizer_hooks:
-                super()._register_global_optimizer_hook()
+                super().register_optimizer_hooks()
 
         # The peak snapshot holds the activations alive at the peak, which is 0 when the peak is
         # in the optimizer step; their own high-water mark is the number that matters.
-        def _update_peak_stats(self, peak_state):
-            super()._update_peak_stats(peak_state)
+        def update_peak_stats(self, peak_state):
+            super().update_peak_stats(peak_state)
             for dev, snap in mem_tracker_current(self).items():
                 act = sum(v for k, v in snap.items() if getattr(k, "value", k) == "Activation")
                 self.peak_activations[dev] = max(self.peak_activations.get(dev, 0), act)
 
         # FSDP1 swaps parameters for non-leaf views while a unit is gathered, and gradient hooks
         # cannot be registered on those; gradients are counted from the tensors instead.
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        def track_module_params_and_buffers(self, module, install_grad_hooks=True):
             if all(p.is_leaf for p in module.parameters()):
-                return super()._track_module_params_and_buffers(module, install_grad_hooks)
+                return super().track_module_params_and_buffers(module, install_grad_hooks)
             with warnings.catch_warnings():  # it reads `.grad` of those views
                 warnings.simplefilter("ignore", UserWarning)
-                return super()._track_module_params_and_buffers(module, False)
+                return super().track_module_params_and_buffers(module, False)
 
     return Tracker
 
@@ -163,8 +164,6 @@ class StepMemoryMeter:
 
     def optimizer_step_begins(self) -> None:
         """From here on, new tensors are optimizer state or its temporaries."""
-        from lightning_dist._compat import mem_tracker_enter_optimizer
-
         if self._tracker is not None:
             mem_tracker_enter_optimizer(self._tracker)
 

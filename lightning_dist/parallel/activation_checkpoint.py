@@ -35,6 +35,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from lightning_dist._compat import (
+    ATTENTION_KERNELS,
+    checkpoint_wrapper_api,
+    functional_collective_ops,
+)
 from lightning_dist.options.activation_checkpointing import (  # noqa: F401 (re-exported)
     CheckpointChoice,
     parse_activation_checkpointing,
@@ -58,11 +63,8 @@ def saved_ops() -> list:
     Row-parallel matmuls are the exception (`SelectivePolicy`)."""
     return [
         *_ops(torch.ops.aten, MATMULS),
-        *_ops(torch.ops.aten, (
-            "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        )),
-        *_ops(torch.ops._c10d_functional, (
+        *_ops(torch.ops.aten, ATTENTION_KERNELS),
+        *_ops(functional_collective_ops(), (
             "all_reduce", "reduce_scatter_tensor", "all_to_all_single",
         )),
     ]  # fmt: skip
@@ -156,8 +158,6 @@ def apply_activation_checkpointing(
     model (checkpointing then runs inside each FSDP unit); both keep parameter names but add a
     `_checkpoint_wrapped_module.` segment.
     """
-    from lightning_dist._compat import checkpoint_wrapper_api
-
     choice = parse_activation_checkpointing(every_n)
     if not choice.enabled:
         return model

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from lightning_dist._compat import async_collective_tensor_class
+from lightning_dist._compat import async_collective_tensor_class, checkpoint_wrapped_module
 from lightning_dist.parallel.fsdp import block_modules
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def block_slots(model: nn.Module, block_types: Sequence[type[nn.Module]]) -> lis
     """The module standing in each block's place: the block, or its checkpoint wrapper."""
     wrappers = {}
     for module in model.modules():
-        inner = getattr(module, "_checkpoint_wrapped_module", None)
+        inner = checkpoint_wrapped_module(module)
         if inner is not None:
             wrappers[id(inner)] = module
     return [wrappers.get(id(b), b) for b in block_modules(model, block_types)]

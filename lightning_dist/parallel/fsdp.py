@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
+from lightning_dist._compat import hf_block_class_names
 from lightning_dist.options.knobs import check_reshard
 from lightning_dist.parallel.fused import fused_shard_placement
 from lightning_dist.parallel.precision import MixedDtypes
@@ -31,7 +32,7 @@ def block_classes_present(model: nn.Module) -> list[str]:
     present = {type(m).__name__ for m in model.modules()}
     candidates: list[str] = []
     for module in model.modules():
-        candidates += list(getattr(module, "_no_split_modules", None) or ())
+        candidates += hf_block_class_names(module)
         if type(module).__name__ in KNOWN_BLOCKS:
             candidates.append(type(module).__name__)
         if isinstance(module, (nn.ModuleList, nn.ModuleDict)):

@@ -39,7 +39,12 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.parallel import ColwiseParallel
 
-from lightning_dist._compat import module_internals, strided_shard_class
+from lightning_dist._compat import (
+    ParallelStyleHook,
+    colwise_input_fn,
+    module_internals,
+    strided_shard_class,
+)
 
 FUSED_STYLE = re.compile(r"colwise_fused\(\s*(-?\d+)\s*\)")
 # Leaf-name fragments of fused projections (nanoGPT's c_attn, GPT-NeoX's query_key_value,
@@ -86,7 +91,7 @@ def _check_shardable(name: str, style: str, rows: int, shard_size: int) -> None:
         )
 
 
-class FusedColwiseParallel(ColwiseParallel):
+class FusedColwiseParallel(ParallelStyleHook, ColwiseParallel):
     """A fused projection (one `nn.Linear` computing `parts` tensors side by side) split part
     by part over the TP ranks: its weight held as [parts, out / parts, in] and its bias as
     [parts, out / parts], both `Shard(1)`. The input is replicated as for ColwiseParallel; the
@@ -97,15 +102,12 @@ class FusedColwiseParallel(ColwiseParallel):
         super().__init__()
         self.parts = parts
 
-    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+    def apply_to(self, module: nn.Module, device_mesh) -> nn.Module:
         if not isinstance(module, nn.Linear):
             raise ValueError(
                 f"TP style 'colwise_fused({self.parts})' needs an nn.Linear, got "
                 f"{type(module).__name__}"
             )
-        prepare_input = partial(
-            self._prepare_input_fn, self.input_layouts, self.desired_input_layouts
-        )
         setattr(module, FUSED_PARTS, self.parts)
         # The class's own forward (nn.Linear's, a float8 Linear's), on the flat views.
         module.forward = partial(_on_flat_views, module, partial(type(module).forward, module))  # type: ignore[method-assign]
@@ -115,7 +117,7 @@ class FusedColwiseParallel(ColwiseParallel):
             module,
             device_mesh,
             self._partition_fused,
-            prepare_input,
+            colwise_input_fn(self),
             _local_output,  # type: ignore[arg-type]
         )
 

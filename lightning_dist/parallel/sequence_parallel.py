@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from lightning_dist._compat import saved_tensors_hooks_active
+from lightning_dist._compat import ParallelStyleHook, saved_tensors_hooks_active
 
 
 class _Shard:
@@ -61,14 +61,14 @@ class _SavedView:
         )
 
 
-class GatherSequenceInput(ParallelStyle):
+class GatherSequenceInput(ParallelStyleHook, ParallelStyle):
     """Gather a sub-block's first input from sequence shards (dim 1) and save only the shard.
 
     The other positional inputs (rotary tables, masks) pass through untouched. The sub-block
     receives a replicated DTensor, as with `PrepareModuleInput(Shard(1) -> Replicate())`.
     """
 
-    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+    def apply_to(self, module: nn.Module, device_mesh) -> nn.Module:
         module.register_forward_pre_hook(lambda mod, args: _enter(mod, args, device_mesh))
         module.register_forward_hook(lambda mod, args, out: _exit(mod), always_call=True)
         return module

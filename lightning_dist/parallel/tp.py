@@ -37,6 +37,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from lightning_dist._compat import (
+    ParallelStyleHook,
+    rowwise_embedding_partition_fn,
+    rowwise_output_fn,
+)
 from lightning_dist.models.protocol import TP_STYLES
 from lightning_dist.parallel.fused import (
     FUSED_NAMES,
@@ -281,7 +286,7 @@ def _vocab_parallel_lookup(module: nn.Embedding, tokens: torch.Tensor) -> DTenso
     return DTensor.from_local(out, weight.device_mesh, [Partial()], run_check=False)
 
 
-class VocabParallelEmbedding(RowwiseParallel):
+class VocabParallelEmbedding(ParallelStyleHook, RowwiseParallel):
     """Rows of an `nn.Embedding` split over the TP ranks, looked up on local tensors.
 
     The tokens stay plain (replicated) tensors; each rank masks those outside its rows, and the
@@ -289,7 +294,7 @@ class VocabParallelEmbedding(RowwiseParallel):
     sequence parallelism, else an all-reduce). The weight's gradient is the local rows only.
     """
 
-    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+    def apply_to(self, module: nn.Module, device_mesh) -> nn.Module:
         if not isinstance(module, nn.Embedding):
             raise ValueError(
                 f"TP style 'embedding' needs an nn.Embedding, got {type(module).__name__}"
@@ -298,9 +303,9 @@ class VocabParallelEmbedding(RowwiseParallel):
         return distribute_module(
             module,
             device_mesh,
-            self._partition_embedding_fn,
+            rowwise_embedding_partition_fn(self),
             None,
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+            rowwise_output_fn(self),
         )
 
 

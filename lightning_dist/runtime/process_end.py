@@ -27,13 +27,13 @@ process it is left to `os._exit` (`ending()` tells the exit hook that would dest
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import sys
 import threading
 from datetime import timedelta
 
+from lightning_dist._compat import run_atexit_handlers, run_thread_exit_hooks
 from lightning_dist.runtime.console import print_line
 
 THREAD_JOIN_S = 30.0
@@ -116,13 +116,12 @@ def end_process(code: int = 0, signum: int | None = None) -> None:
     without the C++ destructors of its teardown (see the module doc). Never returns."""
     _ending.append(True)
     try:
-        for hook in reversed(list(threading._threading_atexits)):
-            hook()  # what threading's shutdown runs first: concurrent.futures stops its workers
+        run_thread_exit_hooks()  # what threading's shutdown runs first
         current = threading.current_thread()
         for thread in threading.enumerate():
             if thread is not current and not thread.daemon and thread.is_alive():
                 thread.join(THREAD_JOIN_S)
-        atexit._run_exitfuncs()  # what Py_Finalize would run; it also clears them
+        run_atexit_handlers()  # what Py_Finalize would run; it also clears them
     finally:
         _flush_output()
         if signum is not None:

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from typing_extensions import override
 
+from lightning_dist._compat import ModelSetupHook, stored_precision_plugin
 from lightning_dist.layout import Layout, batch_plan
 from lightning_dist.options import FSDP1_HYBRID, PRESETS, StrategyOptions, group_knobs
 from lightning_dist.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -64,7 +65,7 @@ class GlobalNormFSDPPrecision(FSDPPrecision):
         self._strategy.model.clip_grad_norm_(clip_val)
 
 
-class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
+class TunedFSDPStrategy(LightningDistStrategy, ModelSetupHook, FSDPStrategy):
     """FSDP1 with the tuned recipe (see docs/FSDP.md).
 
     Its knobs are keyword arguments named as in `conf/strategy/fsdp.yaml`, declared and
@@ -178,7 +179,7 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
 
     @property
     def precision_plugin(self) -> FSDPPrecision:
-        plugin = self._precision_plugin
+        plugin = stored_precision_plugin(self)
         return plugin if plugin is not None else GlobalNormFSDPPrecision("32-true", strategy=self)
 
     @precision_plugin.setter
@@ -241,12 +242,12 @@ class TunedFSDPStrategy(LightningDistStrategy, FSDPStrategy):
     # a single process's, so parity runs use this route.
 
     @override
-    def _setup_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
-            return super()._setup_model(model)  # the user wrapped it in configure_model
+            return super().wrap_model(model)  # the user wrapped it in configure_model
         block_types = sharding.check_auto_wrap(model, self.options.sharding.auto_wrap)
         policy = ModuleWrapPolicy(set(block_types)) if block_types else None
         wrapped = FullyShardedDataParallel(
