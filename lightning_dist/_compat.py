@@ -10,8 +10,8 @@ our subclass implements.
 not listed or that is used outside this module, and checks that each listed name still exists
 where its entry says, so an upgrade that moves one fails there with its name, not deep inside a
 training run. Patches of public attributes (`module.forward = ...`) stay registered where they
-are made. Nothing here is
-imported eagerly: the planner reads the package on machines without Lightning.
+are made. Nothing here is imported eagerly: the planner reads the package on machines without
+Lightning.
 
 Checked on torch 2.13.0, lightning 2.6.6, hydra-core 1.3.8, omegaconf 2.3.1, wandb 0.31.0 and
 transformers 5.24.0 (Python 3.11).
@@ -99,10 +99,11 @@ def mem_tracker_class() -> type:
     """`torch.distributed._tools.mem_tracker.MemTracker`, the only tracker that splits memory
     into parameters, gradients, optimizer state and activations on any device (CPU included).
 
-    measure/step_memory.py subclasses it and overrides `_register_global_optimizer_hook`,
-    `_update_peak_stats` and `_track_module_params_and_buffers`, sets `_mod_tracker` and
-    `_in_opt`: the closure-style optimizer step of Lightning and the pipeline's repeated module
-    calls need them (see MEM_TRACKER_INTERNALS).
+    measure/step_memory.py subclasses it with `MemTrackerHooks` (which overrides
+    `_register_global_optimizer_hook`, `_update_peak_stats` and
+    `_track_module_params_and_buffers`) and sets `_mod_tracker` and `_in_opt` through the
+    helpers below: the closure-style optimizer step of Lightning and the pipeline's repeated
+    module calls need them (see MEM_TRACKER_INTERNALS).
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -192,7 +193,7 @@ MEM_TRACKER_INTERNALS = (
     "_update_peak_stats",
     "_track_module_params_and_buffers",
 )
-"""MemTracker methods measure/step_memory.py overrides (attributes `_mod_tracker`, `_in_opt` too)."""
+"""MemTracker methods `MemTrackerHooks` overrides (attributes `_mod_tracker`, `_in_opt` too)."""
 
 
 def in_backward() -> bool:

@@ -56,6 +56,26 @@ def test_torch_private_apis_are_where_they_were():
     assert callable(_compat.schedule_ops_api()), "get_schedule_ops moved"
 
 
+def test_hook_classes_override_what_the_foreign_bases_still_have():
+    """Each private method a hook class of `_compat` overrides is still its base's, with the
+    same parameters (a renamed or re-signed hook would silently stop being called)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    bases = {
+        _compat.ParallelStyleHook: ParallelStyle,
+        _compat.MemTrackerHooks: _compat.mem_tracker_class(),
+        _compat.ModelSetupHook: FSDPStrategy,
+    }
+    for hook, base in bases.items():
+        overridden = [n for n in vars(hook) if private(n) and callable(vars(hook)[n])]
+        assert overridden, hook
+        for name in overridden:
+            assert callable(getattr(base, name, None)), f"{base.__qualname__}.{name} moved"
+            ours = list(inspect.signature(getattr(hook, name)).parameters)
+            assert ours == list(inspect.signature(getattr(base, name)).parameters), name
+
+
 def test_dcp_metadata_records_and_helpers_are_where_they_were():
     import importlib
 
