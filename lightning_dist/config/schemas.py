@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dist import options
 from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.models.args import ModelArgs, MoEArgs
+from lightning_dist.models.args import HFModelSettings, ModelArgs, MoEArgs
 from lightning_dist.options.data import DataSource
 from lightning_dist.options.datamodules import DATA_CONFIGS
 from lightning_dist.options.optim import OptimOptions
@@ -87,12 +87,9 @@ LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs", "L
 MoESchema = _with_target(MoEArgs, "lightning_dist.models.args.MoEArgs", "MoESchema")
 
 
-@dataclass(kw_only=True)
-class HFModelSchema:
-    _target_: str = "lightning_dist.models.hf.HFModelSpec"
-    config: Any = None
-    pretrained_path: str | None = None
-    attn_implementation: str = "sdpa"
+HFModelSchema = _with_target(
+    HFModelSettings, "lightning_dist.models.hf.HFModelSpec", "HFModelSchema"
+)
 
 
 SourceSchema = knob_schema(DataSource, "SourceSchema")
@@ -118,13 +115,22 @@ MixtureDataSchema = _data_schema("mixture", "MixtureDataSchema")
 SyntheticDataSchema = _data_schema("synthetic", "SyntheticDataSchema")
 
 
+_STRATEGY_NAME_DOC = "The strategy preset's name (summary.json's `strategy`), set by its schema."
+
+
 def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
     """The Hydra schema of a strategy: `name`, `_target_` and every knob of the option classes
     its preset uses (lightning_dist/options/), with the preset's defaults. Generated, so a
     knob is declared once; importable as `lightning_dist.config.schemas.<schema>` (see `_with_target`)."""
     spec = options.PRESETS[preset]
     fields: list[tuple[str, Any, Any]] = [
-        ("name", str, field(default=name)),
+        (
+            "name",
+            str,
+            field(
+                default=name, metadata={"doc": _STRATEGY_NAME_DOC, "declared_in": _strategy_schema}
+            ),
+        ),
         ("_target_", str, field(default=target)),
     ]
     for group in spec.groups:
@@ -134,10 +140,11 @@ def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
             if group == "layout":  # -1 / null mean "the remaining ranks" / "one per node"
                 kind = int | None if f.name == "dp_replicate" else kind
             default = spec.default(f)
+            meta = {**f.metadata, "declared_in": options.GROUPS[group]}
             wrapped = (
-                field(default_factory=lambda d=default: type(d)(d))
+                field(default_factory=lambda d=default: type(d)(d), metadata=meta)
                 if isinstance(default, list | dict)
-                else field(default=default)
+                else field(default=default, metadata=meta)
             )
             fields.append((f.name, kind, wrapped))
     return dataclasses.make_dataclass(
@@ -202,6 +209,8 @@ class TrainSchema:
     experiment: Any = None
     debug: Any = None
     seed: int = 1234
+    """Seeds the run (Lightning's `seed_everything`, the model's initial weights) and, unless
+    set itself, `data.seed` (the order of the samples)."""
     run_name: str | None = None
     """The run's name, in the logger too; its home is outputs/<run name> (`hydra.run.dir`).
     null: <model>-<strategy>-<hardware> from the config choices (`config/resolvers.run_name`)."""

@@ -214,8 +214,10 @@ def data_options(config: str, settings: Mapping[str, Any], owner: str) -> dict[s
         elif name in group_of:
             routed[group_of[name]][name] = value
         else:
-            known = ", ".join([*spec.groups, *group_of])
-            raise TypeError(f"{owner} has no setting {name!r}; its settings are: {known}")
+            raise TypeError(
+                f"{owner} has no setting {name!r}; its settings are: {', '.join(group_of)} "
+                f"(or option objects: {', '.join(f'{g}=' for g in spec.groups)})"
+            )
     built: dict[str, Any] = {}
     for group, cls in spec.groups.items():
         if group in given:
