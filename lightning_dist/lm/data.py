@@ -228,16 +228,15 @@ class LMDataModule(pl.LightningDataModule):
 class MixtureDataModule(LMDataModule):
     """A weighted mixture of data sources (`data.sources`; docs/DATA.md).
 
-    `sources`: entries of `options.data.DataSource` (path, format, field, weight, name,
-    dtype). Each is found and checked here (files, sizes, ids against `vocab_size`), so a bad
+    Its settings are `options.datamodules.DATA_CONFIGS["mixture"]`'s (keyword arguments by
+    name, or option objects: `batch=`, `corpus=`, `mixture=`); `vocab_size` is the model's.
+    Each source is found and checked here (files, sizes, ids against `vocab_size`), so a bad
     one fails before training; text sources are tokenized in `prepare_data()` (once per node)
     and every source is opened in `setup()` (on every rank). Training draws each global batch
     from the sources by weight (`mixture.MixturePlan`: a function of (seed, step), not of the
     world size); validation reads every source's held-out windows, and the module logs each
-    source's loss as `val/loss/<name>` when there are several. `tokenizer`, `pack_documents`,
-    `val_fraction`, `cache_dir`, `follow_symlinks` and `skip_bad_records` apply to every source.
-    `where`: how errors name each source (default `data.sources[i]`; `data.paths` for
-    `TextDataModule`).
+    source's loss as `val/loss/<name>` when there are several. `where`: how errors name each
+    source (default `data.sources[i]`; `data.paths` for `TextDataModule`).
     """
 
     data_config = "mixture"
@@ -463,13 +462,10 @@ class MixtureDataModule(LMDataModule):
 class TextDataModule(MixtureDataModule):
     """Windows of real text: a mixture of one text source (`data=text`).
 
-    `paths` are files, directories or globs (see `resolve_files`; None means the standard
-    library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
-    `pack_documents`: windows carry each token's document (a file; the tokenizer's end-of-text
-    id ends each) and attention stays inside documents (`datasets.packed_window`).
-    `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
-    Files are resolved here, so a bad glob fails before training; the cache is built in
-    `prepare_data()` (once per node) and opened in `setup()` (on every rank).
+    Its settings are `options.datamodules.DATA_CONFIGS["text"]`'s (`paths`: see
+    `resolve_files`); `vocab_size` is the model's, and a tokenizer with more ids raises
+    ValueError. Files are resolved here, so a bad glob fails before training; the cache is
+    built in `prepare_data()` (once per node) and opened in `setup()` (on every rank).
     """
 
     data_config = "text"
@@ -507,9 +503,9 @@ class TextDataModule(MixtureDataModule):
 
 
 class SyntheticDataModule(LMDataModule):
-    """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks.
-    `pack_documents`: windows of several documents, each ended by id `vocab_size - 1`
-    (`datasets.SyntheticTokens`)."""
+    """Deterministic random tokens (`datasets.SyntheticTokens`): no files, no tokenizer; for
+    tests, parity and benchmarks. Its settings are `options.datamodules.DATA_CONFIGS
+    ["synthetic"]`'s (by name, or `batch=`, `synthetic=`); `vocab_size` is the model's."""
 
     more_validation = "raise data.val_samples"
 

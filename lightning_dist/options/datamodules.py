@@ -92,13 +92,14 @@ class CorpusOptions:
     )
     val_fraction: float = knob(
         0.02,
-        "The share of each source held out for validation (whole files of text, records of "
-        "jsonl, parquet and hf_disk, the last tokens of token files; docs/DATA.md).",
+        "The last val_fraction of each source is held out for validation (whole files where a "
+        "text source has several; a streamed record source: every 1/val_fraction-th record; "
+        "docs/DATA.md).",
     )
     cache_dir: str | None = knob(
         None,
-        "Where tokenized sources (and copies of remote ones, in remote/) are kept; null: "
-        "$LIGHTNING_DIST_CACHE, else ~/.cache/lightning_dist/tokens.",
+        "The token cache's folder (remote sources are copied into its remote/); null: "
+        "$LIGHTNING_DIST_CACHE/tokens, else ~/.cache/lightning_dist/tokens.",
     )
     follow_symlinks: bool = knob(
         False,
