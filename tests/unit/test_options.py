@@ -5,7 +5,9 @@ options objects build the same strategy, whose signature and docstring show each
 options reach `parallelize()` is tests/dist/test_options_dist.py.)
 
 Each knob needs a row in VALUES (a non-default value, and the other knobs it needs to matter),
-so a new knob fails here until it has one."""
+so a new knob fails here until it has one. The walk at the end covers every setting of every
+config group (model, data, strategy, hardware, trainer, optim, paths, plan, the top level): each
+declared in one place, with its doc there."""
 
 from __future__ import annotations
 
