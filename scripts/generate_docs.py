@@ -4,8 +4,9 @@
     python scripts/generate_docs.py --check  # exit 1 naming each page that is stale
 
 - docs/reference/KNOBS.md: every setting of every option class (the strategy knobs by group,
-  then `optim.*`, `trainer.*`, `trainer.checkpoint.*`, `plan.*` and `data.sources[*].*`): its
-  name, type, default, documentation, and the strategy presets that set another default.
+  then `optim.*`, `trainer.*`, `trainer.checkpoint.*`, `plan.*`, `data.sources[*].*` and the
+  data configs' `data.*`): its name, type, default, documentation, and the strategy presets
+  (data configs) that set another default.
 - docs/reference/EVIDENCE.md: the planner's calibration rows (lightning_dist/planner/
   calibration.json: measured or published against predicted), the leave-one-source-out fits and
   band (lightning_dist/planner/holdout_fits.json), and the data loader's rates per format
@@ -122,12 +123,41 @@ def knobs_page() -> str:
     out += ["## Run settings", ""]
     for prefix, cls in sections:
         out += [f"### `{prefix}.*`: {cls.__name__} ({cls.__module__})", ""]
-        rows = [
-            [f"`{f.name}`", _type(f), _default(f), f.metadata.get("doc", "")]
-            for f in dataclasses.fields(cls)
-        ]
-        out += _table(rows, ["setting", "type", "default", "doc"]) + [""]
+        out += _settings_table(cls) + [""]
+    out += _data_sections()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _settings_table(cls: type) -> list[str]:
+    """A class's settings: name, type, default (the Hydra one where it differs) and doc."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.metadata.get("hydra_default", _default(f))
+        rows.append([f"`{f.name}`", _type(f), default, f.metadata.get("doc", "")])
+    return _table(rows, ["setting", "type", "default", "doc"])
+
+
+def _data_sections() -> list[str]:
+    """`data.*`: each option class of the data configs, the configs that use it, and the
+    defaults a config sets of its own."""
+    from lightning_dist.options.datamodules import DATA_CONFIGS
+
+    out = [
+        "## Data settings",
+        "",
+        "Set as `data.<setting>=...` (or passed by name to the datamodule from Python); each "
+        "class below names the `conf/data` configs that take it.",
+        "",
+    ]
+    classes = {cls: [] for spec in DATA_CONFIGS.values() for cls in spec.groups.values()}
+    for name, spec in DATA_CONFIGS.items():
+        for cls in spec.groups.values():
+            own = [f"{k} {v}" for k, v in spec.defaults.items() if k in cls.__dataclass_fields__]
+            classes[cls].append(f"{name} ({', '.join(own)})" if own else name)
+    for cls, configs in classes.items():
+        out += [f"### `data.*` of data={', '.join(configs)}: {cls.__name__} ({cls.__module__})", ""]
+        out += _settings_table(cls) + [""]
+    return out
 
 
 def _number(x: Any) -> str:

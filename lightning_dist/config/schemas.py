@@ -8,6 +8,7 @@ misspelt key fails when the config is composed, before anything runs. This modul
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dist import options
 from lightning_dist.config.resolvers import register_resolvers
 from lightning_dist.hardware import HardwareSpec
-from lightning_dist.models.args import ModelArgs, MoEArgs
+from lightning_dist.models.args import HFModelSettings, ModelArgs, MoEArgs
 from lightning_dist.options.data import DataSource
+from lightning_dist.options.datamodules import DATA_CONFIGS
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.options.saving import SaveOptions
 from lightning_dist.options.trainer import PlanOptions, TrainerOptions
@@ -32,22 +34,34 @@ CONF_MODULE = "lightning_dist.conf"
 """The configs as a Python package: Hydra's `pkg://lightning_dist.conf` search path."""
 
 
-def _fields_of(cls: type, nested: dict[type, type] | None = None) -> list[tuple[str, Any, Any]]:
+def _fields_of(
+    cls: type, nested: dict[type, type] | None = None, defaults: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """The fields of dataclass `cls` as `make_dataclass` takes them: the same names, types (a
-    field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults; a field whose
-    default is an option class of `nested` gets that class's schema."""
+    field's `hydra_type` where OmegaConf cannot hold the Python one) and defaults (`defaults`
+    first, then a field's `hydra_default`, such as an interpolation); a field whose default is
+    an option class of `nested`, or a list of one, gets that class's schema. Each keeps its
+    metadata (the doc) and names `cls` as where it is declared (`declared_in`)."""
+    nested = nested or {}
     out: list[tuple[str, Any, Any]] = []
     for f in dataclasses.fields(cls):
-        schema = (nested or {}).get(type(f.default))
+        meta = {**f.metadata, "declared_in": cls}
+        schema = nested.get(type(f.default))
         if schema is not None:
-            out.append((f.name, schema, field(default_factory=schema)))
+            out.append((f.name, schema, field(default_factory=schema, metadata=meta)))
             continue
-        default = (
-            field(default_factory=f.default_factory)
-            if f.default_factory is not dataclasses.MISSING
-            else field(default=f.default)
-        )
-        out.append((f.name, f.metadata.get("hydra_type") or f.type, default))
+        kind = f.metadata.get("hydra_type") or f.type
+        if typing.get_origin(kind) is list and typing.get_args(kind)[0] in nested:
+            kind = types.GenericAlias(list, (nested[typing.get_args(kind)[0]],))
+        if defaults and f.name in defaults:
+            default = field(default=defaults[f.name], metadata=meta)
+        elif "hydra_default" in f.metadata:
+            default = field(default=f.metadata["hydra_default"], metadata=meta)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = field(default_factory=f.default_factory, metadata=meta)
+        else:
+            default = field(default=f.default, metadata=meta)
+        out.append((f.name, kind, default))
     return out
 
 
@@ -73,24 +87,9 @@ LlamaSchema = _with_target(ModelArgs, "lightning_dist.models.args.ModelArgs", "L
 MoESchema = _with_target(MoEArgs, "lightning_dist.models.args.MoEArgs", "MoESchema")
 
 
-@dataclass(kw_only=True)
-class HFModelSchema:
-    _target_: str = "lightning_dist.models.hf.HFModelSpec"
-    config: Any = None
-    pretrained_path: str | None = None
-    attn_implementation: str = "sdpa"
-
-
-@dataclass(kw_only=True)
-class DocumentPackingSchema:
-    """The knob every data config has (conf/data/*)."""
-
-    pack_documents: bool = False
-    """Several documents per window, with rotary positions restarting at every document and
-    attention that never crosses one; the loss is one device's under every layout. data=text:
-    each file is a document, ended by the tokenizer's end-of-text token; data=synthetic:
-    random lengths of 1 to seq_len / 2 + 1 ids, each ended by id vocab_size - 1. Needs a model
-    that takes a document mask (ours; not Hugging Face models)."""
+HFModelSchema = _with_target(
+    HFModelSettings, "lightning_dist.models.hf.HFModelSpec", "HFModelSchema"
+)
 
 
 SourceSchema = knob_schema(DataSource, "SourceSchema")
@@ -98,72 +97,25 @@ SourceSchema = knob_schema(DataSource, "SourceSchema")
 compose)."""
 
 
-@dataclass(kw_only=True)
-class CorpusDataSchema(DocumentPackingSchema):
-    """The knobs of the data configs that read a corpus (data=text, data=mixture)."""
-
-    tokenizer: str | None = None
-    """Path to a Hugging Face tokenizer.json; null means byte-level (257 tokens)."""
-    seq_len: int = 256
-    global_batch_size: int = 16
-    """Sequences per optimizer step, the same whatever the layout."""
-    per_rank_batch_size: int | None = None
-    """Sequences each data-parallel rank reads per step of its data loader: one forward, or
-    under pp the batch cut into the pipeline's microbatches (so it is not Megatron's
-    micro-batch there); the rest of the global batch is gradient accumulation. null means
-    global_batch_size / data-parallel size (no accumulation)."""
-    micro_batch_size: int | None = "${.per_rank_batch_size}"  # type: ignore[assignment]
-    """Deprecated name of per_rank_batch_size, still read (a deprecation line says so)."""
-    val_fraction: float = 0.02
-    val_batches: int = 4
-    cache_dir: str | None = None
-    follow_symlinks: bool = False
-    """Follow symlinks that lead out of a directory or glob root of `paths` (off: skip them)."""
-    num_workers: int = 0
-    seed: int = "${seed}"  # type: ignore[assignment]
+def _data_schema(config: str, name: str) -> type:
+    """The Hydra schema of data config `config`: `_target_` and every setting of the option
+    classes it uses (options/datamodules.DATA_CONFIGS), with its defaults; see `_with_target`
+    for why it is importable by `name`."""
+    spec = DATA_CONFIGS[config]
+    fields = [("_target_", str, field(default=spec.target))]
+    for cls in spec.groups.values():
+        fields += _fields_of(cls, {DataSource: SourceSchema}, spec.defaults)
+    return dataclasses.make_dataclass(
+        name, fields, kw_only=True, namespace={"__module__": __name__}
+    )
 
 
-@dataclass(kw_only=True)
-class TextDataSchema(CorpusDataSchema):
-    _target_: str = "lightning_dist.lm.data.TextDataModule"
-    paths: list[str] | None = None
-    """Files, directories or globs; null means the .py sources of Python's standard library."""
+TextDataSchema = _data_schema("text", "TextDataSchema")
+MixtureDataSchema = _data_schema("mixture", "MixtureDataSchema")
+SyntheticDataSchema = _data_schema("synthetic", "SyntheticDataSchema")
 
 
-@dataclass(kw_only=True)
-class MixtureDataSchema(CorpusDataSchema):
-    _target_: str = "lightning_dist.lm.data.MixtureDataModule"
-    skip_bad_records: bool = False
-    """jsonl, parquet, hf_disk and chat sources: skip a malformed record (counted, one warning
-    line per file) instead of stopping with its file:line; jsonl, parquet, hf_disk: a field
-    missing from a file's first record stops either way."""
-    remote_cache_gib: float = 50.0
-    """Sources whose path is a URL (s3://, any fsspec protocol): the most their local copies,
-    in `<cache_dir>/remote/`, may hold, in GiB; copies of earlier runs are evicted least
-    recently used first. A run whose remote shards need more, or one shard above it, is refused
-    before any download (every shard of a run is kept while it trains)."""
-    sources: list[SourceSchema] = field(default_factory=list)  # type: ignore[valid-type]
-    """The sources and their weights (docs/DATA.md); each entry's keys are
-    `options.data.DataSource`'s fields."""
-
-
-@dataclass(kw_only=True)
-class SyntheticDataSchema(DocumentPackingSchema):
-    _target_: str = "lightning_dist.lm.data.SyntheticDataModule"
-    seq_len: int = 128
-    global_batch_size: int = 8
-    per_rank_batch_size: int | None = None
-    """Sequences each data-parallel rank reads per step of its data loader: one forward, or
-    under pp the batch cut into the pipeline's microbatches (so it is not Megatron's
-    micro-batch there); the rest of the global batch is gradient accumulation. null means
-    global_batch_size / data-parallel size (no accumulation)."""
-    micro_batch_size: int | None = "${.per_rank_batch_size}"  # type: ignore[assignment]
-    """Deprecated name of per_rank_batch_size, still read (a deprecation line says so)."""
-    num_samples: int = 4096
-    val_samples: int = 64
-    val_batches: int = 4
-    num_workers: int = 0
-    seed: int = "${seed}"  # type: ignore[assignment]
+_STRATEGY_NAME_DOC = "The strategy preset's name (summary.json's `strategy`), set by its schema."
 
 
 def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
@@ -172,7 +124,13 @@ def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
     knob is declared once; importable as `lightning_dist.config.schemas.<schema>` (see `_with_target`)."""
     spec = options.PRESETS[preset]
     fields: list[tuple[str, Any, Any]] = [
-        ("name", str, field(default=name)),
+        (
+            "name",
+            str,
+            field(
+                default=name, metadata={"doc": _STRATEGY_NAME_DOC, "declared_in": _strategy_schema}
+            ),
+        ),
         ("_target_", str, field(default=target)),
     ]
     for group in spec.groups:
@@ -182,10 +140,11 @@ def _strategy_schema(preset: str, target: str, name: str, schema: str) -> type:
             if group == "layout":  # -1 / null mean "the remaining ranks" / "one per node"
                 kind = int | None if f.name == "dp_replicate" else kind
             default = spec.default(f)
+            meta = {**f.metadata, "declared_in": options.GROUPS[group]}
             wrapped = (
-                field(default_factory=lambda d=default: type(d)(d))
+                field(default_factory=lambda d=default: type(d)(d), metadata=meta)
                 if isinstance(default, list | dict)
-                else field(default=default)
+                else field(default=default, metadata=meta)
             )
             fields.append((f.name, kind, wrapped))
     return dataclasses.make_dataclass(
@@ -250,6 +209,8 @@ class TrainSchema:
     experiment: Any = None
     debug: Any = None
     seed: int = 1234
+    """Seeds the run (Lightning's `seed_everything`, the model's initial weights) and, unless
+    set itself, `data.seed` (the order of the samples)."""
     run_name: str | None = None
     """The run's name, in the logger too; its home is outputs/<run name> (`hydra.run.dir`).
     null: <model>-<strategy>-<hardware> from the config choices (`config/resolvers.run_name`)."""

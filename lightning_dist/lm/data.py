@@ -9,8 +9,9 @@ the parallel layout. The Trainer must be built with
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,7 +19,7 @@ import numpy as np
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_dist.contract import contract_of
-from lightning_dist.layout import batch_plan, per_rank_batch, warn_if_deprecated_batch_knob
+from lightning_dist.layout import batch_plan, warn_if_deprecated_batch_knob
 from lightning_dist.lm.chat import ChatWindows, LossScaledSampler, MixedChat, with_loss_masks
 from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
@@ -26,7 +27,13 @@ from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.sources import build_source, checked_tokenizer, local_specs
 from lightning_dist.lm.streaming import StreamedMixture
 from lightning_dist.lm.token_cache import resolve_files
-from lightning_dist.options.data import DataSource, parse_sources
+from lightning_dist.options.data import DataSource
+from lightning_dist.options.datamodules import (
+    DATA_CONFIGS,
+    BatchOptions,
+    MixtureOptions,
+    data_options,
+)
 
 __all__ = [
     "GlobalBatchSampler",
@@ -48,6 +55,20 @@ class ValidationSplitTooSmall(ValueError):
     same on every rank, so `train()` reports it as one line (a configuration error)."""
 
 
+def settings_signature(cls: type[LMDataModule]) -> inspect.Signature:
+    """`cls.__init__`'s signature with its `**settings` spelt out as keyword-only parameters
+    (its data config's defaults; `DATA_CONFIGS`)."""
+    own = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert cls.data_config is not None
+    spec = DATA_CONFIGS[cls.data_config]
+    settings = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default(f))
+        for _, f in spec.settings()
+    ]
+    rest = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return inspect.Signature([*rest, *settings])
+
+
 class LMDataModule(pl.LightningDataModule):
     """Shared batching for the language-model datamodules.
 
@@ -57,36 +78,38 @@ class LMDataModule(pl.LightningDataModule):
     is the global mean.
     """
 
-    def __init__(
-        self,
-        *,
-        seq_len: int,
-        global_batch_size: int,
-        micro_batch_size: int | None,
-        val_batches: int,
-        seed: int,
-        num_workers: int,
-        per_rank_batch_size: int | None = None,
-    ):
+    data_config: str | None = None
+    """The entry of `options.datamodules.DATA_CONFIGS` that gives the class its settings."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The signature lists every setting, read from the option classes, so help() and
+        # editors show the keyword arguments without a hand-kept copy.
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("data_config") is not None:
+            cls.__signature__ = settings_signature(cls)  # type: ignore[attr-defined]
+
+    def __init__(self, *, batch: BatchOptions):
         super().__init__()
-        warn_if_deprecated_batch_knob()
-        micro_batch_size = per_rank_batch(per_rank_batch_size, micro_batch_size)
-        if seq_len < 1:
-            raise ValueError(f"data.seq_len={seq_len} must be at least 1")
-        if val_batches < 1:
-            raise ValueError(f"data.val_batches={val_batches} must be at least 1")
-        # Catches a global batch that no layout could split, before any process group exists.
-        batch_plan(global_batch_size, 1, micro_batch_size)
-        self.seq_len = seq_len
-        self.global_batch_size = global_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.val_batches = val_batches
-        self.seed = seed
-        self.num_workers = num_workers
+        self.batch = batch
+        """The batching settings (`data.seq_len`, `data.global_batch_size`, ...)."""
+        self.seq_len = batch.seq_len
+        self.global_batch_size = batch.global_batch_size
+        self.micro_batch_size = batch.per_rank
+        self.val_batches = batch.val_batches
+        self.seed = batch.seed
+        self.num_workers = batch.num_workers
         self.train_set: WindowSet = None
         self.val_set: WindowSet = None
         self.tokenizer_vocab_size: int = 0
         self.resume_step = 0
+
+    @classmethod
+    def options(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        """The option classes of this datamodule, built from its keyword arguments (setting
+        names, or option objects by group name: `options.datamodules.data_options`)."""
+        warn_if_deprecated_batch_knob()
+        assert cls.data_config is not None
+        return data_options(cls.data_config, settings, cls.__name__)
 
     def state_dict(self) -> dict[str, int]:
         """Saved in checkpoints: the optimizer steps taken, so a resumed run reads on from there."""
@@ -205,74 +228,54 @@ class LMDataModule(pl.LightningDataModule):
 class MixtureDataModule(LMDataModule):
     """A weighted mixture of data sources (`data.sources`; docs/DATA.md).
 
-    `sources`: entries of `options.data.DataSource` (path, format, field, weight, name,
-    dtype). Each is found and checked here (files, sizes, ids against `vocab_size`), so a bad
+    Its settings are `options.datamodules.DATA_CONFIGS["mixture"]`'s (keyword arguments by
+    name, or option objects: `batch=`, `corpus=`, `mixture=`); `vocab_size` is the model's.
+    Each source is found and checked here (files, sizes, ids against `vocab_size`), so a bad
     one fails before training; text sources are tokenized in `prepare_data()` (once per node)
     and every source is opened in `setup()` (on every rank). Training draws each global batch
     from the sources by weight (`mixture.MixturePlan`: a function of (seed, step), not of the
     world size); validation reads every source's held-out windows, and the module logs each
-    source's loss as `val/loss/<name>` when there are several. `tokenizer`, `pack_documents`,
-    `val_fraction`, `cache_dir`, `follow_symlinks` and `skip_bad_records` apply to every source.
-    `where`: how errors name each source (default `data.sources[i]`; `data.paths` for
-    `TextDataModule`).
+    source's loss as `val/loss/<name>` when there are several. `where`: how errors name each
+    source (default `data.sources[i]`; `data.paths` for `TextDataModule`).
     """
 
+    data_config = "mixture"
+
     def __init__(
-        self,
-        *,
-        sources: Sequence[Mapping[str, Any] | DataSource],
-        tokenizer: str | None = None,
-        seq_len: int = 256,
-        global_batch_size: int = 16,
-        micro_batch_size: int | None = None,
-        per_rank_batch_size: int | None = None,
-        val_fraction: float = 0.02,
-        val_batches: int = 4,
-        cache_dir: str | None = None,
-        follow_symlinks: bool = False,
-        num_workers: int = 0,
-        seed: int = 0,
-        vocab_size: int | None = None,
-        pack_documents: bool = False,
-        skip_bad_records: bool = False,
-        remote_cache_gib: float = 50.0,
-        where: Sequence[str] | None = None,
+        self, *, vocab_size: int | None = None, where: Sequence[str] | None = None, **settings: Any
     ):
-        super().__init__(
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            per_rank_batch_size=per_rank_batch_size,
-            val_batches=val_batches,
-            seed=seed,
-            num_workers=num_workers,
-        )
-        self.specs = parse_sources(sources)
+        built = self.options(settings)
+        batch, corpus = built["batch"], built["corpus"]
+        super().__init__(batch=batch)
+        mixture = self.mixture_options(built)
+        self.specs = mixture.sources
         self.tokenizer, self.separator = checked_tokenizer(
-            tokenizer,
-            pack_documents=pack_documents,
+            corpus.tokenizer,
+            pack_documents=batch.pack_documents,
             vocab_size=vocab_size,
             formats=[s.format for s in self.specs],
         )
         self.tokenizer_vocab_size = self.tokenizer.vocab_size
-        self.val_fraction = val_fraction
-        self.cache_dir = cache_dir
+        self.val_fraction = corpus.val_fraction
+        self.cache_dir = corpus.cache_dir
         where = list(where or (f"data.sources[{i}]" for i in range(len(self.specs))))
-        self.specs = local_specs(self.specs, where, cache_dir=cache_dir, cap_gib=remote_cache_gib)
+        self.specs = local_specs(
+            self.specs, where, cache_dir=corpus.cache_dir, cap_gib=mixture.remote_cache_gib
+        )
         self.sources = [
             build_source(
                 spec,
                 index=i,
                 where=where[i],
                 tokenizer=self.tokenizer,
-                seq_len=seq_len,
-                val_fraction=val_fraction,
-                cache_dir=cache_dir,
-                follow_symlinks=follow_symlinks,
+                seq_len=batch.seq_len,
+                val_fraction=corpus.val_fraction,
+                cache_dir=corpus.cache_dir,
+                follow_symlinks=corpus.follow_symlinks,
                 vocab_size=vocab_size,
-                skip_bad_records=skip_bad_records,
-                seed=seed,
-                val_windows=val_batches * global_batch_size,
+                skip_bad_records=mixture.skip_bad_records,
+                seed=batch.seed,
+                val_windows=batch.val_batches * batch.global_batch_size,
             )
             for i, spec in enumerate(self.specs)
         ]
@@ -293,6 +296,10 @@ class MixtureDataModule(LMDataModule):
         sources only): the module logs each one's loss under its name."""
         self._saved_mixture: dict[str, Any] | None = None
         self._saved_streams: dict[str, Any] | None = None
+
+    def mixture_options(self, built: dict[str, Any]) -> MixtureOptions:
+        """The sources and how they are read, from the built option classes."""
+        return built["mixture"]
 
     more_validation = "raise data.val_fraction or add text"
 
@@ -455,20 +462,25 @@ class MixtureDataModule(LMDataModule):
 class TextDataModule(MixtureDataModule):
     """Windows of real text: a mixture of one text source (`data=text`).
 
-    `paths` are files, directories or globs (see `resolve_files`; None means the standard
-    library's `.py` files). `tokenizer` is a tokenizer.json path, or None for bytes.
-    `pack_documents`: windows carry each token's document (a file; the tokenizer's end-of-text
-    id ends each) and attention stays inside documents (`datasets.packed_window`).
-    `vocab_size` is the model's vocabulary; a tokenizer with more ids raises ValueError.
-    Files are resolved here, so a bad glob fails before training; the cache is built in
-    `prepare_data()` (once per node) and opened in `setup()` (on every rank).
+    Its settings are `options.datamodules.DATA_CONFIGS["text"]`'s (`paths`: see
+    `resolve_files`); `vocab_size` is the model's, and a tokenizer with more ids raises
+    ValueError. Files are resolved here, so a bad glob fails before training; the cache is
+    built in `prepare_data()` (once per node) and opened in `setup()` (on every rank).
     """
 
-    def __init__(self, *, paths: Sequence[str] | str | None = None, **kwargs: Any):
-        entries = [paths] if isinstance(paths, str) else list(paths or [])
-        source = DataSource(path=entries or None, format="text", name="text")
-        super().__init__(sources=[source], where=["data.paths"], **kwargs)
+    data_config = "text"
+
+    def __init__(self, *, vocab_size: int | None = None, **settings: Any):
+        super().__init__(vocab_size=vocab_size, where=["data.paths"], **settings)
         self.inputs = self.sources[0].inputs
+
+    def mixture_options(self, built: dict[str, Any]) -> MixtureOptions:
+        """One text source: `data.paths`."""
+        paths = built["text"].paths
+        entries = [paths] if isinstance(paths, str) else list(paths or [])
+        return MixtureOptions(
+            sources=[DataSource(path=entries or None, format="text", name="text")]
+        )
 
     @property
     def files(self) -> list:
@@ -491,45 +503,33 @@ class TextDataModule(MixtureDataModule):
 
 
 class SyntheticDataModule(LMDataModule):
-    """Deterministic random tokens: no files, no tokenizer; for tests, parity and benchmarks.
-    `pack_documents`: windows of several documents, each ended by id `vocab_size - 1`
-    (`datasets.SyntheticTokens`)."""
+    """Deterministic random tokens (`datasets.SyntheticTokens`): no files, no tokenizer; for
+    tests, parity and benchmarks. Its settings are `options.datamodules.DATA_CONFIGS
+    ["synthetic"]`'s (by name, or `batch=`, `synthetic=`); `vocab_size` is the model's."""
 
     more_validation = "raise data.val_samples"
 
-    def __init__(
-        self,
-        *,
-        vocab_size: int,
-        seq_len: int = 128,
-        global_batch_size: int = 8,
-        micro_batch_size: int | None = None,
-        per_rank_batch_size: int | None = None,
-        num_samples: int = 4096,
-        val_samples: int = 64,
-        val_batches: int = 4,
-        seed: int = 0,
-        num_workers: int = 0,
-        pack_documents: bool = False,
-    ):
-        super().__init__(
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            per_rank_batch_size=per_rank_batch_size,
-            val_batches=val_batches,
-            seed=seed,
-            num_workers=num_workers,
-        )
+    data_config = "synthetic"
+
+    def __init__(self, *, vocab_size: int, **settings: Any):
+        built = self.options(settings)
+        batch, synthetic = built["batch"], built["synthetic"]
+        super().__init__(batch=batch)
         self.tokenizer_vocab_size = vocab_size
-        self.num_samples = num_samples
-        self.val_samples = val_samples
+        self.num_samples = synthetic.num_samples
+        self.val_samples = synthetic.val_samples
         # Build the datasets now: they are cheap and their arguments get checked before training.
+        seq_len, seed, documents = batch.seq_len, batch.seed, batch.pack_documents
         self.train_set = SyntheticTokens(
-            num_samples, seq_len, vocab_size, seed, documents=pack_documents
+            synthetic.num_samples, seq_len, vocab_size, seed, documents=documents
         )
         self.val_set = SyntheticTokens(
-            val_samples, seq_len, vocab_size, seed, offset=num_samples, documents=pack_documents
+            synthetic.val_samples,
+            seq_len,
+            vocab_size,
+            seed,
+            offset=synthetic.num_samples,
+            documents=documents,
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from lightning_dist._compat import HF_INITIALIZED_FLAG
-from lightning_dist.models.args import ModelArgs, MoEArgs
+from lightning_dist.models.args import HFModelSettings, ModelArgs, MoEArgs
 
 # LlamaConfig's defaults, used to read a config dict when transformers is not installed (the
 # planner must run on a laptop without the `hf` extra).
@@ -110,16 +110,9 @@ def _import_transformers():
 
 
 @dataclass(kw_only=True)
-class HFModelSpec:
-    """A Hugging Face causal LM: either a random-init `config` or a local `pretrained_path`."""
-
-    config: dict | None = None
-    """A transformers config as a dict (LlamaConfig keys: hidden_size, num_hidden_layers, ...).
-    `model_type` picks the config class and defaults to "llama"; `architectures` is allowed."""
-    pretrained_path: str | None = None
-    """A local directory written by `save_pretrained` (config.json plus weights)."""
-    attn_implementation: str = "sdpa"
-    """Attention kernel passed to transformers ("sdpa", "eager", "flash_attention_2")."""
+class HFModelSpec(HFModelSettings):
+    """A Hugging Face causal LM: either a random-init `config` or a local `pretrained_path`
+    (the settings are `HFModelSettings`'s, declared there without torch)."""
 
     def __post_init__(self) -> None:
         if (self.config is None) == (self.pretrained_path is None):

@@ -8,6 +8,7 @@ Python, no torch and no Lightning.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -27,17 +28,27 @@ FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
 CP_MODES = ("allgather", "ulysses")
 
 
-def knob(default: Any, doc: str, *, planner_ignores: str | None = None, hydra_type: Any = None):
-    """A dataclass field that is a strategy knob: its default, its one documentation string,
-    and, for a knob the planner does not model, the reason (`planner_ignores`). `hydra_type`
-    is the type the Hydra schema gives it where the Python type is a union OmegaConf cannot
-    hold (those become Any)."""
+def knob(
+    default: Any,
+    doc: str,
+    *,
+    planner_ignores: str | None = None,
+    hydra_type: Any = None,
+    hydra_default: Any = dataclasses.MISSING,
+):
+    """A dataclass field that is a knob: its default, its one documentation string, and, for a
+    knob the planner does not model, the reason (`planner_ignores`). `hydra_type` is the type
+    the Hydra schema gives it where the Python type is a union OmegaConf cannot hold (those
+    become Any); `hydra_default` the schema's default where it differs from Python's (an
+    interpolation such as `${seed}`)."""
     meta = {
         "doc": doc,
         "planner": planner_ignores is None,
         "planner_ignores": planner_ignores,
         "hydra_type": hydra_type,
     }
+    if hydra_default is not dataclasses.MISSING:
+        meta["hydra_default"] = hydra_default
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)

@@ -5,7 +5,9 @@ options objects build the same strategy, whose signature and docstring show each
 options reach `parallelize()` is tests/dist/test_options_dist.py.)
 
 Each knob needs a row in VALUES (a non-default value, and the other knobs it needs to matter),
-so a new knob fails here until it has one."""
+so a new knob fails here until it has one. The walk at the end covers every setting of every
+config group (model, data, strategy, hardware, trainer, optim, paths, plan, the top level): each
+declared in one place, with its doc there."""
 
 from __future__ import annotations
 
@@ -374,3 +376,212 @@ def test_every_run_setting_is_declared_once_and_reaches_the_run_spec(tmp_path):
         assert type(got[section]) is classes[section][0]
         assert {k: getattr(got[section], k) for k in values} == values, section
     assert RunCheckpoints.of(spec.trainer, tmp_path).saving == spec.trainer.checkpoint
+
+
+# --- every setting of every config group: declared once, documented there ----------------------
+
+NOT_SCHEMA_GROUPS = {
+    "logger": "its keys are the arguments of the logger its _target_ names (checked below)",
+    "callbacks": "each entry's keys are the arguments of its _target_ (checked below)",
+    "experiment": "a bundle of other groups' settings (@package _global_), typed by their schemas",
+    "debug": "a bundle of other groups' settings (@package _global_), typed by their schemas",
+}
+"""The conf/ groups without a schema of their own, and why the walk has nothing to type there."""
+
+
+@functools.cache
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a hand-written dataclass: the string under each field."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+    except (OSError, TypeError):  # a generated class has no source
+        return {}
+    return {
+        field.target.id: doc.value.value
+        for field, doc in zip(body, body[1:], strict=False)
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+        and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+        and isinstance(doc.value.value, str)
+    }  # fmt: skip
+
+
+def _declaration(schema: type, f: dataclasses.Field) -> tuple[str, str | None]:
+    """(where setting `f` of `schema` is declared, its doc there): the option class a generated
+    schema copied it from (`declared_in`), else the class whose body annotates it."""
+    import inspect
+
+    owner = f.metadata.get("declared_in") or schema
+    if inspect.isclass(owner):
+        owner = next(c for c in owner.__mro__ if f.name in vars(c).get("__annotations__", {}))
+    doc = f.metadata.get("doc")
+    if doc is None and inspect.isclass(owner):
+        doc = _attribute_docs(owner).get(f.name)
+    return f"{owner.__module__}.{owner.__qualname__}", doc
+
+
+def _walk(schema: type, prefix: str, found: dict[str, set]) -> None:
+    """Every setting under `prefix` of `schema`, nested schemas (`trainer.checkpoint`) and
+    lists of them (`data.sources[i]`) included, into `found`: path -> declarations."""
+    import typing
+
+    from lightning_dist.config import schemas
+
+    hints = typing.get_type_hints(schema, vars(schemas))
+    for f in dataclasses.fields(schema):
+        if f.name == "_target_":  # Hydra's key: the class a group config builds
+            continue
+        kind, path = hints[f.name], prefix + f.name
+        item = typing.get_args(kind)[0] if typing.get_origin(kind) is list else None
+        if dataclasses.is_dataclass(item):
+            _walk(item, f"{path}[i].", found)
+        elif dataclasses.is_dataclass(kind):
+            _walk(kind, f"{path}.", found)
+        elif not (prefix == "" and kind is typing.Any):  # Any at the root: a group's schema
+            found.setdefault(path, set()).add(_declaration(schema, f))
+
+
+def _group_schemas() -> dict[str, set[type]]:
+    """The schema each conf/<group>/*.yaml extends (`/schema_<name>` in its defaults list)."""
+    from omegaconf import OmegaConf
+
+    from lightning_dist.config import CONF_DIR
+    from lightning_dist.config.schemas import SCHEMAS
+
+    out: dict[str, set[type]] = {}
+    for path in sorted(CONF_DIR.glob("*/*.yaml")):
+        defaults = OmegaConf.load(path).get("defaults") or []
+        for entry in defaults:
+            if isinstance(entry, str) and entry.startswith("/schema_"):
+                out.setdefault(path.parent.name, set()).add(SCHEMAS[entry[1:]])
+    return out
+
+
+def _declarations() -> dict[str, set]:
+    from lightning_dist.config.schemas import TrainSchema
+
+    found: dict[str, set] = {}
+    _walk(TrainSchema, "", found)  # the top level, hardware, trainer, optim, paths, plan
+    for group, group_schemas in _group_schemas().items():  # model, data, strategy
+        for schema in group_schemas:
+            _walk(schema, f"{group}.", found)
+    return found
+
+
+def test_every_setting_of_every_config_group_is_declared_once_with_its_doc():
+    """The walk: every setting of every config group (the schema-typed sections of the composed
+    config, and each group config's schema) is declared in one place, where its doc is: a
+    setting two classes or schemas declare (a doc in each, or one without) fails, as does one
+    without a doc. The groups without a schema are `NOT_SCHEMA_GROUPS`."""
+    from lightning_dist.config import CONF_DIR
+    from lightning_dist.config.schemas import RENAMED_SCHEMAS, SCHEMAS
+
+    found = _declarations()
+    twice = {path: sorted(places) for path, places in found.items() if len(places) > 1}
+    assert not twice, f"declared in more than one place: {twice}"
+    undocumented = sorted(path for path, places in found.items() if not any(d for _, d in places))
+    assert not undocumented, f"no doc where declared: {undocumented}"
+    typed = {path.split(".")[0] for path in found}  # hardware, trainer, model, data, ...
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml"))}
+    assert groups - set(NOT_SCHEMA_GROUPS) <= typed, groups - typed
+    used = set().union(*_group_schemas().values())
+    assert set(SCHEMAS.values()) - used <= set(RENAMED_SCHEMAS), "a schema no config extends"
+    for path in ("data.seq_len", "data.per_rank_batch_size", "data.sources[i].weight",
+                 "strategy.tp", "model.dim", "model.config", "hardware.devices",
+                 "trainer.checkpoint.keep_last", "optim.lr", "plan.only", "seed"):  # fmt: skip
+        assert path in found, path
+    assert len(found) > 150
+
+
+def test_the_walk_sees_a_setting_declared_twice():
+    """A hand-written schema that declares a data setting again, with a doc of its own, is one
+    declaration too many for the walk."""
+    from lightning_dist.config.schemas import TextDataSchema
+
+    @dataclasses.dataclass(kw_only=True)
+    class RedeclaringSchema:
+        seq_len: int = 64
+        """Tokens per window (a second doc of data.seq_len)."""
+
+    found: dict[str, set] = {}
+    _walk(TextDataSchema, "data.", found)
+    _walk(RedeclaringSchema, "data.", found)
+    places = sorted(found["data.seq_len"])
+    assert [p for p, _ in places] == [
+        "lightning_dist.options.datamodules.BatchOptions",
+        f"{__name__}.test_the_walk_sees_a_setting_declared_twice.<locals>.RedeclaringSchema",
+    ]
+    assert all(doc for _, doc in places)
+
+
+def test_the_groups_without_a_schema_take_their_keys_as_their_targets_arguments():
+    """logger and callbacks: each key of each config is an argument of the class or function its
+    `_target_` names, which declares and documents it (there is no second declaration)."""
+    import inspect
+
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    from lightning_dist.config import CONF_DIR
+
+    checked = 0
+    for group in ("logger", "callbacks"):
+        for path in sorted((CONF_DIR / group).glob("*.yaml")):
+            cfg = OmegaConf.to_container(OmegaConf.load(path)) or {}
+            entries = [cfg] if group == "logger" else list(cfg.values())
+            for entry in entries:
+                if not entry or "_target_" not in entry:
+                    continue
+                params = inspect.signature(get_object(entry["_target_"])).parameters
+                unknown = set(entry) - {"_target_"} - set(params)
+                assert not unknown, (path.name, entry["_target_"], unknown)
+                checked += 1
+    assert checked >= 6
+
+
+DATA_SETTING_VALUES = {
+    "seq_len": 64, "global_batch_size": 4, "per_rank_batch_size": 2, "micro_batch_size": 2,
+    "val_batches": 2, "num_workers": 1, "seed": 7, "pack_documents": True, "num_samples": 40,
+    "val_samples": 8,
+}  # fmt: skip
+"""A value other than the default for every setting of data=synthetic."""
+
+
+def test_every_data_setting_is_declared_once_and_reaches_the_datamodule():
+    """`data.*`: each data config's schema is its option classes' fields (generated, with the
+    config's own defaults), the datamodule's signature is the same settings, and each setting
+    set on the command line arrives in the datamodule's options."""
+    import inspect
+
+    from hydra.utils import get_object, instantiate
+
+    from lightning_dist.config import schemas
+    from lightning_dist.options.datamodules import DATA_CONFIGS, BatchOptions, SyntheticOptions
+
+    for name, spec in DATA_CONFIGS.items():
+        schema = schemas.SCHEMAS[f"schema_{name}"]
+        declared = [f.name for _, f in spec.settings()]
+        assert [f.name for f in dataclasses.fields(schema)] == ["_target_", *declared], name
+        params = inspect.signature(get_object(spec.target)).parameters
+        assert {k: params[k].default for k in declared} == {
+            f.name: spec.default(f) for _, f in spec.settings()
+        }, name
+    assert set(DATA_SETTING_VALUES) == {f.name for _, f in DATA_CONFIGS["synthetic"].settings()}
+    overrides = [f"data.{k}={v}" for k, v in DATA_SETTING_VALUES.items()]
+    cfg = _composed(("data=synthetic", *overrides))
+    dm = instantiate(cfg.data, vocab_size=512)
+    got = {**dataclasses.asdict(dm.batch), "num_samples": dm.num_samples,
+           "val_samples": dm.val_samples}  # fmt: skip
+    assert got == DATA_SETTING_VALUES
+    assert isinstance(dm.batch, BatchOptions) and dm.micro_batch_size == 2
+    by_options = get_object(DATA_CONFIGS["synthetic"].target)(
+        vocab_size=512, batch=dm.batch, synthetic=SyntheticOptions(num_samples=40, val_samples=8)
+    )
+    assert by_options.batch == dm.batch and by_options.val_samples == 8
+    with pytest.raises(TypeError, match="has no setting 'tokenizer'; its settings are"):
+        get_object(DATA_CONFIGS["synthetic"].target)(vocab_size=512, tokenizer="x")
+    with pytest.raises(ValueError, match=r"data.seq_len=0 must be at least 1"):
+        BatchOptions(seq_len=0)
