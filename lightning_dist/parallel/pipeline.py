@@ -287,6 +287,9 @@ class PipelinedModel(nn.Module):
             stage(part, index, layout.num_stages, device, group=pp_group) for index, part in parts
         ]
         """This rank's torch `PipelineStage`s, in `stage_ids` order."""
+        from lightning_dist.parallel.pipeline_stage import link_stages
+
+        link_stages(self.stages)
         self.schedule = build_schedule(self.stages, layout, self._microbatch_loss)
 
     def _loss_scale(self) -> int:

@@ -29,6 +29,7 @@ counts exactly this; bench/pipeline_memory.py measures it against torch's own st
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch.distributed.pipelining import PipelineStage
@@ -46,15 +47,21 @@ class InFlightStage(PipelineStage):
         super().__init__(*args, **kwargs)
         self._released: dict[tuple[str, int], list[tuple | None]] = {}
         """(direction, microbatch): the shape of each receive buffer dropped, to remake it."""
-        self._sent: dict[int, list[torch.Tensor]] = {}
-        """microbatch: the outputs this stage sent, freed after its backward."""
+        self._sent_outputs: dict[int, list[weakref.ref]] = {}
+        """microbatch: the outputs this stage sent (while a send holds them)."""
+        self._sent_grads: dict[int, list[weakref.ref]] = {}
+        """microbatch: the input gradients this stage sent (while a send holds them)."""
+        self.rank_stages: list[InFlightStage] = [self]
+        """Every stage of this rank (`link_stages`): a lower one's backward of a microbatch
+        tells that this one's gradient for it has arrived."""
         self._started = False
 
     # --- the step's start: drop the buffers no receive has claimed -------------------------
 
     def clear_runtime_states(self) -> None:
         super().clear_runtime_states()
-        self._sent.clear()
+        self._sent_outputs.clear()
+        self._sent_grads.clear()
         self._started = False
 
     def _start(self) -> None:
@@ -95,8 +102,10 @@ class InFlightStage(PipelineStage):
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         self._start()
         output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        if not self.has_backward and self.is_last:  # nothing reads it again but the loss
-            self.fwd_cache.pop(fwd_chunk_id, None)
+        if not self.has_backward and self.is_last:
+            # Forward only, nothing reads the output again but the loss (which has it); the
+            # schedule still asks for the last stage's (empty) sends of it.
+            self.fwd_cache[fwd_chunk_id] = ((), [])
             self._release("forward", fwd_chunk_id)
         return output
 
@@ -106,7 +115,12 @@ class InFlightStage(PipelineStage):
             self.fwd_cache.pop(fwd_chunk_id, None)
             self._release("forward", fwd_chunk_id)
         else:
-            self._sent[fwd_chunk_id] = [op.tensor for op in ops]
+            self._sent_outputs[fwd_chunk_id] = [weakref.ref(op.tensor) for op in ops]
+        return ops
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int):
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        self._sent_grads[bwd_chunk_id] = [weakref.ref(op.tensor) for op in ops]
         return ops
 
     def backward_one_chunk(self, bwd_chunk_id: int, loss=None, *args, **kwargs) -> None:
@@ -116,6 +130,11 @@ class InFlightStage(PipelineStage):
             # of their saved tensors by backward) would still hold the received input, a leaf.
             with contextlib.suppress(RuntimeError):  # a view cannot be detached in place
                 loss.detach_()
+        # Each stage after this one on the rank sent its gradient of this microbatch on towards
+        # this one, which has now received the result: those sends are done.
+        for later in self.rank_stages:
+            if later.stage_index > self.stage_index:
+                _free(later._sent_grads.pop(bwd_chunk_id, ()))
         if not pipeline_waits_for_weight_grad(self, bwd_chunk_id):
             self._finish(bwd_chunk_id)
 
@@ -127,8 +146,7 @@ class InFlightStage(PipelineStage):
         """Microbatch `mb`'s backward has run: drop its buffers and free what it sent."""
         for direction in _DIRECTIONS:
             self._release(direction, mb)
-        for sent in self._sent.pop(mb, ()):
-            sent.untyped_storage().resize_(0)
+        _free(self._sent_outputs.pop(mb, ()))
 
     # --- the buffers ----------------------------------------------------------------------
 
@@ -155,3 +173,19 @@ class InFlightStage(PipelineStage):
             if shape is not None:
                 size, stride, dtype, device = shape
                 slot.buffer = torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def link_stages(stages: list) -> None:
+    """Tell each `InFlightStage` of one rank about the others (see `rank_stages`)."""
+    for stage in stages:
+        if isinstance(stage, InFlightStage):
+            stage.rank_stages = list(stages)
+
+
+def _free(sent) -> None:
+    """Release the storage of each sent tensor still alive (held by its send's handle, which
+    the schedule keeps to the step's end); its send is known to be done."""
+    for ref in sent:
+        tensor = ref()
+        if tensor is not None:
+            tensor.untyped_storage().resize_(0)

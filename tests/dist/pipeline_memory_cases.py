@@ -52,10 +52,11 @@ def _build(layout, release: bool):
     return PipelinedModel(parts, layout, group, torch.device("cpu"), in_flight_only=release)
 
 
-def _one_microbatch(pipelined, batch) -> int:
-    """Bytes beyond the model state at the peak of one microbatch run through this rank's
-    stages alone (forwards in order, then backwards in reverse, each stage from a stand-in
-    input): its activations and its backward's temporaries, no pipeline buffers."""
+def _one_microbatch(pipelined, batch) -> tuple[int, int]:
+    """(peak bytes beyond the model state, activations kept at the turn to backward) of one
+    microbatch run through this rank's stages alone: forwards in order, then backwards in
+    reverse, each stage from a stand-in input and keeping its output until its backward (as
+    a pipeline stage does); no pipeline buffers."""
     import torch
 
     from lightning_dist.measure.step_memory import StepMemoryMeter
@@ -67,22 +68,25 @@ def _one_microbatch(pipelined, batch) -> int:
     for stage_id, part in zip(pipelined.stage_ids, pipelined.parts, strict=True):
         hidden = torch.randn(MICRO_BATCH_SIZE, SEQ, MODEL["dim"], requires_grad=True)
         out = part(inputs if stage_id == 0 else hidden)
-        if getattr(part, "output", None) is not None:
-            out = _loss_fn(out, targets)
-        outputs.append(out)
-        del out, hidden
+        loss = _loss_fn(out, targets) if getattr(part, "output", None) is not None else None
+        outputs.append((out, loss))
+        del out, hidden, loss
     while outputs:
-        out = outputs.pop()
-        out.backward(None if out.dim() == 0 else torch.ones_like(out))
-        del out
+        out, loss = outputs.pop()
+        if loss is not None:
+            loss.backward()
+        else:
+            out.backward(torch.ones_like(out))
+        del out, loss
     result = meter.stop()
-    return result["total"] - result["params"] - result["grads"]
+    return result["total"] - result["params"] - result["grads"], result["activations"]
 
 
 def stage_memory(cases: list[dict]) -> list[dict]:
     """One row per case for this rank: its pipeline rank, stages, the step's peak of live tensors
     (`peak`), the model state in it (`model_state`: parameters and gradients), the rest
-    (`step`), and one microbatch's activations through its stages (`one_microbatch`)."""
+    (`step`), and one microbatch through its stages alone (`one_microbatch`: its peak beyond
+    the model state; `one_microbatch_kept`: its activations at the turn to backward)."""
     import torch
     import torch.distributed as dist
 
@@ -111,11 +115,12 @@ def stage_memory(cases: list[dict]) -> list[dict]:
         loss = pipelined(batch[:, :-1], batch[:, 1:], _loss_fn)
         result = meter.stop()
         state = model_state_bytes(pipelined, [])
+        one, kept = _one_microbatch(pipelined, batch)
         rows.append({
             **case, "pp": pp, "rank": dist.get_rank(), "stages": pipelined.stage_ids,
             "peak": result["total"], "model_state": state["params"] + state["grads"],
             "step": result["total"] - state["params"] - state["grads"],
-            "one_microbatch": _one_microbatch(pipelined, batch),
+            "one_microbatch": one, "one_microbatch_kept": kept,
             "loss": float(loss),
         })  # fmt: skip
         del pipelined
