@@ -93,17 +93,22 @@ def failures(rows: list[dict]) -> list[str]:
 def render(rows: list[dict]) -> str:
     mib = 2**20
     lines = [
-        "| pp | schedule | rank | in flight | before MiB | after MiB | after beyond model state "
-        "| / bound | planner MiB | planner error |",
+        "| pp | schedule | rank | in flight | before MiB | after MiB | beyond model state, "
+        "before / after MiB | / bound, before / after | planner MiB | planner error |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     before = {(r["pp"], r["schedule"], r["rank"]): r for r in rows if not r["release"]}
-    for r in (r for r in rows if r["release"]):
+    after = sorted(
+        (r for r in rows if r["release"]), key=lambda r: (r["pp"], r["schedule"], r["rank"])
+    )
+    for r in after:
         old = before[r["pp"], r["schedule"], r["rank"]]
         lines.append(
             f"| {r['pp']} | {r['schedule']} | {r['rank']} | {r['inflight']:g} "
-            f"| {old['peak'] / mib:.2f} | {r['peak'] / mib:.2f} | {r['step'] / mib:.2f} "
-            f"| {r['over_bound']:.3f} | {r['planner'] / mib:.2f} | {r['planner_error']:+.1%} |"
+            f"| {old['peak'] / mib:.2f} | {r['peak'] / mib:.2f} "
+            f"| {old['step'] / mib:.2f} / {r['step'] / mib:.2f} "
+            f"| {old['over_bound']:.3f} / {r['over_bound']:.3f} "
+            f"| {r['planner'] / mib:.2f} | {r['planner_error']:+.1%} |"
         )
     return "\n".join(lines)
 
