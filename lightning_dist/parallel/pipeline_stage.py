@@ -18,12 +18,16 @@ output stays until the step is over, not until its backward.
   has used it by then (it computed the gradient this backward consumed), so the send is done;
   the storage is released (`untyped_storage().resize_(0)`), the way FSDP frees unsharded
   parameters, since the schedule's handle on the send still refers to the tensor;
+- the input gradient a stage sent is freed, under a multi-stage schedule, once an earlier
+  stage of the same rank has run that microbatch's backward: the gradient has travelled
+  through every stage in between, so it arrived;
 - forward only (evaluation), a microbatch's input and output are dropped once it is sent.
 
-What is left per microbatch is what backward needs (the activations torch's autograd saves)
-and the gradient a stage sent back, which a multi-stage schedule still holds until the step
-ends (nothing tells the sender when the receiver has it). `planner.memory.buffer_bytes`
-counts exactly this; bench/pipeline_memory.py measures it against torch's own stage.
+What is left per microbatch is what backward needs (the activations torch's autograd saves),
+and under a multi-stage schedule the gradients the rank's first stage sent, which the schedule
+holds until the step ends (nothing on the rank tells when they arrived).
+`planner.pipeline_buffers.pipeline_bytes` counts this; bench/pipeline_memory.py measures it
+against torch's own stage.
 """
 
 from __future__ import annotations
@@ -134,13 +138,17 @@ class InFlightStage(PipelineStage):
         # this one, which has now received the result: those sends are done.
         for later in self.rank_stages:
             if later.stage_index > self.stage_index:
-                _free(later._sent_grads.pop(bwd_chunk_id, ()))
+                later.gradient_arrived(bwd_chunk_id)
         if not pipeline_waits_for_weight_grad(self, bwd_chunk_id):
             self._finish(bwd_chunk_id)
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, *args, **kwargs) -> None:
         super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
         self._finish(bwd_chunk_id)
+
+    def gradient_arrived(self, mb: int) -> None:
+        """The input gradient this stage sent for microbatch `mb` has arrived: free it."""
+        _free(self._sent_grads.pop(mb, ()))
 
     def _finish(self, mb: int) -> None:
         """Microbatch `mb`'s backward has run: drop its buffers and free what it sent."""
