@@ -246,6 +246,25 @@ def pipeline_action_types() -> Any:
     return _ComputationType
 
 
+def pipeline_receive_slots(stage: Any, direction: str) -> dict[int, tuple]:
+    """A torch `PipelineStage`'s receive slots by microbatch: `args_recv_info` (the inputs it
+    receives, `direction="forward"`) or `grad_recv_info` (its outputs' gradients, "backward").
+
+    Each slot's `buffer` is the tensor the receive writes into (None where nothing is
+    received: a root input, an output without gradient). Why here: these attributes are not
+    documented API (no underscore, but torch may rename them); parallel/pipeline_stage.py
+    drops and remakes the buffers so a stage keeps only what is in flight.
+    """
+    return stage.args_recv_info if direction == "forward" else stage.grad_recv_info
+
+
+def pipeline_waits_for_weight_grad(stage: Any, microbatch: int) -> bool:
+    """Whether a torch `PipelineStage` still keeps `microbatch`'s inputs and output gradients
+    for its weight-gradient half (`backward_state`, `dw_runner`: the zero-bubble schedules
+    split backward in two). Undocumented attributes, like `pipeline_receive_slots`'."""
+    return microbatch in stage.backward_state or microbatch in stage.dw_runner
+
+
 def replace_hydra_child_command(child_command: Any) -> None:
     """Replace Lightning's `_hydra_subprocess_cmd` in both launcher modules.
 

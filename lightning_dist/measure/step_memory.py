@@ -154,12 +154,19 @@ class StepMemoryMeter:
         self._model: nn.Module | None = None
         self._optimizers: Sequence[torch.optim.Optimizer] = ()
 
-    def start(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Begin tracking; tensors that exist already (weights, optimizer state) are counted."""
+    def start(
+        self,
+        model: nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        *,
+        external: Iterable[torch.Tensor] = (),
+    ) -> None:
+        """Begin tracking; tensors that exist already (weights, optimizer state, and `external`:
+        other tensors the step keeps, e.g. a pipeline stage's buffers) are counted."""
         self._model, self._optimizers = model, list(optimizers)
         self._tracker = _tracker_class(not self.closure_step, self.module_hooks)()
         self._tracker.peak_activations = {}
-        self._tracker.track_external(model, *self._optimizers)
+        self._tracker.track_external(model, *self._optimizers, *external)
         self._tracker.__enter__()
 
     def optimizer_step_begins(self) -> None:

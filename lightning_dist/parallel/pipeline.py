@@ -206,15 +206,22 @@ def build_schedule(stages: list, layout: Layout, loss_fn: Callable):
     )
 
 
-def _stage_class():
-    """`PipelineStage` whose mixture-of-experts layers record their loads and auxiliary losses
-    in the microbatches' forwards only: torch 2.13 runs each stage once more, on the first step
-    and after each switch between training and evaluation, on empty tensors to learn the shapes
-    it sends (its dynamic metadata inference, which calls the module outside
-    `forward_one_chunk`); that run must not count."""
+def _stage_class(*, experts: bool, in_flight: bool):
+    """The stage class: `InFlightStage` (`parallel/pipeline_stage.py`) or torch's own
+    `PipelineStage` (`in_flight=False`), with, for a mixture of experts, layers that record
+    their loads and auxiliary losses in the microbatches' forwards only: torch 2.13 runs each
+    stage once more, on the first step and after each switch between training and evaluation,
+    on empty tensors to learn the shapes it sends (its dynamic metadata inference, which calls
+    the module outside `forward_one_chunk`); that run must not count."""
     from torch.distributed.pipelining import PipelineStage
 
-    class Stage(PipelineStage):
+    from lightning_dist.parallel.pipeline_stage import InFlightStage
+
+    base = InFlightStage if in_flight else PipelineStage
+    if not experts:
+        return base
+
+    class Stage(base):  # type: ignore[misc,valid-type]
         def forward_one_chunk(self, *args, **kwargs):
             layers = moe_layers(self.submod)
             for m in layers:
@@ -252,11 +259,13 @@ class PipelinedModel(nn.Module):
         device,
         *,
         experts: bool = False,
+        in_flight_only: bool = True,
     ):
         """`experts`: the whole model is a mixture of experts (this rank's stages may hold none
-        of its MoE layers, `first_k_dense`, but take part in summing their losses)."""
+        of its MoE layers, `first_k_dense`, but take part in summing their losses).
+        `in_flight_only=False` runs torch's own `PipelineStage`, which keeps every microbatch's
+        receive buffers (bench/pipeline_memory.py measures the difference)."""
         super().__init__()
-        from torch.distributed.pipelining import PipelineStage
 
         self.stage_ids = [stage for stage, _ in parts]
         self.parts = nn.ModuleList([part for _, part in parts])
@@ -273,11 +282,15 @@ class PipelinedModel(nn.Module):
         for m in self._experts:
             m.recording = False  # on in each microbatch's forward only (`_stage_class`)
         self._aux_loss: torch.Tensor | None = None
-        stage = _stage_class() if self._experts else PipelineStage
-        stages = [
+        stage = _stage_class(experts=bool(self._experts), in_flight=in_flight_only)
+        self.stages = [
             stage(part, index, layout.num_stages, device, group=pp_group) for index, part in parts
         ]
-        self.schedule = build_schedule(stages, layout, self._microbatch_loss)
+        """This rank's torch `PipelineStage`s, in `stage_ids` order."""
+        from lightning_dist.parallel.pipeline_stage import link_stages
+
+        link_stages(self.stages)
+        self.schedule = build_schedule(self.stages, layout, self._microbatch_loss)
 
     def _loss_scale(self) -> int:
         # Each microbatch is 1/num_microbatches of the batch, and each accumulation step

@@ -26,6 +26,10 @@ from lightning_dist.planner.experts import (
     layer_params_on_rank,
     moe_layer_count,
 )
+from lightning_dist.planner.pipeline_buffers import (  # noqa: F401 (re-exported)
+    inflight_microbatches,
+    pipeline_bytes,
+)
 from lightning_dist.planner.settings import (
     RESERVE_BYTES,
     TrainSettings,
@@ -233,41 +237,6 @@ def end_chunk_sizes(
     return tuple(runs)
 
 
-def inflight_microbatches(layout: Layout, stage: str | int, microbatches: int) -> float:
-    """Microbatches, in whole-stage units, whose activations one rank holds at its peak: the
-    most forwards it has run and not yet finished the backward of (for the zero-bubble
-    schedules, the weight-gradient half), as torch's own schedule tables order them
-    (`tests/unit/test_planner.py` replays those tables, with `bench/schedules.py`, and finds
-    these counts exactly for pp 2 to 8, m from pp to 4pp, v 2 to 4).
-
-    `stage` is the pipeline rank r, or 'first' (0), 'only' (0) or 'last' (pp - 1). A rank of an interleaved schedule
-    runs v chunks of its stage, so c held chunks are c / v stage-microbatches. With
-    k = m // max(1, m // pp), the microbatches per round of torch's interleaved schedules:
-
-    - no PP: 1 (gradient accumulation runs microbatches one after another); GPipe: m;
-    - 1F1B: min(m, pp - r);
-    - Interleaved1F1B: min(m v, (v - 1) k + 2 (pp - 1 - r) + 1) chunks (the warm-up of
-      Narayanan et al. 2021, capped at every chunk of every microbatch);
-    - InterleavedZeroBubble: min(m v, (v - 1) k + pp) chunks, alike on every rank;
-    - ZBVZeroBubble (v = 2): min(2 pp, m + 1 + r) chunks.
-    """
-    pp, m, v = layout.pp, microbatches, layout.virtual_stages
-    if pp == 1:
-        return 1.0
-    rank = stage if isinstance(stage, int) else 0 if stage in ("first", "only") else pp - 1
-    per_round = m // max(1, m // pp)
-    schedule = layout.schedule
-    if schedule == "GPipe":
-        return float(m)
-    if schedule == "Interleaved1F1B":
-        return min(m * v, (v - 1) * per_round + 2 * (pp - 1 - rank) + 1) / v
-    if schedule == "InterleavedZeroBubble":
-        return min(m * v, (v - 1) * per_round + pp) / v
-    if schedule == "ZBVZeroBubble":
-        return min(2 * pp, m + 1 + rank) / 2
-    return float(min(m, pp - rank))  # 1F1B
-
-
 def checkpointed_blocks(layout: Layout, settings: TrainSettings, shape: StageShape) -> int:
     """Blocks of one rank of a stage that activation checkpointing wraps: blocks 0, n, 2n, ...
     of each of its chunks (each chunk is checkpointed on its own, `parallel/parallelize.py`)."""
@@ -400,8 +369,8 @@ def buffer_bytes(
       (gradient_as_bucket_view=True) and cost nothing; PowerSGD
       (`strategy.grad_compression=powersgd`) keeps each bucket's error feedback, an fp32 copy
       of the gradients, from step to step;
-    - a pipeline stage receives each microbatch's input (a non-first stage) or output gradient
-      (a non-last one) into its own buffer, [mbs, seq_len / cp, dim] each, kept for the step.
+    - a pipeline stage keeps what its in-flight microbatches need beside their blocks'
+      activations (`pipeline_bytes`).
     """
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
     # Gathered parameters and unsharded gradients are in the compute dtype.
@@ -416,14 +385,7 @@ def buffer_bytes(
         gathered = w * shape.params
     else:
         gathered = w * (sum(shape.roots) + (shape.block if shape.layers else 0.0))
-    p2p = 0.0
-    if layout.pp > 1:
-        sp = layout.tp if settings.sequence_parallel else 1
-        # Each chunk on this rank receives both ways, but the model's first and last chunks.
-        recvs = 2 * layout.virtual_stages - shape.has_embedding - shape.has_output
-        residual = settings.residual_bytes
-        tokens = microbatches * settings.rank_tokens(layout)
-        p2p = recvs * tokens * model.dim / sp * residual
+    p2p = pipeline_bytes(model, layout, settings, shape, microbatches) if layout.pp > 1 else 0.0
     return gathered + p2p
 
 

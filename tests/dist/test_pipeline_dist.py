@@ -43,3 +43,35 @@ def test_clipping_counts_copies_of_each_piece(fake_2d_mesh):
         copies(fake_2d_mesh["dp_shard"], [Shard(0)]) == 2
     )  # an FSDP-only norm, replicated over tp
     assert _local_and_copies(torch.ones(3), stage_size=4)[1] == 4  # a plain replicated tensor
+
+
+# --- what a stage keeps per step, in 2 gloo ranks ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_stage_keeps_only_the_microbatches_in_flight(worlds):
+    """pp2, 8 microbatches (tests/dist/pipeline_memory_cases.py, bench/pipeline_memory.py's
+    rows): with `InFlightStage` each rank's peak is below torch's own stage's, within 1.10 x
+    the in-flight bound, and the planner within 5% of it; the losses do not change."""
+    import importlib.util
+
+    from tests.repo import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_pipeline_memory", REPO_ROOT / "bench" / "pipeline_memory.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cases = [
+        dict(schedule="1F1B", virtual_stages=1, release=False),
+        dict(schedule="1F1B", virtual_stages=1, release=True),
+        dict(schedule="Interleaved1F1B", virtual_stages=2, release=True),
+    ]
+    rows = [bench.counted(r) for part in worlds(2).run("pipeline_memory_cases:stage_memory", cases)
+            for r in part]  # fmt: skip
+    print(bench.render([r for r in rows if r["schedule"] == "1F1B"]))
+    assert bench.failures(rows) == []
+    for rank in (0, 1):
+        before, after = (r for r in rows if r["rank"] == rank and r["schedule"] == "1F1B")
+        assert after["peak"] <= before["peak"] - 7 * 2 * 128 * 64 * 4, (before, after)  # 7 R
+        assert after["loss"] == before["loss"]
