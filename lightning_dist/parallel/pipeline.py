@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lightning_dist._compat import module_internals
+from lightning_dist._compat import module_internals, pipeline_action_types
 from lightning_dist.layout import Layout, balanced_split  # noqa: F401 (re-exported)
 from lightning_dist.models.moe import moe_layers, take_aux_loss
 from lightning_dist.models.protocol import PipelineLayers
@@ -380,8 +380,6 @@ def _forward_actions_only(schedule):
     if order is None:  # a single-stage schedule: its eval() is fine
         yield
         return
-    from lightning_dist._compat import pipeline_action_types
-
     C = pipeline_action_types()
 
     keep = {C.FORWARD, C.SEND_F, C.RECV_F, C.UNSHARD, C.RESHARD}
