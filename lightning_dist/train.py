@@ -54,10 +54,23 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     start_record(plan, run)
     from lightning_dist.checkpoint.format import CheckpointWriteError
     from lightning_dist.cluster.replica_groups import LighthouseLost
+    from lightning_dist.data.records import BadRecord
+    from lightning_dist.run.errors import ConfigError
     from lightning_dist.run.finish import write_stopped_summary
 
     try:
         fit(run, ckpt_path=plan.ckpt_path)
+    except BadRecord as e:
+        if run.trainer.global_step == 0:
+            raise  # before step 1: a configuration error like any other
+        # A streamed source reached it mid-run, on every rank at the same step (each reads the
+        # whole stream): the steps trained are kept, then the run's one line and exit status 2.
+        step = run.trainer.global_step
+        saved = last_checkpoint_words(plan) + write_stopped_summary(
+            plan, run, wall_seconds=time.perf_counter() - started, status="bad_record", error=str(e)
+        )
+        end_barrier(plan.spec.trainer.collective_timeout_s)
+        raise ConfigError(f"{e} (reached after step {step}{saved})") from None
     except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
         status = "checkpoint_failed" if isinstance(e, CheckpointWriteError) else "lighthouse_lost"
         saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)

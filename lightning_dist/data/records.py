@@ -40,7 +40,23 @@ MAX_TEXT_BYTES = 256 << 20
 MAX_LINE_BYTES = 256 << 20
 """The longest JSON Lines record; a longer line is refused rather than read into memory."""
 _BATCH_ROWS = 1024
-_SKIP_HINT = "fix it, or set skip_bad_records to skip such records"
+SKIP_HINT = (
+    "repair that record, or skip bad records with a count (train.py: "
+    "data.skip_bad_records=true; prepare: --skip-bad-records)"
+)
+
+
+class BadRecord(ConfigError):
+    """One malformed record: `where` is `file:line: what is wrong` (a row for Parquet and
+    Arrow); its message adds how to fix or skip it. Raised when a read reaches the record, so
+    for a streamed source possibly mid-run (train.py then keeps the steps trained)."""
+
+    def __init__(self, where: str):
+        super().__init__(where)  # the one argument: it pickles (a DataLoader worker's error)
+        self.where = where
+
+    def __str__(self) -> str:
+        return f"{self.where}; {SKIP_HINT}"
 
 
 @dataclass
@@ -64,13 +80,15 @@ def iter_documents(
     field: str | None = None,
     skip_bad_records: bool = False,
     stats: ReadStats | None = None,
+    quiet: bool = False,
 ) -> Iterator[str]:
     """The documents of one local file (one folder for `hf_disk`) in order, streamed.
 
     The path, format and compression are checked at once; the records as they are read. A bad
-    record (malformed JSON, a missing or non-string field, a null) raises `ConfigError` naming
+    record (malformed JSON, a missing or non-string field, a null) raises `BadRecord` naming
     file:line, unless `skip_bad_records`: then it is skipped, counted in `stats`, and one
-    `warning:` line at the end of the file gives the count. A field missing from the file's
+    `warning:` line at the end of the file gives the count (none when `quiet`: a stream
+    reports its count at the end of the run). A field missing from the file's
     first record is refused either way: it is a wrong `field`, not a bad record.
     """
     if fmt not in FORMATS:
@@ -89,16 +107,16 @@ def iter_documents(
         )
     stats = stats if stats is not None else ReadStats()
     readers = {"text": _text, "jsonl": _jsonl, "parquet": _parquet, "hf_disk": _arrow_stream}
-    return _counted(path, files, readers[fmt], column, skip_bad_records, stats)
+    return _counted(path, files, readers[fmt], column, skip_bad_records, stats, quiet)
 
 
-def _counted(path, files, reader, column, skip_bad_records, stats) -> Iterator[str]:
+def _counted(path, files, reader, column, skip_bad_records, stats, quiet) -> Iterator[str]:
     skipped_before = stats.skipped
     for file in files:
         for text in reader(file, column, skip_bad_records, stats):
             stats.documents += 1
             yield text
-    if stats.skipped > skipped_before:
+    if stats.skipped > skipped_before and not quiet:
         print_line(
             f"warning: {path}: skipped {stats.skipped - skipped_before} bad records "
             f"(the first: {stats.first_skipped})"
@@ -252,7 +270,7 @@ def _jsonl(path: Path, column: str, skip_bad_records: bool, stats: ReadStats) ->
             if problem:
                 where = f"{path}:{lineno}: {problem}"
                 if not skip_bad_records:
-                    raise ConfigError(f"{where}; {_SKIP_HINT}")
+                    raise BadRecord(where)
                 stats.skip(where)
                 continue
             yield text
@@ -300,7 +318,7 @@ def _batches_texts(path: Path, batches, column: str, skip_bad_records, stats) ->
             if text is None:
                 where = f"{path}: row {row}: column {column!r} is null"
                 if not skip_bad_records:
-                    raise ConfigError(f"{where}; {_SKIP_HINT}")
+                    raise BadRecord(where)
                 stats.skip(where)
                 continue
             yield text

@@ -444,6 +444,14 @@ class MixtureDataModule(LMDataModule):
             offset += len(val_set)
         return self._loader(Subset(self.val_set, pieces), sampler=None, batch_size=micro)
 
+    def skipped_records(self) -> dict[str, dict[str, Any]]:
+        """Streamed sources' bad records skipped while training (`data.skip_bad_records`): a
+        count and the first one's file:line per source; a prepared source's are counted when
+        it is tokenized, in its `warning:` line."""
+        if isinstance(self.train_set, StreamedMixture):
+            return self.train_set.skipped_records()
+        return {}
+
     def mixture_summary(self, global_step: int) -> dict[str, Any] | None:
         """Each source's weight, samples drawn in `global_step` steps and share of the tokens
         trained on (every sample has `seq_len` targets): summary.json's `data_mixture`; None

@@ -34,12 +34,13 @@ import itertools
 from collections import deque
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
+from lightning_dist.data.records import ReadStats
 from lightning_dist.lm.datasets import TokenWindows, WindowSet, packed_window
 from lightning_dist.lm.mixture import MixturePlan
 from lightning_dist.lm.sampling import GlobalBatchSampler
@@ -56,6 +57,20 @@ FIRST_CHUNK = 64
 """Windows in an epoch's first chunk; each next chunk is twice as large, up to
 `shuffle_windows`: the first step waits for 64 windows, not for a whole buffer."""
 _FILE_ORDER, _CHUNK_ORDER = 0, 1  # seed tags: the two permutations never share a seed
+
+
+class Skipped(NamedTuple):
+    """Bad records skipped (`data.skip_bad_records`): how many, and where the first was."""
+
+    count: int
+    first: str
+
+    def add(self, other: Skipped) -> Skipped:
+        return Skipped(self.count + other.count, self.first or other.first)
+
+
+StreamBlock = tuple[int, int, int, np.ndarray, Skipped]
+"""(epoch, file position, block, token ids, bad records skipped since the block before)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +90,11 @@ class StreamSpec:
     seed: tuple[int, int]
     """(run seed, source index): every permutation of the source is seeded from it."""
 
-    def documents(self, index: int) -> Generator[tuple[bool, str], None, None]:
-        """(held out for validation, text) of each document of file `index`, in file order."""
+    def documents(
+        self, index: int, stats: ReadStats | None = None
+    ) -> Generator[tuple[bool, str], None, None]:
+        """(held out for validation, text) of each document of file `index`, in file order;
+        the bad records skipped are counted in `stats` (`data.skip_bad_records`)."""
         from lightning_dist.data.records import iter_documents
 
         path = self.files[index]
@@ -85,25 +103,32 @@ class StreamSpec:
                 yield self.val_files[index], text
             return
         texts = iter_documents(
-            path, self.format, field=self.field, skip_bad_records=self.skip_bad_records
+            path,
+            self.format,
+            field=self.field,
+            skip_bad_records=self.skip_bad_records,
+            stats=stats,
+            quiet=True,
         )
         for k, text in enumerate(texts):
             yield held_out(k, self.val_fraction), text
 
-    def blocks(self, index: int) -> Iterator[list[str]]:
-        """The training documents of file `index`, in blocks."""
+    def blocks(self, index: int) -> Iterator[tuple[list[str], Skipped]]:
+        """The training documents of file `index`, in blocks, each with the bad records skipped
+        since the block before it."""
         block: list[str] = []
         characters = 0
-        for is_val, text in self.documents(index):
+        stats, counted = ReadStats(), 0
+        for is_val, text in self.documents(index, stats):
             if is_val:
                 continue
             block.append(text)
             characters += len(text)
             if len(block) >= BLOCK_DOCUMENTS or characters >= BLOCK_CHARACTERS:
-                yield block
-                block, characters = [], 0
-        if block:
-            yield block
+                yield block, Skipped(stats.skipped - counted, stats.first_skipped)
+                block, characters, counted = [], 0, stats.skipped
+        if block or stats.skipped > counted:
+            yield block, Skipped(stats.skipped - counted, stats.first_skipped)
 
     def file_order(self, epoch: int) -> list[int]:
         """The files of `epoch`, in the order they are read."""
@@ -132,20 +157,33 @@ class BlockStream(IterableDataset):
     def __init__(self, spec: StreamSpec, start: tuple[int, int, int]):
         self.spec, self.start = spec, start
 
-    def __iter__(self) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    def __iter__(self) -> Iterator[StreamBlock | ConfigError]:
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            return self._blocks(0, 1)
+        return self._in_worker(info.id, info.num_workers)
+
+    def _in_worker(self, worker: int, workers: int) -> Iterator[StreamBlock | ConfigError]:
+        """A worker's blocks, then, for a refusal (a bad record), the error itself as its last
+        item: the training process raises it (`WindowStream`), as one line, where the
+        DataLoader would re-raise it with the worker's traceback in its message."""
+        try:
+            yield from self._blocks(worker, workers)
+        except ConfigError as e:
+            yield e
+
+    def _blocks(self, worker: int, workers: int) -> Iterator[StreamBlock]:
         tokenizer = load_tokenizer(self.spec.tokenizer_path)
         epoch, first_position, first_block = self.start
         ordinal = 0
         while True:
             order, blocks = self.spec.file_order(epoch), 0
             for position in range(first_position, len(order)):
-                for block, texts in enumerate(self.spec.blocks(order[position])):
+                for block, (texts, skipped) in enumerate(self.spec.blocks(order[position])):
                     if block < first_block:
                         continue
                     if ordinal % workers == worker:
-                        yield epoch, position, block, tokenize(tokenizer, texts)
+                        yield epoch, position, block, tokenize(tokenizer, texts), skipped
                     ordinal, blocks = ordinal + 1, blocks + 1
                 first_block = 0
             if blocks == 0 and first_position == 0:
@@ -183,7 +221,7 @@ class WindowStream:
         self.draw, self.epoch, self.chunk_index = at["draw"] - at["skip"], at["epoch"], at["chunk"]
         start = (at["epoch"], at["file_position"], at["block"])
         blocks = BlockStream(spec, start)
-        self.blocks: Iterator[tuple[int, int, int, np.ndarray]] = (
+        self.blocks: Iterator[StreamBlock | ConfigError] = (
             iter(DataLoader(blocks, batch_size=None, num_workers=num_workers))
             if num_workers
             else iter(blocks)
@@ -192,7 +230,9 @@ class WindowStream:
         self.segments: list[list[int]] = []
         """[start in buffer, file position, block, offset in block] of each block in buffer."""
         self.first_offset = at["offset"]
-        self.pending: tuple[int, int, int, np.ndarray] | None = None
+        self.pending: StreamBlock | None = None
+        self.skipped = Skipped(0, "")
+        """The bad records skipped in the blocks read (`data.skip_bad_records`)."""
         self.chunk: list[np.ndarray] = []
         self.used = 0
         self.history: deque[dict[str, int]] = deque()
@@ -274,11 +314,14 @@ class WindowStream:
     def _append_block(self) -> bool:
         """Append the epoch's next block; False (holding it back) when it opens the next."""
         item = self.pending if self.pending is not None else next(self.blocks)
-        epoch, position, block, ids = item
+        if isinstance(item, ConfigError):  # a worker's refusal (`BlockStream._in_worker`)
+            raise item
+        epoch, position, block, ids, skipped = item
         if epoch != self.epoch:
             self.pending = item
             return False
         self.pending = None
+        self.skipped = self.skipped.add(skipped)
         ids = np.asarray(ids, dtype=np.int32)[self.first_offset :]
         self.segments.append([len(self.buffer), position, block, self.first_offset])
         self.buffer = np.concatenate([self.buffer, ids]) if len(self.buffer) else ids
@@ -330,6 +373,15 @@ class StreamedMixture(IterableDataset):
         return {
             self.specs[s].name: stream.position_at(drawn[s])  # type: ignore[union-attr]
             for s, stream in self.streams.items()
+        }
+
+    def skipped_records(self) -> dict[str, dict[str, Any]]:
+        """The bad records each started stream skipped (`data.skip_bad_records`), by source
+        name, where there were any: summary.json's `skipped_records`."""
+        return {
+            self.specs[s].name: {"count": skipped.count, "first": skipped.first}  # type: ignore[union-attr]
+            for s, stream in self.streams.items()
+            if (skipped := stream.skipped).count
         }
 
     def __iter__(self) -> Iterator[Any]:

@@ -46,6 +46,9 @@ def finish_run(plan: RunPlan, run: BuiltRun, *, wall_seconds: float) -> dict[str
     summary["command"] = command_line()
     summary["precision"] = str(trainer.precision)  # what ran, after Lightning's own resolution
     summary["data"] = getattr(run.datamodule, "inputs", None)  # files, bytes, first paths
+    skipped = getattr(run.datamodule, "skipped_records", None)  # streamed sources' bad records
+    if skipped is not None and skipped():
+        summary["skipped_records"] = skipped()
     mixture = getattr(run.datamodule, "mixture_summary", None)  # several sources: their shares
     if mixture is not None and mixture(trainer.global_step) is not None:
         summary["data_mixture"] = mixture(trainer.global_step)

@@ -116,6 +116,11 @@ def summary_block(summary: dict[str, Any], path: Path | str | None = None) -> st
         f"{_fmt(max(peaks) / 1024**3 if peaks else None, '.2f')} GiB (largest rank)"
     )
     lines = [head, loss, rate]
+    for name, skipped in (summary.get("skipped_records") or {}).items():
+        lines.append(
+            f"  warning: source {name}: skipped {skipped['count']} bad record(s) "
+            f"(data.skip_bad_records=true; the first: {skipped['first']})"
+        )
     if path is not None:
         lines.append(f"  summary: {path}")
     return "\n".join(lines)

@@ -134,7 +134,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, Path, str, dict, str]]:
     gz = gzip.compress(good * 50)
     return [
         ("malformed line", write(tmp / "m.jsonl", good + b'{"text": "a",\n'), "jsonl", {},
-         r"m.jsonl:5: not valid JSON .*set skip_bad_records"),
+         r"m.jsonl:5: not valid JSON .*data.skip_bad_records=true"),
         ("not an object", write(tmp / "o.jsonl", good + b'"just a string"\n'), "jsonl", {},
          r"o.jsonl:5: a JSON str, not an object"),
         ("missing field", write(tmp / "f.jsonl", good), "jsonl", {"field": "body"},

@@ -113,7 +113,7 @@ def test_workers_taken_in_turn_give_the_blocks_of_one_reader(tmp_path, monkeypat
         info = None if worker is None else SimpleNamespace(id=worker, num_workers=workers)
         monkeypatch.setattr(streaming, "get_worker_info", lambda: info)
         out = itertools.islice(streaming.BlockStream(spec, (0, 1, 0)), count)
-        return [(e, p, b, ids.tolist()) for e, p, b, ids in out]
+        return [(e, p, b, ids.tolist(), skipped) for e, p, b, ids, skipped in out]
 
     alone = blocks(None, 1, 12)
     for workers in (2, 3):
