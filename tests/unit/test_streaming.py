@@ -11,8 +11,10 @@ import dataclasses
 import itertools
 import json
 
+import pytest
 import torch
 
+from lightning_dist.data.records import BadRecord
 from lightning_dist.lm.data import MixtureDataModule
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.streaming import WindowStream
@@ -38,10 +40,16 @@ def corpus(folder) -> list[dict]:
     ]  # fmt: skip
 
 
-def read(sources, *, rank=0, ranks=1, micro=G, start=0, streams=None, drawn=None):
+def read(sources, *, rank=0, ranks=1, micro=G, start=0, streams=None, drawn=None, **settings):
     """Steps start .. STEPS - 1 of one rank: a list of micro-batches per step."""
     dm = MixtureDataModule(
-        sources=sources, seq_len=12, global_batch_size=G, val_batches=1, val_fraction=0.2, seed=3
+        sources=sources,
+        seq_len=12,
+        global_batch_size=G,
+        val_batches=1,
+        val_fraction=0.2,
+        seed=3,
+        **settings,
     )
     dm.setup("fit")
     if drawn is not None:
@@ -120,3 +128,43 @@ def test_workers_taken_in_turn_give_the_blocks_of_one_reader(tmp_path, monkeypat
         parts = [blocks(w, workers, 12 // workers) for w in range(workers)]
         in_turn = [parts[i % workers][i // workers] for i in range(12)]
         assert in_turn == alone, workers
+
+
+def test_a_bad_record_reached_mid_stream_stops_with_its_line_or_is_skipped_with_a_count(
+    tmp_path, monkeypatch
+):
+    """Line 150 is in the second block (64 training documents each): the stream stops there
+    with the one-line `BadRecord` naming file:line and the fix. A DataLoader worker (worker 0
+    of 1, read in this process) yields the error itself after its good blocks, for the training
+    process to raise (the DataLoader would re-raise it with the worker's traceback in its
+    message). Skipped, it is counted (summary.json's `skipped_records`, the closing block)."""
+    from types import SimpleNamespace
+
+    from lightning_dist.lm import streaming
+    from lightning_dist.runtime.record import summary_block
+
+    lines = [json.dumps({"body": f"record {k} " + "word " * 4}) for k in range(200)]
+    bad = {"json": '{"body": "cut short', "field": json.dumps({"text": "no body"})}
+    for name, line in bad.items():
+        (tmp_path / f"{name}.jsonl").write_text("\n".join([*lines[:149], line, *lines[150:]]))
+    source = {"format": "jsonl", "field": "body", "stream": True, "shuffle_windows": 7}
+    out, dm = read([{**source, "path": str(tmp_path / "json.jsonl")}], skip_bad_records=True)
+    assert len(out) == STEPS
+    first = f"{tmp_path / 'json.jsonl'}:150: not valid JSON (Invalid control character at)"
+    assert dm.skipped_records() == {"json.jsonl": {"count": 1, "first": first}}
+    block = summary_block({"skipped_records": dm.skipped_records()})
+    assert (
+        f"warning: source json.jsonl: skipped 1 bad record(s) (data.skip_bad_records=true; the first: {first})"
+        in block
+    )
+    why = {"json": "not valid JSON (", "field": "no field 'body'"}
+    for name in bad:
+        with pytest.raises(BadRecord) as raised:
+            read([{**source, "path": str(tmp_path / f"{name}.jsonl")}])
+        message = str(raised.value)
+        assert message.startswith(f"{tmp_path / name}.jsonl:150: {why[name]}"), message
+        assert "data.skip_bad_records=true" in message and "\n" not in message, message
+    spec = dataclasses.replace(dm.sources[0].spec, skip_bad_records=False)
+    monkeypatch.setattr(streaming, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=1))
+    items = list(streaming.BlockStream(spec, (0, 0, 0)))
+    assert len(items) == 2 and isinstance(items[1], BadRecord) and items[1].where == first
