@@ -62,11 +62,11 @@ _FILE_ORDER, _CHUNK_ORDER = 0, 1  # seed tags: the two permutations never share 
 class Skipped(NamedTuple):
     """Bad records skipped (`data.skip_bad_records`): how many, and where the first was."""
 
-    count: int
+    records: int
     first: str
 
     def add(self, other: Skipped) -> Skipped:
-        return Skipped(self.count + other.count, self.first or other.first)
+        return Skipped(self.records + other.records, self.first or other.first)
 
 
 StreamBlock = tuple[int, int, int, np.ndarray, Skipped]
@@ -379,9 +379,9 @@ class StreamedMixture(IterableDataset):
         """The bad records each started stream skipped (`data.skip_bad_records`), by source
         name, where there were any: summary.json's `skipped_records`."""
         return {
-            self.specs[s].name: {"count": skipped.count, "first": skipped.first}  # type: ignore[union-attr]
+            self.specs[s].name: {"count": skipped.records, "first": skipped.first}  # type: ignore[union-attr]
             for s, stream in self.streams.items()
-            if (skipped := stream.skipped).count
+            if (skipped := stream.skipped).records
         }
 
     def __iter__(self) -> Iterator[Any]:
