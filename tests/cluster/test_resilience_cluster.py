@@ -3,7 +3,8 @@ NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP ra
 and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); torchrun
 restarts a killed rank, which resumes and finishes bitwise; a checkpoint folder that turns
 unwritable stops every rank with one line, its last save in a fallback folder that resumes
-bitwise. (A stopped rank is
+bitwise; a bad record that a streamed source reaches mid-run (in a DataLoader worker) stops
+every rank with one line naming file:line, the steps trained kept. (A stopped rank is
 test_stopped_rank.py; the NaN guard and the checkpoint scan in one process are
 tests/unit/test_resilience.py; an asynchronous save against a synchronous one is
 tests/dist/test_fsdp_dist.py.)
@@ -62,6 +63,20 @@ UNWRITABLE = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
               "+callbacks.slow.seconds=0.3"]  # fmt: skip
 
 
+def _bad_record_job(root: Path) -> Job:
+    """2 ranks stream a JSON Lines file whose line 201 is cut short: with 16 samples a step,
+    the stream reaches it after step 3 (its first record is read as the run starts)."""
+    lines = [json.dumps({"text": f"doc {k} the quick brown fox jumps"}) for k in range(600)]
+    lines[200] = '{"text": "cut short'
+    corpus = root / "bad_record.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    return train_job("strategy=ddp", "hardware.devices=2", "data=mixture",
+                     f"data.sources=[{{path: {corpus}, format: jsonl, stream: true}}]",
+                     "data.global_batch_size=16", "data.val_fraction=0.5", "data.val_batches=1",
+                     "data.num_workers=1", "trainer.max_steps=12",
+                     "trainer.checkpoint.every_n_train_steps=2", run_dir=root / "bad_record")  # fmt: skip
+
+
 def _unwritable(folder: Path, on: bool) -> None:
     """Make `folder` unwritable, or writable again. As root (who ignores permissions) by the
     immutable attribute, otherwise by permissions: either way, creating anything in it fails
@@ -100,6 +115,7 @@ def first_wave(tmp_path_factory):
                         root / "torchrun"),
         **{name: train_job(*DDP12, *_logged(name), *SLOW, run_dir=root / name) for name in SIGNALS},
         "unwritable": train_job(*UNWRITABLE, run_dir=root / "unwritable"),
+        "bad_record": _bad_record_job(root),
     }  # fmt: skip
     lost = root / "unwritable" / "checkpoints"
     actions = {
@@ -209,6 +225,31 @@ def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_
     full, after = _summary(jobs["full"]), _summary(resumed["unwritable"])
     assert after["first_step"] == step and after["steps"] == 12
     assert after["losses"] == full["losses"]
+
+
+# --- a bad record reached mid-run -----------------------------------------------------------
+
+
+def check_bad_record_stop(job: Job) -> None:
+    """Each rank: one line naming file:line, the fix and the last checkpoint; no traceback (of
+    the worker either); rank 0's summary.json holds the steps trained; exit status 2."""
+    err, corpus = job.stderr, job.run_dir.with_suffix(".jsonl")
+    assert job.code == 2, f"exited {job.code}:\n{err[-3000:]}"
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 2 and "Traceback" not in err, err[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    step = summary["steps"]
+    assert summary["status"] == "bad_record" and len(summary["losses"]) == step > 1
+    for line in lines:
+        assert line.startswith(f"error: {corpus}:201: not valid JSON"), line
+        assert "data.skip_bad_records=true" in line and f"reached after step {step};" in line
+        assert f"its last checkpoint is {job.run_dir / 'checkpoints'}/step" in line, line
+    assert f"the losses of steps 1-{step} are in {job.run_dir / 'summary.json'}" in err
+
+
+@pytest.mark.slow
+def test_a_bad_record_reached_mid_run_stops_every_rank_in_one_line(first_wave):
+    check_bad_record_stop(first_wave[0]["bad_record"])
 
 
 # --- elastic restart under torchrun ---------------------------------------------------------
