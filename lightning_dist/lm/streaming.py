@@ -151,8 +151,8 @@ def tokenize(tokenizer: Any, texts: list[str]) -> np.ndarray:
 
 class BlockStream(IterableDataset):
     """The tokenized blocks of a source's stream from `start` = (epoch, file position, block),
-    epoch after epoch: (epoch, file position, block, ids). In a DataLoader worker, only every
-    W-th block is tokenized (see the module docstring)."""
+    epoch after epoch: `StreamBlock`s. In a DataLoader worker, only every W-th block is
+    tokenized (see the module docstring), and a refusal is its last item (`_in_worker`)."""
 
     def __init__(self, spec: StreamSpec, start: tuple[int, int, int]):
         self.spec, self.start = spec, start
