@@ -124,9 +124,11 @@ class MixtureOptions:
 
     skip_bad_records: bool = knob(
         False,
-        "jsonl, parquet, hf_disk and chat sources: skip a malformed record (counted, one "
-        "warning line per file) instead of stopping with its file:line; jsonl, parquet, "
-        "hf_disk: a field missing from a file's first record stops either way.",
+        "jsonl, parquet, hf_disk and chat sources: skip a malformed record (counted: one "
+        "warning line per file; a streamed source's in summary.json's skipped_records and the "
+        "run's closing lines) instead of stopping with its file:line (a stream: when it reaches "
+        "it, keeping the steps trained); jsonl, parquet, hf_disk: a field missing from a file's "
+        "first record stops either way.",
     )
     remote_cache_gib: float = knob(
         50.0,
