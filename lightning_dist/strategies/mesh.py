@@ -140,11 +140,13 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         ParallelStrategy.setup_environment(self)  # the accelerator's device (not the base's)
         reset_seed()
         self.set_world_ranks()
-        self.init_process_group()
-        install_refusal_hook()  # outside torch.distributed's, which init_process_group installs
-        with refusals():  # alike on every rank: one line from rank 0 (runtime/refusal.py)
+        # Alike on every rank, and before the process group: a rank that refused cannot leave a
+        # peer halfway through connecting to it (one line from rank 0, runtime/refusal.py).
+        with refusals():
             layout = self.layout_for(self.num_processes, self.num_nodes)
             check_param_dtype(self.options.precision.param_dtype, self.precision_plugin.precision)
+        self.init_process_group()
+        install_refusal_hook()  # outside torch.distributed's, which init_process_group installs
         self.runtime = MeshRuntime(
             layout, self.options, device=self.root_device,
             precision=str(self.precision_plugin.precision),
