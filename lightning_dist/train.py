@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lightning_dist.runtime.process_end import end_barrier, end_torchrun_agent
-from lightning_dist.runtime.quiet import quiet_native_logs
+from lightning_dist.runtime.process_end import end_barrier, end_torchrun_agent, run_then_end
+from lightning_dist.runtime.quiet import quiet_known_warnings, quiet_native_logs
 
 NON_FINITE_EXIT_CODE = 3
 """Exit status of a run that stopped at a non-finite loss (every rank stops at the same step)."""
@@ -34,11 +34,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     hold_requeue_signal()  # under Slurm, before anything slow: SIGUSR1 must not end the process
     # It records this process's parent while a launcher that started it is surely alive.
     import lightning_dist.strategies.launch  # noqa: F401
-    from lightning_dist.runtime.quiet import quiet_known_warnings
 
     quiet_known_warnings()
     from lightning_dist.run.build import build_run
-    from lightning_dist.run.errors import config_errors
+    from lightning_dist.run.errors import ConfigError, config_errors
     from lightning_dist.run.finish import finish_run, start_record
     from lightning_dist.run.plan import check_launch, plan_run
     from lightning_dist.run.preflight import print_prediction
@@ -55,7 +54,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from lightning_dist.checkpoint.format import CheckpointWriteError
     from lightning_dist.cluster.replica_groups import LighthouseLost
     from lightning_dist.data.records import BadRecord
-    from lightning_dist.run.errors import ConfigError
     from lightning_dist.run.finish import write_stopped_summary
 
     try:
@@ -143,7 +141,6 @@ def main() -> None:
 
     from lightning_dist.config import CONF_MODULE
     from lightning_dist.run.errors import guard_command_line
-    from lightning_dist.runtime.process_end import run_then_end
 
     guard_command_line()  # Hydra-level overrides that run code, and Hydra's errors in one line
     hydra_main = hydra.main(

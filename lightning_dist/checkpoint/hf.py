@@ -27,6 +27,7 @@ import torch
 from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.models.hf import IMPORTABLE_MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from lightning_dist.models.hf import NOT_IMPORTABLE as UNREPRESENTABLE
+from lightning_dist.models.hf import HFModelSpec
 
 # Per layer: our name -> Hugging Face name (both relative to the layer).
 LAYER_NAMES = {
@@ -311,7 +312,6 @@ def model_args_from_hf(hf_dir: Path) -> ModelArgs | MoEArgs:
     """Our `ModelArgs` (`MoEArgs` for Mixtral, `models.hf.moe_fields`) for the HF model in
     `hf_dir` (its config.json); ValueError (one line) when our model cannot represent it
     exactly."""
-    from lightning_dist.models.hf import HFModelSpec
 
     raw = json.loads((hf_dir / "config.json").read_text())
     model_type = raw.get("model_type")

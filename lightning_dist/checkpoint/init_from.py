@@ -25,6 +25,7 @@ from lightning_dist.checkpoint.weights import (
     CheckpointError,
     CheckpointInfo,
     architecture_difference,
+    model_overrides,
     one_process_io,
     open_checkpoint,
 )
@@ -54,8 +55,6 @@ def check_init_from(path: str, spec: Any) -> CheckpointInfo:
     if problem:
         hint = ""
         if info.args is not None:
-            from lightning_dist.checkpoint.weights import model_overrides
-
             hint = f"; its model is {' '.join(model_overrides(info.args))}"
         raise ValueError(f"trainer.init_from={path} {problem}{hint}")
     return info

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import load as dcp_load
 
 from lightning_dist._compat import DCP_METADATA_RECORDS, dcp_metadata_path, dcp_set_element
 from lightning_dist.checkpoint.pieces import PiecewiseLoadPlanner
@@ -116,7 +117,6 @@ def load(state_dict: dict[str, Any], path: str | Path, *, process_group=None, no
 
     The metadata is checked here first: DCP itself would swallow a refusal, log its traceback
     and retry with per-rank metadata files."""
-    from torch.distributed.checkpoint import load as dcp_load
 
     metadata = Path(path) / ".metadata"
     if not metadata.is_file():

@@ -24,9 +24,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightning_dist._compat import LIGHTNING_CHECKPOINT_METADATA
-from lightning_dist.checkpoint.fence import FolderFence
-from lightning_dist.checkpoint.format import is_weights_only
-from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX
+from lightning_dist.checkpoint.fence import CheckpointFence, FolderFence
+from lightning_dist.checkpoint.format import (
+    check_model_shapes,
+    is_weights_only,
+    require_lightning_state,
+    require_resumable,
+)
+from lightning_dist.checkpoint.manifest import MANIFEST, PERMISSION_FIX, cannot_read, open_manifest
 from lightning_dist.options.knobs import options_of
 from lightning_dist.options.saving import SaveOptions
 
@@ -295,7 +300,6 @@ class RunCheckpoints:
         runs that save on a schedule or resume from the folder (restarts, elastic rounds)."""
         if not (self.saving.every_n_train_steps or self.saving.save_last or self.resume == "auto"):
             return []
-        from lightning_dist.checkpoint.fence import CheckpointFence
 
         return [CheckpointFence(self.dirpath)]
 
@@ -355,12 +359,6 @@ def verify_checkpoint(path: Path, model: Any) -> None:
     process group exists."""
     import torch
 
-    from lightning_dist.checkpoint.format import (
-        check_model_shapes,
-        require_lightning_state,
-        require_resumable,
-    )
-    from lightning_dist.checkpoint.manifest import cannot_read, open_manifest
     from lightning_dist.checkpoint.weights import (
         CheckpointError,
         architecture_difference,

@@ -94,8 +94,6 @@ def check_lighthouse(address: str, timeout_s: float = LIGHTHOUSE_PROBE_S) -> Non
     Lighthouse address (`TORCHFT_LIGHTHOUSE`) within `timeout_s`; without one, torchft's
     manager would retry for over a minute after every rank had started, then fail in a
     traceback."""
-    import socket
-    from urllib.parse import urlsplit
 
     parts = urlsplit(address if "://" in address else f"http://{address}")
     try:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import ConcatDataset
 
-from lightning_dist.data.indexed import token_file_dtype
+from lightning_dist.data.indexed import IndexedDataset, token_file_dtype
 from lightning_dist.lm.datasets import TokenWindows, WindowSet
 from lightning_dist.lm.source_files import path_matches, record_files
 from lightning_dist.lm.streaming import StreamedSource
@@ -520,7 +520,6 @@ def megatron_source(
     """A Megatron-Core indexed dataset (`prefix.bin` + `prefix.idx`, `data/indexed.py` checks
     both) as a token source: its documents back to back, as Megatron's GPT dataset reads them.
     `path` is the prefix (a `.bin` or `.idx` suffix is dropped), a glob of them, or a list."""
-    from lightning_dist.data.indexed import IndexedDataset
 
     entries = [spec.path] if isinstance(spec.path, str) else list(spec.path or [])
     named = [e for e in entries if Path(f"{e}.idx").expanduser().is_file()]  # bare prefixes

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from lightning_dist.data.records import ReadStats
+from lightning_dist.data.records import ReadStats, iter_documents
 from lightning_dist.lm.datasets import TokenWindows, WindowSet, packed_window
 from lightning_dist.lm.mixture import MixturePlan
 from lightning_dist.lm.sampling import GlobalBatchSampler
@@ -95,7 +95,6 @@ class StreamSpec:
     ) -> Generator[tuple[bool, str], None, None]:
         """(held out for validation, text) of each document of file `index`, in file order;
         the bad records skipped are counted in `stats` (`data.skip_bad_records`)."""
-        from lightning_dist.data.records import iter_documents
 
         path = self.files[index]
         if self.format == "text":

@@ -42,8 +42,6 @@ def check_float8(recipe: str) -> None:
         return
     import importlib.util
 
-    import torch
-
     if importlib.util.find_spec("torchao") is None:
         raise ValueError(_needs_torchao(recipe))
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):

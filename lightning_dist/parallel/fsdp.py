@@ -17,7 +17,7 @@ from torch import nn
 from lightning_dist._compat import hf_block_class_names
 from lightning_dist.options.knobs import check_reshard
 from lightning_dist.parallel.fused import fused_shard_placement
-from lightning_dist.parallel.precision import MixedDtypes
+from lightning_dist.parallel.precision import MixedDtypes, mixed_dtypes
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,6 @@ def fsdp_kwargs(options, *, precision: str, device_type: str) -> dict:
     layout (reshard, prefetch, the mixed-precision policy of the run's precision, offload)."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy
-
-    from lightning_dist.parallel.precision import mixed_dtypes
 
     dtypes = mixed_dtypes(
         param_dtype=options.precision.param_dtype,

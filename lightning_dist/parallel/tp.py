@@ -34,8 +34,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, distribute_module
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel import loss_parallel as vocab_split_loss
 
 from lightning_dist._compat import (
     ParallelStyleHook,
@@ -216,7 +222,6 @@ def apply_tp(
     are a DTensor split on the vocabulary; compute the loss under
     `torch.distributed.tensor.parallel.loss_parallel()`.
     """
-    from torch.distributed.tensor.parallel import parallelize_module
 
     matched = match_plan(model, plan_for(model, plan), strict=strict)
     styles = {
@@ -240,8 +245,6 @@ def apply_tp(
 
 def _style(name: str, module: nn.Module, sequence_parallel: bool, loss_parallel: bool):
     """The torch ParallelStyle of a plan's style name, or None when it does nothing here."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import SequenceParallel
 
     # Between blocks the activations are either replicated or split along the sequence (dim 1).
     between = Shard(1) if sequence_parallel else Replicate()
@@ -329,8 +332,6 @@ def loss_parallel_context(tp: int, loss_parallel: bool):
     import contextlib
 
     if tp > 1 and loss_parallel:
-        from torch.distributed.tensor.parallel import loss_parallel as vocab_split_loss
-
         return vocab_split_loss()
     return contextlib.nullcontext()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lightning_dist.checkpoint.store import RunCheckpoints
+from lightning_dist.checkpoint.store import RunCheckpoints, step_folders
 from lightning_dist.contract import contract_of
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Batch, Layout, batch_plan
@@ -178,7 +178,6 @@ def check_fresh_start(run_dir: Any, checkpoint_dir: Any, run_name: str | None) -
     """A run that starts at step 0 (no trainer.resume=auto, no trainer.ckpt_path) must not write
     over an earlier run's records (summary.json, the metrics CSV, step checkpoints): ValueError
     naming what is there and the ways on (continue it, another name or folder, move it)."""
-    from lightning_dist.checkpoint.store import step_folders
     from lightning_dist.run.loggers import METRICS_CSV
 
     run_dir = Path(run_dir)

@@ -12,8 +12,13 @@ from typing import Any
 from lightning_dist.layout import Batch
 from lightning_dist.planner.advice import slow_link_advice
 from lightning_dist.planner.estimate import evaluate
-from lightning_dist.planner.labels import batch_line, format_seconds, stage_lines
-from lightning_dist.planner.settings import DEFAULT_HEADROOM
+from lightning_dist.planner.labels import (
+    COMMAND_STRATEGIES,
+    batch_line,
+    format_seconds,
+    stage_lines,
+)
+from lightning_dist.planner.settings import COMPILE_SPEEDUP, DEFAULT_HEADROOM, state_bytes
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
 
 LEGEND = f"""legend: the first word is the strategy that runs the row: single, ddp, fsdp2, tp, pp or 3d (data x tensor x
@@ -82,7 +87,6 @@ def strategy_overrides(candidate) -> list[str]:
     """The `strategy=...` and `data.per_rank_batch_size` overrides that make train.py run this
     candidate's layout and settings: the strategy its label names (`Candidate.strategy`) and the
     degrees that preset does not fill by itself (`3d` runs every layout, CPU offload included)."""
-    from lightning_dist.planner.labels import COMMAND_STRATEGIES
 
     lay, st = candidate.layout, candidate.settings
     name = candidate.strategy if candidate.strategy in COMMAND_STRATEGIES else "3d"
@@ -191,7 +195,6 @@ def _config_params(name: str) -> int:
 
 def gpu_model_suggestion(hardware) -> str:
     """The model config to plan on this GPU hardware instead of a CPU one (GPU_MODELS)."""
-    from lightning_dist.planner.settings import state_bytes
 
     if not hardware.memory_gib:
         return GPU_MODELS[-1]
@@ -219,7 +222,6 @@ def model_warning(model, hardware, model_name: str) -> str | None:
 
 def compile_note(strategy: Any) -> str:
     """One line: whether the plan times the blocks compiled, with which backend and speedup."""
-    from lightning_dist.planner.settings import COMPILE_SPEEDUP
 
     settings = compile_settings(strategy)
     if not settings["compile"]:
