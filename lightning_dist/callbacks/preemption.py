@@ -22,11 +22,13 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist._compat import sigterm_broadcast_off
 from lightning_dist.callbacks.context import any_rank
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 """A run stopped by Ctrl-C: checkpointed like a preemption, but not one to requeue."""
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def _nothing() -> None:
+    pass
 
 
 class Preemption(Callback):
@@ -49,6 +55,7 @@ class Preemption(Callback):
         """The optimizer step at which every rank stopped, once they agreed."""
         self.checkpoint: Path | None = None
         self._previous: dict[int, Any] = {}
+        self._restore_broadcast: Callable[[], None] = _nothing
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
@@ -61,12 +68,20 @@ class Preemption(Callback):
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if trainer.received_sigterm:  # came to Lightning's handler before ours
+                self.received = signal.SIGTERM
+            # Its flag can no longer rise, so its broadcast of rank 0's flag before every
+            # batch (`_broadcast_sigterm_tensor`) would be one more collective per step for
+            # nothing: the all-reduce at each step's end below covers every rank's signal.
+            self._restore_broadcast = sigterm_broadcast_off(trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for signum, handler in self._previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
         self._previous = {}
+        self._restore_broadcast()
+        self._restore_broadcast = _nothing
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning_dist.runtime.requeue_signal import release
