@@ -1,7 +1,8 @@
 """NonFiniteGuard: no optimizer step on a NaN or Inf loss or gradient.
 
 Before every optimizer step each rank checks the step's loss and its gradients; the ranks agree
-with one all-reduce, so all of them take the same decision. The default policy stops the run
+with one all-reduce (`StepFlags`, shared with Preemption's flag), so all of them take the same
+decision. The default policy stops the run
 with one line naming the step and the quantity (no step is taken, so no NaN reaches the weights
 or a checkpoint); `policy="skip"` drops the step's gradients instead (the optimizer then updates
 nothing) and stops after `max_skips` consecutive skips.
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_dist.callbacks.context import any_rank
+from lightning_dist.callbacks.context import step_flags
 
 POLICIES = ("stop", "skip")
 
@@ -49,7 +50,8 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads_finite = _all_finite([p.grad for p in params if p.grad is not None])
-        bad = any_rank([not self._loss_finite, not grads_finite], trainer.strategy.root_device)
+        # One all-reduce, shared with the flags other callbacks agree on each step (Preemption).
+        bad = step_flags(trainer).agree(trainer, [not self._loss_finite, not grads_finite])
         self._loss_finite = True
         step = trainer.global_step + 1
         if not any(bad):

@@ -3,8 +3,9 @@ and stops the run cleanly; a second Ctrl-C stops at once.
 
 The signal handler only sets a flag; it never touches a collective (Lightning's own SIGTERM
 handler broadcasts from inside the handler, which deadlocks against a collective that the
-interrupted rank is waiting in). At the end of every optimizer step the ranks OR their flags in
-one all-reduce, so they all see the signal at the same step boundary; then every rank saves
+interrupted rank is waiting in). The ranks OR their flags in one all-reduce per optimizer step
+(before the step, in the NaN guard's: `StepFlags`), so they all see the signal at the same step
+boundary, the end of that step; then every rank saves
 `step<N>.ckpt` into the checkpoint folder, rank 0 prints the command that continues the run, and
 the fit stops without the validation Lightning would run on an early stop. `train()` writes
 summary.json with `"status": "preempted"` (and `"signal"`) and exits with `PREEMPTED_EXIT_CODE`
@@ -29,7 +30,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dist._compat import sigterm_broadcast_off
-from lightning_dist.callbacks.context import any_rank
+from lightning_dist.callbacks.context import step_flags
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 """A run stopped by Ctrl-C: checkpointed like a preemption, but not one to requeue."""
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PREEMPTION_FLAG = "preemption"
+"""Its name in the trainer's `StepFlags`."""
 
 
 def _nothing() -> None:
@@ -74,14 +77,24 @@ class Preemption(Callback):
             # batch (`_broadcast_sigterm_tensor`) would be one more collective per step for
             # nothing: the all-reduce at each step's end below covers every rank's signal.
             self._restore_broadcast = sigterm_broadcast_off(trainer)
+        # Agreed in the NaN guard's all-reduce before each optimizer step where there is one.
+        step_flags(trainer).add(PREEMPTION_FLAG, lambda: self.received is not None)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for signum, handler in self._previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
         self._previous = {}
+        self._end_fit(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._end_fit(trainer)
+
+    def _end_fit(self, trainer: Any) -> None:
+        # Nothing of this fit stays referenced from the trainer or from this callback.
         self._restore_broadcast()
         self._restore_broadcast = _nothing
+        step_flags(trainer).remove(PREEMPTION_FLAG)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning_dist.runtime.requeue_signal import release
@@ -91,7 +104,7 @@ class Preemption(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # not an optimizer-step boundary
-        if not any_rank([self.received is not None], trainer.strategy.root_device)[0]:
+        if not step_flags(trainer).agreed(trainer, PREEMPTION_FLAG):
             return
         step = trainer.global_step
         self.preempted_at = step

@@ -136,6 +136,31 @@ def test_preemption_turns_lightnings_per_batch_sigterm_broadcast_off_for_the_fit
     assert preemption.preempted_at is None
 
 
+def test_preemptions_flag_is_agreed_in_the_nan_guards_all_reduce_before_the_step(tmp_path):
+    """With the NaN guard, Preemption's flag rides the guard's all-reduce before each optimizer
+    step (one collective a step, not two): a signal that comes after step 2's agreement stops
+    the run at the end of step 3. Alone, Preemption agrees at the step's end: step 2."""
+    import signal
+
+    from lightning_dist.callbacks.preemption import Preemption
+
+    class SignalAtStep2(L.Callback):  # between step 2's agreement and Preemption's reading
+        def __init__(self, preemption: Preemption) -> None:
+            self.preemption = preemption
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 2:
+                self.preemption.received = signal.SIGUSR1
+
+    for guarded, stop in ((True, 3), (False, 2)):
+        preemption = Preemption(tmp_path / str(guarded))
+        guard = [NonFiniteGuard()] if guarded else []
+        _fit(NaNAt(set()), [*guard, SignalAtStep2(preemption), preemption])
+        assert preemption.preempted_at == stop, guarded
+        assert preemption.checkpoint == tmp_path / str(guarded) / f"step{stop}.ckpt"
+        assert preemption.checkpoint.is_file()
+
+
 # --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------
 
 
