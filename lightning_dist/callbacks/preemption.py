@@ -75,7 +75,7 @@ class Preemption(Callback):
                 self.received = signal.SIGTERM
             # Its flag can no longer rise, so its broadcast of rank 0's flag before every
             # batch (`_broadcast_sigterm_tensor`) would be one more collective per step for
-            # nothing: the all-reduce at each step's end below covers every rank's signal.
+            # nothing: the per-step flag all-reduce (`StepFlags`) covers every rank's signal.
             self._restore_broadcast = sigterm_broadcast_off(trainer)
         # Agreed in the NaN guard's all-reduce before each optimizer step where there is one.
         step_flags(trainer).add(PREEMPTION_FLAG, lambda: self.received is not None)
