@@ -12,7 +12,8 @@ batch and seed, interleaved `--repeats` times so that drift hits all alike:
 It prints the median steps/s of each after `--warmup` steps, the ratios bare/raw, full/raw
 (train.py as users run it against the raw loop: the issue's bar is 0.99) and full/bare with
 their spread over the repeats, and appends the table to docs/BENCHMARKS.md with --write.
-Bare runs show Lightning's own progress bar (it stands in when no progress callback is given).
+Bare runs show train.py's plain progress lines (its stand-in when no progress callback is
+given; Lightning's would be a Rich bar with a rendering thread).
 Every run is bounded by its measured step time (bench/bounded.py); one that hangs or fails is
 reported in one line and run once more, and a repeat that fails twice is marked in the table
 ("1 of 5 failed") instead of ending the benchmark.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -706,6 +707,27 @@ class ModelSetupHook(_Strategy):
         return self.wrap_model(model)
 
 
+def sigterm_broadcast_off(trainer: Any) -> Callable[[], None]:
+    """Stop Lightning's SIGTERM broadcast before every training batch on this trainer, for a
+    callback that owns SIGTERM and agrees on it over the ranks itself (Preemption): with its
+    handler in place Lightning's flag never rises, and the broadcast is a collective per step
+    that only waits for the slowest rank. Returns the function that puts it back."""
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):  # another Lightning version
+        return lambda: None
+    own = vars(loop)
+    had, previous = "_broadcast_sigterm_tensor" in own, own.get("_broadcast_sigterm_tensor")
+    loop._broadcast_sigterm_tensor = lambda: None
+
+    def restore() -> None:
+        if had:
+            loop._broadcast_sigterm_tensor = previous
+        else:
+            own.pop("_broadcast_sigterm_tensor", None)
+
+    return restore
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 KINDS = {
@@ -973,9 +995,9 @@ _ENTRIES = (
            "plugin instance clips by the whole model's norm instead", LIGHTNING),
     _entry("_broadcast_sigterm_tensor",
            "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "patch",
-           "lightning_dist.strategies.ddp",
-           "a broadcast before every micro-batch; ranks with unequal micro-batch counts "
-           "(strategy.dp_shares) must run it once per step instead, and no switch exists",
+           ("lightning_dist.strategies.ddp", "lightning_dist.callbacks.preemption"),
+           "a broadcast before every micro-batch: once per step under strategy.dp_shares, off "
+           "while Preemption owns SIGTERM (sigterm_broadcast_off); no switch exists",
            LIGHTNING, via="sigterm_broadcast_once_per_step"),
     _entry("_process_group_backend", ("lightning.pytorch.strategies.DDPStrategy",
                                       "lightning.pytorch.strategies.FSDPStrategy",

@@ -1,10 +1,12 @@
 """RunContext: what telemetry needs to know about a run beyond the Trainer itself; StepClock:
-the one clock that times optimizer steps for every telemetry callback."""
+the one clock that times optimizer steps for every telemetry callback; StepFlags: the one
+all-reduce per step in which the callbacks' flags are agreed over the ranks."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -114,3 +116,58 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return [bool(v) for v in values.tolist()]
+
+
+class StepFlags:
+    """Flags the ranks OR together once per optimizer step, in one all-reduce for all the
+    callbacks that need one, instead of one each (every collective waits for the slowest rank).
+
+    The NaN guard agrees on its flags before each optimizer step (`agree`); a callback that only
+    needs its flag after the step (Preemption) registers it (`add`), and it is agreed along
+    with them; `agreed` reads it back, or runs an all-reduce of its own for a step in which no
+    agreement ran (no NaN guard in the trainer). Every rank runs the same hooks, so every rank
+    takes the same path."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, Callable[[], bool]] = {}
+        self._agreed: tuple[int, dict[str, bool]] | None = None
+        """(optimizer step, each added flag OR-ed over the ranks) of the last agreement."""
+
+    def add(self, name: str, flag: Callable[[], bool]) -> None:
+        """Read `flag()` at every agreement from now on (a name added again is replaced)."""
+        self._flags[name] = flag
+
+    def remove(self, name: str) -> None:
+        """Stop reading flag `name` (if it was added)."""
+        self._flags.pop(name, None)
+
+    def agree(self, trainer: Any, flags: list[bool]) -> list[bool]:
+        """Before optimizer step N: `flags` and every added flag OR-ed over the ranks in one
+        all-reduce; returns `flags`' and keeps the added ones' for step N."""
+        names = list(self._flags)
+        values = any_rank(
+            [*flags, *(self._flags[n]() for n in names)], trainer.strategy.root_device
+        )
+        self._agreed = (
+            trainer.global_step + 1,
+            dict(zip(names, values[len(flags) :], strict=True)),
+        )
+        return values[: len(flags)]
+
+    def agreed(self, trainer: Any, name: str) -> bool:
+        """After optimizer step N: added flag `name` OR-ed over the ranks, as agreed before
+        step N, or by an all-reduce of its own where no agreement ran for step N."""
+        if self._agreed is not None and self._agreed[0] == trainer.global_step:
+            return self._agreed[1][name]
+        return any_rank([self._flags[name]()], trainer.strategy.root_device)[0]
+
+
+_FLAGS: WeakKeyDictionary[Any, StepFlags] = WeakKeyDictionary()
+
+
+def step_flags(trainer: Any) -> StepFlags:
+    """The one `StepFlags` of `trainer`, made on first use and shared by every callback."""
+    flags = _FLAGS.get(trainer)
+    if flags is None:
+        flags = _FLAGS[trainer] = StepFlags()
+    return flags

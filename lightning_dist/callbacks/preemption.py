@@ -3,8 +3,9 @@ and stops the run cleanly; a second Ctrl-C stops at once.
 
 The signal handler only sets a flag; it never touches a collective (Lightning's own SIGTERM
 handler broadcasts from inside the handler, which deadlocks against a collective that the
-interrupted rank is waiting in). At the end of every optimizer step the ranks OR their flags in
-one all-reduce, so they all see the signal at the same step boundary; then every rank saves
+interrupted rank is waiting in). The ranks OR their flags in one all-reduce per optimizer step
+(before the step, in the NaN guard's: `StepFlags`), so they all see the signal at the same step
+boundary, the end of that step; then every rank saves
 `step<N>.ckpt` into the checkpoint folder, rank 0 prints the command that continues the run, and
 the fit stops without the validation Lightning would run on an early stop. `train()` writes
 summary.json with `"status": "preempted"` (and `"signal"`) and exits with `PREEMPTED_EXIT_CODE`
@@ -22,12 +23,14 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from lightning_dist.callbacks.context import any_rank
+from lightning_dist._compat import sigterm_broadcast_off
+from lightning_dist.callbacks.context import step_flags
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,12 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 """A run stopped by Ctrl-C: checkpointed like a preemption, but not one to requeue."""
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PREEMPTION_FLAG = "preemption"
+"""Its name in the trainer's `StepFlags`."""
+
+
+def _nothing() -> None:
+    pass
 
 
 class Preemption(Callback):
@@ -49,6 +58,7 @@ class Preemption(Callback):
         """The optimizer step at which every rank stopped, once they agreed."""
         self.checkpoint: Path | None = None
         self._previous: dict[int, Any] = {}
+        self._restore_broadcast: Callable[[], None] = _nothing
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
@@ -61,12 +71,30 @@ class Preemption(Callback):
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if trainer.received_sigterm:  # came to Lightning's handler before ours
+                self.received = signal.SIGTERM
+            # Its flag can no longer rise, so its broadcast of rank 0's flag before every
+            # batch (`_broadcast_sigterm_tensor`) would be one more collective per step for
+            # nothing: the per-step flag all-reduce (`StepFlags`) covers every rank's signal.
+            self._restore_broadcast = sigterm_broadcast_off(trainer)
+        # Agreed in the NaN guard's all-reduce before each optimizer step where there is one.
+        step_flags(trainer).add(PREEMPTION_FLAG, lambda: self.received is not None)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for signum, handler in self._previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
         self._previous = {}
+        self._end_fit(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._end_fit(trainer)
+
+    def _end_fit(self, trainer: Any) -> None:
+        # Nothing of this fit stays referenced from the trainer or from this callback.
+        self._restore_broadcast()
+        self._restore_broadcast = _nothing
+        step_flags(trainer).remove(PREEMPTION_FLAG)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning_dist.runtime.requeue_signal import release
@@ -76,7 +104,7 @@ class Preemption(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # not an optimizer-step boundary
-        if not any_rank([self.received is not None], trainer.strategy.root_device)[0]:
+        if not step_flags(trainer).agreed(trainer, PREEMPTION_FLAG):
             return
         step = trainer.global_step
         self.preempted_at = step

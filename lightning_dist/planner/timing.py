@@ -51,10 +51,10 @@ DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
 ZERO1_BUCKET_PARAMS = 40e6
 """Parameters per ZeRO-1 bucket: Megatron-LM's default, max(40M, 1M x dp) (`bucket_size` in
 megatron/core/distributed/distributed_data_parallel.py)."""
-STEP_SCALAR_ALL_REDUCES = 3
+STEP_SCALAR_ALL_REDUCES = 2
 """Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
-logged loss's mean (`lm/module.py`), the NaN guard's flags and the preemption check
-(`callbacks/context.any_rank`). Only their latency counts; under DiLoCo, which leaves the
+logged loss's mean (`lm/module.py`) and the NaN guard's flags, which carry the preemption
+check (`callbacks/context.StepFlags`). Only their latency counts; under DiLoCo, which leaves the
 gradients local, they are the traffic of the steps between syncs."""
 
 

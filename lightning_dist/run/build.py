@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import ProgressBar
+
 from lightning_dist.callbacks.context import RunContext
+from lightning_dist.callbacks.memory import MemoryByCategory
+from lightning_dist.callbacks.progress import progress_bar
 from lightning_dist.config.targets import build
 from lightning_dist.run.errors import config_errors
 from lightning_dist.run.plan import RunPlan
@@ -105,12 +109,17 @@ def build_module(plan: RunPlan):
 
 
 def run_callbacks(plan: RunPlan, stats: Any) -> list:
-    """The configured callbacks, then the run's own: the step clock, garbage collection, memory
-    by category (unless trainer.memory_by_category_step=0), checkpoint saving, resilience, and
-    the start from a checkpoint (resumed, or trainer.init_from's weights)."""
-    from lightning_dist.callbacks.memory import MemoryByCategory
-
-    callbacks = [build(c, "callbacks") for c in plan.spec.callbacks] + [stats]
+    """The configured callbacks, then the run's own: a progress display where none is
+    configured, the step clock, garbage collection, memory by category (unless
+    trainer.memory_by_category_step=0), checkpoint saving, resilience, and the start from a
+    checkpoint (resumed, or trainer.init_from's weights)."""
+    callbacks = [build(c, "callbacks") for c in plan.spec.callbacks]
+    if not any(isinstance(c, ProgressBar) for c in callbacks):
+        # Else Lightning adds its own: a Rich bar whenever rich is installed, also when stdout
+        # is no terminal, where nobody sees it but its thread still renders it every second,
+        # taking the GIL from the training step (bench/overhead.py, callbacks off).
+        callbacks.append(progress_bar())
+    callbacks.append(stats)
     gc_every = plan.spec.trainer.gc_every_n_steps
     if gc_every:
         from lightning_dist.callbacks.gc_control import GarbageCollection

@@ -40,7 +40,7 @@ class NaNAt(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.1)
 
 
-def _fit(module: L.LightningModule, callback: L.Callback, steps: int = 6) -> None:
+def _fit(module: L.LightningModule, callback: L.Callback | list, steps: int = 6) -> None:
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4
     )
@@ -48,7 +48,7 @@ def _fit(module: L.LightningModule, callback: L.Callback, steps: int = 6) -> Non
         accelerator="cpu",
         devices=1,
         max_steps=steps,
-        callbacks=[callback],
+        callbacks=callback if isinstance(callback, list) else [callback],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -112,6 +112,53 @@ def test_a_finished_fit_leaves_nothing_global_holding_its_model(tmp_path):
     del module, preemption
     gc.collect()
     assert gone() is None
+
+
+def test_preemption_turns_lightnings_per_batch_sigterm_broadcast_off_for_the_fit(tmp_path):
+    """Preemption owns SIGTERM during the fit and agrees on it over the ranks at each step's
+    end, so Lightning's broadcast of rank 0's SIGTERM flag before every batch (a collective
+    per step) is a no-op then, and Lightning's own again after the fit."""
+    from lightning_dist.callbacks.preemption import Preemption
+
+    class Probe(L.Callback):
+        during: list = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.during.append(trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor)
+
+    probe, preemption = Probe(), Preemption(tmp_path)
+    module = NaNAt(set())
+    _fit(module, [preemption, probe], steps=2)
+    loop = module.trainer.fit_loop.epoch_loop
+    assert len(probe.during) == 2 and probe.during[0]() is None
+    assert probe.during[0].__qualname__ != type(loop)._broadcast_sigterm_tensor.__qualname__
+    assert "_broadcast_sigterm_tensor" not in vars(loop)  # the class's method again
+    assert preemption.preempted_at is None
+
+
+def test_preemptions_flag_is_agreed_in_the_nan_guards_all_reduce_before_the_step(tmp_path):
+    """With the NaN guard, Preemption's flag rides the guard's all-reduce before each optimizer
+    step (one collective a step, not two): a signal that comes after step 2's agreement stops
+    the run at the end of step 3. Alone, Preemption agrees at the step's end: step 2."""
+    import signal
+
+    from lightning_dist.callbacks.preemption import Preemption
+
+    class SignalAtStep2(L.Callback):  # between step 2's agreement and Preemption's reading
+        def __init__(self, preemption: Preemption) -> None:
+            self.preemption = preemption
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 2:
+                self.preemption.received = signal.SIGUSR1
+
+    for guarded, stop in ((True, 3), (False, 2)):
+        preemption = Preemption(tmp_path / str(guarded))
+        guard = [NonFiniteGuard()] if guarded else []
+        _fit(NaNAt(set()), [*guard, SignalAtStep2(preemption), preemption])
+        assert preemption.preempted_at == stop, guarded
+        assert preemption.checkpoint == tmp_path / str(guarded) / f"step{stop}.ckpt"
+        assert preemption.checkpoint.is_file()
 
 
 # --- checkpoints: the scan behind trainer.resume=auto ---------------------------------------

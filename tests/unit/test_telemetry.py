@@ -173,6 +173,23 @@ def test_progress_throughput_and_summary_read_one_clock(compose, tmp_path, fitte
     assert any("lr-AdamW/pg1" in row for row in read_metrics(tmp_path))  # LearningRateMonitor
 
 
+def test_a_run_with_no_progress_callback_gets_plain_lines_not_lightnings_rich_bar(compose):
+    """callbacks=none: the progress display is train.py's own choice (plain lines when stdout is
+    no terminal), not Lightning's stand-in, a Rich bar whose thread renders every second."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from lightning_dist.run.build import run_callbacks
+    from lightning_dist.run.plan import plan_run
+
+    for choice in ("none", "default"):
+        cfg = compose(
+            "model=llama_debug", "data=synthetic", "strategy=single", f"callbacks={choice}"
+        )
+        callbacks = run_callbacks(plan_run(cfg), RunStats(tokens_per_step=1))
+        bars = [type(c) for c in callbacks if isinstance(c, ProgressBar)]
+        assert bars == [PlainProgress], choice  # pytest captures stdout: no terminal
+
+
 @pytest.mark.parametrize(("step", "measured"), [("2", [2]), ("0", [])])
 def test_memory_by_category_measures_the_configured_step_or_none(compose, step, measured):
     """trainer.memory_by_category_step picks the step MemoryByCategory measures; 0 adds none."""
