@@ -10,10 +10,10 @@ Four phases, one after another, each a `python -m pytest` of its own:
    2026-12-01: 1.14 cores on average over the e2e tier alone); the unit tier fills the other.
    The e2e files go first: workers take files in the order given, and the longest ones (a
    minute or more each) should not start last.
-2. tests/cluster on two workers (`--dist loadfile`): its waves of jobs time detection and
-   restarts against deadlines, and spend about a quarter of their time waiting (a slowed rank,
-   a stall watched for, a requeue), which the other worker's files fill (measured 2026-12-03:
-   515 s alone, 447 s on two workers before its longest file was split in two).
+2. tests/cluster on three workers (`--dist loadfile`): its waves of jobs time detection and
+   restarts against deadlines, and mostly wait (a slowed rank, a stall watched for, a requeue,
+   a rendezvous): its process tree used 448 s of CPU in 547 s of wall time on two workers
+   (measured 2026-12-06, under other load), under one core of two, which a third worker fills.
 3. tests/dist on two workers (`--dist loadfile`, each with its own worlds of ranks): a world's
    ranks wait on each other's collectives, a fifth of the time here (measured 2026-12-03), which
    the other worker's ranks fill. Its tests marked `quiet` are left out of this phase;
@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = [  # (name, pytest arguments, test folders, marker expression or None)
     ("e2e + unit + gpu, 3 workers", ["-n", "3"], ["tests/e2e", "tests/unit", "tests/gpu"], None),
-    ("cluster, 2 workers", ["-n", "2"], ["tests/cluster"], None),
+    ("cluster, 3 workers", ["-n", "3"], ["tests/cluster"], None),
     ("dist, 2 workers", ["-n", "2"], ["tests/dist"], "not quiet"),
     ("quiet: timings, alone", [], ["tests/dist"], "quiet"),
 ]
