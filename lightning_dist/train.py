@@ -54,7 +54,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from lightning_dist.checkpoint.format import CheckpointWriteError
     from lightning_dist.cluster.replica_groups import LighthouseLost
     from lightning_dist.data.records import BadRecord
-    from lightning_dist.run.finish import write_stopped_summary
 
     try:
         fit(run, ckpt_path=plan.ckpt_path)
@@ -64,29 +63,47 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # A streamed source reached it mid-run, on every rank at the same step (each reads the
         # whole stream): the steps trained are kept, then the run's one line and exit status 2.
         step = run.trainer.global_step
-        saved = last_checkpoint_words(plan) + write_stopped_summary(
-            plan, run, wall_seconds=time.perf_counter() - started, status="bad_record", error=str(e)
-        )
-        end_barrier(plan.spec.trainer.collective_timeout_s)
+        saved = _stop_mid_run(plan, run, started, e, status="bad_record")
         raise ConfigError(f"{e} (reached after step {step}{saved})") from None
     except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
-        status = "checkpoint_failed" if isinstance(e, CheckpointWriteError) else "lighthouse_lost"
-        saved = "" if status == "checkpoint_failed" else last_checkpoint_words(plan)
-        saved += write_stopped_summary(
-            plan, run, wall_seconds=time.perf_counter() - started, status=status, error=str(e)
-        )
-        # Every rank meets the same error (the save's agreement; the group's quorum, give or
-        # take a moment): none ends before all have left training and rank 0 has written
-        # summary.json, or a peer's watchdog, still running, names the ended rank as stalled.
-
         lost = isinstance(e, LighthouseLost)
-        end_barrier(
-            plan.strategy.options.replicas.ft_timeout_s
-            if lost
-            else plan.spec.trainer.collective_timeout_s
+        saved = _stop_mid_run(
+            plan,
+            run,
+            started,
+            e,
+            status="lighthouse_lost" if lost else "checkpoint_failed",
+            name_checkpoint=lost,
+            timeout_s=plan.strategy.options.replicas.ft_timeout_s if lost else None,
         )
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
+
+
+def _stop_mid_run(
+    plan: Any,
+    run: Any,
+    started: float,
+    error: BaseException,
+    *,
+    status: str,
+    name_checkpoint: bool = True,
+    timeout_s: float | None = None,
+) -> str:
+    """Keep what a run stopped mid-way trained: rank 0 writes summary.json with `status`, then
+    every rank waits for the others (`timeout_s`, default the collective timeout). Every rank
+    meets the same error (the same record of the same stream, the save's agreement, the group's
+    quorum, give or take a moment): none ends before all have left training and summary.json is
+    written, or a peer's watchdog, still running, names the ended rank as stalled. Returns the
+    words for the run's line: its last checkpoint (with `name_checkpoint`) and summary.json."""
+    from lightning_dist.run.finish import write_stopped_summary
+
+    saved = last_checkpoint_words(plan) if name_checkpoint else ""
+    saved += write_stopped_summary(
+        plan, run, wall_seconds=time.perf_counter() - started, status=status, error=str(error)
+    )
+    end_barrier(plan.spec.trainer.collective_timeout_s if timeout_s is None else timeout_s)
+    return saved
 
 
 def last_checkpoint_words(plan: Any) -> str:

@@ -102,12 +102,17 @@ class StepClock:
 _CLOCKS: WeakKeyDictionary[Any, StepClock] = WeakKeyDictionary()
 
 
+def _one_per_trainer(made: WeakKeyDictionary, trainer: Any, make: Callable[[], Any]) -> Any:
+    """`made[trainer]`, made by `make()` on first use (it lives as long as the trainer)."""
+    found = made.get(trainer)
+    if found is None:
+        found = made[trainer] = make()
+    return found
+
+
 def step_clock(trainer: Any) -> StepClock:
     """The one step clock of `trainer`, made on first use and shared by every callback."""
-    clock = _CLOCKS.get(trainer)
-    if clock is None:
-        clock = _CLOCKS[trainer] = StepClock()
-    return clock
+    return _one_per_trainer(_CLOCKS, trainer, StepClock)
 
 
 def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
@@ -167,7 +172,4 @@ _FLAGS: WeakKeyDictionary[Any, StepFlags] = WeakKeyDictionary()
 
 def step_flags(trainer: Any) -> StepFlags:
     """The one `StepFlags` of `trainer`, made on first use and shared by every callback."""
-    flags = _FLAGS.get(trainer)
-    if flags is None:
-        flags = _FLAGS[trainer] = StepFlags()
-    return flags
+    return _one_per_trainer(_FLAGS, trainer, StepFlags)
