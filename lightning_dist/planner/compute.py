@@ -18,7 +18,8 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
   over the memory bandwidth. Eager mode launches one kernel per op, each reading and writing
   whole tensors: POINTWISE_BYTES per element of the residual stream (d), of the attention
   projections (d + 2 kv) and of the MLP (h), counted from the ops of `models/llama.py`;
-  `torch.compile` fuses them, leaving COMPILED_POINTWISE_SHARE of that traffic.
+  `torch.compile` fuses them, leaving COMPILED_POINTWISE_SHARE of that traffic. The traffic
+  moves at ACHIEVABLE_MEMORY_BANDWIDTH_SHARE of the bandwidth (torchao's roofline figure).
 - **float8** (`strategy.float8`): the block projections run at the device's float8 peak
   (`hardware.peak_tflops_fp8`) with the same efficiency and shape factor as bf16 ones (torchao's
   roofline model assumes one achievable fraction for both); the output head stays in bf16.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 from lightning_dist.planner.calibration import correction
 from lightning_dist.planner.device_rates import (
+    ACHIEVABLE_MEMORY_BANDWIDTH_SHARE,
     FLASH2_FWD_BWD_FLOPS_PER_FORWARD,
     flash_attention_share,
     sustained_clock_share,
@@ -47,17 +49,34 @@ GEMM_HALF_DIM = correction("gemm_half_dim", "gpu")
 CLOCK_POWER_EXPONENT = correction("clock_power_exponent", "gpu")
 """Sustained clock ~ (power limit / datasheet power) ** this (fitted; calibration.json: no
 published clock-versus-power table for bf16 matmuls was found, device_rates.py)."""
-POINTWISE_SCALE = correction("pointwise_scale", "gpu")
-"""Achieved memory traffic of eager pointwise kernels over the count below (fitted)."""
+POINTWISE_SCALE = 1 / ACHIEVABLE_MEMORY_BANDWIDTH_SHARE
+"""Seconds of pointwise traffic over the count below at the datasheet bandwidth: the kernels
+reach ACHIEVABLE_MEMORY_BANDWIDTH_SHARE of it (torchao's measured share: device_rates.py)."""
 COMPILED_POINTWISE_SHARE = 1 / 3
 """Pointwise traffic left once torch.compile fuses a block's ops: each tensor read and written
 about once instead of once per op (an assumption: inductor's fusion of RMSNorm, RoPE and SwiGLU
 into a few kernels; the torchtitan rows' compile speed-up is what it is checked against)."""
-POINTWISE_BYTES = {"residual": 244, "attention": 68, "mlp": 40}
-"""Bytes moved per token per block by eager pointwise ops, per element of d (residual stream:
-two RMSNorms in fp32, forward and backward, and the two residual adds), of d + 2 kv (RoPE on q and
-k, the layout copies around SDPA) and of h (SwiGLU's silu and product), under bf16-mixed;
-counted from `models/llama.py`'s ops with each op reading its inputs and writing its output."""
+POINTWISE_BYTES = {
+    "llama": {"residual": 244, "attention": 68, "mlp": 40},
+    "mpt": {"residual": 48, "attention": 6, "mlp": 18},
+}
+"""Bytes moved per token per block by eager pointwise ops, per element of d (the residual
+stream's), of d + 2 kv (the attention's) and of h (the MLP's), by the block code a run executes
+(`TrainSettings.block_ops`), each op reading its inputs and writing its output:
+
+- "llama", `models/llama.py` under bf16-mixed: two RMSNorms in fp32 and the two residual adds;
+  RoPE on q and k and the layout copies around SDPA; SwiGLU's silu and product;
+- "mpt", llm-foundry's MPT block as its 2023 benchmarks ran it (mosaicml/llm-foundry 061f2c7:
+  `llmfoundry/models/layers/blocks.py`, `attention.py`, `ffn.py`, `norm.py`; bf16 parameters
+  under autocast, so a bf16 residual stream). Per element of d: two LayerNorms in bf16
+  (`low_precision_layernorm`, set by `scripts/train/benchmarking/submit_benchmarks.py`; 4
+  bytes forward, 6 backward), the two adds (6 forward, 6 to sum the gradients backward) and
+  the bias gradients of the output and down projections (2 each): 48. Per element of
+  d + 2 kv: q, k and v are views of one fused projection that the Triton kernel reads in
+  place, their gradients concatenated back (4) plus that projection's bias gradient (2): 6;
+  no RoPE (learned positions). The MLP: GELU over its 4d width (4 forward, 6 backward) and the
+  up projection's bias gradient (2), 12 per element of 4d, so 18 per element of the 8d/3
+  width of the planner's stand-in model (`published/foundry.mpt_model`)."""
 LOSS_BYTES_PER_LOGIT = 24
 """The loss's pointwise traffic per logit: fp32 softmax forward and backward (six passes of
 four bytes)."""
@@ -137,6 +156,7 @@ def microbatch_compute(
     attention: str,
     float8_peak: float | None = None,
     float8_weight_share: float = 1.0,
+    block_ops: str = "llama",
     masked: bool = False,
     alternate: bool = False,
     moe_layers: int = 0,
@@ -149,7 +169,8 @@ def microbatch_compute(
     `float8_weight_share` of each weight. `tokens` are this rank's (a 1/cp share of each
     sequence under context parallelism), each attending over up to `seq_len` keys; `masked`
     attention (an explicit mask: the all-gather mode of context parallelism) runs in a kernel
-    that visits every key block instead of the causal half.
+    that visits every key block instead of the causal half. `block_ops` names the block code
+    whose pointwise ops are counted (POINTWISE_BYTES).
 
     `moe_layers` of the `layers` are mixture-of-experts blocks (`planner/experts.py`): their
     MLP is the router and a shared expert over every token (replicated over tp: every tp rank
@@ -174,15 +195,12 @@ def microbatch_compute(
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
     sp = tp if sequence_parallel else 1
     share = COMPILED_POINTWISE_SHARE if compiled else 1.0
+    ops = POINTWISE_BYTES[block_ops]
 
     def pointwise_seconds(projections, mlp_bytes: float) -> float:
         """The block's pointwise traffic: the residual stream's, the attention's and the MLP's
         (`mlp_bytes` a token), and under float8 the casts of `projections`."""
-        per_token = (
-            POINTWISE_BYTES["residual"] * d / sp
-            + POINTWISE_BYTES["attention"] * (d + 2 * kv) / tp
-            + mlp_bytes
-        )
+        per_token = ops["residual"] * d / sp + ops["attention"] * (d + 2 * kv) / tp + mlp_bytes
         if float8_peak is not None:  # each projection's input and output gradient
             per_token += FLOAT8_CAST_BYTES * sum(n + k for n, k in projections)
         seconds = POINTWISE_SCALE * share * per_token * tokens / bandwidth
@@ -192,7 +210,7 @@ def microbatch_compute(
         return seconds
 
     gemm = _matmul_seconds(shapes, tokens, block_speed)
-    pointwise = pointwise_seconds(shapes, POINTWISE_BYTES["mlp"] * h / tp)
+    pointwise = pointwise_seconds(shapes, ops["mlp"] * h / tp)
     block = gemm + attn + pointwise
     # Recomputation: a block in full replays its forward (a third of each term); under 'op'
     # the pointwise forward and the forward of the projections it does not keep.
@@ -214,8 +232,8 @@ def microbatch_compute(
             6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
             for m, n, k in expert_matmuls(model, moe_tokens, ep)
         )
-        routed = model.top_k * (POINTWISE_BYTES["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)
-        shared = POINTWISE_BYTES["mlp"] * model.n_shared_experts * model.expert_dim
+        routed = model.top_k * (ops["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)
+        shared = ops["mlp"] * model.n_shared_experts * model.expert_dim
         moe_pointwise = pointwise_seconds(attention_shapes + extra, routed + shared)
         moe_block = (
             _matmul_seconds(attention_shapes, tokens, block_speed)

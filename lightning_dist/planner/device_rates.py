@@ -1,5 +1,6 @@
 """Published device measurements the time model reads: flash attention's speed by sequence
-length, head dim and masking, and the datasheet power each GPU's peak is quoted at.
+length, head dim and masking, the share of memory bandwidth pointwise kernels reach, and the
+datasheet power each GPU's peak is quoted at.
 
 **Attention.** FlashAttention-2's forward + backward speed, TFLOP/s, read off the bars of the
 two figures of Dao-AILab/flash-attention's README, `assets/flash2_a100_fwd_bwd_benchmark.png`
@@ -50,6 +51,13 @@ FLASH2_FWD_BWD_TFLOPS: dict[tuple[str, int, bool], tuple[float | None, ...]] = {
 FLASH2_FWD_BWD_FLOPS_PER_FORWARD = 3.5
 """The benchmark's forward + backward FLOPs over forward FLOPs (backward 2.5 x forward)."""
 
+ACHIEVABLE_MEMORY_BANDWIDTH_SHARE = 0.92
+"""The share of its datasheet memory bandwidth a pointwise kernel achieves on large tensors:
+torchao's roofline model (`torchao/testing/training/roofline_utils.py`, `gpu_name_to_specs`,
+"NVIDIA H100" `pct_achievable_mem_bw`, in torchao 0.18.0: "pointwise triton kernels with
+large inputs", about 2.2 of Meta's H100's 2.4 TB/s). Taken for every GPU (the same file copies
+it to the parts it has not measured) and for eager kernels too, which read and write whole
+tensors like those."""
 CLOCK_POWER_PRIOR = 1 / 3
 """The exponent dynamic CMOS power ~ f V^2 with V ~ f gives: the fit's start, and its value
 where no run below its datasheet power is fitted (published.holdout.CONSTRAINED_ONLY_BY)."""

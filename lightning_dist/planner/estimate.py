@@ -417,6 +417,7 @@ def estimate(
     micro_batch_size: int | None = None,
     options: StrategyOptions | None = None,
     attention: str = "flash",
+    block_ops: str = "llama",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
@@ -432,7 +433,8 @@ def estimate(
     (`StrategyOptions.planner_sharding`). `micro_batch_size` defaults to the per-rank batch
     over the layout's microbatches under PP, and to the whole per-rank batch (no accumulation)
     without. `precision` defaults to the hardware's. `compile_speedup` overrides
-    COMPILE_SPEEDUP. Raises ValueError when the layout cannot exist on the hardware.
+    COMPILE_SPEEDUP. `block_ops` names the block code whose pointwise ops the time model counts
+    (`TrainSettings.block_ops`). Raises ValueError when the layout cannot exist on the hardware.
     """
     options = with_knobs(options or PLANNER_OPTIONS, knobs)
     model = as_model_args(model)
@@ -466,6 +468,7 @@ def estimate(
         micro_batch_size=micro_batch_size,
         sharding=sharding,
         attention=attention,
+        block_ops=block_ops,
         accelerator=hardware.accelerator,
         options=options,
     )

@@ -31,6 +31,8 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 
 SHARDING_MODES = ("NO_SHARD", "SHARD_OPTIMIZER", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 REPLICATED_MODES = ("NO_SHARD", "SHARD_OPTIMIZER")
+BLOCK_OPS = ("llama", "mpt")
+"""The block codes whose pointwise ops the time model counts (`compute.POINTWISE_BYTES`)."""
 """The modes whose parameters and gradients are whole on every data-parallel rank: DDP, and
 ZeRO-1 (`SHARD_OPTIMIZER`: the optimizer states sharded over the dp_replicate ranks, as
 Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer run it; modelled by the
@@ -131,6 +133,9 @@ class TrainSettings:
     `REPLICATED_MODES`)."""
     attention: str = "flash"
     """'flash' (flash / memory-efficient SDPA, no s^2 term) or 'math' (materialises scores)."""
+    block_ops: str = "llama"
+    """Whose block code the time model counts the pointwise ops of: 'llama' (models/llama.py)
+    or 'mpt' (llm-foundry's MPT block: `published/foundry.py`); `compute.POINTWISE_BYTES`."""
     accelerator: str = "gpu"
     """The hardware's ('cpu' or 'gpu'): FSDP's parameters follow a mixed precision on GPUs only
     (`parallel/precision.py`)."""
@@ -230,6 +235,8 @@ class TrainSettings:
             )
         if self.attention not in ("flash", "math"):
             raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
+        if self.block_ops not in BLOCK_OPS:
+            raise ValueError(f"block_ops={self.block_ops!r} is not one of {', '.join(BLOCK_OPS)}")
         state_bytes(self.precision, self.optimizer)  # validates the optimizer name
 
     @property

@@ -172,6 +172,7 @@ def _stage_compute(
         compiled=settings.compile and settings.compile_backend == "inductor",
         sequence_parallel=settings.sequence_parallel and layout.tp > 1,
         attention=settings.attention,
+        block_ops=settings.block_ops,
         # a spec without a float8 peak times float8 projections as bf16 ones (estimate refuses
         # float8 on a GPU spec with datasheet figures but no float8 peak: an A100)
         float8_peak=hardware.peak_tflops_fp8 * 1e12

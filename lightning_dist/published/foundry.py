@@ -10,14 +10,19 @@ activation checkpointing of every block or none, on the MosaicML platform. The r
 7B to 70B models at each sequence length the table has for them on 8 GPUs, plus the multi-node
 ones. Their column "Throughput (T/s/GPU)" is the measured value.
 
-The model: MPT's blocks are GPT's (LayerNorm, a GELU MLP of 4 d, ALiBi, no biases) with tied
-embeddings and a vocabulary of 50,368; described as our SwiGLU of width 8d/3 (the same
-parameters: `planner/megatron.gpt_model_args`). The shapes (d_model, n_layers, n_heads,
-vocab_size) are those of `scripts/train/yamls/pretrain/mpt-{7b,13b,30b,70b}.yaml` in the same
-repository; 12 d^2 L + V d matches the table's NumParams column within 0.2% for each size.
-What the planner does not know: Composer's FSDP1 (we predict with FSDP2's overlap), its
-Triton or FlashAttention kernel of 2023, and the H100s' power limit (the platform's SXM parts,
-assumed at 700 W while dgx_h100's efficiency is fitted to torchtitan's 500 W ones).
+The model: MPT's blocks as those benchmarks ran them (the same commit's
+`scripts/train/benchmarking/submit_benchmarks.py`, the pretrain yamls and MPT's config
+defaults): LayerNorm in bf16 (`low_precision_layernorm`), a GELU MLP of 4 d, biases, learned
+positions (no ALiBi), the Triton FlashAttention kernel (`attn_impl: triton`), tied embeddings
+and a vocabulary of 50,368. The planner takes it as our SwiGLU of width 8d/3 (the same
+parameters and FLOPs: `planner/megatron.gpt_model_args`) with MPT's own pointwise ops
+(`block_ops="mpt"`: `planner/compute.POINTWISE_BYTES`). The shapes (d_model, n_layers, n_heads,
+vocab_size) are those of `scripts/train/yamls/pretrain/mpt-{7b,13b,30b,70b}.yaml`; 12 d^2 L +
+V d matches the table's NumParams column within 0.2% for each size. What the planner does not
+know: Composer's FSDP1 (we predict with FSDP2's overlap), the Triton kernel's speed (its only
+published figures cannot be what ran; FlashAttention-2's are used: docs/PLANNER.md,
+"llm-foundry, and leave-one-source-out"), and the H100s' power limit (the platform's SXM
+parts, assumed at 700 W).
 """
 
 from __future__ import annotations
@@ -128,5 +133,6 @@ def foundry_candidate(run: FoundryRun, hardware):
         sharding="FULL_SHARD",
         precision="bf16-true" if run.pure_bf16 else "bf16-mixed",
         activation_checkpointing="full" if run.checkpointing else 0,
+        block_ops="mpt",
         **dtypes,
     )

@@ -1,5 +1,6 @@
 """The time model's published device physics: FlashAttention-2's measured rate by sequence
-length, head dim and masking, and the clock a power limit leaves (planner/device_rates.py)."""
+length, head dim and masking, the clock a power limit leaves, and the memory bandwidth pointwise
+kernels reach (planner/device_rates.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from omegaconf import OmegaConf
 from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.planner.compute import CLOCK_POWER_EXPONENT, microbatch_compute
+from lightning_dist.planner.compute import (
+    CLOCK_POWER_EXPONENT,
+    POINTWISE_SCALE,
+    microbatch_compute,
+)
 from lightning_dist.planner.device_rates import flash_attention_share, sustained_clock_share
+from lightning_dist.planner.settings import TrainSettings
 
 
 def _hardware(name: str) -> HardwareSpec:
@@ -72,3 +78,30 @@ def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
     assert longer > fast  # each token attends over four times the keys
     with pytest.raises(ValueError, match="hardware.power_w=0"):
         replace(full, power_w=0)
+
+
+def test_pointwise_traffic_is_the_run_s_block_code_at_torchao_s_bandwidth_share():
+    """MPT's block (bf16 LayerNorm, GELU, no RoPE: compute.POINTWISE_BYTES["mpt"]) moves less
+    than ours; either moves at 0.92 of the datasheet bandwidth (torchao's figure)."""
+    assert POINTWISE_SCALE == pytest.approx(1 / 0.92)
+    model = ModelArgs(dim=4096, n_layers=2, n_heads=32, vocab_size=1000, ffn_hidden_size=10944)
+    kwargs = dict(
+        tp=1,
+        layers=2,
+        has_output=False,
+        checkpointed=0,
+        mode="none",
+        tokens=4096,
+        seq_len=2048,
+        peak=312e12,
+        compiled=False,
+        sequence_parallel=False,
+        attention="flash",
+    )
+    a100 = _hardware("dgx_a100")
+    llama = microbatch_compute(model, a100, **kwargs).seconds
+    mpt = microbatch_compute(model, a100, block_ops="mpt", **kwargs).seconds
+    free = microbatch_compute(model, replace(a100, memory_gbytes_per_sec=1e12), **kwargs).seconds
+    assert free < mpt < llama
+    with pytest.raises(ValueError, match="block_ops='gpt' is not one of llama, mpt"):
+        TrainSettings(global_batch_size=1, seq_len=8, block_ops="gpt")
