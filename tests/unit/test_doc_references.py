@@ -29,7 +29,10 @@ SUBPACKAGES = sorted(
 IN_PACKAGE = re.compile(
     r"(?<![\w./~$-])((?:" + "|".join(SUBPACKAGES) + r")/[\w./<>*{},-]*\.(?:py|json|yaml))"
 )  # `planner/memory.py`: a file of a subpackage, named from inside the package
-NOT_OURS = {"scripts/train/benchmarking/README.md"}
+NOT_OURS = {
+    "scripts/train/benchmarking/README.md",
+    "scripts/train/benchmarking/submit_benchmarks.py",
+}
 """Paths of other projects' repositories that a page cites (llm-foundry's benchmark table)."""
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MODULE = re.compile(r"python -m (lightning_dist[\w.]*)")
