@@ -99,7 +99,7 @@ def train(
         meta_model = args.build()
     runtime.check_model(meta_model)  # one line naming the numbers if the layout cannot split it
     model = runtime.parallelize(meta_model, init_seed=s.seed)
-    optimizer = optimizer_for(model, s)
+    optimizer = runtime.shard_optimizer(optimizer_for(model, s))  # itself, unless ZeRO-1
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(s))
     micro, accumulate = batch_plan(s.global_batch_size, runtime.dp_size, s.micro_batch_size)
     data = SyntheticTokens(s.num_samples, s.seq_len, args.vocab_size, s.seed)

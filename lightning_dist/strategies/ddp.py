@@ -21,6 +21,8 @@ from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.cluster.diloco import DiLoCo
 from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.options import StrategyOptions
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
@@ -162,6 +164,16 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
                 trainer.val_check_interval = interval * mine
             sigterm_broadcast_once_per_step(trainer)  # else a collective per micro-batch
         super().setup(trainer)
+
+    @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        """The LightningModule's optimizers; under `strategy.shard_optimizer` (ZeRO-1) each
+        wrapped to hold 1/world of its states over the default group (every rank a replica;
+        `parallel/sharded_optimizer.py`), its schedulers still steering it."""
+        super().setup_optimizers(trainer)
+        if self.options.optimizer_sharding.shard_optimizer:
+            with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
+                self.optimizers = [ShardedOptimizer(o) for o in self.optimizers]
 
     @override
     def configure_ddp(self) -> None:

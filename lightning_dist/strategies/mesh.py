@@ -238,6 +238,15 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         self._clip_by_global_norm()
 
     @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        """The LightningModule's optimizers; under `strategy.shard_optimizer` (ZeRO-1) each
+        wrapped to hold 1/dp of its states (its schedulers keep steering it)."""
+        super().setup_optimizers(trainer)
+        runtime = self._require_runtime()
+        with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
+            self.optimizers = [runtime.shard_optimizer(o) for o in self.optimizers]
+
+    @override
     def model_to_device(self) -> None:
         assert self.model is not None
         if not self.options.sharding.cpu_offload:  # offloaded shards stay in host memory

@@ -29,12 +29,35 @@ def plain_loop_losses(model: dict, settings: dict, layouts: dict[str, dict]) -> 
         knobs = dict(knobs)
         options = PRESETS[knobs.pop("preset")].build(knobs, name)
         runtime = MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
-        out[name] = {
-            "losses": example["train"](runtime, args, loop)[0],
-            "layout": runtime.layout.describe(),
-        }
+        losses, optimizer = example["train"](runtime, args, loop)
+        out[name] = {"losses": losses, "layout": runtime.layout.describe(),
+                     **optimizer_state_size(optimizer)}  # fmt: skip
     dist.barrier()
     return out
+
+
+def optimizer_state_size(optimizer) -> dict:
+    """The bytes of the per-element optimizer states this rank holds (ZeRO-1's shards, or the
+    unsharded optimizer's whole states), and each parameter group's local element count."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    groups = [sum(local(p).numel() for p in g["params"]) for g in optimizer.param_groups]
+    if isinstance(optimizer, ShardedOptimizer):
+        held = optimizer.local_state_bytes()
+    else:
+        held = sum(
+            local(v).numel() * v.element_size()
+            for state in optimizer.state.values()
+            for v in state.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        )
+    return {"state_bytes": held, "group_elements": groups}
 
 
 def checkpoint_round_trip(
