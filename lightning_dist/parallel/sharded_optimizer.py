@@ -278,3 +278,17 @@ def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor
             shape=param.shape, stride=param.stride(),
         )  # fmt: skip
     return piece
+
+
+def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
+    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
+    over and the bytes of per-element states this rank holds; {} without it."""
+    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
+    if not sharded:
+        return {}
+    return {
+        "shard_optimizer": {
+            "replicas": sharded[0].dp_size,
+            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
+        }
+    }

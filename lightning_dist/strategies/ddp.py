@@ -21,7 +21,7 @@ from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.cluster.diloco import DiLoCo
 from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.options import StrategyOptions
-from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, sharding_summary
 from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
@@ -220,8 +220,9 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         return output
 
     def summary_fields(self) -> dict[str, Any]:
-        """What the slow-link settings did: DiLoCo's syncs and their time; the shares."""
-        out: dict[str, Any] = {}
+        """What the slow-link settings did: DiLoCo's syncs and their time; the shares; under
+        ZeRO-1 the optimizer-state bytes this rank holds."""
+        out: dict[str, Any] = sharding_summary(self.optimizers)
         if self.diloco is not None:
             out["diloco"] = {
                 "inner_steps": self.diloco.inner_steps,

@@ -45,6 +45,8 @@ BASE = [
 LAYOUTS = {
     "single": ["strategy=single", "hardware.devices=1"],
     "ddp": ["strategy=ddp", "hardware.devices=2"],
+    # ZeRO-1: the optimizer states sharded over the replicas, written whole in the one format.
+    "ddp_zero1": ["strategy=ddp", "hardware.devices=2", "strategy.shard_optimizer=true"],
     "fsdp2": ["strategy=fsdp2", "hardware.devices=2"],
     # Sequence parallelism changes no parameter and no checkpoint: these run TP without it (as
     # before it became the default), which the matrix's 10-step runs make 9 s cheaper.
