@@ -70,6 +70,16 @@ LAYOUTS = {
         "strategy.sequence_parallel=false",
     ],
     "dp2xpp2": ["strategy=3d", "strategy.pp=2", "hardware.devices=4"],
+    # ... and over the replicas of dp2 x tp2 (DTensor states, written whole, read as slices).
+    "dp2xtp2_zero1": [
+        "strategy=3d",
+        "strategy.tp=2",
+        "strategy.dp_replicate=2",
+        "strategy.dp_shard=1",
+        "hardware.devices=4",
+        "strategy.sequence_parallel=false",
+        "strategy.shard_optimizer=true",
+    ],
     "hsdp_2x2": ["strategy=fsdp2", "strategy.dp_replicate=2", "hardware.devices=4"],
 }
 
