@@ -248,8 +248,8 @@ def traffic_by_dim(
         out["ep"] = m * ep_exchange(model, layout, settings, shape)[0]
     if layout.dp * layout.cp > 1:
         v = dp_volumes(layout, settings, shape, model)
-        if v.all_reduce:
-            out["dp"] = v.all_reduce
+        if v.all_reduce:  # DDP over the replicas; ZeRO-1 adds its all-gather of the parameters
+            out["dp_replicate"] = v.all_reduce + v.gather
         else:
             shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
             out[shard_dim] = v.rounds * v.sharded
