@@ -31,8 +31,8 @@ class OptimizerShardingOptions:
 def shard_optimizer_problem(layout, options) -> str | None:
     """Why `options` (a `StrategyOptions`) cannot shard the optimizer states over `layout`'s
     replicas (a resolved `Layout`), or None: nothing to shard over (dp_replicate = 1), FSDP
-    sharding them already (dp_shard x cp > 1), a pipeline (not built yet), or DiLoCo (each
-    replica steps on its own gradients, which the shards would mix)."""
+    sharding them already (dp_shard x cp > 1), or DiLoCo (each replica steps on its own
+    gradients, which the shards would mix)."""
     if not options.optimizer_sharding.shard_optimizer:
         return None
     name = "strategy.shard_optimizer=true"
@@ -47,11 +47,6 @@ def shard_optimizer_problem(layout, options) -> str | None:
             f"{name} shards the optimizer states over the data-parallel replicas, and "
             f"dp_replicate=1 has none to shard over; use 2 or more, or set "
             "strategy.shard_optimizer=false"
-        )
-    if layout.pp > 1:
-        return (
-            f"{name} with pp={layout.pp} is not supported yet (ZeRO-1 runs without pipeline "
-            "parallelism); set strategy.pp=1 or strategy.shard_optimizer=false"
         )
     inner = options.grad_sync.diloco_inner_steps
     if inner:

@@ -168,7 +168,7 @@ def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
 def planner_only(model, layout: Layout, settings: TrainSettings) -> str | None:
     """Why train.py cannot run this layout yet though the planner models it, or None:
     ZeRO-1 (`sharding=SHARD_OPTIMIZER`, `strategy.shard_optimizer`) where the code refuses it
-    (beside a pipeline, under DiLoCo: `options.optimizer_sharding`), and more pipeline chunks
+    (under DiLoCo: `options.optimizer_sharding`), and more pipeline chunks
     than layers (the pipeline code puts at least one block in every chunk: they would need an
     embedding-only or loss-only one)."""
     if settings.sharding == "SHARD_OPTIMIZER":

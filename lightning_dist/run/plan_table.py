@@ -40,8 +40,8 @@ LEGEND = f"""legend: the first word is the strategy that runs the row: single, d
   experts (borrowed from dp_shard: each holds 1/ep of every MoE layer's experts).
   SHARD_OPTIMIZER = ZeRO-1: parameters and gradients whole on every replica, optimizer states
   sharded over dp_replicate (strategy.shard_optimizer=true). A row marked "planner only" is one
-  train.py cannot run yet (ZeRO-1 beside a pipeline; more pipeline chunks than layers): it is
-  never chosen and has no command.
+  train.py cannot run yet (more pipeline chunks than layers): it is never chosen and has no
+  command.
   GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 

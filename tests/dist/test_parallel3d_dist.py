@@ -90,6 +90,13 @@ CASES = {
         BASE,
         ["strategy=3d", "strategy.pp=2", "hardware.devices=4", "trainer.checkpoint.every_n_train_steps=5"],
     ),
+    # ... and beside pp, its checkpoint (states gathered whole per stage) resumed below.
+    "dp2xpp2_zero1": (
+        BASE,
+        ["strategy=3d", "strategy.pp=2", "strategy.dp_replicate=2", "strategy.dp_shard=1",
+         "hardware.devices=4", "strategy.shard_optimizer=true",
+         "trainer.checkpoint.every_n_train_steps=5"],
+    ),
     # tp2 x pp2 with full checkpointing ran until 2026-12-03 (cut for the suite's time; tp x pp
     # is in the 8-rank case, checkpointing under pp in dp2xpp2_op_compile).
     # Op-level (selective) checkpointing and per-block compilation together (aot_eager: the
@@ -201,8 +208,9 @@ def test_eight_ranks_with_clipping_match_one_process(run):
     assert max_relative_difference(unclipped["losses"], reference["losses"]) > 1e-3
 
 
-def test_resume_under_dp2_pp2_repeats_the_losses(run, train_in, tmp_path_factory):
-    base, layout = CASES["dp2xpp2"]
+@pytest.mark.parametrize("name", ["dp2xpp2", "dp2xpp2_zero1"])
+def test_resume_under_dp2_pp2_repeats_the_losses(name, run, train_in, tmp_path_factory):
+    base, layout = CASES[name]
     full = run([*base, *layout])
     checkpoint = _dirs[tuple([*base, *layout])] / "checkpoints" / "step5.ckpt"
     assert checkpoint.is_dir(), "a sharded checkpoint is a folder"

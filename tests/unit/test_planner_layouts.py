@@ -1,7 +1,7 @@
 """The layouts the planner can express beyond powers of two (issue 50, point 4): uneven pipeline
 stages, micro-batches of 3 x 2^k, interleaving with microbatches torch's flex rounds accept,
-embedding-only and loss-only chunks, and ZeRO-1; chunks without layers and ZeRO-1 beside a
-pipeline are planner only (never chosen, no train.py command)."""
+embedding-only and loss-only chunks, and ZeRO-1; chunks without layers are planner only (never
+chosen, no train.py command)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def test_a_176b_gpt_on_384_a100_gets_its_published_pp12_layout_with_uneven_stage
     assert published and all(c.fits for c in published)
     sizes = [sum(s.chunks) for _, s in stage_shapes(BLOOM_176B, published[0].layout)]
     assert sum(sizes) == 70 and max(sizes) - min(sizes) <= 2 and len(set(sizes)) > 1
-    # ZeRO-1 (what BLOOM ran, DeepSpeed's BF16 optimizer) is among them, planner only beside
-    # its pipeline (the code runs ZeRO-1 without one).
+    # ZeRO-1 (what BLOOM ran, DeepSpeed's BF16 optimizer) is among them, runnable beside its
+    # pipeline (strategy.shard_optimizer).
     zero1 = [c for c in published if c.settings.sharding == "SHARD_OPTIMIZER"]
-    assert zero1 and "ZeRO-1 runs without pipeline parallelism" in zero1[0].planner_only
+    assert zero1 and zero1[0].planner_only is None
     assert plan.candidates[plan.chosen].planner_only is None
 
 
@@ -142,7 +142,7 @@ def test_zero1_shards_the_optimizer_over_dp_and_adds_an_all_gather_to_ddps_all_r
         estimate(llama, node, Layout(dp_replicate=8, dp_shard=2), sharding="SHARD_OPTIMIZER", **kw)
 
 
-def test_the_cli_marks_planner_only_rows_and_gives_them_no_command(capsys):
+def test_the_cli_gives_zero1_rows_a_command_and_planner_only_rows_none(capsys):
     from lightning_dist import plan
 
     overrides = [
@@ -152,12 +152,18 @@ def test_the_cli_marks_planner_only_rows_and_gives_them_no_command(capsys):
         "data.global_batch_size=64",
         "data.seq_len=2048",
     ]
+    # 8B on 16 A100s: DDP does not fit, ZeRO-1 does, and runs (strategy.shard_optimizer).
     plan.main([*overrides, "--command", "all", "--top", "40"])
     out = capsys.readouterr().out
-    assert "SHARD_OPTIMIZER" in out and "planner only, no command" in out
-    assert "SHARD_OPTIMIZER" not in "".join(x for x in out.splitlines() if x.startswith("python"))
-    # ZeRO-1 without a pipeline runs (strategy.shard_optimizer); beside one it is planner only.
-    assert any("strategy.shard_optimizer=true" in x for x in out.splitlines() if "python" in x)
+    assert "SHARD_OPTIMIZER" in out and "planner only" not in out
+    commands = [x for x in out.splitlines() if x.startswith("python")]
+    assert "SHARD_OPTIMIZER" not in "".join(commands)
+    assert any("strategy.shard_optimizer=true" in x for x in commands)
+    # Six layers: interleaved chunks beyond the layers are planner only, without a command.
+    overrides.append("model.n_layers=6")
+    plan.main([*overrides, "--command", "all", "--top", "40"])
+    out = capsys.readouterr().out
+    assert "planner only, no command" in out
     row = next(int(x.split(":")[0][2:]) for x in out.splitlines() if "planner only" in x)
     with pytest.raises(SystemExit) as exit_info:
         plan.main([*overrides, "--command", str(row), "--top", "40"])
