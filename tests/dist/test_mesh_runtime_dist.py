@@ -113,3 +113,15 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
 
     with pytest.raises(CheckpointError, match="plain PyTorch loop .* trainer.init_from="):
         verify_checkpoint(tmp_path / "step2", ModelArgs(**model))
+
+
+def test_zero1_pads_an_uneven_last_shard_and_steps_as_one_optimizer(worlds):
+    """Groups of 50 and 8 elements over 2 ranks and over 4: each rank holds ceil(N / dp) elements
+    of each state, and the parameters and the gathered states equal the unsharded AdamW's."""
+    for size in (2, 4):
+        for rank in worlds(size).run("mesh_runtime_cases:uneven_zero1_shards"):
+            assert rank["group_elements"] == [50, 8]
+            held = sum(-(-n // size) for n in rank["group_elements"])  # 25 + 4, 13 + 2
+            assert rank["state_bytes"] == held * ADAM_STATES * 4, (size, rank)
+            assert rank["param_diff"] == 0.0 and rank["state_diff"] == 0.0, rank
+            assert rank["reloaded"], rank
