@@ -69,8 +69,8 @@ class _FlatGroup:
     shard: torch.Tensor
 
     def pieces(self):
-        """(parameter, its local view flattened, [a, b) in the parameter, [a, b) in the shard)
-        for every parameter that overlaps this rank's slice."""
+        """(parameter, [a, b) in its flattened local elements, [s, t) in the shard) for every
+        parameter that overlaps this rank's slice."""
         for param, offset in zip(self.params, self.offsets, strict=True):
             local = _local(param)
             lo, hi = max(offset, self.start), min(offset + local.numel(), self.stop)

@@ -37,7 +37,7 @@ TWO_RANKS = {  # name: the strategy knobs of a preset, as `Trainer(strategy=...)
 FOUR_RANKS = {
     "dp2xcp2": {"preset": "3d", "cp": 2},
     "dp2xtp2_zero1": {"preset": "3d", "tp": 2, "dp_replicate": 2, "shard_optimizer": True},
-    "dp2xpp2_zero1": {"preset": "3d", "pp": 2, "dp_replicate": 2, "shard_optimizer": True},
+    # (dp2 x pp2 ZeRO-1: train.py's parity case and resume, tests/dist/test_parallel3d_dist.py)
 }
 ADAM_STATES = 2
 """AdamW's per-element states (exp_avg, exp_avg_sq), fp32 here."""
@@ -81,11 +81,7 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
     assert runs["ddp_like"]["layout"]["dp_replicate"] == 2
     # ZeRO-1's optimizer states: ceil(N / dp) elements per state and group on each rank
     # (N: the group's local elements), 1/dp of the unsharded optimizer's up to the padding.
-    for name, unsharded in (
-        ("ddp_like_zero1", "ddp_like"),
-        ("dp2xtp2_zero1", None),
-        ("dp2xpp2_zero1", None),
-    ):
+    for name, unsharded in (("ddp_like_zero1", "ddp_like"), ("dp2xtp2_zero1", None)):
         groups = runs[name]["group_elements"]
         assert runs[name]["state_bytes"] == sum(-(-n // 2) for n in groups) * ADAM_STATES * 4
         if unsharded:
