@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 examples/mesh_runtime_loop.py --tp 2
     torchrun --nproc-per-node 2 examples/mesh_runtime_loop.py --pp 2
     torchrun --nproc-per-node 4 examples/mesh_runtime_loop.py --dp-shard 2 --cp 2 --save out/step10
+    torchrun --nproc-per-node 2 examples/mesh_runtime_loop.py --dp-replicate 2 --shard-optimizer
 
 `MeshRuntime(layout, options)` builds the device mesh; `runtime.parallelize(model, init_seed=...)`
 applies the layout to a meta-device model and materialises this rank's part;
@@ -99,7 +100,7 @@ def train(
         meta_model = args.build()
     runtime.check_model(meta_model)  # one line naming the numbers if the layout cannot split it
     model = runtime.parallelize(meta_model, init_seed=s.seed)
-    optimizer = optimizer_for(model, s)
+    optimizer = runtime.shard_optimizer(optimizer_for(model, s))  # itself, unless ZeRO-1
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(s))
     micro, accumulate = batch_plan(s.global_batch_size, runtime.dp_size, s.micro_batch_size)
     data = SyntheticTokens(s.num_samples, s.seq_len, args.vocab_size, s.seed)
@@ -121,11 +122,16 @@ def main() -> None:
     for dim in ("dp-replicate", "dp-shard", "cp", "tp", "pp"):
         parser.add_argument(f"--{dim}", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--shard-optimizer", action="store_true", help="ZeRO-1 over the dp-replicate ranks"
+    )
     parser.add_argument("--save", default=None, help="write a checkpoint folder here at the end")
     a = parser.parse_args()
     dist.init_process_group("gloo")
     degrees = dict(dp_replicate=a.dp_replicate, dp_shard=a.dp_shard, cp=a.cp, tp=a.tp, pp=a.pp)
-    knobs = {k: v for k, v in degrees.items() if v > 1}
+    knobs: dict = {k: v for k, v in degrees.items() if v > 1}
+    if a.shard_optimizer:
+        knobs["shard_optimizer"] = True
     options = PRESETS["3d"].build(knobs, "mesh_runtime_loop")
     runtime = MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
     losses, optimizer = train(runtime, DEBUG_MODEL, LoopSettings(steps=a.steps))

@@ -48,6 +48,7 @@ from lightning_dist._compat import (
     register_fake_backend,
 )
 from lightning_dist.layout import Layout
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 DRY_RUN_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
@@ -285,7 +286,9 @@ def dry_run_rank(
             for part in parts:
                 part.to_empty(device="cpu")
             params = [p for part in parts for p in part.parameters()]
-            optimizer = torch.optim.AdamW(params)
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(params)
+            if options.optimizer_sharding.shard_optimizer:  # ZeRO-1: 1/dp of the states
+                optimizer = ShardedOptimizer(optimizer, mesh["dp_replicate"].get_group())
             boundary = (micro_batch_size, local_len // (layout.tp if sp else 1), args.dim)
             for _ in range(min(accumulate, 2)):
                 counter.traffic = Traffic()

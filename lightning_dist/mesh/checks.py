@@ -14,6 +14,7 @@ from lightning_dist.layout import Layout
 from lightning_dist.models.protocol import require_init_weights
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.knobs import check_reshard
+from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
 from lightning_dist.parallel.context_parallel import check_context_parallel
 from lightning_dist.parallel.expert_parallel import check_expert_parallel
 from lightning_dist.parallel.fsdp import find_block_types
@@ -24,11 +25,14 @@ from lightning_dist.planner.estimate import float8_problem
 
 def check_layout(layout: Layout, options: StrategyOptions) -> None:
     """The options that depend on the resolved layout: an integer `reshard_after_forward`
-    divides the shard group, and float8 runs at this tp (the planner's own rule)."""
+    divides the shard group, float8 runs at this tp (the planner's own rule), and ZeRO-1 has
+    replicas to shard over."""
     reshard = options.fsdp.reshard_after_forward
     if not isinstance(reshard, bool):
         check_reshard(reshard, layout.shard_size)
-    problem = float8_problem(options.float8.float8, layout.tp)
+    problem = float8_problem(options.float8.float8, layout.tp) or shard_optimizer_problem(
+        layout, options
+    )
     if problem:
         raise ValueError(problem)
 

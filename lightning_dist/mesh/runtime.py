@@ -43,6 +43,7 @@ from lightning_dist.parallel.context_parallel import (
 )
 from lightning_dist.parallel.parallelize import init_shards, model_parts, parallelize
 from lightning_dist.parallel.pipeline import PipelinedModel
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 from lightning_dist.parallel.tp import loss_parallel_context
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -150,6 +151,14 @@ class MeshRuntime:
     def parts(self) -> list[nn.Module]:
         """The modules of this rank: its pipeline stages, or the model."""
         return model_parts(self._require_model())
+
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer to step and checkpoint: `optimizer` itself, or under
+        `strategy.shard_optimizer` (ZeRO-1) a `ShardedOptimizer` over the dp_replicate ranks
+        that holds 1/dp of its states (`parallel/sharded_optimizer.py`)."""
+        if not self.options.optimizer_sharding.shard_optimizer:
+            return optimizer
+        return ShardedOptimizer(optimizer, self.mesh["dp_replicate"].get_group())
 
     def _require_model(self) -> nn.Module:
         if self.model is None:

@@ -41,6 +41,7 @@ from lightning_dist.options.knobs import (
     TensorParallelOptions,
     knob,
 )
+from lightning_dist.options.optimizer_sharding import OptimizerShardingOptions
 from lightning_dist.options.presets import (
     GROUPS,
     KNOB_GROUP,
@@ -66,7 +67,7 @@ __all__ = [
     "CheckpointFormatOptions", "CheckpointingOptions", "CompileOptions", "ContextParallelOptions",
     "CP_MODES", "DDPOptions", "DataShareOptions", "GRAD_COMPRESSIONS", "GradientSyncOptions",
     "SimulationOptions",
-    "FSDP1Options", "FSDP2Options", "PipelineOptions", "PrecisionOptions", "Preset",
+    "FSDP1Options", "FSDP2Options", "OptimizerShardingOptions", "PipelineOptions", "PrecisionOptions", "Preset",
     "ProcessOptions", "ReplicaGroupOptions", "ShardingOptions", "StrategyOptions", "TensorParallelOptions", "group_knobs",
     "knob", "knob_doc", "knob_reference", "planner_ignores",
 ]  # fmt: skip

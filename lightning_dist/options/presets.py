@@ -24,6 +24,7 @@ from lightning_dist.options.knobs import (
     ShardingOptions,
     TensorParallelOptions,
 )
+from lightning_dist.options.optimizer_sharding import OptimizerShardingOptions
 from lightning_dist.options.speed import DataShareOptions, GradientSyncOptions, SimulationOptions
 
 GROUPS: dict[str, type] = {
@@ -45,6 +46,7 @@ GROUPS: dict[str, type] = {
     "shares": DataShareOptions,
     "grad_sync": GradientSyncOptions,
     "simulate": SimulationOptions,
+    "optimizer_sharding": OptimizerShardingOptions,
 }
 """Every option class, by its attribute name in `StrategyOptions`."""
 
@@ -103,6 +105,7 @@ class StrategyOptions:
     shares: DataShareOptions = field(default_factory=DataShareOptions)
     grad_sync: GradientSyncOptions = field(default_factory=GradientSyncOptions)
     simulate: SimulationOptions = field(default_factory=SimulationOptions)
+    optimizer_sharding: OptimizerShardingOptions = field(default_factory=OptimizerShardingOptions)
 
     @classmethod
     def from_knobs(
@@ -162,9 +165,10 @@ class StrategyOptions:
     def planner_sharding(self, layout: Layout) -> str:
         """The planner's FSDP mode of `layout` under these options: NO_SHARD without dp_shard or cp,
         SHARD_GRAD_OP when gathered parameters stay until backward (ZeRO-2), else FULL_SHARD,
-        or HYBRID_SHARD when shard groups are replicated."""
+        or HYBRID_SHARD when shard groups are replicated; SHARD_OPTIMIZER (ZeRO-1) under
+        `shard_optimizer` with replicas only."""
         if layout.shard_size == 1:  # dp_shard x cp: context-parallel ranks shard too
-            return "NO_SHARD"
+            return "SHARD_OPTIMIZER" if self.optimizer_sharding.shard_optimizer else "NO_SHARD"
         if self.fsdp1 is not None:
             name = self.fsdp1.resolved_sharding(2 if layout.dp_replicate > 1 else 1)
             zero2 = name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
@@ -198,12 +202,14 @@ class Preset:
 
 MESH_GROUPS = ("layout", "fsdp", "sharding", "precision", "tp", "cp", "pipeline",
                "checkpointing", "compile", "float8", "process", "checkpoint_format",
-               "simulate")  # fmt: skip
+               "simulate", "optimizer_sharding")  # fmt: skip
 """The groups of the mesh strategy (fsdp2, tp, pp, 3d are presets of it)."""
 
 PRESETS: dict[str, Preset] = {
     "single": Preset(("compile", "float8")),
-    "ddp": Preset(("ddp", "compile", "process", "shares", "grad_sync", "simulate")),
+    "ddp": Preset(
+        ("ddp", "compile", "process", "shares", "grad_sync", "simulate", "optimizer_sharding")
+    ),
     "fsdp": Preset(
         (
             "fsdp1",

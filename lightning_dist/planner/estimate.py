@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from lightning_dist.layout import Layout, tp_split_problem, ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
+from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
 from lightning_dist.planner.labels import describe, runs_fsdp, strategy_name
 from lightning_dist.planner.memory import (
     SHARDED_MODES,
@@ -166,11 +167,15 @@ def pp_problem(model, pp: int, virtual_stages: int = 1) -> str | None:
 
 def planner_only(model, layout: Layout, settings: TrainSettings) -> str | None:
     """Why train.py cannot run this layout yet though the planner models it, or None:
-    ZeRO-1 (`sharding=SHARD_OPTIMIZER`) has no code path, and the pipeline code puts at least
-    one block in every chunk (more chunks than layers need an embedding-only or loss-only
-    one)."""
+    ZeRO-1 (`sharding=SHARD_OPTIMIZER`, `strategy.shard_optimizer`) where the code refuses it
+    (under DiLoCo: `options.optimizer_sharding`), and more pipeline chunks
+    than layers (the pipeline code puts at least one block in every chunk: they would need an
+    embedding-only or loss-only one)."""
     if settings.sharding == "SHARD_OPTIMIZER":
-        return "ZeRO-1 (optimizer states sharded over dp_replicate) is not built yet"
+        options = settings.options.with_knobs(shard_optimizer=True)
+        problem = shard_optimizer_problem(layout, options)
+        if problem:
+            return problem
     if layout.pp > 1 and layout.num_stages > model.n_layers:
         return (
             f"pp={layout.pp} x virtual_stages={layout.virtual_stages} = {layout.num_stages} "

@@ -4,8 +4,8 @@ was rejected.
 The layouts come from `space.py`, pruned so that 405B on 2048 nodes answers in a fraction of a
 second; micro-batch sizes are the powers of two and three times the powers of two dividing the
 per-rank batch (`space.micro_batch_values`), and a family stops growing them at the first that
-does not fit. Layouts train.py cannot run yet (ZeRO-1, embedding-only and loss-only pipeline
-chunks: `estimate.planner_only`) are ranked beside the others but never chosen.
+does not fit. Layouts train.py cannot run yet (embedding-only and loss-only pipeline chunks:
+`estimate.planner_only`) are ranked beside the others but never chosen.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ BLOCK_OPS = ("llama", "mpt")
 """The block codes whose pointwise ops the time model counts (`compute.POINTWISE_BYTES`)."""
 """The modes whose parameters and gradients are whole on every data-parallel rank: DDP, and
 ZeRO-1 (`SHARD_OPTIMIZER`: the optimizer states sharded over the dp_replicate ranks, as
-Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer run it; modelled by the
-planner, not built in the code yet: `estimate.planner_only`)."""
+Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer run it;
+`strategy.shard_optimizer`, `parallel/sharded_optimizer.py`)."""
 
 # --- cost-model constants (rough, documented; calibration refines them later) -------------
 

@@ -4,7 +4,7 @@ TP takes powers of two inside a node; PP takes every divisor of the remaining ra
 layer count (uneven splits are allowed, the busiest stage sets the pace: BLOOM-176B trained its
 70 layers on pp=12); CP takes powers of two for long sequences (`cp_values`); DP is pure
 replication (DDP), ZeRO-1 (`SHARD_OPTIMIZER`: replicated parameters and gradients, optimizer
-states sharded; planner only), pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a
+states sharded: `strategy.shard_optimizer`), pure sharding (FULL_SHARD, SHARD_GRAD_OP) or HSDP with a
 power-of-two shard group; interleaved schedules try 2, 4 and 8 chunks per rank, and up to two
 chunks more than the layers (an embedding-only and a loss-only chunk; planner only); micro-batch
 sizes are the powers of two and three times the powers of two dividing the per-rank batch.

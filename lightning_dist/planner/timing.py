@@ -48,9 +48,9 @@ from lightning_dist.planner.traffic import (
 )
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
-ZERO1_BUCKET_PARAMS = 40e6
-"""Parameters per ZeRO-1 bucket: Megatron-LM's default, max(40M, 1M x dp) (`bucket_size` in
-megatron/core/distributed/distributed_data_parallel.py)."""
+ZERO1_GATHERS = 2
+"""All-gathers of ZeRO-1's step (`parallel/sharded_optimizer.py`): one flat tensor per parameter
+group, and CausalLM has two (weight decay and none)."""
 STEP_SCALAR_ALL_REDUCES = 2
 """Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
 logged loss's mean (`lm/module.py`) and the NaN guard's flags, which carry the preemption
@@ -366,6 +366,17 @@ def _links(hardware, layout: Layout):
     return link
 
 
+def _ddp_all_reduce_seconds(settings, volume, psi: float, dp: int, bw: float, lat: float) -> float:
+    """DDP's all-reduce of a step's gradients: its bytes, and a ring latency per bucket."""
+    # DDP buckets the gradients in their own dtype; a compression hook then reduces each
+    # bucket (PowerSGD in three all-reduces: the bucket's vectors, its P and Q factors).
+    grad_bytes = 2 if settings.precision == "bf16-true" else 4
+    buckets = math.ceil(grad_bytes * psi / DDP_BUCKET_BYTES)
+    if settings.options.grad_sync.grad_compression == "powersgd":
+        buckets *= 3
+    return volume.all_reduce / bw + buckets * 2 * math.log2(dp) * lat
+
+
 def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     """Data-parallel traffic as [(comm seconds, compute seconds it may hide under)], plus the
     offload seconds.
@@ -378,8 +389,8 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     for backward. Under PP the stage stays gathered for the whole step: one
     all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
     all-reduce of the gradient shard over dp_replicate after each reduce-scatter. ZeRO-1
-    (SHARD_OPTIMIZER) reduce-scatters the gradients under the last backward and all-gathers
-    the parameters under the first forward.
+    (SHARD_OPTIMIZER, as `parallel/sharded_optimizer.py` runs it) keeps DDP's all-reduce and
+    all-gathers the updated parameters after the optimizer step, exposed.
     """
     shape = max(shapes, key=lambda sh: sh.params)
     psi = shape.params
@@ -390,14 +401,15 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
         return [], 0.0
     volume = dp_volumes(layout, settings, shape, model)
     if settings.sharding == "SHARD_OPTIMIZER":
-        # ZeRO-1: the reduce-scatter under the last backward (as DDP's all-reduce), the
-        # all-gather of the updated parameters under the next step's first forward (Megatron's
-        # overlap_param_gather), in Megatron's buckets, each a ring of dp - 1 steps.
+        # ZeRO-1: DDP's all-reduce under the last backward, then one all-gather of the updated
+        # parameters per parameter group, a ring of dp - 1 steps each, between the optimizer
+        # step and the next forward: nothing runs beside it.
         bw, lat = link(tp, dp)
-        buckets = math.ceil(psi / max(ZERO1_BUCKET_PARAMS, 1e6 * dp))
-        scatter = volume.reduce_scatter / bw + buckets * (dp - 1) * lat
-        gather = volume.gather / bw + buckets * (dp - 1) * lat
-        return [(scatter, bwd), (gather, fwd)], 0.0
+        gather = volume.gather / bw + ZERO1_GATHERS * (dp - 1) * lat
+        return [
+            (_ddp_all_reduce_seconds(settings, volume, psi, dp, bw, lat), bwd),
+            (gather, 0.0),
+        ], 0.0
     if settings.sharding not in SHARDED_MODES or n == 1:
         bw, lat = link(tp, dp)
         inner = settings.options.grad_sync.diloco_inner_steps
@@ -407,14 +419,7 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
             # gradient traffic they are negligible and not counted).
             comm += STEP_SCALAR_ALL_REDUCES * 2 * math.log2(dp) * lat
             return [(comm, 0.0)], 0.0
-        # DDP buckets the gradients in their own dtype; a compression hook then reduces each
-        # bucket (PowerSGD in three all-reduces: the bucket's vectors, its P and Q factors).
-        grad_bytes = 2 if settings.precision == "bf16-true" else 4
-        buckets = math.ceil(grad_bytes * psi / DDP_BUCKET_BYTES)
-        if settings.options.grad_sync.grad_compression == "powersgd":
-            buckets *= 3
-        comm = volume.all_reduce / bw + buckets * 2 * math.log2(dp) * lat
-        return [(comm, bwd)], 0.0
+        return [(_ddp_all_reduce_seconds(settings, volume, psi, dp, bw, lat), bwd)], 0.0
     bw, lat = link(tp, n)
     gather = volume.gather / bw + units * (n - 1) * lat
     regather = volume.regather / bw + (units - 1) * (n - 1) * lat if volume.regather else 0.0

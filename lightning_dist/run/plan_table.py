@@ -39,8 +39,9 @@ LEGEND = f"""legend: the first word is the strategy that runs the row: single, d
   so `host GiB` holds them instead of the device; ep = expert-parallel ranks of a mixture of
   experts (borrowed from dp_shard: each holds 1/ep of every MoE layer's experts).
   SHARD_OPTIMIZER = ZeRO-1: parameters and gradients whole on every replica, optimizer states
-  sharded over dp_replicate. A row marked "planner only" is one train.py cannot run yet (ZeRO-1;
-  more pipeline chunks than layers): it is never chosen and has no command.
+  sharded over dp_replicate (strategy.shard_optimizer=true). A row marked "planner only" is one
+  train.py cannot run yet (more pipeline chunks than layers): it is never chosen and has no
+  command.
   GiB/dev = predicted peak per device; step, tok/s, MFU = predicted; comm/comp = communication
   over compute time; bubble = pipeline idle fraction."""
 
@@ -116,6 +117,8 @@ def strategy_overrides(candidate) -> list[str]:
         out.append("strategy.cpu_offload=true")
     if zero2:
         out.append("strategy.reshard_after_forward=false")
+    if st.sharding == "SHARD_OPTIMIZER":
+        out.append("strategy.shard_optimizer=true")
     if st.activation_checkpointing.enabled:
         out.append(f"strategy.activation_checkpointing={st.activation_checkpointing.setting}")
     if st.compile:

@@ -169,6 +169,7 @@ def planned_strategy(
         "sequence_parallel": settings.options.tp.sequence_parallel if layout.tp > 1 else False,
         "activation_checkpointing": settings.activation_checkpointing.setting,
         "reshard_after_forward": settings.sharding != "SHARD_GRAD_OP",
+        "shard_optimizer": settings.sharding == "SHARD_OPTIMIZER",
     }
     if layout.cp > 1:
         kwargs |= {"cp": layout.cp, "cp_mode": settings.cp_mode}

@@ -21,6 +21,8 @@ from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.cluster.diloco import DiLoCo
 from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.options import StrategyOptions
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, sharding_summary
+from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
 
 
@@ -164,6 +166,16 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         super().setup(trainer)
 
     @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        """The LightningModule's optimizers; under `strategy.shard_optimizer` (ZeRO-1) each
+        wrapped to hold 1/world of its states over the default group (every rank a replica;
+        `parallel/sharded_optimizer.py`), its schedulers still steering it."""
+        super().setup_optimizers(trainer)
+        if self.options.optimizer_sharding.shard_optimizer:
+            with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
+                self.optimizers = [ShardedOptimizer(o) for o in self.optimizers]
+
+    @override
     def configure_ddp(self) -> None:
         """Wrap the model in DDP, then register the gradient hook that compresses, delays or
         (DiLoCo) skips the all-reduce, on any backend."""
@@ -208,8 +220,9 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         return output
 
     def summary_fields(self) -> dict[str, Any]:
-        """What the slow-link settings did: DiLoCo's syncs and their time; the shares."""
-        out: dict[str, Any] = {}
+        """What the slow-link settings did: DiLoCo's syncs and their time; the shares; under
+        ZeRO-1 the optimizer-state bytes this rank holds."""
+        out: dict[str, Any] = sharding_summary(self.optimizers)
         if self.diloco is not None:
             out["diloco"] = {
                 "inner_steps": self.diloco.inner_steps,

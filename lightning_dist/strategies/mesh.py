@@ -48,6 +48,7 @@ from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.context_parallel import context_parallel_of
 from lightning_dist.parallel.parallelize import dp_mesh, optimizers_to_device, shard_children
 from lightning_dist.parallel.precision import check_param_dtype
+from lightning_dist.parallel.sharded_optimizer import sharding_summary
 from lightning_dist.runtime.refusal import Refusal, install_refusal_hook, refusals
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
@@ -238,6 +239,15 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         self._clip_by_global_norm()
 
     @override
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        """The LightningModule's optimizers; under `strategy.shard_optimizer` (ZeRO-1) each
+        wrapped to hold 1/dp of its states (its schedulers keep steering it)."""
+        super().setup_optimizers(trainer)
+        runtime = self._require_runtime()
+        with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
+            self.optimizers = [runtime.shard_optimizer(o) for o in self.optimizers]
+
+    @override
     def model_to_device(self) -> None:
         assert self.model is not None
         if not self.options.sharding.cpu_offload:  # offloaded shards stay in host memory
@@ -321,13 +331,15 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
 
     def summary_fields(self) -> dict[str, Any]:
         """Under context parallelism: its degree, mode and this rank's attention calls
-        through it (zero would mean the model attended to whole sequences)."""
+        through it (zero would mean the model attended to whole sequences); under ZeRO-1 the
+        optimizer-state bytes this rank holds."""
         module = self.lightning_module
         step = context_parallel_of(module) if module is not None else None
-        if step is None:
-            return {}
-        cp = {"cp": self.layout.cp, "mode": step.mode, "attention_calls": step.calls}
-        return {"context_parallel": cp}
+        out = sharding_summary(self.optimizers)  # ZeRO-1: the state bytes this rank holds
+        if step is not None:
+            cp = {"cp": self.layout.cp, "mode": step.mode, "attention_calls": step.calls}
+            out["context_parallel"] = cp
+        return out
 
     # --- checkpoints ----------------------------------------------------------------------
 

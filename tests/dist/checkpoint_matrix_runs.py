@@ -45,6 +45,8 @@ BASE = [
 LAYOUTS = {
     "single": ["strategy=single", "hardware.devices=1"],
     "ddp": ["strategy=ddp", "hardware.devices=2"],
+    # ZeRO-1: the optimizer states sharded over the replicas, written whole in the one format.
+    "ddp_zero1": ["strategy=ddp", "hardware.devices=2", "strategy.shard_optimizer=true"],
     "fsdp2": ["strategy=fsdp2", "hardware.devices=2"],
     # Sequence parallelism changes no parameter and no checkpoint: these run TP without it (as
     # before it became the default), which the matrix's 10-step runs make 9 s cheaper.
@@ -68,6 +70,16 @@ LAYOUTS = {
         "strategy.sequence_parallel=false",
     ],
     "dp2xpp2": ["strategy=3d", "strategy.pp=2", "hardware.devices=4"],
+    # ... and over the replicas of dp2 x tp2 (DTensor states, written whole, read as slices).
+    "dp2xtp2_zero1": [
+        "strategy=3d",
+        "strategy.tp=2",
+        "strategy.dp_replicate=2",
+        "strategy.dp_shard=1",
+        "hardware.devices=4",
+        "strategy.sequence_parallel=false",
+        "strategy.shard_optimizer=true",
+    ],
     "hsdp_2x2": ["strategy=fsdp2", "strategy.dp_replicate=2", "hardware.devices=4"],
 }
 

@@ -29,12 +29,35 @@ def plain_loop_losses(model: dict, settings: dict, layouts: dict[str, dict]) -> 
         knobs = dict(knobs)
         options = PRESETS[knobs.pop("preset")].build(knobs, name)
         runtime = MeshRuntime(options.declared_layout(num_nodes=1), options, device="cpu")
-        out[name] = {
-            "losses": example["train"](runtime, args, loop)[0],
-            "layout": runtime.layout.describe(),
-        }
+        losses, optimizer = example["train"](runtime, args, loop)
+        out[name] = {"losses": losses, "layout": runtime.layout.describe(),
+                     **optimizer_state_size(optimizer)}  # fmt: skip
     dist.barrier()
     return out
+
+
+def optimizer_state_size(optimizer) -> dict:
+    """The bytes of the per-element optimizer states this rank holds (ZeRO-1's shards, or the
+    unsharded optimizer's whole states), and each parameter group's local element count."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    groups = [sum(local(p).numel() for p in g["params"]) for g in optimizer.param_groups]
+    if isinstance(optimizer, ShardedOptimizer):
+        held = optimizer.local_state_bytes()
+    else:
+        held = sum(
+            local(v).numel() * v.element_size()
+            for state in optimizer.state.values()
+            for v in state.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        )
+    return {"state_bytes": held, "group_elements": groups}
 
 
 def checkpoint_round_trip(
@@ -87,3 +110,54 @@ def checkpoint_round_trip(
     return {"tensors": len(saved) if saved.keys() == loaded.keys() else -1,
             "max_difference": difference, "meta_step": meta.get("global_step"),
             "manifest_layout": read_manifest(path)["layout"]}  # fmt: skip
+
+
+def uneven_zero1_shards() -> dict:
+    """ZeRO-1 over this world's ranks on parameter groups whose sizes dp does not divide (the
+    last shard padded): 3 AdamW steps beside the unsharded optimizer on the same gradients.
+    Returns the largest parameter and state difference, the state bytes this rank holds and
+    each group's element count, and whether a state dict loads back into a fresh wrapper."""
+    import torch
+    import torch.distributed as dist
+    from world import init_group
+
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+
+    init_group()
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3))
+        matrices = [p for p in model.parameters() if p.ndim == 2]
+        vectors = [p for p in model.parameters() if p.ndim < 2]
+        groups = [{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0}]
+        return model, torch.optim.AdamW(groups, lr=1e-2)
+
+    (sharded_model, inner), (plain_model, plain) = model_and_optimizer(), model_and_optimizer()
+    sharded = ShardedOptimizer(inner)
+    for step in range(3):
+        torch.manual_seed(step)  # the same batch on every rank: whole, equal gradients
+        batch = torch.randn(4, 7)
+        for model, optimizer in ((sharded_model, sharded), (plain_model, plain)):
+            optimizer.zero_grad()
+            model(batch).pow(2).sum().backward()
+            optimizer.step()
+    pairs = zip(sharded_model.parameters(), plain_model.parameters(), strict=True)
+    param_diff = max(float((a - b).abs().max()) for a, b in pairs)
+    saved, expected = sharded.state_dict(), plain.state_dict()
+    state_diff = max(
+        float((saved["state"][i][k] - v).abs().max())
+        for i, state in expected["state"].items()
+        for k, v in state.items()
+    )
+    fresh = ShardedOptimizer(model_and_optimizer()[1])
+    fresh.load_state_dict(expected)  # the unsharded optimizer's dict: this rank's slice kept
+    reloaded = all(
+        torch.equal(fresh.inner.state[a.shard][k], sharded.inner.state[b.shard][k])
+        for a, b in zip(fresh.flat, sharded.flat, strict=True)
+        for k in ("exp_avg", "exp_avg_sq")
+    )
+    dist.barrier()
+    return {"param_diff": param_diff, "state_diff": state_diff, "reloaded": reloaded,
+            "state_bytes": sharded.local_state_bytes(),
+            "group_elements": [sum(p.numel() for p in g["params"]) for g in plain.param_groups]}  # fmt: skip

@@ -29,12 +29,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_DIST_ALLOW_TARGETS": "te
 # --- one process: the manifest and the names ------------------------------------------------
 
 
-# --- the layout-change matrix: 10 layouts, 19 pairs, three launches (one per world size) -----
+# --- the layout-change matrix: 12 layouts, 23 pairs, three launches (one per world size) -----
 
 SOURCES = {  # target: the checkpoints it resumes from (each saved at step 5 of 10)
     # Every layout is a source and a target; among the pairs: dp2 -> dp4 and dp4 -> dp1, pp
-    # schedule v1 <-> v2, tp <-> pp, tp <-> fsdp, 3d <-> 1d and HSDP.
-    "single": ["fsdp_full_dp4", "hsdp_2x2"],
+    # schedule v1 <-> v2, tp <-> pp, tp <-> fsdp, 3d <-> 1d, HSDP, and ZeRO-1 <-> one process
+    # and FSDP2 and between its two layouts (its states written whole, read back as this rank's
+    # slice).
+    "single": ["fsdp_full_dp4", "hsdp_2x2", "ddp_zero1", "dp2xtp2_zero1"],
+    "ddp_zero1": ["fsdp2"],
+    "dp2xtp2_zero1": ["ddp_zero1"],
     "ddp": ["tp2", "pp2"],
     "fsdp2": ["pp2_v2", "dp2xtp2"],
     "tp2": ["fsdp2", "dp2xpp2"],
@@ -46,8 +50,8 @@ SOURCES = {  # target: the checkpoints it resumes from (each saved at step 5 of 
     "dp2xpp2": ["tp2", "dp2xtp2"],
     "hsdp_2x2": ["pp2_v2"],
 }
-TWO_RANKS = ["ddp", "fsdp2", "tp2", "pp2", "pp2_v2"]
-FOUR_RANKS = ["fsdp_full_dp4", "dp2xtp2", "dp2xpp2", "hsdp_2x2"]
+TWO_RANKS = ["ddp", "ddp_zero1", "fsdp2", "tp2", "pp2", "pp2_v2"]
+FOUR_RANKS = ["fsdp_full_dp4", "dp2xtp2", "dp2xpp2", "hsdp_2x2", "dp2xtp2_zero1"]
 
 
 def _targets(names: list[str]) -> list[str]:
@@ -100,7 +104,7 @@ def test_every_pair_restores_bitwise_and_continues_with_the_same_losses(matrix):
             assert diff <= 1e-4, (target, source, losses, reference)
             pairs, worst = pairs + 1, max(worst, diff)
     print(f"MATRIX {pairs} pairs bitwise, max loss difference {worst:.2e}")
-    assert pairs == sum(map(len, SOURCES.values())) == 19
+    assert pairs == sum(map(len, SOURCES.values())) == 23
 
 
 @pytest.mark.slow

@@ -54,6 +54,12 @@ CASES = {
     ),
     "cp2 all-gather x tp2 + SP x fsdp2": ({"cp": 2, "tp": 2, "dp_shard": 2}, 8, None),
     "ep4 x fsdp8, experts": ({"ep": 4, "dp_shard": 8}, 8, None, MOE_DEBUG),
+    # ZeRO-1: 1/4 of the optimizer states, DDP's all-reduce plus the parameters' all-gather
+    "zero1 dp_replicate4 x tp2": (
+        {"dp_replicate": 4, "dp_shard": 1, "tp": 2, "shard_optimizer": True},
+        8,
+        None,
+    ),
 }
 
 

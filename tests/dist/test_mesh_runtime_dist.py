@@ -28,11 +28,19 @@ TOLERANCE = 1e-6
 REFERENCE = "llama_debug_val5"
 TWO_RANKS = {  # name: the strategy knobs of a preset, as `Trainer(strategy=...)` takes them
     "ddp_like": {"preset": "3d", "dp_replicate": 2},  # replicas, each a whole copy
+    # ZeRO-1: the replicas' optimizer states sharded (parallel/sharded_optimizer.py)
+    "ddp_like_zero1": {"preset": "3d", "dp_replicate": 2, "shard_optimizer": True},
     "fsdp2": {"preset": "fsdp2", "dp_replicate": 1},
     "tp2": {"preset": "3d", "tp": 2},  # sequence and loss parallelism on (the defaults)
     "pp2": {"preset": "3d", "pp": 2},  # 1F1B over 4 microbatches
 }
-FOUR_RANKS = {"dp2xcp2": {"preset": "3d", "cp": 2}}
+FOUR_RANKS = {
+    "dp2xcp2": {"preset": "3d", "cp": 2},
+    "dp2xtp2_zero1": {"preset": "3d", "tp": 2, "dp_replicate": 2, "shard_optimizer": True},
+    # (dp2 x pp2 ZeRO-1: train.py's parity case and resume, tests/dist/test_parallel3d_dist.py)
+}
+ADAM_STATES = 2
+"""AdamW's per-element states (exp_avg, exp_avg_sq), fp32 here."""
 
 
 def loop_settings(overrides: list[str]) -> tuple[dict, dict]:
@@ -71,6 +79,17 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
     print(f"RUNTIME {len(runs)} layouts in {seconds:.0f}s")
     assert runs["dp2xcp2"]["layout"]["cp"] == 2 and runs["pp2"]["layout"]["pp"] == 2
     assert runs["ddp_like"]["layout"]["dp_replicate"] == 2
+    # ZeRO-1's optimizer states: ceil(N / dp) elements per state and group on each rank
+    # (N: the group's local elements), 1/dp of the unsharded optimizer's up to the padding.
+    for name, unsharded in (("ddp_like_zero1", "ddp_like"), ("dp2xtp2_zero1", None)):
+        groups = runs[name]["group_elements"]
+        assert runs[name]["state_bytes"] == sum(-(-n // 2) for n in groups) * ADAM_STATES * 4
+        if unsharded:
+            assert runs[unsharded]["state_bytes"] == sum(groups) * ADAM_STATES * 4
+    print(
+        f"RUNTIME ZeRO-1 state bytes per rank {runs['ddp_like_zero1']['state_bytes']}, "
+        f"unsharded {runs['ddp_like']['state_bytes']}"
+    )
 
     moved = worlds(2).run(
         "mesh_runtime_cases:checkpoint_round_trip",
@@ -90,3 +109,15 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
 
     with pytest.raises(CheckpointError, match="plain PyTorch loop .* trainer.init_from="):
         verify_checkpoint(tmp_path / "step2", ModelArgs(**model))
+
+
+def test_zero1_pads_an_uneven_last_shard_and_steps_as_one_optimizer(worlds):
+    """Groups of 50 and 8 elements over 2 ranks and over 4: each rank holds ceil(N / dp) elements
+    of each state, and the parameters and the gathered states equal the unsharded AdamW's."""
+    for size in (2, 4):
+        for rank in worlds(size).run("mesh_runtime_cases:uneven_zero1_shards"):
+            assert rank["group_elements"] == [50, 8]
+            held = sum(-(-n // size) for n in rank["group_elements"])  # 25 + 4, 13 + 2
+            assert rank["state_bytes"] == held * ADAM_STATES * 4, (size, rank)
+            assert rank["param_diff"] == 0.0 and rank["state_diff"] == 0.0, rank
+            assert rank["reloaded"], rank

@@ -13,6 +13,7 @@ and `hardware=cpu` substituted.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import time
@@ -78,9 +79,23 @@ CASES = {
     # parameters kept gathered after the forward. (dp2 x tp2 with the default resharding:
     # hf_dp2xtp2 below and the 8-rank case.)
     "dp2xtp2": (BASE, [*PLANNED, "hardware.devices=4"]),
+    # ZeRO-1 (parallel/sharded_optimizer.py) on the replicate dimension beside tp: dp2 x tp2
+    # with the optimizer states sharded over the 2 replicas (dp2 under strategy=ddp: the
+    # checkpoint matrix's ddp_zero1; both, state bytes too, in the plain loop of
+    # tests/dist/test_mesh_runtime_dist.py).
+    "dp2xtp2_zero1": (BASE, ["strategy=3d", "strategy.tp=2", "strategy.dp_replicate=2",
+                             "strategy.dp_shard=1", "hardware.devices=4",
+                             "strategy.shard_optimizer=true"]),
     "dp2xpp2": (
         BASE,
         ["strategy=3d", "strategy.pp=2", "hardware.devices=4", "trainer.checkpoint.every_n_train_steps=5"],
+    ),
+    # ... and beside pp, its checkpoint (states gathered whole per stage) resumed below.
+    "dp2xpp2_zero1": (
+        BASE,
+        ["strategy=3d", "strategy.pp=2", "strategy.dp_replicate=2", "strategy.dp_shard=1",
+         "hardware.devices=4", "strategy.shard_optimizer=true",
+         "trainer.checkpoint.every_n_train_steps=5"],
     ),
     # tp2 x pp2 with full checkpointing ran until 2026-12-03 (cut for the suite's time; tp x pp
     # is in the 8-rank case, checkpointing under pp in dp2xpp2_op_compile).
@@ -147,10 +162,9 @@ def test_parity_with_one_process(name, run):
     assert val_diff <= TOLERANCE, (name, reference["val_losses"], candidate["val_losses"])
     if base is BASE:
         assert len(candidate["val_losses"]) == 2, "validation ran after steps 5 and 10"
-    assert (
-        candidate["layout"]["tp"] * candidate["layout"]["pp"] * candidate["layout"]["dp_shard"]
-        == candidate["world_size"]
-    )
+    assert math.prod(candidate["layout"].values()) == candidate["world_size"]
+    if "strategy.shard_optimizer=true" in layout:  # ZeRO-1 ran: its states, over 2 replicas
+        assert candidate["shard_optimizer"]["replicas"] == 2, candidate.get("shard_optimizer")
 
 
 def test_float8_pipeline_matches_one_process_reading_its_microbatches(run):
@@ -194,8 +208,9 @@ def test_eight_ranks_with_clipping_match_one_process(run):
     assert max_relative_difference(unclipped["losses"], reference["losses"]) > 1e-3
 
 
-def test_resume_under_dp2_pp2_repeats_the_losses(run, train_in, tmp_path_factory):
-    base, layout = CASES["dp2xpp2"]
+@pytest.mark.parametrize("name", ["dp2xpp2", "dp2xpp2_zero1"])
+def test_resume_under_dp2_pp2_repeats_the_losses(name, run, train_in, tmp_path_factory):
+    base, layout = CASES[name]
     full = run([*base, *layout])
     checkpoint = _dirs[tuple([*base, *layout])] / "checkpoints" / "step5.ckpt"
     assert checkpoint.is_dir(), "a sharded checkpoint is a folder"

@@ -288,6 +288,13 @@ CASES = [
          'cpu_offload=true'),
     Case('fsdp: fsdp2 replicas', fast('strategy.dp_replicate=3', 'hardware.devices=4', strategy='fsdp2'),
          'dp_replicate=3 does not divide the world size 4'),
+    # ZeRO-1 (strategy.shard_optimizer): only over replicas that hold whole parameters.
+    Case('zero1: one replica', fast('strategy.shard_optimizer=true', 'hardware.devices=2', 'strategy.tp=2', strategy='3d'),
+         'strategy.shard_optimizer=true shards the optimizer states over the data-parallel replicas, and dp_replicate=1 has none to shard over'),
+    Case('zero1: under fsdp', fast('strategy.shard_optimizer=true', 'hardware.devices=2', strategy='fsdp2'),
+         'strategy.shard_optimizer=true with dp_shard x cp = 2: FSDP shards the optimizer states already'),
+    Case('zero1: with diloco', fast('strategy.shard_optimizer=true', 'strategy.diloco_inner_steps=4', 'hardware.devices=2', strategy='ddp'),
+         'strategy.shard_optimizer=true with strategy.diloco_inner_steps=4 is not supported'),
     Case('3d: degrees', fast('strategy.tp=2', 'strategy.pp=2', 'strategy.dp_shard=1', 'hardware.devices=2', strategy='3d'),
          'multiply to 4, but the world size is 2'),
     Case('3d: heads', fast('hardware.devices=8', strategy='tp'),

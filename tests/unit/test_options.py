@@ -85,7 +85,11 @@ VALUES = {
     "simulate_slowdown": ("{1:3}", {1: 3.0}, []),
     "simulate_flops": ("2e9", 2e9, ["strategy.simulate_slowdown=[1,2]"]),
     "simulate_delay_ms": ("200", 200.0, []),
+    "shard_optimizer": ("true", True, []),  # its replicas: MESH_CONTEXT
 }
+MESH_CONTEXT = {"shard_optimizer": ["strategy.dp_shard=1", "strategy.dp_replicate=8"]}
+"""The context a knob needs under a preset with a layout: ZeRO-1 shards over replicas only
+(`ddp`'s ranks are all replicas)."""
 
 BASE = ["model=llama3_8b", "hardware=dgx_h100", "data.global_batch_size=32", "data.seq_len=2048"]
 
@@ -251,6 +255,8 @@ def test_every_planner_knob_changes_the_prediction_and_the_others_say_why_not(na
                 assert len(reason) > 10, f.name
                 continue
             typed, _, context = VALUES[f.name]
+            if "layout" in preset.groups:
+                context = [*context, *MESH_CONTEXT.get(f.name, [])]
             without = _composed((*BASE, f"strategy={name}", *context))
             predictions = []
             for cfg in (without, _with_value(without, f"strategy.{f.name}", typed)):
@@ -585,3 +591,17 @@ def test_every_data_setting_is_declared_once_and_reaches_the_datamodule():
         get_object(DATA_CONFIGS["synthetic"].target)(vocab_size=512, tokenizer="x")
     with pytest.raises(ValueError, match=r"data.seq_len=0 must be at least 1"):
         BatchOptions(seq_len=0)
+
+
+def test_zero1_slices_evenly_and_takes_only_elementwise_optimizers():
+    """`strategy.shard_optimizer`'s slices: ceil(N / dp) elements each, the last one padded;
+    an optimizer whose update is not elementwise is refused before any collective."""
+    import torch
+
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, shard_bounds
+
+    assert [shard_bounds(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert shard_bounds(8, 2, 1) == (4, 8)
+    lbfgs = torch.optim.LBFGS([torch.nn.Parameter(torch.zeros(3))])
+    with pytest.raises(ValueError, match="shards elementwise optimizers .* not LBFGS"):
+        ShardedOptimizer(lbfgs)

@@ -1,0 +1,57 @@
+"""The ZeRO-1 knob (`strategy.shard_optimizer`): the optimizer states sharded over the
+data-parallel replicas (lightning_dist/parallel/sharded_optimizer.py). Plain Python, like the
+other option classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_dist.options.knobs import knob
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerShardingOptions:
+    """ZeRO-1 under `strategy=ddp` and the mesh strategies' `dp_replicate`."""
+
+    shard_optimizer: bool = knob(
+        False,
+        "ZeRO-1: each data-parallel replica keeps 1/dp of the optimizer states (parameters and "
+        "gradients stay whole); the step all-gathers the updated parameters after DDP's "
+        "all-reduce. Needs dp_replicate > 1 and dp_shard x cp = 1 (FSDP shards the states "
+        "already).",
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shard_optimizer, bool):
+            raise ValueError(
+                f"strategy.shard_optimizer={self.shard_optimizer!r} must be true or false"
+            )
+
+
+def shard_optimizer_problem(layout, options) -> str | None:
+    """Why `options` (a `StrategyOptions`) cannot shard the optimizer states over `layout`'s
+    replicas (a resolved `Layout`), or None: nothing to shard over (dp_replicate = 1), FSDP
+    sharding them already (dp_shard x cp > 1), or DiLoCo (each replica steps on its own
+    gradients, which the shards would mix)."""
+    if not options.optimizer_sharding.shard_optimizer:
+        return None
+    name = "strategy.shard_optimizer=true"
+    if layout.shard_size > 1:
+        return (
+            f"{name} with dp_shard x cp = {layout.shard_size}: FSDP shards the optimizer states "
+            f"already; set strategy.shard_optimizer=false, or strategy.dp_shard=1 and "
+            f"strategy.dp_replicate={layout.dp} (ZeRO-1 shards over the replicas)"
+        )
+    if layout.dp_replicate == 1:
+        return (
+            f"{name} shards the optimizer states over the data-parallel replicas, and "
+            f"dp_replicate=1 has none to shard over; use 2 or more, or set "
+            "strategy.shard_optimizer=false"
+        )
+    inner = options.grad_sync.diloco_inner_steps
+    if inner:
+        return (
+            f"{name} with strategy.diloco_inner_steps={inner} is not supported: DiLoCo's "
+            "replicas step on their own gradients, which ZeRO-1's shards would mix; unset one"
+        )
+    return None

@@ -1,0 +1,294 @@
+"""ZeRO-1: the optimizer states sharded over the data-parallel ranks, parameters and gradients
+replicated (`strategy.shard_optimizer`, under `strategy=ddp` and the mesh strategies'
+`dp_replicate`), as Megatron's distributed optimizer and DeepSpeed's BF16 optimizer run it.
+
+`ShardedOptimizer(optimizer, group)` wraps a torch optimizer whose update is elementwise (AdamW,
+Adam, SGD, ...). Each parameter group's parameters (this rank's local pieces: `to_local()` of a
+DTensor split by tensor parallelism) lie end to end in one flat index space of N elements,
+padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slice
+[r * chunk, (r + 1) * chunk), chunk = ceil(N / dp). A step:
+
+1. reads this rank's slice of the parameters and of their gradients into one flat tensor each
+   (the gradients are whole and alike on every rank: DDP's all-reduce, or FSDP2's over
+   `dp_replicate`, ran as before; clipping has already scaled them);
+2. runs the wrapped optimizer's class on that flat slice only, so its states hold chunk
+   elements per group instead of N: 1/dp of the unsharded optimizer's, up to the padding of the
+   last shard;
+3. all-gathers the updated slices over `group` and writes them back into every parameter.
+
+Because the update is elementwise, each element sees exactly the arithmetic it would see on one
+process. This first version keeps the gradients' all-reduce: a step's traffic is DDP's
+all-reduce plus an all-gather of the parameters (not Megatron's reduce-scatter + all-gather,
+which would need the gradients' reduction to scatter); `planner/traffic.py` counts the same.
+
+The parameter groups are the wrapped optimizer's own dicts, so its learning-rate scheduler
+steers the shards. A parameter without a gradient in a step is stepped with a zero gradient
+(torch's optimizers skip it). `state_dict()` gathers every state whole (a temporary spike of the
+unsharded optimizer's size) so checkpoints are exactly what the unsharded optimizer writes, and
+any layout reads them; `load_state_dict()` keeps this rank's slice. No Lightning import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adamax,
+    torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
+)  # fmt: skip
+"""The optimizers whose update of each element reads only that element's parameter, gradient
+and state: the ones a slice of the flat parameters can step alone."""
+
+
+def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of rank `rank`'s slice of a flat space of `numel` elements over `dp` ranks:
+    ceil(numel / dp) elements each, the last shard padded (its padding lies past `numel`)."""
+    chunk = -(-numel // dp)
+    return rank * chunk, (rank + 1) * chunk
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@dataclass
+class _FlatGroup:
+    """One parameter group laid flat: its parameters' offsets and this rank's slice."""
+
+    group: dict[str, Any]
+    params: list[torch.Tensor]
+    offsets: list[int]
+    start: int
+    stop: int
+    shard: torch.Tensor
+
+    def pieces(self):
+        """(parameter, [a, b) in its flattened local elements, [s, t) in the shard) for every
+        parameter that overlaps this rank's slice."""
+        for param, offset in zip(self.params, self.offsets, strict=True):
+            local = _local(param)
+            lo, hi = max(offset, self.start), min(offset + local.numel(), self.stop)
+            if lo < hi:
+                yield param, (lo - offset, hi - offset), (lo - self.start, hi - self.start)
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """`optimizer` with its states sharded over the ranks of `group` (None: the default group);
+    see the module's docstring. Every rank of `group` must hold the same parameters (shapes) and,
+    at each step, the same gradients. Raises ValueError for an optimizer whose update is not
+    elementwise, or a parameter group that mixes dtypes or devices."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, group: Any = None) -> None:
+        if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+            names = ", ".join(cls.__name__ for cls in ELEMENTWISE_OPTIMIZERS)
+            raise ValueError(
+                f"strategy.shard_optimizer=true shards elementwise optimizers ({names}), not "
+                f"{type(optimizer).__name__}; set strategy.shard_optimizer=false"
+            )
+        self.wrapped = optimizer
+        self.process_group = group
+        self.dp_size = dist.get_world_size(group)
+        self.dp_rank = dist.get_rank(group)
+        # The wrapped optimizer's group dicts themselves (torch's __init__ appends them), so a
+        # scheduler built on either optimizer sets the learning rate both step with.
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.flat = [self._lay_flat(g) for g in self.param_groups]
+        elementwise: Any = type(optimizer)  # one of ELEMENTWISE_OPTIMIZERS: groups suffice
+        self.inner = elementwise(
+            [{**self._settings(f.group), "params": [f.shard]} for f in self.flat]
+        )
+
+    def _lay_flat(self, group: dict[str, Any]) -> _FlatGroup:
+        params = list(group["params"])
+        kinds = {(_local(p).dtype, _local(p).device) for p in params}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"strategy.shard_optimizer=true needs one dtype and device per parameter group, "
+                f"got {sorted(map(str, kinds))}"
+            )
+        offsets, numel = [], 0
+        for param in params:
+            offsets.append(numel)
+            numel += _local(param).numel()
+        start, stop = shard_bounds(numel, self.dp_size, self.dp_rank)
+        dtype, device = kinds.pop() if kinds else (torch.float32, torch.device("cpu"))
+        shard = torch.zeros(stop - start, dtype=dtype, device=device, requires_grad=True)
+        return _FlatGroup(group, params, offsets, start, stop, shard)
+
+    @staticmethod
+    def _settings(group: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in group.items() if k != "params"}
+
+    # --- the step ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _read_slices(self) -> None:
+        """This rank's slice of the parameters and gradients into each group's shard."""
+        for flat, inner_group in zip(self.flat, self.inner.param_groups, strict=True):
+            inner_group.update(self._settings(flat.group))  # the scheduler's learning rate
+            grad = torch.zeros_like(flat.shard)
+            for param, (a, b), (s, t) in flat.pieces():
+                flat.shard[s:t] = _local(param).reshape(-1)[a:b]
+                if param.grad is not None:
+                    grad[s:t] = _local(param.grad).reshape(-1)[a:b]
+            flat.shard.grad = grad
+
+    @torch.no_grad()
+    def _write_back(self) -> None:
+        """All-gather the updated slices and write them into every parameter."""
+        for flat in self.flat:
+            whole = self._gather(flat.shard.detach())
+            for param, offset in zip(flat.params, flat.offsets, strict=True):
+                local = _local(param)
+                local.copy_(whole[offset : offset + local.numel()].view(local.shape))
+            flat.shard.grad = None
+
+    def _gather(self, shard: torch.Tensor) -> torch.Tensor:
+        whole = shard.new_empty(shard.numel() * self.dp_size)
+        dist.all_gather_single(whole, shard.contiguous(), group=self.process_group)
+        return whole
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Run `closure` (Lightning's: forward, backward, clipping), then the sharded update."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._read_slices()
+        self.inner.step()
+        self._write_back()
+        self._expose_state()
+        self._step_wrapped_without_gradients()
+        return loss
+
+    def _step_wrapped_without_gradients(self) -> None:
+        """The wrapped optimizer's own step with every gradient hidden: it updates nothing
+        (torch's optimizers skip a parameter without one), but a scheduler built on it (as
+        `configure_optimizers` builds them) sees the step it expects before its own."""
+        grads = [(p, p.grad) for group in self.param_groups for p in group["params"]]
+        for param, _ in grads:
+            param.grad = None
+        try:
+            self.wrapped.step()
+        finally:
+            for param, grad in grads:
+                param.grad = grad
+
+    def _expose_state(self) -> None:
+        """`state[p]`: the part of p's state this rank holds (flat views; empty where p lies in
+        another rank's slice), so code that reads `optimizer.state` sees real names and bytes."""
+        self.state.clear()
+        for flat in self.flat:
+            held = self.inner.state.get(flat.shard, {})
+            for param, offset in zip(flat.params, flat.offsets, strict=True):
+                n = _local(param).numel()
+                a, b = max(offset, flat.start) - flat.start, min(offset + n, flat.stop) - flat.start
+                self.state[param] = {
+                    name: value[a : max(a, b)] if self._elementwise(flat, value) else value
+                    for name, value in held.items()
+                }
+
+    @staticmethod
+    def _elementwise(flat: _FlatGroup, value: Any) -> bool:
+        return torch.is_tensor(value) and value.shape == flat.shard.shape
+
+    def local_state_bytes(self) -> int:
+        """Bytes of the per-element optimizer states this rank holds (scalars such as Adam's
+        step count aside): chunk x element size per state and group."""
+        return sum(
+            value.numel() * value.element_size()
+            for flat in self.flat
+            for value in self.inner.state.get(flat.shard, {}).values()
+            if self._elementwise(flat, value)
+        )
+
+    # --- checkpoints: the unsharded optimizer's state dict ----------------------------------
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The state dict the unsharded optimizer would return (collective over the group):
+        every state gathered whole, shaped like its parameter (a DTensor like it)."""
+        state: dict[int, dict[str, Any]] = {}
+        groups, index = [], 0
+        for flat in self.flat:
+            held = self.inner.state.get(flat.shard, {})
+            whole = {n: self._gather(v) for n, v in held.items() if self._elementwise(flat, v)}
+            ids = []
+            for param, offset in zip(flat.params, flat.offsets, strict=True):
+                if held:
+                    state[index] = {
+                        name: _like(param, whole[name], offset) if name in whole else value.clone()
+                        for name, value in held.items()
+                    }
+                ids.append(index)
+                index += 1
+            groups.append({**self._settings(flat.group), "params": ids})
+        return {"state": state, "param_groups": groups}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Take this rank's slice of an unsharded optimizer's state dict (any layout's, read
+        whole or as this rank's DTensor pieces); the groups' settings replace the current."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.flat):
+            raise ValueError(
+                f"the saved optimizer has {len(saved_groups)} parameter groups, this one "
+                f"{len(self.flat)}"
+            )
+        for flat, saved in zip(self.flat, saved_groups, strict=True):
+            flat.group.update(self._settings(saved))
+            entries = [state_dict["state"].get(key) for key in saved["params"]]
+            if not any(entries):
+                continue
+            first = next(e for e in entries if e)
+            held: dict[str, Any] = {}
+            for name, value in first.items():
+                if not (torch.is_tensor(value) and value.dim() > 0):
+                    held[name] = value.clone() if torch.is_tensor(value) else value
+                    continue
+                buffer = torch.zeros_like(flat.shard, requires_grad=False)
+                for (_, (a, b), (s, t)), entry in self._pieces_with(flat, entries):
+                    source = _local(entry[name]).reshape(-1)[a:b]
+                    buffer[s:t] = source.to(buffer.device, buffer.dtype)
+                held[name] = buffer
+            self.inner.state[flat.shard] = held
+        self._expose_state()
+
+    @staticmethod
+    def _pieces_with(flat: _FlatGroup, entries: list[Any]):
+        by_param = dict(zip(map(id, flat.params), entries, strict=True))
+        for piece in flat.pieces():
+            entry = by_param[id(piece[0])]
+            if entry:  # a parameter without state keeps zeros, as a fresh optimizer's
+                yield piece, entry
+
+
+def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:
+    """The piece of a gathered flat state that belongs to `param`, shaped and placed like it."""
+    local = _local(param)
+    piece = whole[offset : offset + local.numel()].view(local.shape).clone()
+    if isinstance(param, DTensor):
+        return DTensor.from_local(
+            piece, param.device_mesh, param.placements, run_check=False,
+            shape=param.shape, stride=param.stride(),
+        )  # fmt: skip
+    return piece
+
+
+def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
+    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
+    over and the bytes of per-element states this rank holds; {} without it."""
+    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
+    if not sharded:
+        return {}
+    return {
+        "shard_optimizer": {
+            "replicas": sharded[0].dp_size,
+            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
+        }
+    }
