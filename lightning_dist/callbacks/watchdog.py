@@ -52,8 +52,11 @@ from lightning_dist.runtime.process_identity import (
 )
 
 STALLED_EXIT_CODE = 4
-TICK = 0.1
+TICK = 0.25
 """Seconds between two reads of rank 0's heartbeat by each other rank (see the module doc)."""
+COALESCE = 0.02
+"""Seconds a heartbeat waits after a change, so that changes close together go as one write."""
+HOST = socket.gethostname()
 VERDICT = "verdict"
 """The store key of the first stall seen: {rank, problem, beat, by}."""
 
@@ -146,12 +149,12 @@ class HangWatchdog(Callback):
 
     def _heartbeat(self, now: float) -> dict[str, Any]:
         return {"step": self.step, "phase": self.phase, "time": now,
-                "host": socket.gethostname(), "pid": os.getpid(),
+                "host": HOST, "pid": os.getpid(),
                 "process": PROCESS_ID}  # fmt: skip
 
     def _send_changes_until(self, deadline: float) -> bool:
         """Until `deadline` (monotonic): send this rank's heartbeat as it enters a step or phase
-        (50 a second at most), and read rank 0's every `TICK` seconds (its store dies with it,
+        (the latest of the changes within `COALESCE` seconds), and read rank 0's every `TICK` seconds (its store dies with it,
         and so would its newer heartbeats); False once the watchdog is stopped."""
         read_at = time.monotonic()
         while (now := time.monotonic()) < deadline:
@@ -161,11 +164,14 @@ class HangWatchdog(Callback):
                 self._thawed = True
                 return not self._stop.is_set()
             if changed:
+                # Phases that follow within COALESCE (optimizer, data, the next forward) go
+                # out as one write, the latest: half the store calls of a step, at most
+                # COALESCE behind for a process frozen in that window.
+                time.sleep(COALESCE)
                 if self._stop.is_set() or self._rank0_ended():
                     return False
                 self._changed.clear()
                 self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
-                time.sleep(0.02)
             if self._stop.is_set() or self._rank0_ended():
                 return False
             if time.monotonic() >= read_at:
