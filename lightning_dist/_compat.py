@@ -208,6 +208,15 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def all_gather_single(output: Any, input: Any, group: Any = None, async_op: bool = False):
+    """`torch.distributed.all_gather_single` (torch 2.13's name) where torch has it, else
+    `all_gather_into_tensor`, the same collective under its earlier name (torch 2.11, 2.12)."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, input, group=group, async_op=async_op)
+
+
 def grouped_mm():
     """The grouped matmul of mixture-of-experts layers: `torch.nn.functional.grouped_mm` where
     torch has it (2.13), else the private `torch._grouped_mm` it wraps (from torch 2.8), else

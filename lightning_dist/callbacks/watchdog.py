@@ -154,8 +154,9 @@ class HangWatchdog(Callback):
 
     def _send_changes_until(self, deadline: float) -> bool:
         """Until `deadline` (monotonic): send this rank's heartbeat as it enters a step or phase
-        (the latest of the changes within `COALESCE` seconds), and read rank 0's every `TICK` seconds (its store dies with it,
-        and so would its newer heartbeats); False once the watchdog is stopped."""
+        (the latest of the changes within `COALESCE` seconds), and read rank 0's every `TICK`
+        seconds (its store dies with it, and so would its newer heartbeats); False once the
+        watchdog is stopped."""
         read_at = time.monotonic()
         while (now := time.monotonic()) < deadline:
             wait = max(0.0, min(deadline, read_at) - now)

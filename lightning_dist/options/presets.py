@@ -223,7 +223,10 @@ PRESETS: dict[str, Preset] = {
     ),
     "fsdp2": Preset(MESH_GROUPS, {"dp_shard": -1, "dp_replicate": None}),
     "3d": Preset(MESH_GROUPS, {"dp_shard": -1}),
-    "ft_hsdp": Preset((*MESH_GROUPS, "replicas"), {"dp_shard": -1}),
+    # Not ZeRO-1: a replica group has dp_replicate = 1 (torchft replicates across groups).
+    "ft_hsdp": Preset(
+        (*(g for g in MESH_GROUPS if g != "optimizer_sharding"), "replicas"), {"dp_shard": -1}
+    ),
     "auto": Preset(("process",)),
 }
 """Each strategy's knobs, by the name of its schema (`conf/strategy/<file>.yaml` extends

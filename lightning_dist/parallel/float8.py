@@ -27,9 +27,9 @@ import logging
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from lightning_dist._compat import all_gather_single
 from lightning_dist.parallel.compile import OUTPUT_PROJECTIONS
 
 log = logging.getLogger(__name__)
@@ -200,9 +200,7 @@ class Float8BytesAllGather:
                 output_tensor.view(torch.uint8),
                 input_tensor.view(torch.uint8),
             )
-        # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return gather(output_tensor, input_tensor, group=group, async_op=async_op)
+        return all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 def gather_float8_as_bytes(model: nn.Module) -> None:

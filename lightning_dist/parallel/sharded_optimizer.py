@@ -14,7 +14,8 @@ padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slic
 2. runs the wrapped optimizer's class on that flat slice only, so its states hold chunk
    elements per group instead of N: 1/dp of the unsharded optimizer's, up to the padding of the
    last shard;
-3. all-gathers the updated slices over `group` and writes them back into every parameter.
+3. all-gathers the updated slices over `group` (`GATHER_ELEMENTS` at a time) and writes them
+   back into every parameter.
 
 Because the update is elementwise, each element sees exactly the arithmetic it would see on one
 process. This first version keeps the gradients' all-reduce: a step's traffic is DDP's
@@ -22,8 +23,11 @@ all-reduce plus an all-gather of the parameters (not Megatron's reduce-scatter +
 which would need the gradients' reduction to scatter); `planner/traffic.py` counts the same.
 
 The parameter groups are the wrapped optimizer's own dicts, so its learning-rate scheduler
-steers the shards. A parameter without a gradient in a step is stepped with a zero gradient
-(torch's optimizers skip it). `state_dict()` gathers every state whole (a temporary spike of the
+steers the shards. A parameter without a gradient in a step keeps its value and its states, as
+torch's optimizers skip it (a group where no parameter has one is not stepped at all: the NaN
+guard's skipped steps); one difference stays: a group's step count is shared, so a parameter
+that missed some of its group's steps is bias-corrected by the group's count. Frozen parameters
+handed to the optimizer are never updated but do get states. `state_dict()` gathers every state whole (a temporary spike of the
 unsharded optimizer's size) so checkpoints are exactly what the unsharded optimizer writes, and
 any layout reads them; `load_state_dict()` keeps this rank's slice. No Lightning import here.
 """
@@ -38,12 +42,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from lightning_dist._compat import all_gather_single
+
 ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adamax,
-    torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
 )  # fmt: skip
 """The optimizers whose update of each element reads only that element's parameter, gradient
-and state: the ones a slice of the flat parameters can step alone."""
+and state, and whose states start at zero on the first step: the ones a slice of the flat
+parameters can step alone. (Adagrad is elementwise too, but makes its whole states when it is
+built, so wrapping it would save nothing.)"""
+
+
+GATHER_ELEMENTS = 1 << 25
+"""Elements one all-gather of the step brings back (all ranks' pieces together): 128 MiB of
+fp32, the most the step holds beside the parameters, gradients and states."""
 
 
 def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
@@ -106,20 +119,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _lay_flat(self, group: dict[str, Any]) -> _FlatGroup:
         params = list(group["params"])
+        if not all(_local(p).is_contiguous() for p in params):
+            raise ValueError(
+                "strategy.shard_optimizer=true writes parameters in place and needs them "
+                "contiguous; make the model's parameters contiguous, or set "
+                "strategy.shard_optimizer=false"
+            )
         kinds = {(_local(p).dtype, _local(p).device) for p in params}
         if len(kinds) > 1:
             raise ValueError(
                 f"strategy.shard_optimizer=true needs one dtype and device per parameter group, "
-                f"got {sorted(map(str, kinds))}"
+                f"got {sorted(map(str, kinds))} in one group; give each dtype its own group in "
+                "configure_optimizers, or set strategy.shard_optimizer=false"
             )
         offsets, numel = [], 0
         for param in params:
             offsets.append(numel)
             numel += _local(param).numel()
         start, stop = shard_bounds(numel, self.dp_size, self.dp_rank)
-        dtype, device = kinds.pop() if kinds else (torch.float32, torch.device("cpu"))
+        dtype, device = kinds.pop() if kinds else self._any_parameter_kind()
         shard = torch.zeros(stop - start, dtype=dtype, device=device, requires_grad=True)
         return _FlatGroup(group, params, offsets, start, stop, shard)
+
+    def _any_parameter_kind(self) -> tuple[torch.dtype, torch.device]:
+        """An empty group's shard: on the device of the optimizer's parameters (NCCL gathers
+        only device tensors), fp32."""
+        for group in self.wrapped.param_groups:
+            for param in group["params"]:
+                return torch.float32, _local(param).device
+        return torch.float32, torch.device("cpu")
 
     @staticmethod
     def _settings(group: dict[str, Any]) -> dict[str, Any]:
@@ -128,30 +156,63 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # --- the step ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _read_slices(self) -> None:
-        """This rank's slice of the parameters and gradients into each group's shard."""
+    def _read_slices(self) -> list[torch.Tensor | None]:
+        """This rank's slice of the parameters and gradients into each group's shard; per group,
+        the mask of the shard's elements whose parameter has no gradient (None when all have
+        one). A group where no parameter has a gradient gets none: the inner step skips it."""
+        without: list[torch.Tensor | None] = []
         for flat, inner_group in zip(self.flat, self.inner.param_groups, strict=True):
             inner_group.update(self._settings(flat.group))  # the scheduler's learning rate
-            grad = torch.zeros_like(flat.shard)
+            missing = [p.grad is None for p in flat.params]
+            stepped = not all(missing)  # alike on every rank: the gradients are
+            grad = torch.zeros_like(flat.shard) if stepped else None
+            mask = torch.zeros_like(flat.shard, dtype=torch.bool) if any(missing) else None
             for param, (a, b), (s, t) in flat.pieces():
                 flat.shard[s:t] = _local(param).reshape(-1)[a:b]
-                if param.grad is not None:
+                if grad is not None and param.grad is not None:
                     grad[s:t] = _local(param.grad).reshape(-1)[a:b]
+                elif mask is not None:
+                    mask[s:t] = True
             flat.shard.grad = grad
+            without.append(mask if stepped else None)
+        return without
+
+    @torch.no_grad()
+    def _step_keeping(self, without: list[torch.Tensor | None]) -> None:
+        """The inner step; the elements of parameters without a gradient get back the value and
+        states they had (zero states where the step made them)."""
+        kept = []
+        for flat, mask in zip(self.flat, without, strict=True):
+            if mask is None:
+                continue
+            before = self.inner.state.get(flat.shard, {})
+            states = {n: v[mask].clone() for n, v in before.items() if self._elementwise(flat, v)}
+            kept.append((flat, mask, flat.shard[mask].clone(), states))
+        self.inner.step()
+        for flat, mask, value, states in kept:
+            flat.shard[mask] = value
+            for name, state in self.inner.state[flat.shard].items():
+                if self._elementwise(flat, state):
+                    state[mask] = states[name] if name in states else 0
 
     @torch.no_grad()
     def _write_back(self) -> None:
-        """All-gather the updated slices and write them into every parameter."""
+        """All-gather the updated slices, `GATHER_ELEMENTS` at a time (so the step holds a
+        bounded buffer, not a copy of the whole group), into every parameter."""
         for flat in self.flat:
-            whole = self._gather(flat.shard.detach())
-            for param, offset in zip(flat.params, flat.offsets, strict=True):
-                local = _local(param)
-                local.copy_(whole[offset : offset + local.numel()].view(local.shape))
+            chunk = flat.stop - flat.start
+            length = max(1, GATHER_ELEMENTS // self.dp_size)
+            for i in range(0, chunk, length):
+                j = min(chunk, i + length)
+                gathered = self._gather(flat.shard.detach()[i:j])
+                for rank in range(self.dp_size):
+                    values = gathered[rank * (j - i) : (rank + 1) * (j - i)]
+                    _write_range(flat, rank * chunk + i, values)
             flat.shard.grad = None
 
     def _gather(self, shard: torch.Tensor) -> torch.Tensor:
         whole = shard.new_empty(shard.numel() * self.dp_size)
-        dist.all_gather_single(whole, shard.contiguous(), group=self.process_group)
+        all_gather_single(whole, shard.contiguous(), group=self.process_group)
         return whole
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -160,8 +221,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._read_slices()
-        self.inner.step()
+        self._step_keeping(self._read_slices())
         self._write_back()
         self._expose_state()
         self._step_wrapped_without_gradients()
@@ -238,11 +298,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if len(saved_groups) != len(self.flat):
             raise ValueError(
                 f"the saved optimizer has {len(saved_groups)} parameter groups, this one "
-                f"{len(self.flat)}"
+                f"{len(self.flat)}; resume with the configure_optimizers that saved it"
             )
         for flat, saved in zip(self.flat, saved_groups, strict=True):
             flat.group.update(self._settings(saved))
             entries = [state_dict["state"].get(key) for key in saved["params"]]
+            if len(entries) != len(flat.params):
+                raise ValueError(
+                    f"a saved optimizer group has {len(entries)} parameters, this one "
+                    f"{len(flat.params)}; resume with the model and configure_optimizers that "
+                    "saved it"
+                )
             if not any(entries):
                 continue
             first = next(e for e in entries if e)
@@ -252,8 +318,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     held[name] = value.clone() if torch.is_tensor(value) else value
                     continue
                 buffer = torch.zeros_like(flat.shard, requires_grad=False)
-                for (_, (a, b), (s, t)), entry in self._pieces_with(flat, entries):
-                    source = _local(entry[name]).reshape(-1)[a:b]
+                for (param, (a, b), (s, t)), entry in self._pieces_with(flat, entries):
+                    whole = _local(entry[name])
+                    if whole.numel() != _local(param).numel():
+                        raise ValueError(
+                            f"the saved optimizer state {name!r} has {whole.numel()} elements "
+                            f"here, its parameter {_local(param).numel()}: read it through "
+                            "the checkpoint loader, which reshards it to this layout"
+                        )
+                    source = whole.reshape(-1)[a:b]
                     buffer[s:t] = source.to(buffer.device, buffer.dtype)
                 held[name] = buffer
             self.inner.state[flat.shard] = held
@@ -266,6 +339,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             entry = by_param[id(piece[0])]
             if entry:  # a parameter without state keeps zeros, as a fresh optimizer's
                 yield piece, entry
+
+
+def _write_range(flat: _FlatGroup, lo: int, values: torch.Tensor) -> None:
+    """Write `values`, elements [lo, lo + len) of the group's flat space, into its parameters
+    (the padding past the last one is dropped)."""
+    hi = lo + values.numel()
+    for param, offset in zip(flat.params, flat.offsets, strict=True):
+        local = _local(param)
+        a, b = max(lo, offset), min(hi, offset + local.numel())
+        if a < b:
+            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
 
 
 def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:

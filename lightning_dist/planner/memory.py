@@ -328,8 +328,8 @@ def model_state_bytes(
     optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
     (`cluster/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
     and 1/dp of the optimizer states, as `parallel/sharded_optimizer.py` holds them (an uneven
-    last shard's padding, under dp elements a group, is not counted; nor is the gathered copy of
-    one parameter group its step holds after the activations are gone).
+    last shard's padding, under dp elements a group, is not counted; nor are the step's
+    all-gather buffer, at most `GATHER_ELEMENTS` elements, and the whole states a save gathers).
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1

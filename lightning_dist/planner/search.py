@@ -316,7 +316,11 @@ def _search_families(
         if tally.fitting and family.mode == "SHARD_OPTIMIZER" and ddp is not None:
             zero1 = min(tally.fitting, key=_rank)
             if zero1.time.step_seconds > (1 - ZERO1_GAIN) * ddp.time.step_seconds:
-                continue  # no faster than DDP on the same degrees: not worth a row
+                rejected[family.key] = (
+                    f"no faster than DDP on the same degrees (by search.ZERO1_GAIN = "
+                    f"{ZERO1_GAIN:.0%}): ZeRO-1 only adds an all-gather where DDP fits"
+                )
+                continue
         if tally.fitting:
             # The family's fastest, and its fastest runnable one where that is slower.
             fastest = min(tally.fitting, key=_rank)

@@ -31,12 +31,12 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 
 SHARDING_MODES = ("NO_SHARD", "SHARD_OPTIMIZER", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 REPLICATED_MODES = ("NO_SHARD", "SHARD_OPTIMIZER")
-BLOCK_OPS = ("llama", "mpt")
-"""The block codes whose pointwise ops the time model counts (`compute.POINTWISE_BYTES`)."""
 """The modes whose parameters and gradients are whole on every data-parallel rank: DDP, and
 ZeRO-1 (`SHARD_OPTIMIZER`: the optimizer states sharded over the dp_replicate ranks, as
-Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer run it;
+Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer shard them;
 `strategy.shard_optimizer`, `parallel/sharded_optimizer.py`)."""
+BLOCK_OPS = ("llama", "mpt")
+"""The block codes whose pointwise ops the time model counts (`compute.POINTWISE_BYTES`)."""
 
 # --- cost-model constants (rough, documented; calibration refines them later) -------------
 

@@ -8,10 +8,11 @@ and dgx_a100 (each at its datasheet power) and the corrections `gemm_half_dim` a
 `clock_power_exponent`; flash attention's rates (the kernel paper's figures) and the memory
 bandwidth pointwise kernels reach (torchao's) are published measurements (planner/device_rates.py),
 not fitted. The loss is the sum of squared errors over each
-row's target plus three times the worst one squared, minimised by Nelder-Mead from the stored
-values. A constant the remaining sources do not constrain (the clock exponent without both
-power limits of the H100: CONSTRAINED_ONLY_BY) is held at its prior. The fits live in planner/holdout_fits.json with the
-band of the plan's predictions (`prediction_band`); memory rows depend on none of these
+row's target plus three times the worst one squared, minimised by Nelder-Mead from four starts
+(the stored values and three neutral ones; the lowest loss is kept, so a left-out fit may end
+where the start fitted with every source led). A constant the remaining sources do not
+constrain (the clock exponent without both power limits of the H100: CONSTRAINED_ONLY_BY) is
+held at its prior. The fits live in planner/holdout_fits.json with the band of the plan's predictions (`prediction_band`); memory rows depend on none of these
 constants, so their leave-one-source-out error is their error.
 """
 

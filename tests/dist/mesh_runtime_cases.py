@@ -121,9 +121,12 @@ def uneven_zero1_shards() -> dict:
     import torch.distributed as dist
     from world import init_group
 
+    from lightning_dist.parallel import sharded_optimizer
     from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
     init_group()
+    # All-gathers of 8 elements: the step writes its parameters back in several pieces.
+    bucket, sharded_optimizer.GATHER_ELEMENTS = sharded_optimizer.GATHER_ELEMENTS, 8
 
     def model_and_optimizer():
         torch.manual_seed(0)
@@ -157,7 +160,29 @@ def uneven_zero1_shards() -> dict:
         for a, b in zip(fresh.flat, sharded.flat, strict=True)
         for k in ("exp_avg", "exp_avg_sq")
     )
+    # Two more steps: the second layer without gradients (torch's AdamW skips its parameters:
+    # no decay, no moment update), then none at all (the NaN guard's skipped step).
+    for step, frozen in ((3, [1]), (4, [0, 1])):
+        torch.manual_seed(step)
+        batch = torch.randn(4, 7)
+        for model, optimizer in ((sharded_model, sharded), (plain_model, plain)):
+            optimizer.zero_grad()
+            model(batch).pow(2).sum().backward()
+            for layer in frozen:
+                for param in model[layer].parameters():
+                    param.grad = None
+            optimizer.step()
+    pairs = zip(sharded_model.parameters(), plain_model.parameters(), strict=True)
+    skip_param_diff = max(float((a - b).abs().max()) for a, b in pairs)
+    saved, expected = sharded.state_dict(), plain.state_dict()
+    skip_state_diff = max(  # the moments; `step` is the group's count here, per parameter there
+        float((saved["state"][i][k] - state[k]).abs().max())
+        for i, state in expected["state"].items()
+        for k in ("exp_avg", "exp_avg_sq")
+    )
     dist.barrier()
+    sharded_optimizer.GATHER_ELEMENTS = bucket
     return {"param_diff": param_diff, "state_diff": state_diff, "reloaded": reloaded,
+            "skip_param_diff": skip_param_diff, "skip_state_diff": skip_state_diff,
             "state_bytes": sharded.local_state_bytes(),
             "group_elements": [sum(p.numel() for p in g["params"]) for g in plain.param_groups]}  # fmt: skip

@@ -113,7 +113,8 @@ def test_a_plain_loop_over_the_runtime_trains_the_trainer_losses(worlds, tmp_pat
 
 def test_zero1_pads_an_uneven_last_shard_and_steps_as_one_optimizer(worlds):
     """Groups of 50 and 8 elements over 2 ranks and over 4: each rank holds ceil(N / dp) elements
-    of each state, and the parameters and the gathered states equal the unsharded AdamW's."""
+    of each state, and the parameters and the gathered states equal the unsharded AdamW's, also
+    after a step where a layer has no gradient and one where none has."""
     for size in (2, 4):
         for rank in worlds(size).run("mesh_runtime_cases:uneven_zero1_shards"):
             assert rank["group_elements"] == [50, 8]
@@ -121,3 +122,5 @@ def test_zero1_pads_an_uneven_last_shard_and_steps_as_one_optimizer(worlds):
             assert rank["state_bytes"] == held * ADAM_STATES * 4, (size, rank)
             assert rank["param_diff"] == 0.0 and rank["state_diff"] == 0.0, rank
             assert rank["reloaded"], rank
+            # parameters without a gradient keep their value and moments, as torch's skip them
+            assert rank["skip_param_diff"] == 0.0 and rank["skip_state_diff"] == 0.0, rank
