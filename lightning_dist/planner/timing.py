@@ -49,8 +49,11 @@ from lightning_dist.planner.traffic import (
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
 ZERO1_GATHERS = 2
-"""All-gathers of ZeRO-1's step (`parallel/sharded_optimizer.py`): one flat tensor per parameter
-group, and CausalLM has two (weight decay and none)."""
+"""Parameter groups of ZeRO-1's step (`parallel/sharded_optimizer.py` gathers each group's
+slices in pieces): CausalLM has two (weight decay and none)."""
+ZERO1_GATHER_ELEMENTS = 1 << 25
+"""Elements one of those all-gathers brings back at most: `sharded_optimizer.GATHER_ELEMENTS`
+(tests/unit/test_planner_layouts.py holds the two equal; the planner imports no torch code)."""
 STEP_SCALAR_ALL_REDUCES = 2
 """Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
 logged loss's mean (`lm/module.py`) and the NaN guard's flags, which carry the preemption
@@ -405,7 +408,8 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
         # parameters per parameter group, a ring of dp - 1 steps each, between the optimizer
         # step and the next forward: nothing runs beside it.
         bw, lat = link(tp, dp)
-        gather = volume.gather / bw + ZERO1_GATHERS * (dp - 1) * lat
+        gathers = ZERO1_GATHERS + int(psi // ZERO1_GATHER_ELEMENTS)  # pieces of each group
+        gather = volume.gather / bw + gathers * (dp - 1) * lat
         return [
             (_ddp_all_reduce_seconds(settings, volume, psi, dp, bw, lat), bwd),
             (gather, 0.0),

@@ -29,7 +29,6 @@ from lightning_dist.contract import ContractDefaults
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
-from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.float8 import apply_float8, check_float8
 from lightning_dist.parallel.fsdp import find_block_types
@@ -96,9 +95,6 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
         """The layout on `num_nodes` nodes of `devices` ranks; ValueError if it cannot exist."""
         layout = self.declared_layout(num_nodes).resolve(devices * num_nodes)
         layout.check_nodes(devices, num_nodes)
-        problem = shard_optimizer_problem(layout, self.options)
-        if problem:
-            raise ValueError(problem)
         return layout
 
     @property

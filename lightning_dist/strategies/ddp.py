@@ -20,7 +20,9 @@ from typing_extensions import override
 from lightning_dist._compat import sigterm_broadcast_once_per_step
 from lightning_dist.cluster.diloco import DiLoCo
 from lightning_dist.cluster.grad_sync import gradient_hook
+from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
+from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
 from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, sharding_summary
 from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
@@ -164,6 +166,15 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
                 trainer.val_check_interval = interval * mine
             sigterm_broadcast_once_per_step(trainer)  # else a collective per micro-batch
         super().setup(trainer)
+
+    def layout_for(self, devices: int, num_nodes: int) -> Layout:
+        """The layout, refused in one line when ZeRO-1 has no replicas to shard over (the mesh
+        strategies check the same in `mesh.checks.check_layout`)."""
+        layout = super().layout_for(devices, num_nodes)
+        problem = shard_optimizer_problem(layout, self.options)
+        if problem:
+            raise ValueError(problem)
+        return layout
 
     @override
     def setup_optimizers(self, trainer: pl.Trainer) -> None:

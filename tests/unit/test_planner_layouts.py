@@ -138,6 +138,11 @@ def test_zero1_shards_the_optimizer_over_dp_and_adds_an_all_gather_to_ddps_all_r
     # DDP, and the search offers it only where DDP does not fit (search.ZERO1_GAIN).
     assert zero1.time.dp_comm_seconds > 1.3 * ddp.time.dp_comm_seconds
     assert zero1.time.step_seconds > ddp.time.step_seconds
+    # The planner counts the code's all-gather pieces (it imports no torch code to read them).
+    from lightning_dist.parallel.sharded_optimizer import GATHER_ELEMENTS
+    from lightning_dist.planner.timing import ZERO1_GATHER_ELEMENTS
+
+    assert ZERO1_GATHER_ELEMENTS == GATHER_ELEMENTS
     with pytest.raises(ValueError, match="dp_shard x cp = 2 must be 1"):
         estimate(llama, node, Layout(dp_replicate=8, dp_shard=2), sharding="SHARD_OPTIMIZER", **kw)
 
