@@ -21,8 +21,9 @@ survivor names the same lost rank, and all wait until each has read it before an
 (rank 0's store must outlive their reading, and Lightning's launcher in rank 0 kills every rank
 once one has ended). Each
 survivor prints one line naming the lost rank, its host, step and phase (forward, backward,
-optimizer, checkpoint, data), SIGKILLs it when it is on the same host (a stopped process cannot
-act on anything gentler), and exits with `STALLED_EXIT_CODE` without touching a collective. A
+optimizer, checkpoint, data), ends it when it is on the same host (a stopped one is resumed
+to end itself with the same code: `runtime/stalled_mark.py`; a running one is killed), and
+exits with `STALLED_EXIT_CODE` without touching a collective. A
 collective that fails because a peer is gone waits for that line instead of a traceback. Keep
 `stall_seconds` below the process group's collective timeout so the watchdog speaks before a
 collective times out.
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -50,6 +50,7 @@ from lightning_dist.runtime.process_identity import (
     same_host,
     start_time,
 )
+from lightning_dist.runtime.stalled_mark import end_stalled, take_own_mark
 
 STALLED_EXIT_CODE = 4
 TICK = 0.25
@@ -188,6 +189,14 @@ class HangWatchdog(Callback):
         they have had a round to beat again."""
         if overslept <= self.stall_seconds / 2:
             return False
+        verdict = take_own_mark()
+        if verdict is not None:  # stopped, judged by another rank, and resumed to end itself
+            print_line(
+                f"error: rank {self._rank} was stopped for {overslept:.0f} s in step {self.step} "
+                f"(phase: {self.phase}); rank {verdict.get('by')} named it stalled "
+                f"({verdict.get('problem')}) and stopped the job"
+            )
+            os._exit(STALLED_EXIT_CODE)
         self._progress_time = self._answered = time.monotonic()
         return True
 
@@ -340,10 +349,7 @@ class HangWatchdog(Callback):
                 # before the store they wait on closes under them.
                 time.sleep(2 * self.interval)
             if start_time(beat["pid"]) == beat["process"]["start"]:  # that rank, not a reuse
-                try:
-                    os.kill(beat["pid"], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                end_stalled(beat, {"by": self._rank, "problem": problem})
         os._exit(STALLED_EXIT_CODE)
 
     def _first_verdict(self, rank: int, beat: dict | None, problem: str):

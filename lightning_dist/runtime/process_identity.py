@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 
-def _stat(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (state first), or [] when there
     is no such process (or no /proc)."""
     try:
@@ -20,7 +20,7 @@ def _stat(pid: int) -> list[str]:
 
 def start_time(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, field 22), or None."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields else None
 
 
@@ -61,5 +61,5 @@ def process_ended(beat: dict) -> bool:
     told)."""
     if not same_host(beat) or beat["pid"] == os.getpid():
         return False
-    fields = _stat(beat["pid"])
+    fields = stat_fields(beat["pid"])
     return not fields or fields[19] != beat["process"]["start"] or fields[0] in ("Z", "X")
