@@ -737,6 +737,16 @@ def sigterm_broadcast_off(trainer: Any) -> Callable[[], None]:
     return restore
 
 
+def torchft_quorum_id(manager: Any) -> int:
+    """The id of the last quorum a torchft `Manager` took part in (-1 before its first).
+
+    The Lighthouse bumps the id whenever a quorum's members change, so a group that finds the
+    id grown by more than one since its own last quorum knows quorums were formed without it.
+    torchft 0.2.0 keeps it in `Manager._quorum_id`, with no public accessor.
+    """
+    return int(getattr(manager, "_quorum_id", -1))
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 KINDS = {
@@ -1014,6 +1024,10 @@ _ENTRIES = (
            "attribute", "lightning_dist.strategies.base",
            "the backend a strategy's group is made with; no public accessor", LIGHTNING,
            via="process_group_settings"),
+    _entry("_quorum_id", "torchft.manager.Manager", "attribute",
+           "lightning_dist.cluster.replica_groups",
+           "tells a group that quorums were formed without it; no public accessor",
+           "torchft 0.2.0", via="torchft_quorum_id"),
     _entry("_timeout", ("lightning.pytorch.strategies.DDPStrategy",
                         "lightning.pytorch.strategies.FSDPStrategy",
                         "lightning.pytorch.strategies.ModelParallelStrategy"),

@@ -52,7 +52,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run = build_run(plan, started)
     start_record(plan, run)
     from lightning_dist.checkpoint.format import CheckpointWriteError
-    from lightning_dist.cluster.replica_groups import LighthouseLost
+    from lightning_dist.cluster.replica_groups import LighthouseLost, ReplicaGroupLeftBehind
     from lightning_dist.data.records import BadRecord
 
     try:
@@ -65,16 +65,23 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         step = run.trainer.global_step
         saved = _stop_mid_run(plan, run, started, e, status="bad_record")
         raise ConfigError(f"{e} (reached after step {step}{saved})") from None
-    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run: keep the steps trained
-        lost = isinstance(e, LighthouseLost)
+    except (CheckpointWriteError, LighthouseLost, ReplicaGroupLeftBehind) as e:
+        # mid-run: keep the steps trained
+        replicas = not isinstance(e, CheckpointWriteError)
         saved = _stop_mid_run(
             plan,
             run,
             started,
             e,
-            status="lighthouse_lost" if lost else "checkpoint_failed",
-            name_checkpoint=lost,
-            timeout_s=plan.strategy.options.replicas.ft_timeout_s if lost else None,
+            status=(
+                "lighthouse_lost"
+                if isinstance(e, LighthouseLost)
+                else "left_behind"
+                if replicas
+                else "checkpoint_failed"
+            ),
+            name_checkpoint=replicas,
+            timeout_s=plan.strategy.options.replicas.ft_timeout_s if replicas else None,
         )
         raise type(e)(f"rank {run.trainer.global_rank}: {e}{saved}") from None
     return finish_run(plan, run, wall_seconds=time.perf_counter() - started)
@@ -192,6 +199,7 @@ def _train_and_exit(cfg: DictConfig) -> None:
         LighthouseLost,
         ReplicaGroupAlone,
         ReplicaGroupFellBehind,
+        ReplicaGroupLeftBehind,
         ReplicaGroupQuorumFailed,
     )
 
@@ -199,14 +207,16 @@ def _train_and_exit(cfg: DictConfig) -> None:
         result = train(cfg)
     except ConfigError as e:
         report_config_error(e)  # one line, secrets redacted, exit 2
-    except (CheckpointWriteError, LighthouseLost) as e:  # mid-run; the line names the rank
+    except (CheckpointWriteError, LighthouseLost, ReplicaGroupLeftBehind) as e:
+        # mid-run; the line names the rank
         from lightning_dist.strategies.launch import rank_exit_code
 
         print(f"error: {e}", file=sys.stderr, flush=True)
-        lost = isinstance(e, LighthouseLost)
-        if lost:  # a restart cannot reach the Lighthouse either
+        replicas = not isinstance(e, CheckpointWriteError)
+        if replicas:  # a restart cannot reach the Lighthouse, or finds no peer, either
             end_torchrun_agent()
-        sys.exit(rank_exit_code(REPLICA_GROUP_EXIT_CODE if lost else CHECKPOINT_WRITE_EXIT_CODE))
+        code = REPLICA_GROUP_EXIT_CODE if replicas else CHECKPOINT_WRITE_EXIT_CODE
+        sys.exit(rank_exit_code(code))
     except (ReplicaGroupAlone, ReplicaGroupFellBehind, ReplicaGroupQuorumFailed) as e:
         # ft_hsdp: torchrun relaunches the group, which heals from a running one; a relaunched
         # group that found none would find none again (the others have ended).

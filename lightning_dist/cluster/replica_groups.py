@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lightning_dist._compat import torchft_quorum_id
 from lightning_dist.cluster.elastic import restart_attempt
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ class ReplicaGroupAlone(RuntimeError):
 class ReplicaGroupQuorumFailed(RuntimeError):
     """A step's quorum failed while the Lighthouse answers (a rank of this group, or the whole
     group, was frozen past strategy.ft_timeout_s): the group restarts and heals from a peer."""
+
+
+class ReplicaGroupLeftBehind(RuntimeError):
+    """A group away past `strategy.ft_timeout_s` (frozen, cut off) came back alone: the others
+    trained on without it and have ended, so there is no newer state to heal from."""
 
 
 class LighthouseLost(RuntimeError):
@@ -224,6 +230,8 @@ class ReplicaGroups:
         self.group_id = group_id
         self.groups = groups
         self.timeout_s = timeout_s
+        self._last_quorum = (-1, time.monotonic())
+        """(the id of the last quorum this group was in, when it returned: monotonic s)."""
 
     def quorum(self) -> int:
         """The quorum of the next step (a healing group loads its peer's state in here);
@@ -246,7 +254,34 @@ class ReplicaGroups:
                 f"answer (the quorum failed after strategy.ft_timeout_s={self.timeout_s}: "
                 f"{first}); no group can train without it, so this group stops"
             ) from None
-        return self.manager.num_participants()
+        present = self.manager.num_participants()
+        self._check_not_left_behind(present)
+        return present
+
+    def _check_not_left_behind(self, present: int) -> None:
+        """Refuse to train on alone after quorums were formed without this group.
+
+        A group frozen past `ft_timeout_s` (SIGSTOP, a suspended machine) is dropped by the
+        Lighthouse; the others train on and may end before it wakes. It would then be alone,
+        at its old step, and train a second lineage of the model to the end, writing
+        checkpoints with the same step numbers as the others'. The Lighthouse's quorum id tells
+        it: a gap in the ids this group saw means quorums it was not in. A group whose peers
+        merely failed sees no gap (it is in every quorum), so it trains on alone, as it should.
+        """
+        quorum_id, now = torchft_quorum_id(self.manager), time.monotonic()
+        seen, away = self._last_quorum
+        self._last_quorum = (quorum_id, now)
+        if seen < 0 or quorum_id <= seen + 1 or present > 1 or self.groups == 1:
+            return
+        if now - away <= self.timeout_s:  # one slow step: a peer's quorum alone, not a gap
+            return
+        raise ReplicaGroupLeftBehind(
+            f"replica group {self.group_id} was away {now - away:.0f} s (past "
+            f"strategy.ft_timeout_s={self.timeout_s}: frozen or cut off) while the other groups "
+            f"trained on without it (quorums {seen + 1}-{quorum_id - 1}), and none is left to "
+            "heal from; it stops rather than train a lineage of its own from its older step: "
+            "resume the job from the group that went furthest"
+        )
 
     def first_quorum(self) -> int:
         """The first step's quorum, with every group if they all come within the timeout (a

@@ -38,6 +38,7 @@ from lightning_dist.cluster.replica_groups import (
     LIGHTHOUSE_ENV,
     LighthouseLost,
     ReplicaGroupFellBehind,
+    ReplicaGroupLeftBehind,
     ReplicaGroups,
     check_lighthouse,
     load_training_state,
@@ -218,16 +219,17 @@ class FTHSDPStrategy(Parallel3DStrategy):
         else:
             try:
                 self._replicas.quorum()
-            except LighthouseLost:
+            except (LighthouseLost, ReplicaGroupLeftBehind):
                 self._save_before_stopping()
                 raise
         self._quorum_ready = False
         return super().training_step(*args, **kwargs)
 
     def _save_before_stopping(self) -> None:
-        """The Lighthouse is lost at this step's quorum, before its forward: every rank of the
-        group failed the same quorum and holds the state of the last step it committed. Save
-        that step, unless a rank sees it saved already, so that no trained step is lost."""
+        """The Lighthouse is lost (or the group was left behind) at this step's quorum, before its
+        forward: every rank of the group failed the same quorum and holds the state of the last
+        step it committed. Save that step, unless a rank sees it saved already, so that no
+        trained step is lost."""
 
         module = self.lightning_module
         trainer = module.trainer if module is not None else None
