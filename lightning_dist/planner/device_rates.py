@@ -1,6 +1,6 @@
 """Published device measurements the time model reads: flash attention's speed by sequence
-length, head dim and masking, the share of memory bandwidth pointwise kernels reach, and the
-datasheet power each GPU's peak is quoted at.
+length, head dim and masking, matmul speed by shape, the share of memory bandwidth pointwise
+kernels reach, and the datasheet power each GPU's peak is quoted at.
 
 **Attention.** FlashAttention-2's forward + backward speed, TFLOP/s, read off the bars of the
 two figures of Dao-AILab/flash-attention's README, `assets/flash2_a100_fwd_bwd_benchmark.png`
