@@ -4,8 +4,8 @@
 
 The fit is `lightning_dist.published.holdout.fit` over every source (torchtitan, Megatron-LM
 Table 1, llm-foundry): `hardware.matmul_efficiency` of dgx_h100 and dgx_a100 (each at its
-datasheet power) and the corrections `gemm_half_dim` and `clock_power_exponent` of
-planner/calibration.json. It prints the fit and each row's error; writing
+datasheet power) and the correction `clock_power_exponent` of planner/calibration.json (the
+matmul shape constants come from OpenXLA's GEMM table: planner/device_rates.py). It prints the fit and each row's error; writing
 the values back (the hardware files, the corrections) is left to whoever reads them, rounded.
 `python -m lightning_dist.calibration_report --refit` runs the same fit and the
 leave-one-source-out ones and stores them (planner/holdout_fits.json).

@@ -5,8 +5,11 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
 
 - **matmuls** (the projections and the output head): each at `matmul_efficiency` x
   `shape_factor(M, N, K)` of the peak, where M is the microbatch's tokens and N, K the
-  per-rank weight's sizes (after TP). Small dimensions fill fewer tiles and waves: each one
-  of size x costs x / (x + GEMM_HALF_DIM) of the large-shape rate;
+  per-rank weight's sizes (after TP), plus GEMM_KERNEL_SECONDS per kernel (three a projection
+  in training). Small dimensions fill fewer tiles and waves: each one of size x costs
+  x / (x + GEMM_HALF_DIM) of the large-shape rate. Both constants are least squares over
+  OpenXLA's measured H100 bf16 matmul table (`device_rates.fit_gemm_shape`), not fitted to
+  training runs;
 - **attention** (SDPA): flash attention at FlashAttention-2's measured rate for the sequence
   length, head dim and masking (`device_rates.flash_attention_share`: published kernel
   figures, not fitted); the math path runs QK^T and AV whole at the matmul rate and moves the
@@ -40,12 +43,12 @@ from lightning_dist.planner.calibration import correction
 from lightning_dist.planner.device_rates import (
     ACHIEVABLE_MEMORY_BANDWIDTH_SHARE,
     FLASH2_FWD_BWD_FLOPS_PER_FORWARD,
+    GEMM_KERNEL_SECONDS,
     flash_attention_share,
+    gemm_shape_factor,
     sustained_clock_share,
 )
 
-GEMM_HALF_DIM = correction("gemm_half_dim", "gpu")
-"""A matmul dimension of this size runs at half the large-shape rate (fitted; calibration.json)."""
 CLOCK_POWER_EXPONENT = correction("clock_power_exponent", "gpu")
 """Sustained clock ~ (power limit / datasheet power) ** this (fitted; calibration.json: no
 published clock-versus-power table for bf16 matmuls was found, device_rates.py)."""
@@ -103,10 +106,10 @@ class MicrobatchCompute:
         return self.train_seconds + self.recompute_seconds
 
 
-def shape_factor(m: float, n: float, k: float) -> float:
-    """The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches."""
-    h = GEMM_HALF_DIM
-    return (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+shape_factor = gemm_shape_factor
+"""The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches."""
+TRAINING_KERNELS = 3
+"""Matmul kernels a projection runs in training: forward, input gradient, weight gradient."""
 
 
 def block_matmuls(model, tp: int) -> list[tuple[float, float]]:
@@ -136,7 +139,10 @@ def recomputed_projections(tp: int, alternate: bool) -> tuple[int, ...]:
 
 def _matmul_seconds(shapes, tokens: float, speed: float) -> float:
     """Training (forward + two backward) seconds of `shapes` over `tokens` at `speed` FLOP/s."""
-    return sum(6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k)) for n, k in shapes)
+    kernels = TRAINING_KERNELS * GEMM_KERNEL_SECONDS * len(shapes)
+    return kernels + sum(
+        6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k)) for n, k in shapes
+    )
 
 
 def microbatch_compute(
@@ -192,6 +198,7 @@ def microbatch_compute(
         attn = FLASH2_FWD_BWD_FLOPS_PER_FORWARD * forward / rate
     else:
         attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
+        attn += 2 * TRAINING_KERNELS * GEMM_KERNEL_SECONDS  # QK^T and AV, batched over heads
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
     sp = tp if sequence_parallel else 1
     share = COMPILED_POINTWISE_SHARE if compiled else 1.0
@@ -228,8 +235,9 @@ def microbatch_compute(
         moe_tokens = tokens  # every tp rank runs an MoE layer on the whole (gathered) sequence
         attention_shapes = shapes[:4]
         extra = moe_extra_matmuls(model)
-        experts = sum(
+        experts = sum(  # one grouped kernel over the rank's experts a pass
             6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
+            + TRAINING_KERNELS * GEMM_KERNEL_SECONDS
             for m, n, k in expert_matmuls(model, moe_tokens, ep)
         )
         routed = model.top_k * (ops["mlp"] * model.expert_dim + MOE_PERMUTE_BYTES * d)

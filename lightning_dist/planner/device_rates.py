@@ -1,6 +1,6 @@
 """Published device measurements the time model reads: flash attention's speed by sequence
-length, head dim and masking, the share of memory bandwidth pointwise kernels reach, and the
-datasheet power each GPU's peak is quoted at.
+length, head dim and masking, matmul speed by shape, the share of memory bandwidth pointwise
+kernels reach, and the datasheet power each GPU's peak is quoted at.
 
 **Attention.** FlashAttention-2's forward + backward speed, TFLOP/s, read off the bars of the
 two figures of Dao-AILab/flash-attention's README, `assets/flash2_a100_fwd_bwd_benchmark.png`
@@ -27,6 +27,24 @@ datasheets give the TDP and the boost clock the peak is quoted at, 1830 MHz for 
 2026 on H100/H200, measures fp64 DGEMM): the planner takes dynamic CMOS power ~ f V^2 with
 V ~ f (clock ~ power^exponent, 1/3 as the starting value) and fits the exponent
 (calibration.json `clock_power_exponent`), which the leave-one-source-out check exposes.
+
+**Matmul shapes.** `H100_BF16_GEMM_TFLOPS`: OpenXLA's matmul performance table for sm_90
+(`xla/service/gpu/model/matmul_interpolator_data.h`, `kDefaultMatmulPTable`, key "sm_90", as
+re-measured in openxla/xla commit 71feeddf, 2025-10-21, and unchanged at e97611c4,
+2026-02-13): bf16 x bf16 -> bf16 dots of batch 1, every M, N and K of 256 to 4096, each the
+median CUPTI kernel time of five runs (`xla/tools/matmul_perf_table_gen.cc`), stored as FLOP/s
+and kept here in TFLOP/s to 0.1. The table names no part; 780 TFLOP/s at 4096^3 is above the
+H100 PCIe's 756 TFLOP/s peak, so an SXM one (989). No A100 table was found (XLA keeps none;
+NVIDIA's "Matrix Multiplication Background" guide plots its A100 shapes without numbers); the
+A100 takes the H100's shape constants.
+
+A dot's time is its FLOPs at the large-shape rate times the product over its three dimensions
+of x / (x + GEMM_HALF_DIM) (tiles and waves a small dimension leaves idle), plus
+GEMM_KERNEL_SECONDS per kernel (pipeline fill and drain: 256^3 takes 5 us at any rate). The
+two are least squares of log TFLOP/s over the table's 125 points with the large-shape rate
+held at the peak (`fit_gemm_shape`): free, it would settle above the peak. Without the
+per-kernel time the product alone fits the table only with a large-shape rate over five times
+the peak (GEMM_HALF_DIM near 1800), so both terms are taken.
 """
 
 from __future__ import annotations
@@ -64,6 +82,72 @@ where no run below its datasheet power is fitted (published.holdout.CONSTRAINED_
 DATASHEET_POWER_W = {989.0: 700.0, 312.0: 400.0, 165.2: 450.0}
 """Datasheet power (W) of the GPU whose bf16 peak (TFLOP/s) is the key: H100 SXM and H200 SXM
 (989, up to 700 W), A100 SXM (312, 400 W), RTX 4090 (165.2, 450 W)."""
+
+
+GEMM_DIMS = (256, 512, 1024, 2048, 4096)
+H100_BF16_GEMM_TFLOPS: dict[tuple[int, int], tuple[float, ...]] = {
+    # (M, N): TFLOP/s at K in GEMM_DIMS (see the module docstring for the source)
+    (256, 256): (6.7, 11.5, 18.9, 31.9, 90.9),
+    (256, 512): (12.4, 23.0, 41.1, 63.9, 93.1),
+    (256, 1024): (23.7, 43.8, 75.1, 119.6, 177.1),
+    (256, 2048): (43.8, 83.1, 141.6, 222.6, 296.3),
+    (256, 4096): (82.6, 146.2, 237.6, 345.9, 418.4),
+    (512, 256): (12.3, 23.0, 41.5, 61.7, 92.8),
+    (512, 512): (23.6, 43.6, 73.4, 116.3, 187.5),
+    (512, 1024): (45.7, 85.4, 146.5, 231.0, 300.9),
+    (512, 2048): (84.5, 147.5, 241.8, 342.8, 460.4),
+    (512, 4096): (141.3, 243.6, 381.3, 530.0, 661.6),
+    (1024, 256): (23.6, 43.7, 69.8, 116.1, 187.2),
+    (1024, 512): (45.5, 84.3, 144.0, 235.5, 312.1),
+    (1024, 1024): (80.9, 149.1, 252.8, 359.8, 472.6),
+    (1024, 2048): (144.3, 244.0, 384.0, 529.5, 665.7),
+    (1024, 4096): (219.7, 347.7, 494.4, 639.1, 751.9),
+    (2048, 256): (45.3, 79.0, 142.8, 231.4, 333.9),
+    (2048, 512): (84.3, 150.1, 257.6, 354.1, 458.1),
+    (2048, 1024): (145.6, 244.9, 386.8, 535.3, 663.6),
+    (2048, 2048): (219.7, 348.6, 498.0, 641.0, 752.2),
+    (2048, 4096): (303.3, 449.3, 596.5, 725.5, 752.3),
+    (4096, 256): (84.5, 144.9, 229.0, 314.3, 398.9),
+    (4096, 512): (141.9, 240.1, 377.5, 531.0, 662.0),
+    (4096, 1024): (223.0, 354.6, 497.6, 643.7, 751.7),
+    (4096, 2048): (308.2, 449.6, 604.6, 727.5, 759.4),
+    (4096, 4096): (398.6, 551.8, 685.2, 735.6, 780.2),
+}
+"""OpenXLA's measured H100 bf16 matmul rates (see the module docstring for the source)."""
+GEMM_HALF_DIM = 156.5
+"""A matmul dimension of this size runs at half the large-shape rate: `fit_gemm_shape` over
+H100_BF16_GEMM_TFLOPS (its minimum, to 0.5)."""
+GEMM_KERNEL_SECONDS = 5.62e-6
+"""What each matmul kernel takes beyond its FLOPs at the shaped rate: `fit_gemm_shape` over
+H100_BF16_GEMM_TFLOPS (its minimum, to 0.01 us)."""
+
+
+def gemm_shape_factor(m: float, n: float, k: float, half_dim: float = GEMM_HALF_DIM) -> float:
+    """The share of the large-shape rate an (m x k) @ (k x n) product reaches, kernel time
+    aside: the product over its dimensions of x / (x + half_dim)."""
+    return (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
+
+
+def gemm_table_loss(half_dim: float, kernel_seconds: float) -> float:
+    """Squared log errors of the shape model (large-shape rate: the H100's peak) against every
+    point of H100_BF16_GEMM_TFLOPS."""
+    peak = MEASURED_PEAK_TFLOPS["h100"] * 1e12
+    total = 0.0
+    for (m, n), rates in H100_BF16_GEMM_TFLOPS.items():
+        for k, tflops in zip(GEMM_DIMS, rates, strict=True):
+            flops = 2.0 * m * n * k
+            seconds = flops / (peak * gemm_shape_factor(m, n, k, half_dim)) + kernel_seconds
+            total += math.log(flops / seconds / (tflops * 1e12)) ** 2
+    return total
+
+
+def fit_gemm_shape() -> tuple[float, float]:
+    """(GEMM_HALF_DIM, GEMM_KERNEL_SECONDS) minimising `gemm_table_loss`: a grid (4 elements by
+    0.25 us), then a finer one over two of its steps either side (0.5 by 0.01 us). About 20 s."""
+    grid = [(h, 0.25e-6 * t) for h in range(0, 601, 4) for t in range(41)]
+    h0, t0 = min(grid, key=lambda p: gemm_table_loss(*p))
+    fine = [(h0 - 8 + 0.5 * i, t0 + 1e-8 * (j - 50)) for i in range(33) for j in range(101)]
+    return min(fine, key=lambda p: gemm_table_loss(*p))
 
 
 def _interpolate(xs, ys, x: float) -> float:

@@ -4,12 +4,12 @@ prints the result beside each row's error; `--refit` recomputes the fits).
 
 The sources are torchtitan's Llama 3.1 8B H100 rows, Megatron-LM's Table 1 and llm-foundry's
 MPT rows (`published/foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100
-and dgx_a100 (each at its datasheet power) and the corrections `gemm_half_dim` and
-`clock_power_exponent`; flash attention's rates (the kernel paper's figures) and the memory
-bandwidth pointwise kernels reach (torchao's) are published measurements (planner/device_rates.py),
-not fitted. The loss is the sum of squared errors over each
-row's target plus three times the worst one squared, minimised by Nelder-Mead from four starts
-(the stored values and three neutral ones; the lowest loss is kept, so a left-out fit may end
+and dgx_a100 (each at its datasheet power) and the correction `clock_power_exponent`; the
+matmul shape constants (OpenXLA's H100 GEMM table), flash attention's rates (the kernel paper's
+figures) and the memory bandwidth pointwise kernels reach (torchao's) are published
+measurements (planner/device_rates.py), not fitted. The loss is the sum of squared errors over
+each row's target plus three times the worst one squared, minimised by Nelder-Mead from two
+starts (the stored values and a neutral one; the lowest loss is kept, so a left-out fit may end
 where the start fitted with every source led). A constant the remaining sources do not
 constrain (the clock exponent without both power limits of the H100: CONSTRAINED_ONLY_BY) is
 held at its prior. The fits live in planner/holdout_fits.json with the band of the plan's predictions (`prediction_band`); memory rows depend on none of these
@@ -37,7 +37,6 @@ class TimeConstants:
 
     h100_efficiency: float
     a100_efficiency: float
-    gemm_half_dim: float
     clock_power_exponent: float
 
 
@@ -53,7 +52,7 @@ def stored_constants() -> TimeConstants:
     from lightning_dist.published.runs import hardware
 
     h100, a100 = (_efficiency(hardware([f"hardware={n}"])) for n in ("dgx_h100", "dgx_a100"))
-    return TimeConstants(h100, a100, compute.GEMM_HALF_DIM, compute.CLOCK_POWER_EXPONENT)
+    return TimeConstants(h100, a100, compute.CLOCK_POWER_EXPONENT)
 
 
 def _efficiency(spec) -> float:
@@ -66,9 +65,9 @@ def _efficiency(spec) -> float:
 def applied(constants: TimeConstants):
     """The compute model's corrections set to `constants` within the block (the hardware
     efficiencies are passed as specs: `relative_errors`)."""
-    names = ("GEMM_HALF_DIM", "CLOCK_POWER_EXPONENT")
+    names = ("CLOCK_POWER_EXPONENT",)
     before = [getattr(compute, n) for n in names]
-    values = (constants.gemm_half_dim, constants.clock_power_exponent)
+    values = (constants.clock_power_exponent,)
     for name, value in zip(names, values, strict=True):
         setattr(compute, name, value)
     try:
@@ -132,8 +131,8 @@ def relative_errors(constants: TimeConstants, source: str) -> list:
 def loss(constants: TimeConstants, sources: tuple[str, ...]) -> float:
     """The fit's loss over `sources`' time rows: squared errors over each row's target, plus
     three times the worst one squared."""
-    low = (0.2, 0.2, 1.0, 0.1)
-    high = (1.0, 1.0, 4096.0, 3.0)
+    low = (0.2, 0.2, 0.1)
+    high = (1.0, 1.0, 3.0)
     if not all(a < x <= b for a, x, b in zip(low, astuple(constants), high, strict=True)):
         return 1e9
     scaled = [e / t for s in sources for _, e, t in relative_errors(constants, s)]
@@ -182,7 +181,7 @@ def nelder_mead(f, start: list[float], steps: list[float], evaluations: int = 12
     return simplex[min(range(len(simplex)), key=values.__getitem__)]
 
 
-CONSTRAINED_ONLY_BY = {3: ("torchtitan", "llm-foundry")}
+CONSTRAINED_ONLY_BY = {2: ("torchtitan", "llm-foundry")}
 """Constants (by index in TimeConstants) that only the rows of all these sources together
 constrain: the clock's power exponent needs one device at two power limits, torchtitan's
 500 W H100s and llm-foundry's 700 W ones (without the 700 W rows the exponent and dgx_h100's
@@ -194,7 +193,7 @@ def fit(sources: tuple[str, ...], start: TimeConstants, evaluations: int = 120) 
     """The constants that minimise `loss` over `sources`, from `start`; a constant none of
     `sources` constrains (CONSTRAINED_ONLY_BY) stays at its prior."""
     x = list(astuple(start))
-    steps = [0.05, 0.05, 0.5 * x[2], 0.1]
+    steps = [0.05, 0.05, 0.1]
     for index, constraining in CONSTRAINED_ONLY_BY.items():
         if not set(constraining) <= set(sources):
             x[index], steps[index] = CLOCK_POWER_PRIOR, 0.0
@@ -202,18 +201,10 @@ def fit(sources: tuple[str, ...], start: TimeConstants, evaluations: int = 120) 
     return TimeConstants(*best)
 
 
-START_HALF_DIMS = (16.0, 128.0, 1024.0)
-"""`gemm_half_dim` of the fit's extra starting points (beside the stored constants): with a
-source left out the loss can be nearly flat along matmul efficiency x shape penalty, and
-Nelder-Mead stops in whichever valley its start lies in; `best_fit` keeps the lowest loss."""
-
-
 def best_fit(sources: tuple[str, ...], evaluations: int = 300) -> TimeConstants:
-    """`fit` from the stored constants and from neutral starts (both efficiencies at 0.5, the
-    clock exponent at its prior, `gemm_half_dim` at each START_HALF_DIMS): the lowest loss."""
-    starts = [stored_constants()] + [
-        TimeConstants(0.5, 0.5, h, CLOCK_POWER_PRIOR) for h in START_HALF_DIMS
-    ]
+    """`fit` from the stored constants and from a neutral start (both efficiencies at 0.5, the
+    clock exponent at its prior): the lowest loss."""
+    starts = [stored_constants(), TimeConstants(0.5, 0.5, CLOCK_POWER_PRIOR)]
     fits = [fit(sources, start, evaluations) for start in starts]
     return min(fits, key=lambda c: loss(c, sources))
 

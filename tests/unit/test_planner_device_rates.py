@@ -1,6 +1,7 @@
 """The time model's published device physics: FlashAttention-2's measured rate by sequence
-length, head dim and masking, the clock a power limit leaves, and the memory bandwidth pointwise
-kernels reach (planner/device_rates.py)."""
+length, head dim and masking, the matmul shape constants taken from OpenXLA's H100 GEMM table,
+the clock a power limit leaves, and the memory bandwidth pointwise kernels reach
+(planner/device_rates.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from lightning_dist.planner.compute import (
     POINTWISE_SCALE,
     microbatch_compute,
 )
-from lightning_dist.planner.device_rates import flash_attention_share, sustained_clock_share
+from lightning_dist.planner.device_rates import (
+    GEMM_HALF_DIM,
+    GEMM_KERNEL_SECONDS,
+    H100_BF16_GEMM_TFLOPS,
+    flash_attention_share,
+    gemm_shape_factor,
+    gemm_table_loss,
+    sustained_clock_share,
+)
 from lightning_dist.planner.settings import TrainSettings
 
 
@@ -44,6 +53,20 @@ def test_attention_rate_is_the_figures_bar_between_and_held_past_16k():
     assert flash_attention_share(4096, 128, False, True) > flash_attention_share(
         4096, 128, True, True
     )
+
+
+def test_the_gemm_shape_constants_are_the_published_tables_least_squares():
+    """GEMM_HALF_DIM and GEMM_KERNEL_SECONDS are the minimum of the fit to OpenXLA's table
+    (`fit_gemm_shape`, 20 s, run once to store them): a step either way in either costs more."""
+    best = gemm_table_loss(GEMM_HALF_DIM, GEMM_KERNEL_SECONDS)
+    for dh, dt in ((0.5, 0), (-0.5, 0), (0, 1e-8), (0, -1e-8)):
+        assert gemm_table_loss(GEMM_HALF_DIM + dh, GEMM_KERNEL_SECONDS + dt) > best
+    assert len(H100_BF16_GEMM_TFLOPS) * 5 == 125
+    # The model against two of the table's points: 2048^3 at 641 TFLOP/s, 4096^3 at 780.
+    for size, tflops in ((2048, 641.0), (4096, 780.2)):
+        flops = 2.0 * size**3
+        seconds = flops / (989e12 * gemm_shape_factor(size, size, size)) + GEMM_KERNEL_SECONDS
+        assert flops / seconds / 1e12 == pytest.approx(tflops, rel=0.15)
 
 
 def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
