@@ -80,8 +80,8 @@ def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
 
 def test_the_held_out_time_rows_meet_the_time_target():
     """No constant was fitted to them; the memory rows are printed, not pinned (four of five
-    miss: docs/PLANNER.md, "Held out"). The 32k-token row is within 15% by a point
-    (FlashAttention-2's rate is faster than that run's attention: the same section)."""
+    miss: docs/PLANNER.md, "Held out"). The closest to the target: the 70B bf16 row, -13.2%
+    (the same section)."""
     from lightning_dist.published.runs import held_out_rows
 
     time_rows = [r for r in held_out_rows() if r.quantity.startswith("time.")]
