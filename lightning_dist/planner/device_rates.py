@@ -31,11 +31,13 @@ which its 312 TFLOP/s are quoted) down to 855 MHz by 15, each with its time and 
 here summed over forward and backward (time to 0.01 ms, energy to 0.1 J). Their ratio is the
 draw at that clock. A power limit makes the GPU run at the highest clock whose draw fits, so
 the clock a limit leaves is read off that curve (`sustained_clock_share`), with the draw at
-the top clock (478 W: that card ran with a 500 W limit) standing for the datasheet power.
-The curve is no power law: the top three clocks draw the same (flat above 1380 MHz); from 95%
-of the top draw down to 60% the clock goes as about the 0.5 power of the draw (the CMOS
-f V^2 with V ~ f would give 1/3); below 1065 MHz (59%) the draw hardly falls (238 W at 855 MHz:
-static power and memory). H100 and H200 take the same shares of their 700 W (no bf16 sweep of
+the top clock standing for the datasheet power (478 W, above the A100 SXM's 400 W: that card's
+limit was set higher, so shares are carried, not watts). The same directory's BLOOM stage
+(`bloom+a100_sxm_bf16.csv`) draws the same shares within 1.5 points at 1200, 1050 and 900 MHz.
+The curve is no power law: the top three clocks draw the same (flat above 1380 MHz); from 80%
+of the top draw down to 60% the clock goes as about the 0.5 power of the draw (least squares
+from the top down to 60%: 0.52; the CMOS f V^2 with V ~ f would give 1/3); below 1065 MHz (59%)
+the draw hardly falls (238 W at 855 MHz, 50%). H100 and H200 take the same shares of their 700 W (no bf16 sweep of
 a Hopper part was found: the H100/H200 power-capping study we found, Ujeniya et al. 2026,
 measures fp64 DGEMM), as does every GPU whose datasheet power is known.
 
