@@ -4,7 +4,7 @@
 
 The fit is `lightning_dist.published.holdout.fit` over every source (torchtitan, Megatron-LM
 Table 1, llm-foundry): `hardware.matmul_efficiency` of dgx_h100 and dgx_a100 (each at its
-datasheet power) and the correction `clock_power_exponent` of planner/calibration.json (the
+datasheet power; the clock a lower power limit leaves is Perseus's measured A100 profile and the
 matmul shape constants come from OpenXLA's GEMM table: planner/device_rates.py). It prints the fit and each row's error; writing
 the values back (the hardware files, the corrections) is left to whoever reads them, rounded.
 `python -m lightning_dist.calibration_report --refit` runs the same fit and the

@@ -15,8 +15,8 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
   figures, not fitted); the math path runs QK^T and AV whole at the matmul rate and moves the
   s x s scores through memory (MATH_SCORE_PASSES times, fp32 softmax included);
 - **clock**: every compute rate scales with the clock the GPU sustains at its power limit
-  (`hardware.power_w` against the datasheet power: `device_rates.sustained_clock_share`, its
-  exponent CLOCK_POWER_EXPONENT fitted);
+  (`hardware.power_w` against the datasheet power: `device_rates.sustained_clock_share`, read
+  off Perseus's measured A100 clock-versus-draw profile, not fitted);
 - **pointwise ops** (norms, residual adds, RoPE, SwiGLU's product, the loss): bytes moved
   over the memory bandwidth. Eager mode launches one kernel per op, each reading and writing
   whole tensors: POINTWISE_BYTES per element of the residual stream (d), of the attention
@@ -32,14 +32,13 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
 
 Without those two fields (a CPU, an unknown device) compute is FLOPs over peak x efficiency,
 as before this module. The constants' sources are in docs/PLANNER.md ("The time model"); the
-fitted ones are corrections of planner/calibration.json.
+only fitted ones are the hardware files' `matmul_efficiency` (published/holdout.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_dist.planner.calibration import correction
 from lightning_dist.planner.device_rates import (
     ACHIEVABLE_MEMORY_BANDWIDTH_SHARE,
     FLASH2_FWD_BWD_FLOPS_PER_FORWARD,
@@ -49,9 +48,6 @@ from lightning_dist.planner.device_rates import (
     sustained_clock_share,
 )
 
-CLOCK_POWER_EXPONENT = correction("clock_power_exponent", "gpu")
-"""Sustained clock ~ (power limit / datasheet power) ** this (fitted; calibration.json: no
-published clock-versus-power table for bf16 matmuls was found, device_rates.py)."""
 POINTWISE_SCALE = 1 / ACHIEVABLE_MEMORY_BANDWIDTH_SHARE
 """Seconds of pointwise traffic over the count below at the datasheet bandwidth: the kernels
 reach ACHIEVABLE_MEMORY_BANDWIDTH_SHARE of it (torchao's measured share: device_rates.py)."""
@@ -184,7 +180,7 @@ def microbatch_compute(
     rows (`expert_matmuls`, over `ep` ranks' tokens), in bf16 also under float8, and the
     permutation around them (MOE_PERMUTE_BYTES a routed element); under op-level checkpointing
     the grouped matmuls run again (the policy saves no grouped-matmul output)."""
-    clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16, CLOCK_POWER_EXPONENT)
+    clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16)
     speed = peak * hardware.matmul_efficiency * clock
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim

@@ -1,6 +1,7 @@
 """Published device measurements the time model reads: flash attention's speed by sequence
 length, head dim and masking, matmul speed by shape, the share of memory bandwidth pointwise
-kernels reach, and the datasheet power each GPU's peak is quoted at.
+kernels reach, the datasheet power each GPU's peak is quoted at and the clock a lower power
+limit leaves.
 
 **Attention.** FlashAttention-2's forward + backward speed, TFLOP/s, read off the bars of the
 two figures of Dao-AILab/flash-attention's README, `assets/flash2_a100_fwd_bwd_benchmark.png`
@@ -20,13 +21,25 @@ has float8 matmuls (Hopper and later) and off the A100 table otherwise, as a fra
 measured card's bf16 peak (A100 312, H100 989 TFLOP/s).
 
 **Power.** `DATASHEET_POWER_W`: the power at which each peak is quoted (H100 SXM and H200 SXM
-"up to 700 W", A100 SXM 400 W, RTX 4090 450 W, their datasheets). How the sustained clock falls
-under a lower cap is not published as numbers we could find for bf16 matmuls (NVIDIA's
-datasheets give the TDP and the boost clock the peak is quoted at, 1830 MHz for the H100 SXM's
-989 TFLOP/s, not clock versus power limit; the power-capping study we found, Ujeniya et al.
-2026 on H100/H200, measures fp64 DGEMM): the planner takes dynamic CMOS power ~ f V^2 with
-V ~ f (clock ~ power^exponent, 1/3 as the starting value) and fits the exponent
-(calibration.json `clock_power_exponent`), which the leave-one-source-out check exposes.
+"up to 700 W", A100 SXM 400 W, RTX 4090 450 W, their datasheets). How the clock falls under a
+lower power limit: `A100_BF16_CLOCK_ENERGY`, Perseus's measured profile of one GPT-3 175B
+pipeline stage in bf16 on an A100 SXM (Chung et al., "Reducing Energy Bloat in Large Model
+Training", SOSP 2024; ml-energy/zeus commit 38cb3f90,
+`sosp24_data/emulation/stage_profile/gpt3-175b+a100_sxm_bf16.csv`, stage 0): the forward and
+the backward of one microbatch at each locked SM clock from 1410 (the A100's boost clock, at
+which its 312 TFLOP/s are quoted) down to 855 MHz by 15, each with its time and energy; kept
+here summed over forward and backward (time to 0.01 ms, energy to 0.1 J). Their ratio is the
+draw at that clock. A power limit makes the GPU run at the highest clock whose draw fits, so
+the clock a limit leaves is read off that curve (`sustained_clock_share`), with the draw at
+the top clock standing for the datasheet power (478 W, above the A100 SXM's 400 W: that card's
+limit was set higher, so shares are carried, not watts). The same directory's BLOOM stage
+(`bloom+a100_sxm_bf16.csv`) draws the same shares within 1.5 points at 1200, 1050 and 900 MHz.
+The curve is no power law: the top three clocks draw the same (flat above 1380 MHz); from 80%
+of the top draw down to 60% the clock goes as about the 0.5 power of the draw (least squares
+from the top down to 60%: 0.52; the CMOS f V^2 with V ~ f would give 1/3); below 1065 MHz (59%)
+the draw hardly falls (238 W at 855 MHz, 50%). H100 and H200 take the same shares of their 700 W (no bf16 sweep of
+a Hopper part was found: the H100/H200 power-capping study we found, Ujeniya et al. 2026,
+measures fp64 DGEMM), as does every GPU whose datasheet power is known.
 
 **Matmul shapes.** `H100_BF16_GEMM_TFLOPS`: OpenXLA's matmul performance table for sm_90
 (`xla/service/gpu/model/matmul_interpolator_data.h`, `kDefaultMatmulPTable`, key "sm_90", as
@@ -76,9 +89,49 @@ torchao's roofline model (`torchao/testing/training/roofline_utils.py`, `gpu_nam
 large inputs", about 2.2 of Meta's H100's 2.4 TB/s). Taken for every GPU (the same file copies
 it to the parts it has not measured) and for eager kernels too, which read and write whole
 tensors like those."""
-CLOCK_POWER_PRIOR = 1 / 3
-"""The exponent dynamic CMOS power ~ f V^2 with V ~ f gives: the fit's start, and its value
-where no run below its datasheet power is fitted (published.holdout.CONSTRAINED_ONLY_BY)."""
+A100_BF16_CLOCK_ENERGY: tuple[tuple[int, float, float], ...] = (
+    # (locked SM clock MHz, forward + backward seconds, forward + backward joules)
+    # (see the module docstring for the source)
+    (1410, 0.14312, 68.4),
+    (1395, 0.14328, 68.3),
+    (1380, 0.14345, 68.5),
+    (1365, 0.14391, 67.0),
+    (1350, 0.14459, 65.9),
+    (1335, 0.14570, 65.5),
+    (1320, 0.14687, 64.0),
+    (1305, 0.14797, 63.4),
+    (1290, 0.14954, 61.8),
+    (1275, 0.15078, 60.2),
+    (1260, 0.15236, 59.0),
+    (1245, 0.15393, 57.9),
+    (1230, 0.15558, 56.9),
+    (1215, 0.15723, 55.8),
+    (1200, 0.15903, 55.2),
+    (1185, 0.16081, 54.3),
+    (1170, 0.16268, 53.3),
+    (1155, 0.16464, 53.1),
+    (1140, 0.16671, 52.5),
+    (1125, 0.16844, 51.8),
+    (1110, 0.17049, 51.1),
+    (1095, 0.17273, 50.7),
+    (1080, 0.17513, 49.9),
+    (1065, 0.17716, 50.0),
+    (1050, 0.17958, 50.2),
+    (1035, 0.18209, 50.3),
+    (1020, 0.18470, 50.3),
+    (1005, 0.18740, 50.9),
+    (990, 0.19013, 50.6),
+    (975, 0.19300, 50.9),
+    (960, 0.19542, 51.1),
+    (945, 0.19899, 50.8),
+    (930, 0.20155, 51.0),
+    (915, 0.20423, 51.0),
+    (900, 0.20698, 51.1),
+    (885, 0.21229, 51.3),
+    (870, 0.21525, 51.4),
+    (855, 0.21830, 51.9),
+)
+"""Perseus's A100 SXM bf16 GPT-3 stage profile by SM clock (see the module docstring)."""
 DATASHEET_POWER_W = {989.0: 700.0, 312.0: 400.0, 165.2: 450.0}
 """Datasheet power (W) of the GPU whose bf16 peak (TFLOP/s) is the key: H100 SXM and H200 SXM
 (989, up to 700 W), A100 SXM (312, 400 W), RTX 4090 (165.2, 450 W)."""
@@ -175,12 +228,27 @@ def flash_attention_share(seq_len: float, head_dim: float, causal: bool, hopper:
     return rate / MEASURED_PEAK_TFLOPS[device]
 
 
-def sustained_clock_share(
-    power_w: float | None, peak_tflops: float | None, exponent: float
-) -> float:
-    """The share of its datasheet clock a GPU sustains at the power limit `power_w`:
-    (power_w / datasheet power) ** exponent, at most 1; 1 when either power is unknown."""
+def clock_power_curve() -> list[tuple[float, float]]:
+    """[(draw / draw at the top clock, clock / top clock)] of A100_BF16_CLOCK_ENERGY, from the
+    top clock down."""
+    top_mhz, top_seconds, top_joules = A100_BF16_CLOCK_ENERGY[0]
+    top_watts = top_joules / top_seconds
+    return [(j / s / top_watts, mhz / top_mhz) for mhz, s, j in A100_BF16_CLOCK_ENERGY]
+
+
+def sustained_clock_share(power_w: float | None, peak_tflops: float | None) -> float:
+    """The share of its datasheet clock a GPU sustains at the power limit `power_w`: the
+    highest measured clock whose draw (as a share of the top clock's) fits in power_w / its
+    datasheet power, linear between measured clocks (`clock_power_curve`); at least the lowest
+    measured clock, at most 1; 1 when either power is unknown."""
     rated = DATASHEET_POWER_W.get(float(peak_tflops)) if peak_tflops else None
     if power_w is None or rated is None:
         return 1.0
-    return min(1.0, (power_w / rated) ** exponent)
+    share = power_w / rated
+    curve = clock_power_curve()
+    if share >= curve[0][0]:
+        return 1.0
+    for (p_hi, c_hi), (p_lo, c_lo) in zip(curve, curve[1:], strict=False):
+        if p_lo <= share:  # the first (highest) clock that fits; the one above does not
+            return c_lo + (c_hi - c_lo) * (share - p_lo) / (p_hi - p_lo)
+    return curve[-1][1]

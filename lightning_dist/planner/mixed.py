@@ -36,11 +36,10 @@ def sustained_flops(spec, precision: str) -> float:
     """What `spec`'s matmuls sustain: its peak for `precision` times its matmul efficiency and
     the clock share its power limit leaves (a spec without a peak: 1, so that equal specs still
     split evenly)."""
-    from lightning_dist.planner.compute import CLOCK_POWER_EXPONENT
     from lightning_dist.planner.device_rates import sustained_clock_share
 
     peak = spec.peak_flops(precision) or 1.0
-    clock = sustained_clock_share(spec.power_w, spec.peak_tflops_bf16, CLOCK_POWER_EXPONENT)
+    clock = sustained_clock_share(spec.power_w, spec.peak_tflops_bf16)
     return peak * clock * (spec.matmul_efficiency or DEFAULT_EFFICIENCY.get(spec.accelerator, 0.5))
 
 

@@ -3,28 +3,24 @@ published runs, then used to predict that source (`python -m lightning_dist.cali
 prints the result beside each row's error; `--refit` recomputes the fits).
 
 The sources are torchtitan's Llama 3.1 8B H100 rows, Megatron-LM's Table 1 and llm-foundry's
-MPT rows (`published/foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100
-and dgx_a100 (each at its datasheet power) and the correction `clock_power_exponent`; the
-matmul shape constants (OpenXLA's H100 GEMM table), flash attention's rates (the kernel paper's
-figures) and the memory bandwidth pointwise kernels reach (torchao's) are published
-measurements (planner/device_rates.py), not fitted. The loss is the sum of squared errors over
-each row's target plus three times the worst one squared, minimised by Nelder-Mead from two
-starts (the stored values and a neutral one; the lowest loss is kept, so a left-out fit may end
-where the start fitted with every source led). A constant the remaining sources do not
-constrain (the clock exponent without both power limits of the H100: CONSTRAINED_ONLY_BY) is
-held at its prior. The fits live in planner/holdout_fits.json with the band of the plan's predictions (`prediction_band`); memory rows depend on none of these
-constants, so their leave-one-source-out error is their error.
+MPT rows (`published/foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100 and
+dgx_a100 (each at its datasheet power). The clock a lower power limit leaves (Perseus's
+measured A100 clock-versus-draw profile), the matmul shape constants (OpenXLA's H100 GEMM
+table), flash attention's rates (the kernel paper's figures) and the memory bandwidth
+pointwise kernels reach (torchao's) are published measurements (planner/device_rates.py), not
+fitted. The loss is the sum of squared errors over each row's target plus three times the
+worst one squared, minimised by Nelder-Mead from two starts (the stored values and a neutral
+one; the lowest loss is kept, so a left-out fit may end where the start fitted with every
+source led). The fits live in planner/holdout_fits.json with the band of the plan's
+predictions (`prediction_band`); memory rows depend on none of these constants, so their
+leave-one-source-out error is their error.
 """
 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
-
-import lightning_dist.planner.compute as compute
-from lightning_dist.planner.device_rates import CLOCK_POWER_PRIOR
 
 HOLDOUT_PATH = Path(__file__).resolve().parents[1] / "planner" / "holdout_fits.json"
 SOURCES = ("torchtitan", "megatron", "llm-foundry")
@@ -37,7 +33,6 @@ class TimeConstants:
 
     h100_efficiency: float
     a100_efficiency: float
-    clock_power_exponent: float
 
 
 def source_of(origin: str) -> str:
@@ -52,7 +47,7 @@ def stored_constants() -> TimeConstants:
     from lightning_dist.published.runs import hardware
 
     h100, a100 = (_efficiency(hardware([f"hardware={n}"])) for n in ("dgx_h100", "dgx_a100"))
-    return TimeConstants(h100, a100, compute.CLOCK_POWER_EXPONENT)
+    return TimeConstants(h100, a100)
 
 
 def _efficiency(spec) -> float:
@@ -61,78 +56,56 @@ def _efficiency(spec) -> float:
     return spec.matmul_efficiency
 
 
-@contextmanager
-def applied(constants: TimeConstants):
-    """The compute model's corrections set to `constants` within the block (the hardware
-    efficiencies are passed as specs: `relative_errors`)."""
-    names = ("CLOCK_POWER_EXPONENT",)
-    before = [getattr(compute, n) for n in names]
-    values = (constants.clock_power_exponent,)
-    for name, value in zip(names, values, strict=True):
-        setattr(compute, name, value)
-    try:
-        yield
-    finally:
-        for name, value in zip(names, before, strict=True):
-            setattr(compute, name, value)
-
-
 def relative_errors(constants: TimeConstants, source: str) -> list:
     """[(row label, predicted / published - 1, target)] of one source's time rows under
-    `constants` (torchtitan's float8 rows included: they are fitted like the others, and with
-    them the clock exponent sees the 500 W parts' float8 matmuls too)."""
+    `constants` (torchtitan's float8 rows included: they are fitted like the others)."""
     from lightning_dist.planner import megatron
     from lightning_dist.published import foundry
     from lightning_dist.published import runs as report
 
     out = []
-    with applied(constants):
-        if source == "torchtitan":
-            for run in report.TORCHTITAN_RUNS:
-                spec = replace(
-                    report.torchtitan_hardware(run.gpus // 8),
-                    matmul_efficiency=constants.h100_efficiency,
-                )
-                c = report.torchtitan_candidate(run, spec)
-                out.append(
-                    (
-                        report.torchtitan_label(run),
-                        c.time.tokens_per_sec / run.gpus / run.tokens_per_gpu - 1,
-                        0.15,
-                    )
-                )
-        elif source == "megatron":
-            node = replace(
-                report.hardware(["hardware=dgx_a100"]), matmul_efficiency=constants.a100_efficiency
+    if source == "torchtitan":
+        for run in report.TORCHTITAN_RUNS:
+            spec = replace(
+                report.torchtitan_hardware(run.gpus // 8),
+                matmul_efficiency=constants.h100_efficiency,
             )
-            for row in megatron.TABLE1:
-                result = megatron.compare_row(row, node, rank=False)
-                points = result["paper_percent"] - row.percent_of_peak
-                out.append(
-                    (
-                        f"GPT {row.billions:g}B",
-                        points / row.percent_of_peak,
-                        5 / row.percent_of_peak,
-                    )
+            c = report.torchtitan_candidate(run, spec)
+            out.append(
+                (
+                    report.torchtitan_label(run),
+                    c.time.tokens_per_sec / run.gpus / run.tokens_per_gpu - 1,
+                    0.15,
                 )
-        else:
-            for mpt in foundry.FOUNDRY_RUNS:
-                spec = report.hardware(foundry.foundry_hardware_overrides(mpt))
-                eff = (
-                    constants.h100_efficiency if "h100" in spec.name else constants.a100_efficiency
+            )
+    elif source == "megatron":
+        node = replace(
+            report.hardware(["hardware=dgx_a100"]), matmul_efficiency=constants.a100_efficiency
+        )
+        for row in megatron.TABLE1:
+            result = megatron.compare_row(row, node, rank=False)
+            points = result["paper_percent"] - row.percent_of_peak
+            out.append(
+                (
+                    f"GPT {row.billions:g}B",
+                    points / row.percent_of_peak,
+                    5 / row.percent_of_peak,
                 )
-                c = foundry.foundry_candidate(mpt, replace(spec, matmul_efficiency=eff))
-                out.append(
-                    (mpt.label, c.time.tokens_per_sec / mpt.gpus / mpt.tokens_per_gpu - 1, 0.15)
-                )
+            )
+    else:
+        for mpt in foundry.FOUNDRY_RUNS:
+            spec = report.hardware(foundry.foundry_hardware_overrides(mpt))
+            eff = constants.h100_efficiency if "h100" in spec.name else constants.a100_efficiency
+            c = foundry.foundry_candidate(mpt, replace(spec, matmul_efficiency=eff))
+            out.append((mpt.label, c.time.tokens_per_sec / mpt.gpus / mpt.tokens_per_gpu - 1, 0.15))
     return out
 
 
 def loss(constants: TimeConstants, sources: tuple[str, ...]) -> float:
     """The fit's loss over `sources`' time rows: squared errors over each row's target, plus
     three times the worst one squared."""
-    low = (0.2, 0.2, 0.1)
-    high = (1.0, 1.0, 3.0)
+    low = (0.2, 0.2)
+    high = (1.0, 1.0)
     if not all(a < x <= b for a, x, b in zip(low, astuple(constants), high, strict=True)):
         return 1e9
     scaled = [e / t for s in sources for _, e, t in relative_errors(constants, s)]
@@ -181,30 +154,18 @@ def nelder_mead(f, start: list[float], steps: list[float], evaluations: int = 12
     return simplex[min(range(len(simplex)), key=values.__getitem__)]
 
 
-CONSTRAINED_ONLY_BY = {2: ("torchtitan", "llm-foundry")}
-"""Constants (by index in TimeConstants) that only the rows of all these sources together
-constrain: the clock's power exponent needs one device at two power limits, torchtitan's
-500 W H100s and llm-foundry's 700 W ones (without the 700 W rows the exponent and dgx_h100's
-efficiency trade off freely; without the 500 W rows the exponent moves nothing). Fitted without
-one of them it is held at its prior (`device_rates.CLOCK_POWER_PRIOR`)."""
-
-
 def fit(sources: tuple[str, ...], start: TimeConstants, evaluations: int = 120) -> TimeConstants:
-    """The constants that minimise `loss` over `sources`, from `start`; a constant none of
-    `sources` constrains (CONSTRAINED_ONLY_BY) stays at its prior."""
+    """The constants that minimise `loss` over `sources`, from `start`."""
     x = list(astuple(start))
-    steps = [0.05, 0.05, 0.1]
-    for index, constraining in CONSTRAINED_ONLY_BY.items():
-        if not set(constraining) <= set(sources):
-            x[index], steps[index] = CLOCK_POWER_PRIOR, 0.0
+    steps = [0.05, 0.05]
     best = nelder_mead(lambda p: loss(TimeConstants(*p), sources), x, steps, evaluations)
     return TimeConstants(*best)
 
 
 def best_fit(sources: tuple[str, ...], evaluations: int = 300) -> TimeConstants:
-    """`fit` from the stored constants and from a neutral start (both efficiencies at 0.5, the
-    clock exponent at its prior): the lowest loss."""
-    starts = [stored_constants(), TimeConstants(0.5, 0.5, CLOCK_POWER_PRIOR)]
+    """`fit` from the stored constants and from a neutral start (both efficiencies at 0.5): the
+    lowest loss."""
+    starts = [stored_constants(), TimeConstants(0.5, 0.5)]
     fits = [fit(sources, start, evaluations) for start in starts]
     return min(fits, key=lambda c: loss(c, sources))
 

@@ -14,12 +14,9 @@ from omegaconf import OmegaConf
 from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.models.args import ModelArgs
-from lightning_dist.planner.compute import (
-    CLOCK_POWER_EXPONENT,
-    POINTWISE_SCALE,
-    microbatch_compute,
-)
+from lightning_dist.planner.compute import POINTWISE_SCALE, microbatch_compute
 from lightning_dist.planner.device_rates import (
+    A100_BF16_CLOCK_ENERGY,
     GEMM_HALF_DIM,
     GEMM_KERNEL_SECONDS,
     H100_BF16_GEMM_TFLOPS,
@@ -69,11 +66,23 @@ def test_the_gemm_shape_constants_are_the_published_tables_least_squares():
         assert flops / seconds / 1e12 == pytest.approx(tflops, rel=0.15)
 
 
+def test_a_power_cap_leaves_the_clock_whose_measured_draw_fits():
+    """Perseus's A100 profile: the top clock (1410 MHz) draws 478 W; a limit at a measured
+    clock's share of that draw leaves that clock, one between two clocks a clock between them,
+    one below the lowest measured draw (238 W at 855 MHz) the lowest clock."""
+    top_mhz, seconds, joules = A100_BF16_CLOCK_ENERGY[0]
+    assert joules / seconds == pytest.approx(478, abs=0.5)
+    assert sustained_clock_share(700, 989) == sustained_clock_share(400, 312) == 1.0
+    assert sustained_clock_share(800, 989) == 1.0  # no faster than the datasheet clock
+    assert sustained_clock_share(None, 989) == sustained_clock_share(300, 42.0) == 1.0
+    for mhz, s, j in A100_BF16_CLOCK_ENERGY[3:]:  # the three top clocks draw the same
+        watts = 400 * (j / s) / (joules / seconds)
+        assert sustained_clock_share(watts, 312) == pytest.approx(mhz / top_mhz, abs=0.011)
+    assert 1185 / 1410 < sustained_clock_share(500, 989) < 1200 / 1410  # torchtitan's H100s
+    assert sustained_clock_share(100, 989) == 855 / 1410
+
+
 def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
-    assert sustained_clock_share(700, 989, 0.5) == 1.0
-    assert sustained_clock_share(800, 989, 0.5) == 1.0  # no faster than the datasheet clock
-    assert sustained_clock_share(500, 989, 0.5) == pytest.approx((5 / 7) ** 0.5)
-    assert sustained_clock_share(None, 989, 0.5) == sustained_clock_share(300, 42.0, 0.5) == 1.0
     model = ModelArgs(
         dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, vocab_size=1000, ffn_hidden_size=14336
     )
@@ -95,7 +104,7 @@ def test_a_power_cap_lowers_every_compute_rate_by_the_sustained_clock():
     )
     slow = microbatch_compute(model, capped, **kwargs).seconds
     fast = microbatch_compute(model, full, **kwargs).seconds
-    clock = (5 / 7) ** CLOCK_POWER_EXPONENT
+    clock = sustained_clock_share(500, 989)
     assert fast < slow < fast / clock  # the memory-bound pointwise term does not slow down
     longer = microbatch_compute(model, full, **{**kwargs, "seq_len": 32768}).seconds
     assert longer > fast  # each token attends over four times the keys
