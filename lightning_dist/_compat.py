@@ -217,6 +217,16 @@ def all_gather_single(output: Any, input: Any, group: Any = None, async_op: bool
     return gather(output, input, group=group, async_op=async_op)
 
 
+def reduce_scatter_single(output: Any, input: Any, group: Any = None, async_op: bool = False):
+    """The sum of every rank's `input`, scattered: this rank's piece into `output`
+    (`torch.distributed.reduce_scatter_single`, torch 2.13's name, where torch has it, else
+    `reduce_scatter_tensor`, the same collective under its earlier name: torch 2.11, 2.12)."""
+    import torch.distributed as dist
+
+    reduce = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return reduce(output, input, group=group, async_op=async_op)
+
+
 def grouped_mm():
     """The grouped matmul of mixture-of-experts layers: `torch.nn.functional.grouped_mm` where
     torch has it (2.13), else the private `torch._grouped_mm` it wraps (from torch 2.8), else

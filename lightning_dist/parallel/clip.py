@@ -14,17 +14,29 @@ from collections.abc import Iterable
 import torch
 
 
+def copies_of(tensor: torch.Tensor, stage_size: int) -> int:
+    """How many of the `stage_size` ranks that hold one pipeline stage hold the same local piece
+    of `tensor` (a parameter or its gradient): all of them for a plain tensor, fewer for a
+    DTensor split over some of them."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return stage_size
+    mesh = tensor.device_mesh
+    # Any placement but Replicate splits the tensor (Shard, and FSDP2's _StridedShard over TP,
+    # whose is_shard() is False); gradients are never Partial here.
+    pieces = math.prod(
+        mesh.size(i) for i, p in enumerate(tensor.placements) if not p.is_replicate()
+    )
+    return stage_size // pieces
+
+
 def _local_and_copies(grad: torch.Tensor, stage_size: int) -> tuple[torch.Tensor, int]:
     """The rank's local piece of `grad` and how many ranks of its stage hold the same piece."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(grad, DTensor):
-        return grad, stage_size
-    mesh = grad.device_mesh
-    # Any placement but Replicate splits the tensor (Shard, and FSDP2's _StridedShard over TP,
-    # whose is_shard() is False); gradients are never Partial here.
-    pieces = math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if not p.is_replicate())
-    return grad.to_local(), stage_size // pieces
+    local = grad.to_local() if isinstance(grad, DTensor) else grad
+    return local, copies_of(grad, stage_size)
 
 
 @torch.no_grad()

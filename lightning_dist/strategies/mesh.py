@@ -226,7 +226,12 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         self.model_to_device()
         if not prepared:
             self.model = shard_children(
-                self.model, dp_mesh(runtime.mesh, runtime.layout), device=self.root_device,
+                self.model,
+                dp_mesh(
+                    runtime.mesh, runtime.layout,
+                    shard_optimizer=self.options.optimizer_sharding.shard_optimizer,
+                ),
+                device=self.root_device,
                 options=self.options, precision=str(self.precision_plugin.precision),
             )  # fmt: skip
         self.barrier()
@@ -282,6 +287,8 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
             runtime.clip_grad_norm_(clip_val, plugin.main_params(optimizer))
 
         plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign,assignment]
+        # ZeRO-1: its optimizers clip their reduced slices (by norm and by value) instead.
+        sharding.clip_sharded_gradients(plugin, stage_size=runtime.stage_size)
 
     # --- steps ----------------------------------------------------------------------------
 

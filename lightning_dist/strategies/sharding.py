@@ -7,10 +7,13 @@ the strategy's `setup_environment`/`setup`, also on every rank before step 1.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from lightning_dist.parallel.fsdp import find_block_types
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
 
 def check_auto_wrap(model: nn.Module, auto_wrap) -> tuple[type[nn.Module], ...]:
@@ -24,3 +27,27 @@ def move_metrics(module: nn.Module, device: torch.device) -> None:
 
     for metric in (m for m in module.modules() if isinstance(m, Metric)):
         metric.to(device)
+
+
+def clip_sharded_gradients(plugin: Any, *, stage_size: int) -> None:
+    """Make `plugin` (a Lightning precision plugin) clip a ZeRO-1 optimizer's gradients through
+    it: its reduced slices by the whole model's norm (`ShardedOptimizer.clip_grad_norm_`) or by
+    value, since `param.grad` holds this rank's unreduced gradient there. Other optimizers
+    keep the plugin's own clipping. For this plugin instance only, as the mesh strategies'
+    global-norm clipping is set."""
+    by_norm, by_value = plugin.clip_grad_by_norm, plugin.clip_grad_by_value
+
+    def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
+            optimizer.clip_grad_norm_(clip_val, stage_size=stage_size)
+        else:
+            by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
+        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
+            optimizer.clip_grad_value_(clip_val)
+        else:
+            by_value(optimizer, clip_val)
+
+    plugin.clip_grad_by_norm = clip_grad_by_norm
+    plugin.clip_grad_by_value = clip_grad_by_value
