@@ -1009,9 +1009,14 @@ _ENTRIES = (
            "the stored plugin behind the `precision_plugin` property we override", LIGHTNING,
            via="stored_precision_plugin"),
     _entry("clip_grad_by_norm", "lightning.pytorch.plugins.precision.Precision", "patch",
-           "lightning_dist.strategies.mesh",
-           "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
-           "plugin instance clips by the whole model's norm instead", LIGHTNING),
+           ("lightning_dist.strategies.mesh", "lightning_dist.strategies.sharding"),
+           "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage (and "
+           "under ZeRO-1 unreduced gradients); this plugin instance clips by the whole model's "
+           "norm instead", LIGHTNING),
+    _entry("clip_grad_by_value", "lightning.pytorch.plugins.precision.Precision", "patch",
+           "lightning_dist.strategies.sharding",
+           "under ZeRO-1 param.grad is the rank's unreduced gradient; this plugin instance "
+           "clamps the optimizer's reduced slices instead", LIGHTNING),
     _entry("_broadcast_sigterm_tensor",
            "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "patch",
            ("lightning_dist.strategies.ddp", "lightning_dist.callbacks.preemption"),
