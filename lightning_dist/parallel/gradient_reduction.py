@@ -73,14 +73,38 @@ def reduce_scatter_mean(
     return out.div_(dp)
 
 
-def squared_norm(pieces: Iterable[tuple[torch.Tensor, int]], device: torch.device) -> torch.Tensor:
-    """Sum over every rank of the squares of the reduced gradient: this rank's part, from its
-    owned pieces (`(values, copies)`: `copies` ranks beyond the replicas hold the same piece,
-    tensor-parallel peers of a replicated norm weight), then one scalar all-reduce over the
-    world (pipeline stages and tensor-parallel ranks hold the other parts)."""
+def write_parameters(
+    params: Sequence[torch.Tensor], offsets: Sequence[int], lo: int, values: torch.Tensor
+) -> None:
+    """Write `values`, elements [lo, lo + len) of a group's flat space, into its parameters
+    (the padding past the last one is dropped)."""
+    hi = lo + values.numel()
+    for param, offset in zip(params, offsets, strict=True):
+        local = _local(param)
+        a, b = max(lo, offset), min(hi, offset + local.numel())
+        if a < b:
+            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
+
+
+@torch.no_grad()
+def clip_by_norm_(
+    grads: Sequence[torch.Tensor],
+    pieces: Iterable[tuple[torch.Tensor, int]],
+    max_norm: float,
+    device: torch.device,
+) -> torch.Tensor:
+    """Scale the reduced slices `grads` so that the whole model's gradient norm is at most
+    `max_norm` (torch's scale: max_norm / (norm + 1e-6), capped at 1); return the norm. Its
+    square is summed over this rank's owned `pieces` (`(values, copies)`: `copies` ranks beyond
+    the replicas hold the same piece, tensor-parallel peers of a replicated norm weight), then
+    one scalar all-reduce over the world adds the other ranks' (pipeline stages, tp ranks)."""
     squares = torch.zeros((), dtype=torch.float32, device=device)
     for values, copies in pieces:
         squares += values.float().pow(2).sum() / copies
     if dist.is_initialized():
         dist.all_reduce(squares)
-    return squares
+    norm = squares.sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for grad in grads:
+        grad.mul_(scale.to(grad.device))
+    return norm

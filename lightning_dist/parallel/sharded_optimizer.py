@@ -47,7 +47,11 @@ from torch.distributed.tensor import DTensor
 
 from lightning_dist._compat import all_gather_single
 from lightning_dist.parallel.clip import copies_of
-from lightning_dist.parallel.gradient_reduction import reduce_scatter_mean, squared_norm
+from lightning_dist.parallel.gradient_reduction import (
+    clip_by_norm_,
+    reduce_scatter_mean,
+    write_parameters,
+)
 
 ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adamax,
@@ -218,13 +222,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if flat.shard.grad is not None
             for param, _, (s, t) in flat.pieces()
         ]
+        grads = [f.shard.grad for f in self.flat if f.shard.grad is not None]
         device = self.flat[0].shard.device if self.flat else torch.device("cpu")
-        norm = squared_norm(pieces, device).sqrt()
-        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for flat in self.flat:
-            if flat.shard.grad is not None:
-                flat.shard.grad.mul_(scale.to(flat.shard.grad.device))
-        return norm
+        return clip_by_norm_(grads, pieces, max_norm, device)
 
     @torch.no_grad()
     def clip_grad_value_(self, clip_value: float) -> None:
@@ -264,7 +264,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 gathered = self._gather(flat.shard.detach()[i:j])
                 for rank in range(self.dp_size):
                     values = gathered[rank * (j - i) : (rank + 1) * (j - i)]
-                    _write_range(flat, rank * chunk + i, values)
+                    write_parameters(flat.params, flat.offsets, rank * chunk + i, values)
             flat.shard.grad = None
 
     def _gather(self, shard: torch.Tensor) -> torch.Tensor:
@@ -405,17 +405,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             entry = by_param[id(piece[0])]
             if entry:  # a parameter without state keeps zeros, as a fresh optimizer's
                 yield piece, entry
-
-
-def _write_range(flat: _FlatGroup, lo: int, values: torch.Tensor) -> None:
-    """Write `values`, elements [lo, lo + len) of the group's flat space, into its parameters
-    (the padding past the last one is dropped)."""
-    hi = lo + values.numel()
-    for param, offset in zip(flat.params, flat.offsets, strict=True):
-        local = _local(param)
-        a, b = max(lo, offset), min(hi, offset + local.numel())
-        if a < b:
-            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
 
 
 def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:
