@@ -19,20 +19,20 @@ padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slic
    back into every parameter.
 
 Because the update is elementwise, each element sees exactly the arithmetic it would see on one
-process. With the reduce-scatter a step moves the bytes of one all-reduce, as Megatron's
-distributed optimizer does (`planner/traffic.py` counts the same); it runs when the step (or
-clipping, `clip_grad_norm_`, which needs the reduced gradient first) asks for it, after the
-last backward, not overlapped with it. The norm comes from the owned slices and one scalar
-all-reduce; `param.grad` itself stays this rank's unreduced gradient.
+process. With the reduce-scatter a step moves the bytes of one all-reduce (`planner/traffic.py`
+counts the same); it runs after the last backward, not overlapped with it, when the step or
+clipping (`clip_grad_norm_`: the owned slices and one scalar all-reduce) asks first;
+`param.grad` stays this rank's unreduced gradient.
 
 The parameter groups are the wrapped optimizer's own dicts, so its learning-rate scheduler
 steers the shards. A parameter without a gradient in a step keeps its value and its states, as
 torch's optimizers skip it (a group where no parameter has one is not stepped at all: the NaN
 guard's skipped steps); one difference stays: a group's step count is shared, so a parameter
 that missed some of its group's steps is bias-corrected by the group's count. Frozen parameters
-handed to the optimizer are never updated but do get states. `state_dict()` gathers every state whole (a temporary spike of the
-unsharded optimizer's size) so checkpoints are exactly what the unsharded optimizer writes, and
-any layout reads them; `load_state_dict()` keeps this rank's slice. No Lightning import here.
+handed to the optimizer are never updated but do get states. `state_dict()` gathers every
+state whole (a temporary spike of the unsharded optimizer's size) so checkpoints are exactly
+what the unsharded optimizer writes, and any layout reads them; `load_state_dict()` keeps this
+rank's slice. No Lightning import here.
 """
 
 from __future__ import annotations
@@ -417,17 +417,3 @@ def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor
             shape=param.shape, stride=param.stride(),
         )  # fmt: skip
     return piece
-
-
-def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
-    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
-    over and the bytes of per-element states this rank holds; {} without it."""
-    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
-    if not sharded:
-        return {}
-    return {
-        "shard_optimizer": {
-            "replicas": sharded[0].dp_size,
-            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
-        }
-    }

@@ -23,10 +23,10 @@ from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
-from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, sharding_summary
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
-from lightning_dist.strategies.sharding import clip_sharded_gradients
+from lightning_dist.strategies.sharding import clip_sharded_gradients, sharding_summary
 
 
 class DataParallelStrategy(LightningDistStrategy, DDPStrategy):

@@ -1,4 +1,5 @@
-"""Checks and helpers shared by the FSDP1 (`fsdp_tuned`) and FSDP2 (`fsdp2`) strategies.
+"""Checks and helpers shared by the FSDP1 (`fsdp_tuned`) and FSDP2 (`fsdp2`) strategies, and
+ZeRO-1's (`strategy.shard_optimizer`) clipping and summary under `ddp` and the mesh strategies.
 
 Each check raises ValueError naming the bad value and the fix. `train()` runs them before the
 Trainer starts (one `error:` line on every rank); plain Lightning users hit the same checks in
@@ -27,6 +28,20 @@ def move_metrics(module: nn.Module, device: torch.device) -> None:
 
     for metric in (m for m in module.modules() if isinstance(m, Metric)):
         metric.to(device)
+
+
+def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
+    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
+    over and the bytes of per-element states this rank holds; {} without it."""
+    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
+    if not sharded:
+        return {}
+    return {
+        "shard_optimizer": {
+            "replicas": sharded[0].dp_size,
+            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
+        }
+    }
 
 
 def clip_sharded_gradients(plugin: Any, *, stage_size: int) -> None:
