@@ -217,6 +217,16 @@ def all_gather_single(output: Any, input: Any, group: Any = None, async_op: bool
     return gather(output, input, group=group, async_op=async_op)
 
 
+def reduce_scatter_single(output: Any, input: Any, group: Any = None, async_op: bool = False):
+    """The sum of every rank's `input`, scattered: this rank's piece into `output`
+    (`torch.distributed.reduce_scatter_single`, torch 2.13's name, where torch has it, else
+    `reduce_scatter_tensor`, the same collective under its earlier name: torch 2.11, 2.12)."""
+    import torch.distributed as dist
+
+    reduce = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return reduce(output, input, group=group, async_op=async_op)
+
+
 def grouped_mm():
     """The grouped matmul of mixture-of-experts layers: `torch.nn.functional.grouped_mm` where
     torch has it (2.13), else the private `torch._grouped_mm` it wraps (from torch 2.8), else
@@ -1009,9 +1019,14 @@ _ENTRIES = (
            "the stored plugin behind the `precision_plugin` property we override", LIGHTNING,
            via="stored_precision_plugin"),
     _entry("clip_grad_by_norm", "lightning.pytorch.plugins.precision.Precision", "patch",
-           "lightning_dist.strategies.mesh",
-           "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage; this "
-           "plugin instance clips by the whole model's norm instead", LIGHTNING),
+           ("lightning_dist.strategies.mesh", "lightning_dist.strategies.sharding"),
+           "Lightning clips with torch's clip_grad_norm_, which sees one pipeline stage (and "
+           "under ZeRO-1 unreduced gradients); this plugin instance clips by the whole model's "
+           "norm instead", LIGHTNING),
+    _entry("clip_grad_by_value", "lightning.pytorch.plugins.precision.Precision", "patch",
+           "lightning_dist.strategies.sharding",
+           "under ZeRO-1 param.grad is the rank's unreduced gradient; this plugin instance "
+           "clamps the optimizer's reduced slices instead", LIGHTNING),
     _entry("_broadcast_sigterm_tensor",
            "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "patch",
            ("lightning_dist.strategies.ddp", "lightning_dist.callbacks.preemption"),

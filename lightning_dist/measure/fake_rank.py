@@ -288,7 +288,8 @@ def dry_run_rank(
             params = [p for part in parts for p in part.parameters()]
             optimizer: torch.optim.Optimizer = torch.optim.AdamW(params)
             if options.optimizer_sharding.shard_optimizer:  # ZeRO-1: 1/dp of the states
-                optimizer = ShardedOptimizer(optimizer, mesh["dp_replicate"].get_group())
+                group = mesh["dp_replicate"].get_group()
+                optimizer = ShardedOptimizer(optimizer, group, reduce_gradients=True)
             boundary = (micro_batch_size, local_len // (layout.tp if sp else 1), args.dim)
             for _ in range(min(accumulate, 2)):
                 counter.traffic = Traffic()
@@ -317,8 +318,11 @@ def dry_run_rank(
                 micro_steps.append(counter.traffic)
             counter.traffic = Traffic()
             with counter:
-                if grad_clip:
-                    clip_grad_norm_global(params, grad_clip, stage_size=layout.dp * layout.tp)
+                stage_size = layout.dp * layout.tp
+                if grad_clip and isinstance(optimizer, ShardedOptimizer):  # its reduced slices
+                    optimizer.clip_grad_norm_(grad_clip, stage_size=stage_size)
+                elif grad_clip:
+                    clip_grad_norm_global(params, grad_clip, stage_size=stage_size)
                 optimizer.step()
             states = (
                 _local_bytes(params),

@@ -155,10 +155,12 @@ class MeshRuntime:
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer to step and checkpoint: `optimizer` itself, or under
         `strategy.shard_optimizer` (ZeRO-1) a `ShardedOptimizer` over the dp_replicate ranks
-        that holds 1/dp of its states (`parallel/sharded_optimizer.py`)."""
+        that holds 1/dp of its states and reduce-scatters the gradients (FSDP2 runs over
+        dp_shard alone then: `parallel/parallelize.dp_mesh`; `parallel/sharded_optimizer.py`)."""
         if not self.options.optimizer_sharding.shard_optimizer:
             return optimizer
-        return ShardedOptimizer(optimizer, self.mesh["dp_replicate"].get_group())
+        group = self.mesh["dp_replicate"].get_group()
+        return ShardedOptimizer(optimizer, group, reduce_gradients=True)
 
     def _require_model(self) -> nn.Module:
         if self.model is None:
@@ -232,7 +234,9 @@ class MeshRuntime:
             loss = self.forward_backward(batch, loss_fn, accumulate=len(micro_batches))
             total = total.to(loss.device) + loss
         global_loss = mean_over_ranks(total / len(micro_batches))
-        if max_norm:
+        if max_norm and isinstance(optimizer, ShardedOptimizer):  # ZeRO-1: its reduced slices
+            optimizer.clip_grad_norm_(max_norm, stage_size=self.stage_size)
+        elif max_norm:
             self.clip_grad_norm_(max_norm, optimizer_parameters(optimizer))
         optimizer.step()
         return global_loss

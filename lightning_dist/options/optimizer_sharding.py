@@ -16,8 +16,8 @@ class OptimizerShardingOptions:
     shard_optimizer: bool = knob(
         False,
         "ZeRO-1: each data-parallel replica keeps 1/dp of the optimizer states (parameters and "
-        "gradients stay whole); the step all-gathers the updated parameters after DDP's "
-        "all-reduce. Needs dp_replicate > 1 and dp_shard x cp = 1 (FSDP shards the states "
+        "gradients stay whole); the gradients are reduce-scattered into each replica's slice "
+        "instead of all-reduced, and the step all-gathers the updated parameters. Needs dp_replicate > 1 and dp_shard x cp = 1 (FSDP shards the states "
         "already).",
     )
 
@@ -31,8 +31,9 @@ class OptimizerShardingOptions:
 def shard_optimizer_problem(layout, options) -> str | None:
     """Why `options` (a `StrategyOptions`) cannot shard the optimizer states over `layout`'s
     replicas (a resolved `Layout`), or None: nothing to shard over (dp_replicate = 1), FSDP
-    sharding them already (dp_shard x cp > 1), or DiLoCo (each replica steps on its own
-    gradients, which the shards would mix)."""
+    sharding them already (dp_shard x cp > 1), gradient compression (a DDP hook, where ZeRO-1
+    reduce-scatters), or DiLoCo (each replica steps on its own gradients, which the shards
+    would mix)."""
     if not options.optimizer_sharding.shard_optimizer:
         return None
     name = "strategy.shard_optimizer=true"
@@ -47,6 +48,13 @@ def shard_optimizer_problem(layout, options) -> str | None:
             f"{name} shards the optimizer states over the data-parallel replicas, and "
             f"dp_replicate=1 has none to shard over; use 2 or more, or set "
             "strategy.shard_optimizer=false"
+        )
+    compression = options.grad_sync.grad_compression
+    if compression != "none":
+        return (
+            f"{name} with strategy.grad_compression={compression} is not supported: ZeRO-1 "
+            "reduce-scatters the gradients itself, uncompressed; set "
+            "strategy.grad_compression=none, or strategy.shard_optimizer=false"
         )
     inner = options.grad_sync.diloco_inner_steps
     if inner:

@@ -12,19 +12,29 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def copies_of(tensor: torch.Tensor, stage_size: int) -> int:
+    """How many of the `stage_size` ranks that hold one pipeline stage hold the same local piece
+    of `tensor` (a parameter or its gradient): all of them for a plain tensor, fewer for a
+    DTensor split over some of them."""
+    if not isinstance(tensor, DTensor):
+        return stage_size
+    mesh = tensor.device_mesh
+    # Any placement but Replicate splits the tensor (Shard, and FSDP2's _StridedShard over TP,
+    # whose is_shard() is False); gradients are never Partial here.
+    pieces = math.prod(
+        mesh.size(i) for i, p in enumerate(tensor.placements) if not p.is_replicate()
+    )
+    return stage_size // pieces
 
 
 def _local_and_copies(grad: torch.Tensor, stage_size: int) -> tuple[torch.Tensor, int]:
     """The rank's local piece of `grad` and how many ranks of its stage hold the same piece."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(grad, DTensor):
-        return grad, stage_size
-    mesh = grad.device_mesh
-    # Any placement but Replicate splits the tensor (Shard, and FSDP2's _StridedShard over TP,
-    # whose is_shard() is False); gradients are never Partial here.
-    pieces = math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if not p.is_replicate())
-    return grad.to_local(), stage_size // pieces
+    local = grad.to_local() if isinstance(grad, DTensor) else grad
+    return local, copies_of(grad, stage_size)
 
 
 @torch.no_grad()
@@ -38,8 +48,6 @@ def clip_grad_norm_global(
     piece; one all-reduce over `group` (default: the world) then gives the squared norm of the
     whole model. The scale is torch's: max_norm / (norm + 1e-6), capped at 1.
     """
-    import torch.distributed as dist
-
     grads = [p.grad for p in parameters if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
     squares = torch.zeros((), dtype=torch.float32, device=device)

@@ -50,10 +50,16 @@ from lightning_dist.parallel.tp import apply_tp, uses_sequence_parallel
 log = logging.getLogger(__name__)
 
 
-def dp_mesh(mesh, layout: Layout):
+def dp_mesh(mesh, layout: Layout, *, shard_optimizer: bool = False):
     """The sub-mesh FSDP shards over: 1-D `dp_shard` (FSDP), or 2-D (replicate, shard) for
     HSDP; under context parallelism the shard dimension is dp_shard x cp, flattened into
-    `dp_shard_cp` (the cp ranks hold the same weights, so they shard them too)."""
+    `dp_shard_cp` (the cp ranks hold the same weights, so they shard them too). Under ZeRO-1
+    (`shard_optimizer`, dp_shard x cp = 1) `dp_shard` alone: FSDP2 would all-reduce the
+    gradients over dp_replicate, which the optimizer reduce-scatters instead
+    (`parallel/gradient_reduction.py`); each replica's FSDP is then one rank, which keeps its
+    mixed precision and parameter form and communicates nothing."""
+    if shard_optimizer:
+        return mesh["dp_shard"]
     shard = "dp_shard"
     if layout.cp > 1:
         shard = "dp_shard_cp"
@@ -150,7 +156,10 @@ def parallelize(
                         k: fsdp[k] for k in ("reshard_after_forward", "mp_policy", "offload_policy")
                     },
                 )
-            apply_fsdp(part, dp_mesh(mesh, layout), block_types=blocks, **fsdp)
+            zero1 = options.optimizer_sharding.shard_optimizer
+            apply_fsdp(
+                part, dp_mesh(mesh, layout, shard_optimizer=zero1), block_types=blocks, **fsdp
+            )
             if gather_float8 and torch.distributed.get_backend() != "nccl":  # NCCL has float8
                 gather_float8_as_bytes(part)
     if not pipelined:

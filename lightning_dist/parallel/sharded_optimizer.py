@@ -8,9 +8,10 @@ DTensor split by tensor parallelism) lie end to end in one flat index space of N
 padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slice
 [r * chunk, (r + 1) * chunk), chunk = ceil(N / dp). A step:
 
-1. reads this rank's slice of the parameters and of their gradients into one flat tensor each
-   (the gradients are whole and alike on every rank: DDP's all-reduce, or FSDP2's over
-   `dp_replicate`, ran as before; clipping has already scaled them);
+1. reads this rank's slice of the parameters, and of their gradients: with
+   `reduce_gradients=True` (the strategies' ZeRO-1) each rank's own gradients reduce-scattered
+   into the mean of its slice (`parallel/gradient_reduction.py`: no all-reduce ran before),
+   else read from gradients that are whole and alike on every rank already;
 2. runs the wrapped optimizer's class on that flat slice only, so its states hold chunk
    elements per group instead of N: 1/dp of the unsharded optimizer's, up to the padding of the
    last shard;
@@ -18,18 +19,20 @@ padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slic
    back into every parameter.
 
 Because the update is elementwise, each element sees exactly the arithmetic it would see on one
-process. This first version keeps the gradients' all-reduce: a step's traffic is DDP's
-all-reduce plus an all-gather of the parameters (not Megatron's reduce-scatter + all-gather,
-which would need the gradients' reduction to scatter); `planner/traffic.py` counts the same.
+process. With the reduce-scatter a step moves the bytes of one all-reduce (`planner/traffic.py`
+counts the same); it runs after the last backward, not overlapped with it, when the step or
+clipping (`clip_grad_norm_`: the owned slices and one scalar all-reduce) asks first;
+`param.grad` stays this rank's unreduced gradient.
 
 The parameter groups are the wrapped optimizer's own dicts, so its learning-rate scheduler
 steers the shards. A parameter without a gradient in a step keeps its value and its states, as
 torch's optimizers skip it (a group where no parameter has one is not stepped at all: the NaN
 guard's skipped steps); one difference stays: a group's step count is shared, so a parameter
 that missed some of its group's steps is bias-corrected by the group's count. Frozen parameters
-handed to the optimizer are never updated but do get states. `state_dict()` gathers every state whole (a temporary spike of the
-unsharded optimizer's size) so checkpoints are exactly what the unsharded optimizer writes, and
-any layout reads them; `load_state_dict()` keeps this rank's slice. No Lightning import here.
+handed to the optimizer are never updated but do get states. `state_dict()` gathers every
+state whole (a temporary spike of the unsharded optimizer's size) so checkpoints are exactly
+what the unsharded optimizer writes, and any layout reads them; `load_state_dict()` keeps this
+rank's slice. No Lightning import here.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from lightning_dist._compat import all_gather_single
+from lightning_dist.parallel.clip import copies_of
+from lightning_dist.parallel.gradient_reduction import (
+    clip_by_norm_,
+    reduce_scatter_mean,
+    write_parameters,
+)
 
 ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adamax,
@@ -94,10 +103,14 @@ class _FlatGroup:
 class ShardedOptimizer(torch.optim.Optimizer):
     """`optimizer` with its states sharded over the ranks of `group` (None: the default group);
     see the module's docstring. Every rank of `group` must hold the same parameters (shapes) and,
-    at each step, the same gradients. Raises ValueError for an optimizer whose update is not
-    elementwise, or a parameter group that mixes dtypes or devices."""
+    at each step the same gradients, or with `reduce_gradients` its own gradients of the same
+    parameters (None alike on every rank), which the step averages over `group` by a
+    reduce-scatter. Raises ValueError for an optimizer whose update is not elementwise, or a
+    parameter group that mixes dtypes or devices."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, group: Any = None) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, group: Any = None, *, reduce_gradients: bool = False
+    ) -> None:
         if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
             names = ", ".join(cls.__name__ for cls in ELEMENTWISE_OPTIMIZERS)
             raise ValueError(
@@ -108,6 +121,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.process_group = group
         self.dp_size = dist.get_world_size(group)
         self.dp_rank = dist.get_rank(group)
+        self.reduces_gradients = reduce_gradients
+        self._reduced = False
+        """Whether this step's gradients are reduce-scattered into the shards' `.grad` yet."""
         # The wrapped optimizer's group dicts themselves (torch's __init__ appends them), so a
         # scheduler built on either optimizer sets the learning rate both step with.
         super().__init__(optimizer.param_groups, optimizer.defaults)
@@ -165,17 +181,58 @@ class ShardedOptimizer(torch.optim.Optimizer):
             inner_group.update(self._settings(flat.group))  # the scheduler's learning rate
             missing = [p.grad is None for p in flat.params]
             stepped = not all(missing)  # alike on every rank: the gradients are
-            grad = torch.zeros_like(flat.shard) if stepped else None
+            reduced = self.reduces_gradients
+            grad = torch.zeros_like(flat.shard) if stepped and not reduced else flat.shard.grad
             mask = torch.zeros_like(flat.shard, dtype=torch.bool) if any(missing) else None
             for param, (a, b), (s, t) in flat.pieces():
                 flat.shard[s:t] = _local(param).reshape(-1)[a:b]
-                if grad is not None and param.grad is not None:
-                    grad[s:t] = _local(param.grad).reshape(-1)[a:b]
-                elif mask is not None:
+                if param.grad is None and mask is not None:
                     mask[s:t] = True
+                elif grad is not None and not reduced:
+                    grad[s:t] = _local(param.grad).reshape(-1)[a:b]
             flat.shard.grad = grad
             without.append(mask if stepped else None)
         return without
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """With `reduce_gradients`: this step's gradients reduce-scattered, each group's owned
+        slice of their mean into its shard's `.grad` (None for a group where no parameter has a
+        gradient); once per step, whoever asks first (clipping or the step). A collective."""
+        if not self.reduces_gradients or self._reduced:
+            return
+        for flat in self.flat:
+            stepped = any(p.grad is not None for p in flat.params)  # alike on every rank
+            grad = torch.empty_like(flat.shard, requires_grad=False) if stepped else None
+            if grad is not None:
+                reduce_scatter_mean(flat.params, flat.offsets, grad, group=self.process_group)
+            flat.shard.grad = grad
+        self._reduced = True
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, *, stage_size: int) -> torch.Tensor:
+        """Scale the reduced gradient so that the whole model's norm is at most `max_norm`
+        (torch's scale, max_norm / (norm + 1e-6) capped at 1); return that norm. `stage_size`:
+        the ranks that hold one pipeline stage (dp x cp x tp), as `parallel/clip.py` takes it;
+        the norm comes from the owned slices and one scalar all-reduce over the world."""
+        self.reduce_gradients()
+        pieces = [
+            (flat.shard.grad[s:t], copies_of(param, stage_size) // self.dp_size)
+            for flat in self.flat
+            if flat.shard.grad is not None
+            for param, _, (s, t) in flat.pieces()
+        ]
+        grads = [f.shard.grad for f in self.flat if f.shard.grad is not None]
+        device = self.flat[0].shard.device if self.flat else torch.device("cpu")
+        return clip_by_norm_(grads, pieces, max_norm, device)
+
+    @torch.no_grad()
+    def clip_grad_value_(self, clip_value: float) -> None:
+        """Clamp the reduced gradient's elements to [-clip_value, clip_value]."""
+        self.reduce_gradients()
+        for flat in self.flat:
+            if flat.shard.grad is not None:
+                flat.shard.grad.clamp_(-clip_value, clip_value)
 
     @torch.no_grad()
     def _step_keeping(self, without: list[torch.Tensor | None]) -> None:
@@ -207,7 +264,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 gathered = self._gather(flat.shard.detach()[i:j])
                 for rank in range(self.dp_size):
                     values = gathered[rank * (j - i) : (rank + 1) * (j - i)]
-                    _write_range(flat, rank * chunk + i, values)
+                    write_parameters(flat.params, flat.offsets, rank * chunk + i, values)
             flat.shard.grad = None
 
     def _gather(self, shard: torch.Tensor) -> torch.Tensor:
@@ -221,11 +278,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.reduce_gradients()
         self._step_keeping(self._read_slices())
         self._write_back()
+        self._reduced = False
         self._expose_state()
         self._step_wrapped_without_gradients()
         return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The parameters' gradients, and any reduced slice of them not yet stepped."""
+        super().zero_grad(set_to_none)
+        for flat in self.flat:
+            flat.shard.grad = None
+        self._reduced = False
 
     def _step_wrapped_without_gradients(self) -> None:
         """The wrapped optimizer's own step with every gradient hidden: it updates nothing
@@ -341,17 +407,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 yield piece, entry
 
 
-def _write_range(flat: _FlatGroup, lo: int, values: torch.Tensor) -> None:
-    """Write `values`, elements [lo, lo + len) of the group's flat space, into its parameters
-    (the padding past the last one is dropped)."""
-    hi = lo + values.numel()
-    for param, offset in zip(flat.params, flat.offsets, strict=True):
-        local = _local(param)
-        a, b = max(lo, offset), min(hi, offset + local.numel())
-        if a < b:
-            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
-
-
 def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:
     """The piece of a gathered flat state that belongs to `param`, shaped and placed like it."""
     local = _local(param)
@@ -362,17 +417,3 @@ def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor
             shape=param.shape, stride=param.stride(),
         )  # fmt: skip
     return piece
-
-
-def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
-    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
-    over and the bytes of per-element states this rank holds; {} without it."""
-    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
-    if not sharded:
-        return {}
-    return {
-        "shard_optimizer": {
-            "replicas": sharded[0].dp_size,
-            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
-        }
-    }

@@ -318,7 +318,8 @@ def _search_families(
             if zero1.time.step_seconds > (1 - ZERO1_GAIN) * ddp.time.step_seconds:
                 rejected[family.key] = (
                     f"no faster than DDP on the same degrees (by search.ZERO1_GAIN = "
-                    f"{ZERO1_GAIN:.0%}): ZeRO-1 only adds an all-gather where DDP fits"
+                    f"{ZERO1_GAIN:.0%}): ZeRO-1's reduce-scatter and all-gather run after "
+                    "backward, where DDP's all-reduce hides under it"
                 )
                 continue
         if tally.fitting:

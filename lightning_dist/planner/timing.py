@@ -49,11 +49,12 @@ from lightning_dist.planner.traffic import (
 
 DDP_BUCKET_BYTES = 25e6  # DDP's default bucket_cap_mb
 ZERO1_GATHERS = 2
-"""Parameter groups of ZeRO-1's step (`parallel/sharded_optimizer.py` gathers each group's
-slices in pieces): CausalLM has two (weight decay and none)."""
+"""Parameter groups of ZeRO-1's step (`parallel/sharded_optimizer.py` reduce-scatters each
+group's gradients and gathers its slices in pieces): CausalLM has two (weight decay and none)."""
 ZERO1_GATHER_ELEMENTS = 1 << 25
-"""Elements one of those all-gathers brings back at most: `sharded_optimizer.GATHER_ELEMENTS`
-(tests/unit/test_planner_layouts.py holds the two equal; the planner imports no torch code)."""
+"""Elements one of those all-gathers brings back at most, and one reduce-scatter takes in:
+`sharded_optimizer.GATHER_ELEMENTS` and `gradient_reduction.REDUCE_ELEMENTS`
+(tests/unit/test_planner_layouts.py holds the three equal; the planner imports no torch code)."""
 STEP_SCALAR_ALL_REDUCES = 2
 """Small all-reduces every rank runs at every optimizer step whatever its gradients do: the
 logged loss's mean (`lm/module.py`) and the NaN guard's flags, which carry the preemption
@@ -392,8 +393,9 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
     for backward. Under PP the stage stays gathered for the whole step: one
     all-gather under the first forward, one reduce-scatter under the last backward. HSDP adds an
     all-reduce of the gradient shard over dp_replicate after each reduce-scatter. ZeRO-1
-    (SHARD_OPTIMIZER, as `parallel/sharded_optimizer.py` runs it) keeps DDP's all-reduce and
-    all-gathers the updated parameters after the optimizer step, exposed.
+    (SHARD_OPTIMIZER, as `parallel/sharded_optimizer.py` runs it) reduce-scatters the
+    gradients after the last backward and all-gathers the updated parameters after the
+    optimizer step, both exposed.
     """
     shape = max(shapes, key=lambda sh: sh.params)
     psi = shape.params
@@ -404,16 +406,15 @@ def dp_phases(layout, settings, shapes, link, m, fwd, bwd, model=None):
         return [], 0.0
     volume = dp_volumes(layout, settings, shape, model)
     if settings.sharding == "SHARD_OPTIMIZER":
-        # ZeRO-1: DDP's all-reduce under the last backward, then one all-gather of the updated
-        # parameters per parameter group, a ring of dp - 1 steps each, between the optimizer
-        # step and the next forward: nothing runs beside it.
+        # ZeRO-1: the gradients' reduce-scatter after the last backward (the optimizer runs it
+        # when the step or clipping asks: not overlapped with backward), then one all-gather
+        # of the updated parameters, between the optimizer step and the next forward. Each in
+        # pieces per parameter group, a ring of dp - 1 steps each; nothing runs beside them.
         bw, lat = link(tp, dp)
-        gathers = ZERO1_GATHERS + int(psi // ZERO1_GATHER_ELEMENTS)  # pieces of each group
-        gather = volume.gather / bw + gathers * (dp - 1) * lat
-        return [
-            (_ddp_all_reduce_seconds(settings, volume, psi, dp, bw, lat), bwd),
-            (gather, 0.0),
-        ], 0.0
+        pieces = ZERO1_GATHERS + int(psi // ZERO1_GATHER_ELEMENTS)  # of each group
+        reduce = volume.reduce_scatter / bw + pieces * (dp - 1) * lat
+        gather = volume.gather / bw + pieces * (dp - 1) * lat
+        return [(reduce, 0.0), (gather, 0.0)], 0.0
     if settings.sharding not in SHARDED_MODES or n == 1:
         bw, lat = link(tp, dp)
         inner = settings.options.grad_sync.diloco_inner_steps

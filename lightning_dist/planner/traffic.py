@@ -160,18 +160,16 @@ def dp_volumes(layout: Layout, settings: TrainSettings, shape: StageShape, model
     p_b, g_b = settings.gathered_param_bytes, settings.gradient_reduce_bytes
     n, r, psi = layout.shard_size, layout.dp_replicate, shape.params
     if settings.sharding == "SHARD_OPTIMIZER":
-        # ZeRO-1 as parallel/sharded_optimizer.py runs it: DDP's all-reduce of the gradients
-        # (kept: the gradients are whole on every rank), then each rank updates its slice of
-        # the parameters (in their own dtype) and all-gathers them.
+        # ZeRO-1 as parallel/sharded_optimizer.py runs it: the gradients (in the parameters'
+        # dtype) reduce-scattered over the replicas, each rank updating its slice of the
+        # parameters and all-gathering them: the bytes of one all-reduce, no all-reduce.
         rest = state_bytes(settings.precision, settings.optimizer)[0]
         return DPVolumes(
             gather=allgather_volume(rest * psi, layout.dp),
             regather=0.0,
-            reduce_scatter=0.0,
+            reduce_scatter=reduce_scatter_volume(rest * psi, layout.dp),
             replicate_all_reduce=0.0,
-            all_reduce=allreduce_volume(
-                ddp_gradient_bytes(settings, shape, model, layout.tp), layout.dp
-            ),
+            all_reduce=0.0,
             rounds=1,
         )
     if settings.sharding not in SHARDED_MODES or n == 1:
@@ -248,8 +246,10 @@ def traffic_by_dim(
         out["ep"] = m * ep_exchange(model, layout, settings, shape)[0]
     if layout.dp * layout.cp > 1:
         v = dp_volumes(layout, settings, shape, model)
-        if v.all_reduce:  # DDP over the replicas; ZeRO-1 adds its all-gather of the parameters
-            out["dp_replicate"] = v.all_reduce + v.gather
+        if settings.sharding == "SHARD_OPTIMIZER":  # ZeRO-1's reduce-scatter and all-gather
+            out["dp_replicate"] = v.reduce_scatter + v.gather
+        elif v.all_reduce:  # DDP over the replicas
+            out["dp_replicate"] = v.all_reduce
         else:
             shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
             out[shard_dim] = v.rounds * v.sharded

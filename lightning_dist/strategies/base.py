@@ -117,6 +117,12 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
     ) -> None:
         """Raise ValueError if the layout cannot exist on this run; changes nothing."""
         layout = self.layout_for(devices, num_nodes)
+        if self.options.optimizer_sharding.shard_optimizer and precision.startswith("16"):
+            raise ValueError(
+                f"strategy.shard_optimizer=true with trainer.precision={precision} is not supported: "
+                "the loss scaler skips a step on each rank's own gradients, which ZeRO-1 leaves "
+                "unreduced, so the ranks would disagree; use bf16-mixed or 32-true"
+            )
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
         self.check_simulation(accelerator, devices * num_nodes)

@@ -23,9 +23,10 @@ from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.optimizer_sharding import shard_optimizer_problem
-from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, sharding_summary
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 from lightning_dist.runtime.refusal import refusals
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
+from lightning_dist.strategies.sharding import clip_sharded_gradients, sharding_summary
 
 
 class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
@@ -184,17 +185,22 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         super().setup_optimizers(trainer)
         if self.options.optimizer_sharding.shard_optimizer:
             with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
-                self.optimizers = [ShardedOptimizer(o) for o in self.optimizers]
+                self.optimizers = [
+                    ShardedOptimizer(o, reduce_gradients=True) for o in self.optimizers
+                ]
+            clip_sharded_gradients(self.precision_plugin, stage_size=self.world_size)
 
     @override
     def configure_ddp(self) -> None:
         """Wrap the model in DDP, then register the gradient hook that compresses, delays or
-        (DiLoCo) skips the all-reduce, on any backend."""
+        skips the all-reduce (DiLoCo's inner steps; ZeRO-1, whose optimizer reduce-scatters the
+        gradients itself), on any backend."""
         super().configure_ddp()
         sync = self.options.grad_sync
+        zero1 = self.options.optimizer_sharding.shard_optimizer
         chosen = gradient_hook(
             sync.grad_compression,
-            local=sync.diloco_inner_steps > 0,
+            local=sync.diloco_inner_steps > 0 or zero1,
             powersgd_rank=sync.powersgd_rank,
             powersgd_start_step=sync.powersgd_start_step,
             delay_s=self.options.simulate.simulate_delay_ms / 1000,

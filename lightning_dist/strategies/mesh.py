@@ -48,7 +48,6 @@ from lightning_dist.options import StrategyOptions
 from lightning_dist.parallel.context_parallel import context_parallel_of
 from lightning_dist.parallel.parallelize import dp_mesh, optimizers_to_device, shard_children
 from lightning_dist.parallel.precision import check_param_dtype
-from lightning_dist.parallel.sharded_optimizer import sharding_summary
 from lightning_dist.runtime.refusal import Refusal, install_refusal_hook, refusals
 from lightning_dist.strategies import sharding
 from lightning_dist.strategies.base import LightningDistStrategy, build_options
@@ -226,7 +225,12 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         self.model_to_device()
         if not prepared:
             self.model = shard_children(
-                self.model, dp_mesh(runtime.mesh, runtime.layout), device=self.root_device,
+                self.model,
+                dp_mesh(
+                    runtime.mesh, runtime.layout,
+                    shard_optimizer=self.options.optimizer_sharding.shard_optimizer,
+                ),
+                device=self.root_device,
                 options=self.options, precision=str(self.precision_plugin.precision),
             )  # fmt: skip
         self.barrier()
@@ -282,6 +286,8 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
             runtime.clip_grad_norm_(clip_val, plugin.main_params(optimizer))
 
         plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign,assignment]
+        # ZeRO-1: its optimizers clip their reduced slices (by norm and by value) instead.
+        sharding.clip_sharded_gradients(plugin, stage_size=runtime.stage_size)
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -335,7 +341,7 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         optimizer-state bytes this rank holds."""
         module = self.lightning_module
         step = context_parallel_of(module) if module is not None else None
-        out = sharding_summary(self.optimizers)  # ZeRO-1: the state bytes this rank holds
+        out = sharding.sharding_summary(self.optimizers)  # ZeRO-1: the state bytes this rank holds
         if step is not None:
             cp = {"cp": self.layout.cp, "mode": step.mode, "attention_calls": step.calls}
             out["context_parallel"] = cp

@@ -1,4 +1,5 @@
-"""Checks and helpers shared by the FSDP1 (`fsdp_tuned`) and FSDP2 (`fsdp2`) strategies.
+"""Checks and helpers shared by the FSDP1 (`fsdp_tuned`) and FSDP2 (`fsdp2`) strategies, and
+ZeRO-1's (`strategy.shard_optimizer`) clipping and summary under `ddp` and the mesh strategies.
 
 Each check raises ValueError naming the bad value and the fix. `train()` runs them before the
 Trainer starts (one `error:` line on every rank); plain Lightning users hit the same checks in
@@ -7,10 +8,13 @@ the strategy's `setup_environment`/`setup`, also on every rank before step 1.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from lightning_dist.parallel.fsdp import find_block_types
+from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
 
 def check_auto_wrap(model: nn.Module, auto_wrap) -> tuple[type[nn.Module], ...]:
@@ -24,3 +28,41 @@ def move_metrics(module: nn.Module, device: torch.device) -> None:
 
     for metric in (m for m in module.modules() if isinstance(m, Metric)):
         metric.to(device)
+
+
+def sharding_summary(optimizers: list[Any]) -> dict[str, Any]:
+    """summary.json's `shard_optimizer` entry under ZeRO-1: the replicas the states are sharded
+    over and the bytes of per-element states this rank holds; {} without it."""
+    sharded = [o for o in optimizers if isinstance(o, ShardedOptimizer)]
+    if not sharded:
+        return {}
+    return {
+        "shard_optimizer": {
+            "replicas": sharded[0].dp_size,
+            "state_bytes_per_rank": sum(o.local_state_bytes() for o in sharded),
+        }
+    }
+
+
+def clip_sharded_gradients(plugin: Any, *, stage_size: int) -> None:
+    """Make `plugin` (a Lightning precision plugin) clip a ZeRO-1 optimizer's gradients through
+    it: its reduced slices by the whole model's norm (`ShardedOptimizer.clip_grad_norm_`) or by
+    value, since `param.grad` holds this rank's unreduced gradient there. Other optimizers
+    keep the plugin's own clipping. For this plugin instance only, as the mesh strategies'
+    global-norm clipping is set."""
+    by_norm, by_value = plugin.clip_grad_by_norm, plugin.clip_grad_by_value
+
+    def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
+            optimizer.clip_grad_norm_(clip_val, stage_size=stage_size)
+        else:
+            by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
+        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
+            optimizer.clip_grad_value_(clip_val)
+        else:
+            by_value(optimizer, clip_val)
+
+    plugin.clip_grad_by_norm = clip_grad_by_norm
+    plugin.clip_grad_by_value = clip_grad_by_value

@@ -180,9 +180,70 @@ def uneven_zero1_shards() -> dict:
         for i, state in expected["state"].items()
         for k in ("exp_avg", "exp_avg_sq")
     )
+    reduced = zero1_reduce_scatters_instead_of_all_reducing(model_and_optimizer)
     dist.barrier()
     sharded_optimizer.GATHER_ELEMENTS = bucket
-    return {"param_diff": param_diff, "state_diff": state_diff, "reloaded": reloaded,
+    return {"param_diff": param_diff, "state_diff": state_diff, "reloaded": reloaded, **reduced,
             "skip_param_diff": skip_param_diff, "skip_state_diff": skip_state_diff,
             "state_bytes": sharded.local_state_bytes(),
             "group_elements": [sum(p.numel() for p in g["params"]) for g in plain.param_groups]}  # fmt: skip
+
+
+def zero1_reduce_scatters_instead_of_all_reducing(model_and_optimizer) -> dict:
+    """The strategies' ZeRO-1 on a DDP model: each rank its own batch, the communication hook
+    `strategy=ddp` registers under it (it sends nothing) and the optimizer's reduce-scatter
+    (8 elements at a time: several pieces, the last shard padded), clipped by the global norm,
+    for 3 steps beside AdamW on the mean gradient. Returns the largest parameter and norm
+    difference, and the c10d collectives the steps issued by name, with the largest tensor
+    any all-reduce among them carried (in elements)."""
+    from collections import Counter
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lightning_dist._compat import dispatch_mode_class
+    from lightning_dist.cluster.grad_sync import gradient_hook
+    from lightning_dist.parallel import gradient_reduction
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
+
+    class Collectives(dispatch_mode_class()):  # every c10d op the step issues, DDP's too
+        def __init__(self):
+            super().__init__()
+            self.calls, self.largest_all_reduce = Counter(), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d":
+                self.calls[func.name()] += 1
+                if "allreduce" in func.name():
+                    self.largest_all_reduce = max(
+                        self.largest_all_reduce, *(t.numel() for t in args[0])
+                    )
+            return func(*args, **(kwargs or {}))
+
+    pieces, gradient_reduction.REDUCE_ELEMENTS = gradient_reduction.REDUCE_ELEMENTS, 8
+    world, rank = dist.get_world_size(), dist.get_rank()
+    (model, inner), (mean_model, plain) = model_and_optimizer(), model_and_optimizer()
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(*gradient_hook("none", local=True))  # as strategy=ddp under ZeRO-1
+    zero1 = ShardedOptimizer(inner, reduce_gradients=True)
+    counter, norm_diff = Collectives(), 0.0
+    for step in range(3):
+        batches = [torch.randn(4, 7, generator=torch.Generator().manual_seed(10 * step + r))
+                   for r in range(world)]  # fmt: skip
+        zero1.zero_grad()
+        with counter:
+            ddp(batches[rank]).pow(2).sum().backward()
+            norm = zero1.clip_grad_norm_(1.0, stage_size=world)
+            zero1.step()
+        plain.zero_grad()
+        for batch in batches:
+            (mean_model(batch).pow(2).sum() / world).backward()
+        expected = torch.nn.utils.clip_grad_norm_(mean_model.parameters(), 1.0)
+        plain.step()
+        norm_diff = max(norm_diff, abs(float(norm) - float(expected)) / float(expected))
+    pairs = zip(model.parameters(), mean_model.parameters(), strict=True)
+    gradient_reduction.REDUCE_ELEMENTS = pieces
+    return {"reduced_param_diff": max(float((a - b).abs().max()) for a, b in pairs),
+            "reduced_norm_diff": norm_diff, "collectives": dict(counter.calls),
+            "largest_all_reduce": counter.largest_all_reduce}  # fmt: skip

@@ -54,7 +54,8 @@ CASES = {
     ),
     "cp2 all-gather x tp2 + SP x fsdp2": ({"cp": 2, "tp": 2, "dp_shard": 2}, 8, None),
     "ep4 x fsdp8, experts": ({"ep": 4, "dp_shard": 8}, 8, None, MOE_DEBUG),
-    # ZeRO-1: 1/4 of the optimizer states, DDP's all-reduce plus the parameters' all-gather
+    # ZeRO-1: 1/4 of the optimizer states, the gradients' reduce-scatter and the parameters'
+    # all-gather over dp_replicate (no all-reduce: it would add half their bytes again)
     "zero1 dp_replicate4 x tp2": (
         {"dp_replicate": 4, "dp_shard": 1, "tp": 2, "shard_optimizer": True},
         8,

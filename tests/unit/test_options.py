@@ -605,3 +605,9 @@ def test_zero1_slices_evenly_and_takes_only_elementwise_optimizers():
     lbfgs = torch.optim.LBFGS([torch.nn.Parameter(torch.zeros(3))])
     with pytest.raises(ValueError, match="shards elementwise optimizers .* not LBFGS"):
         ShardedOptimizer(lbfgs)
+    # fp16's loss scaler would skip steps on each rank's unreduced gradients: refused at launch.
+    from lightning_dist.strategies.ddp import DataParallelStrategy
+
+    zero1 = DataParallelStrategy(shard_optimizer=True)
+    with pytest.raises(ValueError, match="trainer.precision=16-mixed is not supported"):
+        zero1.check_run(devices=2, num_nodes=1, precision="16-mixed", accelerator="gpu")

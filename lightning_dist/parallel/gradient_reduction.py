@@ -1,0 +1,110 @@
+"""ZeRO-1's gradient reduction: each replica's gradients reduce-scattered into the slice of the
+flat parameter space it owns (`parallel/sharded_optimizer.py`), as Megatron's distributed
+optimizer and DeepSpeed's ZeRO-1/2 reduce them, instead of DDP's all-reduce.
+
+A step then moves a reduce-scatter of the gradients and an all-gather of the parameters: the
+bytes of one all-reduce (which is a reduce-scatter and an all-gather), where an all-reduce
+followed by the all-gather would move half as much again. The strategies leave the gradients
+local for it: DDP through a communication hook that sends nothing (`cluster/grad_sync.py`),
+the mesh strategies by running FSDP2 over dp_shard alone, not over dp_replicate
+(`parallel/parallelize.dp_mesh`).
+
+The flat space of a parameter group is laid out as in `sharded_optimizer`: its parameters'
+local elements end to end, `chunk` elements per rank, the last rank's slice padded. No
+Lightning import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from lightning_dist._compat import reduce_scatter_single
+
+REDUCE_ELEMENTS = 1 << 25
+"""Elements one reduce-scatter takes in (all ranks' pieces together): 128 MiB of fp32, the most
+the reduction holds beside the gradients and the reduced slice, as the step's all-gather
+(`sharded_optimizer.GATHER_ELEMENTS`)."""
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def read_gradients(
+    params: Sequence[torch.Tensor], offsets: Sequence[int], lo: int, out: torch.Tensor
+) -> None:
+    """Copy the gradient elements [lo, lo + len(out)) of a group's flat space into `out`, which
+    holds zeros where a parameter has no gradient and past the last parameter (the padding)."""
+    hi = lo + out.numel()
+    for param, offset in zip(params, offsets, strict=True):
+        if param.grad is None:
+            continue
+        grad = _local(param.grad)
+        a, b = max(lo, offset), min(hi, offset + grad.numel())
+        if a < b:
+            out[a - lo : b - lo] = grad.reshape(-1)[a - offset : b - offset]
+
+
+@torch.no_grad()
+def reduce_scatter_mean(
+    params: Sequence[torch.Tensor],
+    offsets: Sequence[int],
+    out: torch.Tensor,
+    *,
+    group=None,
+) -> torch.Tensor:
+    """`out` (this rank's slice of the flat space, `chunk` elements) set to the mean over the
+    ranks of `group` of their gradients of it: reduce-scatters of at most `REDUCE_ELEMENTS`
+    (each rank's piece of each slice at a time), summed then divided by the rank count, as DDP
+    averages. A collective: every rank of `group` calls it with the same layout."""
+    dp = dist.get_world_size(group)
+    chunk = out.numel()
+    length = max(1, REDUCE_ELEMENTS // dp)
+    for i in range(0, chunk, length):
+        n = min(chunk, i + length) - i
+        pieces = out.new_zeros(dp * n)
+        for rank in range(dp):
+            read_gradients(params, offsets, rank * chunk + i, pieces[rank * n : (rank + 1) * n])
+        reduce_scatter_single(out[i : i + n], pieces, group=group)
+    return out.div_(dp)
+
+
+def write_parameters(
+    params: Sequence[torch.Tensor], offsets: Sequence[int], lo: int, values: torch.Tensor
+) -> None:
+    """Write `values`, elements [lo, lo + len) of a group's flat space, into its parameters
+    (the padding past the last one is dropped)."""
+    hi = lo + values.numel()
+    for param, offset in zip(params, offsets, strict=True):
+        local = _local(param)
+        a, b = max(lo, offset), min(hi, offset + local.numel())
+        if a < b:
+            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
+
+
+@torch.no_grad()
+def clip_by_norm_(
+    grads: Sequence[torch.Tensor],
+    pieces: Iterable[tuple[torch.Tensor, int]],
+    max_norm: float,
+    device: torch.device,
+) -> torch.Tensor:
+    """Scale the reduced slices `grads` so that the whole model's gradient norm is at most
+    `max_norm` (torch's scale: max_norm / (norm + 1e-6), capped at 1); return the norm. Its
+    square is summed over this rank's owned `pieces` (`(values, copies)`: `copies` ranks beyond
+    the replicas hold the same piece, tensor-parallel peers of a replicated norm weight), then
+    one scalar all-reduce over the world adds the other ranks' (pipeline stages, tp ranks)."""
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for values, copies in pieces:
+        squares += values.float().pow(2).sum() / copies
+    if dist.is_initialized():
+        dist.all_reduce(squares)
+    norm = squares.sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for grad in grads:
+        grad.mul_(scale.to(grad.device))
+    return norm
