@@ -73,13 +73,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             run,
             started,
             e,
-            status=(
-                "lighthouse_lost"
-                if isinstance(e, LighthouseLost)
-                else "left_behind"
-                if replicas
-                else "checkpoint_failed"
-            ),
+            status={
+                "LighthouseLost": "lighthouse_lost",
+                "ReplicaGroupLeftBehind": "left_behind",
+            }.get(type(e).__name__, "checkpoint_failed"),
             name_checkpoint=replicas,
             timeout_s=plan.strategy.options.replicas.ft_timeout_s if replicas else None,
         )

@@ -22,8 +22,9 @@ survivor names the same lost rank, and all wait until each has read it before an
 once one has ended). Each
 survivor prints one line naming the lost rank, its host, step and phase (forward, backward,
 optimizer, checkpoint, data), ends it when it is on the same host (a stopped one is resumed
-to end itself with the same code: `runtime/stalled_mark.py`; a running one is killed), and
-exits with `STALLED_EXIT_CODE` without touching a collective. A
+to end itself with the same code, `runtime/stalled_mark.py`, its SIGCONT handler installed
+here; a running one is killed), and exits with `STALLED_EXIT_CODE` without touching a
+collective. A
 collective that fails because a peer is gone waits for that line instead of a traceback. Keep
 `stall_seconds` below the process group's collective timeout so the watchdog speaks before a
 collective times out.
@@ -37,12 +38,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dist.callbacks.heartbeat_store import heartbeat_store, lost_peer
 from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.process_identity import (
     PROCESS_ID,
@@ -50,7 +53,7 @@ from lightning_dist.runtime.process_identity import (
     same_host,
     start_time,
 )
-from lightning_dist.runtime.stalled_mark import end_stalled, take_own_mark
+from lightning_dist.runtime.stalled_mark import end_stalled, on_resumed, take_own_mark
 
 STALLED_EXIT_CODE = 4
 TICK = 0.25
@@ -88,6 +91,8 @@ class HangWatchdog(Callback):
         """The other ranks' heartbeats as last read."""
         self._exiting = threading.Lock()
         """Held by the thread that ends the process (the heartbeat thread or its guard)."""
+        self._restore_sigcont: Callable[[], None] = lambda: None
+        """Puts back the SIGCONT handler `on_train_start` replaced (`stalled_mark.on_resumed`)."""
 
     # --- phases, from the training hooks -------------------------------------------------------
 
@@ -122,13 +127,14 @@ class HangWatchdog(Callback):
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        self._store = _heartbeat_store(self._rank, self.interval, self.stall_seconds)
+        self._store = heartbeat_store(self._rank, self.interval, self.stall_seconds)
         self._progress_time = time.monotonic()
         self._started = time.time()
         # The first beat before step 1: a rank that freezes early, even before its thread's
         # first beat, has a heartbeat (with its pid) that ages, and is named and killed.
         self._store.set(f"hb/{self._rank}", json.dumps(self._heartbeat(time.time())))
         self._answered = time.monotonic()
+        self._restore_sigcont = on_resumed(self._end_judged)
         self._thread = threading.Thread(
             target=self._beat, name="lightning_dist-watchdog", daemon=True
         )
@@ -139,14 +145,16 @@ class HangWatchdog(Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop.set()
+        self._restore_sigcont()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """A collective that failed because a peer is gone: the heartbeat thread names the lost
         rank and ends this process within `stall_seconds`; wait for it rather than print a
         traceback. Any other exception stops the watchdog."""
-        if self._thread is not None and self._thread.is_alive() and _lost_peer(exception):
+        if self._thread is not None and self._thread.is_alive() and lost_peer(exception):
             self._thread.join(self.stall_seconds + 4 * self.interval)
         self._stop.set()
+        self._restore_sigcont()
 
     def _heartbeat(self, now: float) -> dict[str, Any]:
         return {"step": self.step, "phase": self.phase, "time": now,
@@ -191,14 +199,24 @@ class HangWatchdog(Callback):
             return False
         verdict = take_own_mark()
         if verdict is not None:  # stopped, judged by another rank, and resumed to end itself
-            print_line(
-                f"error: rank {self._rank} was stopped for {overslept:.0f} s in step {self.step} "
-                f"(phase: {self.phase}); rank {verdict.get('by')} named it stalled "
-                f"({verdict.get('problem')}) and stopped the job"
-            )
-            os._exit(STALLED_EXIT_CODE)
+            self._end_judged(verdict)
         self._progress_time = self._answered = time.monotonic()
         return True
+
+    def _end_judged(self, verdict: dict) -> None:
+        """This process was stopped, named stalled by rank `verdict['by']` and resumed (or
+        reads that verdict about itself): one line, and the watchdog's exit code. The main
+        thread (the SIGCONT handler) waits for a watchdog thread already ending the process."""
+        main = threading.current_thread() is threading.main_thread()
+        if not self._exiting.acquire(blocking=main):
+            return
+        self._stop.set()
+        print_line(
+            f"error: rank {self._rank} was stopped in step {self.step} (phase: {self.phase}) "
+            f"and resumed by rank {verdict.get('by')}, which named it stalled "
+            f"({verdict.get('problem')}); it stops the job"
+        )
+        os._exit(STALLED_EXIT_CODE)
 
     def _rank0_ended(self) -> bool:
         """Rank 0's process (on this host) has ended: its store is gone, and a call to it would
@@ -234,6 +252,9 @@ class HangWatchdog(Callback):
                 return
             self._answered, self._beats = time.monotonic(), {**self._beats, **others}
             if self._stop.is_set():
+                return
+            if verdict is not None and verdict["rank"] == self._rank:  # this one, resumed
+                self._end_judged(verdict)
                 return
             if verdict is not None:  # another rank saw the stall first
                 self._stalled(verdict["rank"], verdict["beat"], verdict["problem"], verdict["by"])
@@ -375,40 +396,3 @@ class HangWatchdog(Callback):
                 time.sleep(0.1)
         except Exception:
             pass
-
-
-def _lost_peer(exception: BaseException | None) -> bool:
-    """A collective or point-to-point operation that failed because a peer went away: gloo
-    raises a plain RuntimeError saying so (which the pipeline schedule wraps), torch a
-    DistNetworkError; this exception or one it came from."""
-    seen = set()
-    while exception is not None and id(exception) not in seen:
-        seen.add(id(exception))
-        text = str(exception)
-        if isinstance(exception, dist.DistNetworkError) or any(
-            sign in text
-            for sign in (
-                "Connection closed by peer",
-                "Connection reset by peer",
-                "Broken pipe",
-            )
-        ):
-            return True
-        exception = exception.__cause__ or exception.__context__
-    return False
-
-
-def _heartbeat_store(rank: int, interval: float, stall_seconds: float):
-    """A TCPStore served by rank 0 on a free port of MASTER_ADDR, joined by every rank. A call
-    to a frozen rank 0 waits until the guard thread ends the process (`stall_seconds`): a
-    shorter timeout only has the client print C++ warnings as it retries."""
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    timeout = timedelta(seconds=max(5.0, stall_seconds + 4 * interval + 10))
-    store = None
-    if rank == 0:
-        store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
-    port = [store.port if store is not None else 0]
-    dist.broadcast_object_list(port, src=0)
-    if store is None:
-        store = dist.TCPStore(host, port[0], None, False, timeout=timeout)
-    return store

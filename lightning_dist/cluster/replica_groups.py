@@ -194,6 +194,14 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer, params: list[torch.T
         p.grad = grad
 
 
+def _group_device() -> torch.device:
+    """Where the group's collectives take their tensors: the current GPU under NCCL (never run
+    here), the CPU under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class ReplicaGroups:
     """torchft's Manager for one rank of one replica group: quorum, cross-group average,
     commit, and the state a healing peer receives (`state_fn` / `load_fn`)."""
@@ -269,18 +277,25 @@ class ReplicaGroups:
         merely failed sees no gap (it is in every quorum), so it trains on alone, as it should.
         """
         quorum_id, now = torchft_quorum_id(self.manager), time.monotonic()
-        seen, away = self._last_quorum
+        seen, since = self._last_quorum
         self._last_quorum = (quorum_id, now)
+        # The quorum is the group's, so every rank of it takes this branch alike.
         if seen < 0 or quorum_id <= seen + 1 or present > 1 or self.groups == 1:
             return
-        if now - away <= self.timeout_s:  # one slow step: a peer's quorum alone, not a gap
+        # A peer that formed a quorum alone while this group ran one slow step leaves a gap
+        # too: left behind only when away past ft_timeout_s, by the group's longest clock (each
+        # rank's own would split the group between raising and training).
+        away = torch.tensor([now - since], dtype=torch.float64, device=_group_device())
+        dist.all_reduce(away, op=dist.ReduceOp.MAX)
+        if away.item() <= self.timeout_s:
             return
         raise ReplicaGroupLeftBehind(
-            f"replica group {self.group_id} was away {now - away:.0f} s (past "
-            f"strategy.ft_timeout_s={self.timeout_s}: frozen or cut off) while the other groups "
-            f"trained on without it (quorums {seen + 1}-{quorum_id - 1}), and none is left to "
-            "heal from; it stops rather than train a lineage of its own from its older step: "
-            "resume the job from the group that went furthest"
+            f"replica group {self.group_id} was away {away.item():.0f} s (frozen, cut off, or "
+            f"slower than the others by more than strategy.ft_timeout_s={self.timeout_s}) while "
+            f"they trained on without it ({quorum_id - seen - 1} quorum(s) formed without it) "
+            "and ended, leaving no group to heal from; it stops rather than train a lineage of "
+            "its own from its older step: resume the job from the last checkpoint of the group "
+            "that went furthest"
         )
 
     def first_quorum(self) -> int:

@@ -127,7 +127,7 @@ def test_a_stopped_rank_stops_every_rank_and_is_named(name, stopped_jobs):
     else:
         assert job.code == 4, (job.code, err[-3000:])
         # The stopped rank, resumed, says itself where it was and who named it.
-        assert f"error: rank {rank} was stopped for " in err, err[-3000:]
+        assert f"error: rank {rank} was stopped in step " in err, err[-3000:]
     assert job.ended_at - job.acted_at < timeout + 30
     named = [line for line in err.splitlines() if "stopped making progress" in line]
     assert len(named) == world - 1, err[-3000:]  # one line from each survivor

@@ -129,3 +129,29 @@ def test_a_lost_lighthouse_is_told_from_a_slow_one():
         assert lighthouse_answers(address)
     assert not lighthouse_answers(address)  # closed: the Lighthouse's process has ended
     assert not lighthouse_answers("not an address")
+
+
+def test_only_a_gap_in_the_quorum_ids_while_alone_can_leave_a_group_behind():
+    """A group is left behind (cluster/replica_groups.py, ReplicaGroupLeftBehind) only when
+    quorums were formed without it (a gap in the Lighthouse's ids) and it is now alone: not at
+    its first quorum, not alone after its peers failed (consecutive ids), not with a peer
+    present. Those cases return before the group's collective; the one case reaches it (no
+    process group here, so it fails there)."""
+    import time
+
+    from lightning_dist.cluster.replica_groups import ReplicaGroups
+
+    class Manager:
+        _quorum_id = 4
+
+    groups = ReplicaGroups.__new__(ReplicaGroups)
+    groups.manager, groups.groups, groups.group_id, groups.timeout_s = Manager(), 2, 1, 10.0
+    groups._last_quorum = (-1, time.monotonic() - 100)
+    groups._check_not_left_behind(1)  # the first quorum: no id seen before
+    for quorum_id, present in ((5, 1), (6, 2), (8, 2), (9, 1)):
+        Manager._quorum_id = quorum_id
+        groups._last_quorum = (groups._last_quorum[0], time.monotonic() - 100)
+        groups._check_not_left_behind(present)
+    Manager._quorum_id = 11  # 10 formed without it, and it is alone: the group decides
+    with pytest.raises(ValueError, match="process group"):
+        groups._check_not_left_behind(1)

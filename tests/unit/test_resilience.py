@@ -201,7 +201,7 @@ def test_only_a_child_of_the_launching_process_gives_its_exit_status_to_rank_zer
 
 
 def test_the_watchdog_tells_a_lost_peer_from_other_errors():
-    from lightning_dist.callbacks.watchdog import _lost_peer
+    from lightning_dist.callbacks.heartbeat_store import lost_peer
 
     gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
     try:
@@ -210,10 +210,10 @@ def test_the_watchdog_tells_a_lost_peer_from_other_errors():
         except RuntimeError as e:
             raise RuntimeError("stage 1 failed in forward") from e  # as the pipeline wraps it
     except RuntimeError as wrapped:
-        assert _lost_peer(wrapped)
-    assert _lost_peer(torch.distributed.DistNetworkError("socket closed"))
-    assert not _lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    assert not _lost_peer(torch.distributed.DistBackendError("NCCL error: invalid usage"))
+        assert lost_peer(wrapped)
+    assert lost_peer(torch.distributed.DistNetworkError("socket closed"))
+    assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not lost_peer(torch.distributed.DistBackendError("NCCL error: invalid usage"))
 
 
 def test_the_watchdog_knows_a_peer_process_has_ended_only_where_it_sees_its_pid():
