@@ -22,6 +22,7 @@ import os
 import signal
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -163,7 +164,10 @@ def take_own_mark() -> dict | None:
 def on_resumed(callback: Callable[[dict], Any]) -> Callable[[], None]:
     """Call `callback(verdict)` when this process is resumed with a mark meant for it (SIGCONT;
     Python runs the handler in the main thread before its next statement). Call from the main
-    thread; returns the function that puts the previous handler back."""
+    thread (from another, nothing is installed: the watchdog's threads still read the mark);
+    returns the function that puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
     previous = signal.getsignal(signal.SIGCONT)
 
     def handler(signum, frame) -> None:
