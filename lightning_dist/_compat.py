@@ -1053,8 +1053,8 @@ _ENTRIES = (
            "whether a Trainer is attached; `trainer` raises when not", LIGHTNING,
            via="attached_trainer"),
     _entry("_optimizer", "lightning.pytorch.core.optimizer.LightningOptimizer", "attribute",
-           "lightning_dist.checkpoint.format", "see plain_optimizer", LIGHTNING,
-           via="plain_optimizer"),
+           ("lightning_dist.checkpoint.format", "lightning_dist.strategies.sharding"),
+           "see plain_optimizer", LIGHTNING, via="plain_optimizer"),
     _entry("_wandb_init", "lightning.pytorch.loggers.WandbLogger", "attribute",
            "lightning_dist.run.loggers", "the arguments for wandb.init; `anonymous` cannot be left "
            "out otherwise (wandb 0.31.0 warns on it)", LIGHTNING, via="drop_wandb_anonymous"),

@@ -49,6 +49,12 @@ def shard_optimizer_problem(layout, options) -> str | None:
             f"dp_replicate=1 has none to shard over; use 2 or more, or set "
             "strategy.shard_optimizer=false"
         )
+    if options.simulate.simulate_delay_ms > 0:
+        return (
+            f"{name} with strategy.simulate_delay_ms={options.simulate.simulate_delay_ms:g} is "
+            "not supported: the delay rides DDP's gradient all-reduce, which ZeRO-1 replaces; "
+            "set strategy.simulate_delay_ms=0, or strategy.shard_optimizer=false"
+        )
     compression = options.grad_sync.grad_compression
     if compression != "none":
         return (
@@ -61,5 +67,18 @@ def shard_optimizer_problem(layout, options) -> str | None:
         return (
             f"{name} with strategy.diloco_inner_steps={inner} is not supported: DiLoCo's "
             "replicas step on their own gradients, which ZeRO-1's shards would mix; unset one"
+        )
+    return None
+
+
+def shard_optimizer_precision_problem(options, precision: str) -> str | None:
+    """Why ZeRO-1 (in `options`) cannot run at `precision`, or None: fp16 mixed precision's
+    loss scaler skips a step on each rank's own gradients, which ZeRO-1 leaves unreduced, so
+    the ranks would disagree (one skips the reduce-scatter the others wait in)."""
+    if options.optimizer_sharding.shard_optimizer and str(precision).startswith("16-mixed"):
+        return (
+            f"strategy.shard_optimizer=true with trainer.precision={precision} is not "
+            "supported: the loss scaler skips a step on each rank's own gradients, which ZeRO-1 "
+            "leaves unreduced, so the ranks would disagree; use bf16-mixed or 32-true"
         )
     return None

@@ -124,6 +124,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.reduces_gradients = reduce_gradients
         self._reduced = False
         """Whether this step's gradients are reduce-scattered into the shards' `.grad` yet."""
+        self._present: list[list[bool]] | None = None
+        """Per group, whether each parameter has a gradient on any replica (`_agree_present`)."""
         # The wrapped optimizer's group dicts themselves (torch's __init__ appends them), so a
         # scheduler built on either optimizer sets the learning rate both step with.
         super().__init__(optimizer.param_groups, optimizer.defaults)
@@ -177,16 +179,22 @@ class ShardedOptimizer(torch.optim.Optimizer):
         the mask of the shard's elements whose parameter has no gradient (None when all have
         one). A group where no parameter has a gradient gets none: the inner step skips it."""
         without: list[torch.Tensor | None] = []
-        for flat, inner_group in zip(self.flat, self.inner.param_groups, strict=True):
+        for index, (flat, inner_group) in enumerate(
+            zip(self.flat, self.inner.param_groups, strict=True)
+        ):
             inner_group.update(self._settings(flat.group))  # the scheduler's learning rate
-            missing = [p.grad is None for p in flat.params]
-            stepped = not all(missing)  # alike on every rank: the gradients are
             reduced = self.reduces_gradients
+            if reduced and self._present is not None:  # agreed by the replicas
+                missing = [not has for has in self._present[index]]
+            else:  # alike on every rank: the gradients were all-reduced
+                missing = [p.grad is None for p in flat.params]
+            stepped = not all(missing)
             grad = torch.zeros_like(flat.shard) if stepped and not reduced else flat.shard.grad
             mask = torch.zeros_like(flat.shard, dtype=torch.bool) if any(missing) else None
+            absent = {id(p) for p, gone in zip(flat.params, missing, strict=True) if gone}
             for param, (a, b), (s, t) in flat.pieces():
                 flat.shard[s:t] = _local(param).reshape(-1)[a:b]
-                if param.grad is None and mask is not None:
+                if id(param) in absent and mask is not None:
                     mask[s:t] = True
                 elif grad is not None and not reduced:
                     grad[s:t] = _local(param.grad).reshape(-1)[a:b]
@@ -201,13 +209,34 @@ class ShardedOptimizer(torch.optim.Optimizer):
         gradient); once per step, whoever asks first (clipping or the step). A collective."""
         if not self.reduces_gradients or self._reduced:
             return
-        for flat in self.flat:
-            stepped = any(p.grad is not None for p in flat.params)  # alike on every rank
+        self._present = self._agree_present()
+        for flat, present in zip(self.flat, self._present, strict=True):
+            stepped = any(present)  # agreed: every replica calls the reduce-scatter or none
             grad = torch.empty_like(flat.shard, requires_grad=False) if stepped else None
             if grad is not None:
                 reduce_scatter_mean(flat.params, flat.offsets, grad, group=self.process_group)
             flat.shard.grad = grad
         self._reduced = True
+
+    def _agree_present(self) -> list[list[bool]]:
+        """Per group, whether each parameter has a gradient on any replica: one small
+        all-reduce. A parameter unused on one replica (FSDP2 leaves its gradient None there,
+        where DDP fills zeros) is then reduced with zeros from it and stepped everywhere, not
+        half-stepped by the replicas that own its other elements."""
+        local = [p.grad is not None for flat in self.flat for p in flat.params]
+        if dist.get_backend(self.process_group) == "fake":  # the dry run: one rank, no values
+            return self._split(local)
+        flags = torch.tensor(local, dtype=torch.uint8, device=self._any_parameter_kind()[1])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
+        return self._split([bool(f) for f in flags.tolist()])
+
+    def _split(self, flags: list[bool]) -> list[list[bool]]:
+        """Per-parameter flags in the flat order, cut per group."""
+        per_group, at = [], 0
+        for flat in self.flat:
+            per_group.append(flags[at : at + len(flat.params)])
+            at += len(flat.params)
+        return per_group
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, *, stage_size: int) -> torch.Tensor:
@@ -281,7 +310,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.reduce_gradients()
         self._step_keeping(self._read_slices())
         self._write_back()
-        self._reduced = False
+        self._reduced, self._present = False, None
         self._expose_state()
         self._step_wrapped_without_gradients()
         return loss

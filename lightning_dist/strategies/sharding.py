@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_dist._compat import plain_optimizer
 from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
@@ -52,15 +53,19 @@ def clip_sharded_gradients(plugin: Any, *, stage_size: int) -> None:
     global-norm clipping is set."""
     by_norm, by_value = plugin.clip_grad_by_norm, plugin.clip_grad_by_value
 
+    # Manual optimization hands the plugin Lightning's wrapper of the optimizer: its own
+    # attributes are not the optimizer's, so the reduction is asked of the optimizer itself.
     def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
-        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
-            optimizer.clip_grad_norm_(clip_val, stage_size=stage_size)
+        inner = plain_optimizer(optimizer)
+        if isinstance(inner, ShardedOptimizer) and inner.reduces_gradients:
+            inner.clip_grad_norm_(clip_val, stage_size=stage_size)
         else:
             by_norm(optimizer, clip_val)
 
     def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
-        if isinstance(optimizer, ShardedOptimizer) and optimizer.reduces_gradients:
-            optimizer.clip_grad_value_(clip_val)
+        inner = plain_optimizer(optimizer)
+        if isinstance(inner, ShardedOptimizer) and inner.reduces_gradients:
+            inner.clip_grad_value_(clip_val)
         else:
             by_value(optimizer, clip_val)
 

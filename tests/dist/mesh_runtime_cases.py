@@ -228,17 +228,26 @@ def zero1_reduce_scatters_instead_of_all_reducing(model_and_optimizer) -> dict:
     ddp.register_comm_hook(*gradient_hook("none", local=True))  # as strategy=ddp under ZeRO-1
     zero1 = ShardedOptimizer(inner, reduce_gradients=True)
     counter, norm_diff = Collectives(), 0.0
-    for step in range(3):
+    # The last step: rank 0 has no gradient for the second layer (FSDP2 leaves a parameter a
+    # replica did not use without one, where DDP fills zeros): reduced with its zeros and
+    # stepped on every rank, not half-stepped by the replicas owning its other elements.
+    for step, unused_on_rank0 in ((0, False), (1, False), (2, False), (3, True)):
         batches = [torch.randn(4, 7, generator=torch.Generator().manual_seed(10 * step + r))
                    for r in range(world)]  # fmt: skip
         zero1.zero_grad()
         with counter:
             ddp(batches[rank]).pow(2).sum().backward()
+            if unused_on_rank0 and rank == 0:
+                for param in model[1].parameters():
+                    param.grad = None
             norm = zero1.clip_grad_norm_(1.0, stage_size=world)
             zero1.step()
         plain.zero_grad()
-        for batch in batches:
+        for r, batch in enumerate(batches):
             (mean_model(batch).pow(2).sum() / world).backward()
+            if unused_on_rank0 and r == 0:  # rank 0's part of the second layer: zeros
+                for param in mean_model[1].parameters():
+                    param.grad.zero_()
         expected = torch.nn.utils.clip_grad_norm_(mean_model.parameters(), 1.0)
         plain.step()
         norm_diff = max(norm_diff, abs(float(norm) - float(expected)) / float(expected))

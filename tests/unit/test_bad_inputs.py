@@ -297,6 +297,8 @@ CASES = [
          'strategy.shard_optimizer=true with strategy.diloco_inner_steps=4 is not supported'),
     Case('zero1: with grad compression', fast('strategy.shard_optimizer=true', 'strategy.grad_compression=bf16', 'hardware.devices=2', strategy='ddp'),
          'strategy.shard_optimizer=true with strategy.grad_compression=bf16 is not supported'),
+    Case('zero1: with a simulated delay', fast('strategy.shard_optimizer=true', 'strategy.simulate_delay_ms=50', 'hardware.devices=2', strategy='ddp'),
+         'strategy.shard_optimizer=true with strategy.simulate_delay_ms=50 is not supported'),
     Case('3d: degrees', fast('strategy.tp=2', 'strategy.pp=2', 'strategy.dp_shard=1', 'hardware.devices=2', strategy='3d'),
          'multiply to 4, but the world size is 2'),
     Case('3d: heads', fast('hardware.devices=8', strategy='tp'),

@@ -607,7 +607,12 @@ def test_zero1_slices_evenly_and_takes_only_elementwise_optimizers():
         ShardedOptimizer(lbfgs)
     # fp16's loss scaler would skip steps on each rank's unreduced gradients: refused at launch.
     from lightning_dist.strategies.ddp import DataParallelStrategy
+    from lightning_dist.strategies.parallel3d import Parallel3DStrategy
 
     zero1 = DataParallelStrategy(shard_optimizer=True)
     with pytest.raises(ValueError, match="trainer.precision=16-mixed is not supported"):
         zero1.check_run(devices=2, num_nodes=1, precision="16-mixed", accelerator="gpu")
+    mesh = Parallel3DStrategy(shard_optimizer=True, dp_shard=1, dp_replicate=2)  # its own check
+    with pytest.raises(ValueError, match="trainer.precision=16-mixed is not supported"):
+        mesh.check_run(devices=2, num_nodes=1, precision="16-mixed", accelerator="gpu")
+    zero1.check_run(devices=2, num_nodes=1, precision="16-true", accelerator="gpu")  # no scaler
