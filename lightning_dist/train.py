@@ -73,10 +73,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             run,
             started,
             e,
-            status={
-                "LighthouseLost": "lighthouse_lost",
-                "ReplicaGroupLeftBehind": "left_behind",
-            }.get(type(e).__name__, "checkpoint_failed"),
+            status=e.status,
             name_checkpoint=replicas,
             timeout_s=plan.strategy.options.replicas.ft_timeout_s if replicas else None,
         )

@@ -107,6 +107,9 @@ class CheckpointWriteError(Exception):
     """A checkpoint that could not be written (the folder became unwritable, the disk filled,
     the mount was lost): the same one-line message on every rank, which stops the run."""
 
+    status = "checkpoint_failed"
+    """summary.json's status of a run that stops on it (`train.py`)."""
+
 
 def _os_error_text(error: BaseException) -> str | None:
     """`[Errno 28] No space left on device: 'path'` of an OSError, or of the first OSError a

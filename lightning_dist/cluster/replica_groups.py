@@ -60,9 +60,15 @@ class ReplicaGroupLeftBehind(RuntimeError):
     """A group away past `strategy.ft_timeout_s` (frozen, cut off) came back alone: the others
     trained on without it and have ended, so there is no newer state to heal from."""
 
+    status = "left_behind"
+    """summary.json's status of a run that stops on it (`train.py`)."""
+
 
 class LighthouseLost(RuntimeError):
     """The torchft Lighthouse does not answer: no group can form a quorum (its host ended)."""
+
+    status = "lighthouse_lost"
+    """summary.json's status of a run that stops on it (`train.py`)."""
 
 
 def lighthouse_answers(address: str, timeout_s: float = 3.0) -> bool:

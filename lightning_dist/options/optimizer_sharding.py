@@ -71,14 +71,13 @@ def shard_optimizer_problem(layout, options) -> str | None:
     return None
 
 
-def shard_optimizer_precision_problem(options, precision: str) -> str | None:
-    """Why ZeRO-1 (in `options`) cannot run at `precision`, or None: fp16 mixed precision's
-    loss scaler skips a step on each rank's own gradients, which ZeRO-1 leaves unreduced, so
-    the ranks would disagree (one skips the reduce-scatter the others wait in)."""
+def check_shard_optimizer_precision(options, precision: str) -> None:
+    """Raise ValueError when ZeRO-1 (in `options`) cannot run at `precision`: fp16 mixed
+    precision's loss scaler skips a step on each rank's own gradients, which ZeRO-1 leaves
+    unreduced, so the ranks would disagree (one skips the reduce-scatter the others wait in)."""
     if options.optimizer_sharding.shard_optimizer and str(precision).startswith("16-mixed"):
-        return (
+        raise ValueError(
             f"strategy.shard_optimizer=true with trainer.precision={precision} is not "
             "supported: the loss scaler skips a step on each rank's own gradients, which ZeRO-1 "
             "leaves unreduced, so the ranks would disagree; use bf16-mixed or 32-true"
         )
-    return None

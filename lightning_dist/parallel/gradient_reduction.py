@@ -30,7 +30,8 @@ the reduction holds beside the gradients and the reduced slice, as the step's al
 (`sharded_optimizer.GATHER_ELEMENTS`)."""
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `tensor`: a DTensor's local shard, else the tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -43,7 +44,7 @@ def read_gradients(
     for param, offset in zip(params, offsets, strict=True):
         if param.grad is None:
             continue
-        grad = _local(param.grad)
+        grad = local_tensor(param.grad)
         a, b = max(lo, offset), min(hi, offset + grad.numel())
         if a < b:
             out[a - lo : b - lo] = grad.reshape(-1)[a - offset : b - offset]
@@ -80,7 +81,7 @@ def write_parameters(
     (the padding past the last one is dropped)."""
     hi = lo + values.numel()
     for param, offset in zip(params, offsets, strict=True):
-        local = _local(param)
+        local = local_tensor(param)
         a, b = max(lo, offset), min(hi, offset + local.numel())
         if a < b:
             local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])

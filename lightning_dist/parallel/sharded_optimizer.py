@@ -49,6 +49,7 @@ from lightning_dist._compat import all_gather_single
 from lightning_dist.parallel.clip import copies_of
 from lightning_dist.parallel.gradient_reduction import (
     clip_by_norm_,
+    local_tensor,
     reduce_scatter_mean,
     write_parameters,
 )
@@ -75,10 +76,6 @@ def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
     return rank * chunk, (rank + 1) * chunk
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 @dataclass
 class _FlatGroup:
     """One parameter group laid flat: its parameters' offsets and this rank's slice."""
@@ -94,7 +91,7 @@ class _FlatGroup:
         """(parameter, [a, b) in its flattened local elements, [s, t) in the shard) for every
         parameter that overlaps this rank's slice."""
         for param, offset in zip(self.params, self.offsets, strict=True):
-            local = _local(param)
+            local = local_tensor(param)
             lo, hi = max(offset, self.start), min(offset + local.numel(), self.stop)
             if lo < hi:
                 yield param, (lo - offset, hi - offset), (lo - self.start, hi - self.start)
@@ -137,13 +134,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _lay_flat(self, group: dict[str, Any]) -> _FlatGroup:
         params = list(group["params"])
-        if not all(_local(p).is_contiguous() for p in params):
+        if not all(local_tensor(p).is_contiguous() for p in params):
             raise ValueError(
                 "strategy.shard_optimizer=true writes parameters in place and needs them "
                 "contiguous; make the model's parameters contiguous, or set "
                 "strategy.shard_optimizer=false"
             )
-        kinds = {(_local(p).dtype, _local(p).device) for p in params}
+        kinds = {(local_tensor(p).dtype, local_tensor(p).device) for p in params}
         if len(kinds) > 1:
             raise ValueError(
                 f"strategy.shard_optimizer=true needs one dtype and device per parameter group, "
@@ -153,7 +150,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         offsets, numel = [], 0
         for param in params:
             offsets.append(numel)
-            numel += _local(param).numel()
+            numel += local_tensor(param).numel()
         start, stop = shard_bounds(numel, self.dp_size, self.dp_rank)
         dtype, device = kinds.pop() if kinds else self._any_parameter_kind()
         shard = torch.zeros(stop - start, dtype=dtype, device=device, requires_grad=True)
@@ -164,7 +161,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         only device tensors), fp32."""
         for group in self.wrapped.param_groups:
             for param in group["params"]:
-                return torch.float32, _local(param).device
+                return torch.float32, local_tensor(param).device
         return torch.float32, torch.device("cpu")
 
     @staticmethod
@@ -184,7 +181,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         ):
             inner_group.update(self._settings(flat.group))  # the scheduler's learning rate
             reduced = self.reduces_gradients
-            if reduced and self._present is not None:  # agreed by the replicas
+            if self._present is not None:  # reduce_gradients ran: the replicas agreed
                 missing = [not has for has in self._present[index]]
             else:  # alike on every rank: the gradients were all-reduced
                 missing = [p.grad is None for p in flat.params]
@@ -193,11 +190,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
             mask = torch.zeros_like(flat.shard, dtype=torch.bool) if any(missing) else None
             absent = {id(p) for p, gone in zip(flat.params, missing, strict=True) if gone}
             for param, (a, b), (s, t) in flat.pieces():
-                flat.shard[s:t] = _local(param).reshape(-1)[a:b]
+                flat.shard[s:t] = local_tensor(param).reshape(-1)[a:b]
                 if id(param) in absent and mask is not None:
                     mask[s:t] = True
                 elif grad is not None and not reduced:
-                    grad[s:t] = _local(param.grad).reshape(-1)[a:b]
+                    grad[s:t] = local_tensor(param.grad).reshape(-1)[a:b]
             flat.shard.grad = grad
             without.append(mask if stepped else None)
         return without
@@ -342,7 +339,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for flat in self.flat:
             held = self.inner.state.get(flat.shard, {})
             for param, offset in zip(flat.params, flat.offsets, strict=True):
-                n = _local(param).numel()
+                n = local_tensor(param).numel()
                 a, b = max(offset, flat.start) - flat.start, min(offset + n, flat.stop) - flat.start
                 self.state[param] = {
                     name: value[a : max(a, b)] if self._elementwise(flat, value) else value
@@ -414,11 +411,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     continue
                 buffer = torch.zeros_like(flat.shard, requires_grad=False)
                 for (param, (a, b), (s, t)), entry in self._pieces_with(flat, entries):
-                    whole = _local(entry[name])
-                    if whole.numel() != _local(param).numel():
+                    whole = local_tensor(entry[name])
+                    if whole.numel() != local_tensor(param).numel():
                         raise ValueError(
                             f"the saved optimizer state {name!r} has {whole.numel()} elements "
-                            f"here, its parameter {_local(param).numel()}: read it through "
+                            f"here, its parameter {local_tensor(param).numel()}: read it through "
                             "the checkpoint loader, which reshards it to this layout"
                         )
                     source = whole.reshape(-1)[a:b]
@@ -438,7 +435,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:
     """The piece of a gathered flat state that belongs to `param`, shaped and placed like it."""
-    local = _local(param)
+    local = local_tensor(param)
     piece = whole[offset : offset + local.numel()].view(local.shape).clone()
     if isinstance(param, DTensor):
         return DTensor.from_local(

@@ -29,7 +29,7 @@ from lightning_dist.contract import ContractDefaults
 from lightning_dist.layout import MESH_DIMS, Layout
 from lightning_dist.models.materialize import materialize
 from lightning_dist.options import KNOB_GROUP, PRESETS, StrategyOptions, group_knobs, knob_reference
-from lightning_dist.options.optimizer_sharding import shard_optimizer_precision_problem
+from lightning_dist.options.optimizer_sharding import check_shard_optimizer_precision
 from lightning_dist.parallel.compile import apply_compile, check_compile
 from lightning_dist.parallel.float8 import apply_float8, check_float8
 from lightning_dist.parallel.fsdp import find_block_types
@@ -118,9 +118,7 @@ class LightningDistStrategy(ContractDefaults, FormatCheckpointHooks):
     ) -> None:
         """Raise ValueError if the layout cannot exist on this run; changes nothing."""
         layout = self.layout_for(devices, num_nodes)
-        problem = shard_optimizer_precision_problem(self.options, precision)
-        if problem:
-            raise ValueError(problem)
+        check_shard_optimizer_precision(self.options, precision)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
         self.check_simulation(accelerator, devices * num_nodes)

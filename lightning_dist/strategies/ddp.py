@@ -23,7 +23,7 @@ from lightning_dist.cluster.grad_sync import gradient_hook
 from lightning_dist.layout import Layout
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.optimizer_sharding import (
-    shard_optimizer_precision_problem,
+    check_shard_optimizer_precision,
     shard_optimizer_problem,
 )
 from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
@@ -188,9 +188,8 @@ class DataParallelStrategy(LightningDistStrategy, DDPStrategy):
         super().setup_optimizers(trainer)
         if self.options.optimizer_sharding.shard_optimizer:
             with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
-                problem = shard_optimizer_precision_problem(self.options, trainer.precision)
-                if problem:  # a plain Lightning script skips check_run
-                    raise ValueError(problem)
+                # a plain Lightning script skips check_run: checked here too
+                check_shard_optimizer_precision(self.options, trainer.precision)
                 self.optimizers = [
                     ShardedOptimizer(o, reduce_gradients=True) for o in self.optimizers
                 ]

@@ -45,7 +45,7 @@ from lightning_dist.mesh import MeshRuntime
 from lightning_dist.mesh.checks import check_layout, check_model
 from lightning_dist.models.materialize import materialize_with_reset
 from lightning_dist.options import StrategyOptions
-from lightning_dist.options.optimizer_sharding import shard_optimizer_precision_problem
+from lightning_dist.options.optimizer_sharding import check_shard_optimizer_precision
 from lightning_dist.parallel.context_parallel import context_parallel_of
 from lightning_dist.parallel.parallelize import dp_mesh, optimizers_to_device, shard_children
 from lightning_dist.parallel.precision import check_param_dtype
@@ -114,9 +114,7 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         process starts; raises ValueError naming the numbers."""
         layout = self.layout_for(devices, num_nodes)
         check_param_dtype(self.options.precision.param_dtype, precision)
-        problem = shard_optimizer_precision_problem(self.options, precision)
-        if problem:
-            raise ValueError(problem)
+        check_shard_optimizer_precision(self.options, precision)
         if global_batch_size is not None:
             layout.check_batch(global_batch_size, micro_batch_size)
         self.check_simulation(accelerator, devices * num_nodes)
@@ -253,9 +251,8 @@ class MeshStrategy(TorchProcessGroup, LightningDistStrategy, ScriptLauncherHook,
         super().setup_optimizers(trainer)
         runtime = self._require_runtime()
         with refusals():  # an optimizer ZeRO-1 cannot slice: one line, every rank alike
-            problem = shard_optimizer_precision_problem(self.options, trainer.precision)
-            if problem:  # a plain Lightning script skips check_run
-                raise ValueError(problem)
+            # a plain Lightning script skips check_run: checked here too
+            check_shard_optimizer_precision(self.options, trainer.precision)
             self.optimizers = [runtime.shard_optimizer(o) for o in self.optimizers]
 
     @override
