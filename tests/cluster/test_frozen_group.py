@@ -22,7 +22,7 @@ import pytest
 from tests.cluster.test_live_healing import ENV, _job_processes
 from tests.repo import REPO_ROOT
 
-FT_TIMEOUT_S = 10
+FT_TIMEOUT_S = 5
 STEPS = 14
 
 

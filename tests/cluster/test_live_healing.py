@@ -36,7 +36,8 @@ ENV = {
     "WANDB_MODE": "offline",
     "LIGHTNING_DIST_ALLOW_TARGETS": "tests.",
 }
-# Each step sleeps 2 s on rank 0 of each group, so that a relaunched group (about 10 s to start
+# From step 4, the step of the kill, each step sleeps 2 s on rank 0 of each group (steps 1-3
+# need not wait: 6 s of the test), so that a relaunched group (about 10 s to start
 # on this machine) can rejoin by step 10; under load later (a CI run of 2026-12-03, beside other
 # heavy modules, rejoined at step 11, a run of 2026-12-04 at step 12, the fresh-clone CI of
 # 2026-12-06 at step 14 beside the heavier stopped-rank waves; alone that day: healed at step 6),
@@ -53,7 +54,7 @@ FAULT = [f"trainer.max_steps={STEPS + 30}", f"strategy.ft_timeout_s={FT_TIMEOUT_
          "trainer.resume=auto",
          "+callbacks.kill._target_=tests.faults.KillInReplicaGroup", "+callbacks.kill.step=4",
          "+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.rank=0",
-         "+callbacks.slow.seconds=2.0"]  # fmt: skip
+         "+callbacks.slow.seconds=2.0", "+callbacks.slow.from_step=3"]  # fmt: skip
 
 
 def _summary(path):

@@ -2,8 +2,8 @@
 NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP rank checkpoints,
 and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); torchrun
 restarts a killed rank, which resumes and finishes bitwise; a checkpoint folder that turns
-unwritable stops every rank with one line, its last save in a fallback folder that resumes
-bitwise; a bad record that a streamed source reaches mid-run (in a DataLoader worker) stops
+unwritable stops every rank with one line, its last save in a fallback folder, bit for bit
+the uninterrupted run's; a bad record that a streamed source reaches mid-run (in a DataLoader worker) stops
 every rank with one line naming file:line, the steps trained kept. (A stopped rank is
 test_stopped_rank.py; the NaN guard and the checkpoint scan in one process are
 tests/unit/test_resilience.py; an asynchronous save against a synchronous one is
@@ -11,7 +11,7 @@ tests/dist/test_fsdp_dist.py.)
 
 The jobs are independent, and most of their time is spent waiting (a slowed rank), so they run
 at once, started by a module fixture: the NaN, signal, uninterrupted, torchrun and unwritable
-jobs, then the three resumes together. Each test checks its own job's outcome.
+jobs, then the two resumes together. Each test checks its own job's outcome.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ SLOW = [
 ]
 
 
-# The checkpoint folder turns unwritable after step 2 (as a full disk or a lost mount would):
-# rank 0 is slowed (math unchanged) so that the run is still going when it does.
+# The checkpoint folder turns unwritable after step 5 (as a full disk or a lost mount would):
+# rank 0 is slowed (math unchanged) so that the run is still going when it does. It saves at
+# the uninterrupted run's steps, so its fallback save of step 10 is compared with that run's.
 UNWRITABLE = ["strategy=ddp", "hardware.devices=2", "trainer.max_steps=12",
-              "trainer.checkpoint.every_n_train_steps=2",
+              "trainer.checkpoint.every_n_train_steps=5",
               "+callbacks.slow._target_=tests.slow_rank.SlowRank", "+callbacks.slow.rank=0",
-              "+callbacks.slow.seconds=0.3"]  # fmt: skip
+              "+callbacks.slow.seconds=0.5"]  # fmt: skip
 
 
 def _bad_record_job(root: Path) -> Job:
@@ -122,7 +123,7 @@ def first_wave(tmp_path_factory):
         name: (root / name / "checkpoints" / "step5.ckpt", _send(*SIGNALS[name]))
         for name in SIGNALS
     }
-    actions["unwritable"] = (lost / "step2.ckpt", lambda job: _unwritable(lost, True))
+    actions["unwritable"] = (lost / "step5.ckpt", lambda job: _unwritable(lost, True))
     try:
         act_when(jobs, actions, timeout=300)
         deadline = time.monotonic() + 600
@@ -134,10 +135,6 @@ def first_wave(tmp_path_factory):
     failed = jobs["unwritable"]
     if failed.code == 2 and (failed.run_dir / "summary.json").exists():
         failed.preempted = json.loads((failed.run_dir / "summary.json").read_text())
-        fallback = lost.with_name("checkpoints.fallback") / f"step{failed.preempted['steps']}.ckpt"
-        resumed["unwritable"] = train_job(
-            *UNWRITABLE[:4], f"trainer.ckpt_path={fallback}", run_dir=root / "unwritable_resumed"
-        )
     for name in SIGNALS:  # both resumes at once
         job = jobs[name]
         if job.code == 75 and (job.run_dir / "summary.json").exists():
@@ -205,16 +202,17 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(name,
 
 @pytest.mark.slow
 def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_steps(first_wave):
-    """After step 2 the checkpoint folder turns unwritable: the next save goes to
+    """After step 5 the checkpoint folder turns unwritable: the save of step 10 goes to
     checkpoints.fallback/, each rank prints one line naming the folder and the OS error, rank 0
-    writes summary.json with every step trained, exit 2; the fallback resumes to the end, with
-    the uninterrupted run's losses."""
+    writes summary.json with every step trained, exit 2; the fallback holds every value of the
+    uninterrupted run's step-10 checkpoint, bit for bit (model, optimizer and loop state: what
+    a resume reads, the resumes of the signal jobs above)."""
     jobs, resumed = first_wave
     job, err = jobs["unwritable"], jobs["unwritable"].stderr
     assert job.code == 2 and job.preempted, err[-3000:]
     assert job.ended_at - job.acted_at < 30  # at the first save after, with no timeout
     summary, step = job.preempted, job.preempted["steps"]
-    assert summary["status"] == "checkpoint_failed" and len(summary["losses"]) == step > 2
+    assert summary["status"] == "checkpoint_failed" and len(summary["losses"]) == step == 10
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], err[-3000:]
     folder = job.run_dir / "checkpoints"
@@ -222,9 +220,14 @@ def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_
         assert f"cannot write the checkpoint {folder / f'step{step}.ckpt'} ([Errno" in line
         assert f"saved it to {folder.with_name('checkpoints.fallback')}" in line
     assert "Traceback" not in err and "Exception raised from" not in err, err[-3000:]
-    full, after = _summary(jobs["full"]), _summary(resumed["unwritable"])
-    assert after["first_step"] == step and after["steps"] == 12
-    assert after["losses"] == full["losses"]
+    full = _summary(jobs["full"])
+    assert summary["losses"] == full["losses"][:step]
+    saved = read_full_state(folder.with_name("checkpoints.fallback") / f"step{step}.ckpt")
+    reference = read_full_state(jobs["full"].run_dir / "checkpoints" / f"step{step}.ckpt")
+    tensors = sorted(k for k, v in reference.items() if isinstance(v, torch.Tensor))
+    assert tensors and sorted(k for k, v in saved.items() if isinstance(v, torch.Tensor)) == tensors
+    assert any(k.startswith("optimizer") for k in tensors), tensors
+    assert all(torch.equal(saved[k], reference[k]) for k in tensors)
 
 
 # --- a bad record reached mid-run -----------------------------------------------------------

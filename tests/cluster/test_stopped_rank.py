@@ -32,18 +32,19 @@ STOPPED = {  # name: (layout, world size, the rank stopped, trainer.collective_t
     # 4-rank jobs start first (see stopped_jobs).
     "3d_tp2_pp2_rank0": (THREE_D, 4, 0, 60),
     "3d_tp2_pp2_last": (THREE_D, 4, 3, 60),
-    "ddp_rank0": (DDP, 2, 0, 60),
     "ddp_last": (DDP, 2, 1, 60),
     "fsdp2": (["strategy=fsdp2", "hardware.devices=2"], 2, 1, 60),
-    # Rank 0 stops itself once step 31 is done (tests/faults.py), or dies after 30: the others
+    # Rank 0 stops itself once step 11 is done (tests/faults.py), or dies after 10: the others
     # name the step it reached (its heartbeat goes out as it enters each step and phase, where
-    # a round every 3 s would name one many steps old).
+    # a round every 3 s would name one many steps old). The stop is rank 0's own SIGSTOP, as
+    # an outside one would be (3d_tp2_pp2_rank0): a second job of rank 0 stopped from outside
+    # under ddp would check nothing more.
     "ddp_rank0_stops_itself": ([*DDP, "+callbacks.f._target_=tests.faults.StopAtStep",
-                                "+callbacks.f.step=31"], 2, 0, 60),
+                                "+callbacks.f.step=11"], 2, 0, 60),
     "ddp_rank0_killed": ([*DDP, "+callbacks.f._target_=tests.faults.KillAtStep",
-                          "+callbacks.f.step=30", "+callbacks.f.rank=0"], 2, 0, 60),
+                          "+callbacks.f.step=10", "+callbacks.f.rank=0"], 2, 0, 60),
 }  # fmt: skip
-SELF_INFLICTED = {"ddp_rank0_stops_itself": "in step 32 (phase: data", "ddp_rank0_killed": ""}
+SELF_INFLICTED = {"ddp_rank0_stops_itself": "in step 12 (phase: data", "ddp_rank0_killed": ""}
 """The jobs whose rank stops or dies by itself, and how the others' line must name its place."""
 
 

@@ -49,8 +49,7 @@ def train_py(*args: str, env: dict | None = None, unset: tuple[str, ...] = (), t
 
 
 E2E_CASES = ["strategy target", "hydra callback", "internal schema", "empty data file",
-             "W&B online without a key", "W&B online with a closed server",
-             "ft_hsdp: no Lighthouse at the address"]  # fmt: skip
+             "W&B online without a key", "W&B online with a closed server"]  # fmt: skip
 
 
 @pytest.mark.slow
