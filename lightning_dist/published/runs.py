@@ -271,7 +271,8 @@ HELD_OUT = (
                schedule="Interleaved1F1B", virtual_stages=2, microbatches=8),
                dict(global_batch_size=256, seq_len=8192, micro_batch_size=4,
                activation_checkpointing="full", **_F8), 128, 72.7, f"{TORCHTITAN}, Table 5",
-               f"two stages per rank (assumed), 8 microbatches, {_TT}"),
+               f"two stages per rank and 8 microbatches (torchtitan 9dec370's defaults: "
+               f"pipelining_utils.py), {_TT}"),
     HeldOutRun("70B fsdp 32 x tp 8 bf16", "llama3_70b", (*_H100, "hardware.num_nodes=32"),
                Layout(dp_shard=32, tp=8), dict(global_batch_size=512, seq_len=8192,
                micro_batch_size=16, activation_checkpointing="full", compile=True), 597.3, None,
