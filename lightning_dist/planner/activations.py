@@ -238,7 +238,7 @@ def context_parallel_layer_bytes(model, tp: int, cp: int, settings: TrainSetting
     return 2 * kv_heads * hd * w * (cp - 1) / tp + settings.seq_len / settings.micro_batch_size
 
 
-def loss_bytes_per_logit(tp: int) -> float:
+def loss_bytes_per_logit(tp: int, compiled: bool = False, w: int = 2) -> float:
     """Bytes per logit (a token x vocabulary entry of this rank) the cross-entropy holds at its
     peak, which comes in backward (MemTracker on this CPU: `tests/unit/test_activation_memory.py`):
 
@@ -249,6 +249,12 @@ def loss_bytes_per_logit(tp: int) -> float:
     - under TP the logits stay split along the vocabulary (`strategy.loss_parallel`, torch's
       `loss_parallel`): its log-softmax also keeps the shifted logits, w + 12 in forward, and
       its fused backward holds four fp32 tensors (the saved log-softmax, the one-hot, its exp
-      and their sum) beside the product: 16.
+      and their sum) beside the product: 16;
+    - the same loss under torch.compile (`compiled`, whole vocabulary only): inductor's
+      partitioner saves the logits themselves (w) and two fp32 numbers a row, and its backward
+      is one kernel that writes the logits' gradient in their dtype (w): 2 w at the peak, no
+      fp32 tensor of the logits' size in either pass (`bench/compiled_loss_memory.py`).
     """
+    if compiled:
+        return 2.0 * w
     return 16.0 if tp > 1 else 12.0

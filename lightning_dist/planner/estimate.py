@@ -249,6 +249,11 @@ def check_layout(model, hardware, layout: Layout, settings: TrainSettings) -> No
             f"sharding=SHARD_OPTIMIZER (ZeRO-1) shards the optimizer over dp_replicate with the "
             f"parameters whole; dp_shard x cp = {layout.shard_size} must be 1"
         )
+    if problem is None and settings.loss == "compiled" and (layout.tp > 1 or layout.pp > 1):
+        problem = (
+            f"loss='compiled' is modelled on one rank's whole vocabulary without PP; "
+            f"tp={layout.tp}, pp={layout.pp} must be 1"
+        )
     if (
         problem is None
         and settings.offload
@@ -423,6 +428,7 @@ def estimate(
     options: StrategyOptions | None = None,
     attention: str = "flash",
     block_ops: str = "llama",
+    loss: str = "eager",
     efficiency: float | None = None,
     overlap: float = DEFAULT_DP_OVERLAP,
     headroom: float = DEFAULT_HEADROOM,
@@ -439,7 +445,9 @@ def estimate(
     over the layout's microbatches under PP, and to the whole per-rank batch (no accumulation)
     without. `precision` defaults to the hardware's. `compile_speedup` overrides
     COMPILE_SPEEDUP. `block_ops` names the block code whose pointwise ops the time model counts
-    (`TrainSettings.block_ops`). Raises ValueError when the layout cannot exist on the hardware.
+    (`TrainSettings.block_ops`); `loss` whose cross-entropy the memory model counts
+    (`TrainSettings.loss`: 'compiled' without TP or PP only). Raises ValueError when the layout
+    cannot exist on the hardware.
     """
     options = with_knobs(options or PLANNER_OPTIONS, knobs)
     model = as_model_args(model)
@@ -474,6 +482,7 @@ def estimate(
         sharding=sharding,
         attention=attention,
         block_ops=block_ops,
+        loss=loss,
         accelerator=hardware.accelerator,
         options=options,
     )

@@ -288,7 +288,7 @@ def activation_bytes(
     inflight = inflight_microbatches(layout, shape.rank, microbatches)
     logits = 0.0
     if shape.has_output:
-        per_vocab = loss_bytes_per_logit(tp)
+        per_vocab = loss_bytes_per_logit(tp, settings.loss == "compiled", w)
         chunk = getattr(model, "loss_chunk_tokens", 0)
         rows = min(chunk, tokens) if chunk else tokens
         logits = rows * model.vocab_size / tp * per_vocab + tokens * (residual * d / sp + w * d)
@@ -406,7 +406,8 @@ def allocator_bytes(model, layout: Layout, settings: TrainSettings, shape: Stage
     - the logits' gap: the logits in bf16 (w = 2) and their fp32 copy, freed when forward
       ends, leave 6 bytes a logit free; backward's first fp32 tensor of that size reuses 4 of
       them and the others go past the end, so 2 bytes a logit stay free at the peak (none in
-      32-true: the logits are the fp32 tensor; none with the chunked loss).
+      32-true: the logits are the fp32 tensor; none with the chunked loss; none with the
+      compiled loss, which frees no tensor of that size in forward).
 
     Derived from torch 2.13's FSDP2 (`_fsdp_collectives.py`) and the op order of the loss,
     never measured on a GPU; the published torchtitan rows check it (docs/PLANNER.md).
@@ -425,7 +426,8 @@ def allocator_bytes(model, layout: Layout, settings: TrainSettings, shape: Stage
         largest = max(sum(shape.roots), shape.block if shape.layers else 0.0)
         slack += largest * settings.gradient_reduce_bytes / n
     w = settings.matmul_bytes
-    if shape.has_output and w < 4 and not getattr(model, "loss_chunk_tokens", 0):
+    eager_loss = settings.loss == "eager" and not getattr(model, "loss_chunk_tokens", 0)
+    if shape.has_output and w < 4 and eager_loss:
         slack += settings.rank_tokens(layout) * model.vocab_size / layout.tp * w
     return slack
 

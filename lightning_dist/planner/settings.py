@@ -38,6 +38,9 @@ Megatron-LM's distributed optimizer and DeepSpeed's BF16 optimizer shard them;
 BLOCK_OPS = ("llama", "mpt")
 """The block codes whose pointwise ops the time model counts (`compute.POINTWISE_BYTES`)."""
 
+LOSSES = ("eager", "compiled")
+"""The cross-entropies whose memory the planner counts (`TrainSettings.loss`)."""
+
 # --- cost-model constants (rough, documented; calibration refines them later) -------------
 
 DEFAULT_EFFICIENCY = {"gpu": 0.5, "cpu": 0.5}
@@ -136,6 +139,10 @@ class TrainSettings:
     block_ops: str = "llama"
     """Whose block code the time model counts the pointwise ops of: 'llama' (models/llama.py)
     or 'mpt' (llm-foundry's MPT block: `published/foundry.py`); `compute.POINTWISE_BYTES`."""
+    loss: str = "eager"
+    """Whose cross-entropy the memory model counts: 'eager' (`lm/module.py`'s) or 'compiled'
+    (the same code under torch.compile, as torchtitan compiles its loss with the model since
+    2025: `published/runs.py`); `activations.loss_bytes_per_logit`."""
     accelerator: str = "gpu"
     """The hardware's ('cpu' or 'gpu'): FSDP's parameters follow a mixed precision on GPUs only
     (`parallel/precision.py`)."""
@@ -237,6 +244,8 @@ class TrainSettings:
             raise ValueError(f"attention={self.attention!r} is not 'flash' or 'math'")
         if self.block_ops not in BLOCK_OPS:
             raise ValueError(f"block_ops={self.block_ops!r} is not one of {', '.join(BLOCK_OPS)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r} is not one of {', '.join(LOSSES)}")
         state_bytes(self.precision, self.optimizer)  # validates the optimizer name
 
     @property

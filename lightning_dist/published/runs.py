@@ -106,7 +106,8 @@ def torchtitan_label(run: TorchtitanRun) -> str:
 
 
 def torchtitan_candidate(run: TorchtitanRun, spec: HardwareSpec | None = None):
-    """The planner's estimate of the run on `spec` (default `torchtitan_hardware`)."""
+    """The planner's estimate of the run on `spec` (default `torchtitan_hardware`). The loss
+    is eager: torchtitan 9dec370 left `torch.compile(loss_fn)` commented out (train.py)."""
     model = config_model("llama3_8b")
     return estimate(
         model,
@@ -270,7 +271,8 @@ HELD_OUT = (
                schedule="Interleaved1F1B", virtual_stages=2, microbatches=8),
                dict(global_batch_size=256, seq_len=8192, micro_batch_size=4,
                activation_checkpointing="full", **_F8), 128, 72.7, f"{TORCHTITAN}, Table 5",
-               f"two stages per rank (assumed), 8 microbatches, {_TT}"),
+               f"two stages per rank and 8 microbatches (torchtitan 9dec370's defaults: "
+               f"pipelining_utils.py), {_TT}"),
     HeldOutRun("70B fsdp 32 x tp 8 bf16", "llama3_70b", (*_H100, "hardware.num_nodes=32"),
                Layout(dp_shard=32, tp=8), dict(global_batch_size=512, seq_len=8192,
                micro_batch_size=16, activation_checkpointing="full", compile=True), 597.3, None,
@@ -283,10 +285,12 @@ HELD_OUT = (
                "vanilla TP, local batch 12, torchtitan's op policy, compile"),
     HeldOutRun("8B fsdp 32 on H200", "llama3_8b", ("hardware=dgx_h200", "hardware.num_nodes=4"),
                Layout(dp_shard=32), dict(global_batch_size=64, seq_len=8192, micro_batch_size=2,
-               activation_checkpointing="op_alternate", **_F8), 10938, 47.96,
+               activation_checkpointing="op_alternate", loss="compiled", **_F8), 10938, 47.96,
                "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md",
-               "700 W H200s (dgx_h200 takes the H100's efficiency at 700 W); the run also compiled "
-               "its loss, which our code does not (our eager loss holds 12 bytes a logit)"),
+               "700 W H200s (dgx_h200 takes the H100's efficiency at 700 W); torchtitan e7c0cae "
+               "(the run's) compiles its loss under --training.compile "
+               "(torchtitan/components/loss.py), so its memory counts the compiled loss; "
+               "llama3_8b.toml there: seq_len 8192, selective op AC"),
 )  # fmt: skip
 """Published runs held out of every fit: the rest of torchtitan's H100 benchmark, its async-TP
 benchmark (vanilla TP) and Trainy's H200 run. Their assumptions are in `notes`."""

@@ -60,7 +60,7 @@ def test_the_command_prints_every_row_with_its_error(capsys):
     assert out.count("| published |") == 37 + 12 and "| measured-cpu |" in out
     assert "GPT 1008B" in out and "-0.7 pt" in out
     assert "37 published rows, 30 within their targets; missed: tp 1 x pp 1 x dp 32" in out
-    assert "12 held-out rows, 9 within the same targets" in out
+    assert "12 held-out rows, 10 within the same targets" in out
     # Beside each time row: as shipped, in-sample and leave-one-source-out.
     assert out.count("| torchtitan |") == 6 and out.count("| llm-foundry |") == 15
     assert "31 published time rows, 24 within their targets left out of the fit" in out
@@ -79,15 +79,21 @@ def test_the_plans_band_is_the_stored_fits_leave_one_source_out_percentiles():
 
 
 def test_the_held_out_time_rows_meet_the_time_target():
-    """No constant was fitted to them; the memory rows are printed, not pinned (four of five
-    miss: docs/PLANNER.md, "Held out"). The closest to the target: the 70B bf16 row, -13.2%
-    (the same section)."""
+    """No constant was fitted to them. The closest time row to the target: the 70B bf16 row,
+    -13.2% (docs/PLANNER.md, "Held out"); of the five memory rows, the two that miss are the
+    ones that section explains (the H200 run meets it with its compiled loss counted)."""
     from lightning_dist.published.runs import held_out_rows
 
-    time_rows = [r for r in held_out_rows() if r.quantity.startswith("time.")]
+    rows = held_out_rows()
+    time_rows = [r for r in rows if r.quantity.startswith("time.")]
     assert len(time_rows) == 7
-    missed = {r.layout for r in time_rows if abs(row_error(r)) > TARGETS[(r.source, r.quantity)]}
-    assert missed == set()
+    missed = {
+        (r.layout, r.quantity) for r in rows if abs(row_error(r)) > TARGETS[(r.source, r.quantity)]
+    }
+    assert missed == {
+        ("70B fsdp 32 x tp 8", "memory.reserved_bytes"),
+        ("405B fsdp 8 x tp 8 x pp 8 1F1B", "memory.reserved_bytes"),
+    }
 
 
 def test_the_torchtitan_rows_overrides_build_the_predicted_layout():
