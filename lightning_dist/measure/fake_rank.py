@@ -220,7 +220,10 @@ def _local_bytes(tensors) -> int:
 
 
 def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return _local_bytes(
+    """The optimizer's states; under ZeRO-1 also the flat slices of the parameters it steps
+    (`ShardedOptimizer`: memory it holds between steps beside the model's parameters)."""
+    slices = [f.shard for f in optimizer.flat] if isinstance(optimizer, ShardedOptimizer) else []
+    return _local_bytes(slices) + _local_bytes(
         v
         for state in optimizer.state.values()
         for v in state.values()

@@ -327,9 +327,11 @@ def model_state_bytes(
     DiLoCo (`strategy.diloco_inner_steps`, DDP) adds its outer optimizer's state to the
     optimizer's: the anchor and, with momentum, the momentum buffer, 4 bytes a parameter each
     (`cluster/diloco.py`). ZeRO-1 (SHARD_OPTIMIZER) keeps the parameters and gradients whole
-    and 1/dp of the optimizer states, as `parallel/sharded_optimizer.py` holds them (an uneven
+    and 1/dp of the optimizer states, as `parallel/sharded_optimizer.py` holds them, beside the
+    flat slice of the parameters the wrapped optimizer steps (1/dp of them in their dtype,
+    counted with the optimizer's bytes; its gradient lives only within the step). An uneven
     last shard's padding, under dp elements a group, is not counted; nor are the step's
-    all-gather buffer, at most `GATHER_ELEMENTS` elements, and the whole states a save gathers).
+    all-gather buffer, at most `GATHER_ELEMENTS` elements, and the whole states a save gathers.
     """
     p_b, g_b, o_b = state_bytes(settings.precision, settings.optimizer)
     n = layout.shard_size if settings.sharding in SHARDED_MODES else 1
@@ -339,7 +341,7 @@ def model_state_bytes(
     device = [nbytes * sharded for nbytes in (p_b, g_b, o_b)]
     sync = settings.options.grad_sync
     if settings.sharding == "SHARD_OPTIMIZER":
-        device[2] /= layout.dp
+        device[2] = (device[2] + device[0]) / layout.dp  # the states and the parameters' slice
     if n == 1 and sync.diloco_inner_steps:  # DiLoCo's anchor and outer momentum, fp32
         device[2] += (4 + (4 if sync.diloco_outer_momentum else 0)) * shape.params
     if n > 1 and settings.offload:
