@@ -49,7 +49,10 @@ median CUPTI kernel time of five runs (`xla/tools/matmul_perf_table_gen.cc`), st
 and kept here in TFLOP/s to 0.1. The table names no part; 780 TFLOP/s at 4096^3 is above the
 H100 PCIe's 756 TFLOP/s peak, so an SXM one (989). No A100 table was found (XLA keeps none;
 NVIDIA's "Matrix Multiplication Background" guide plots its A100 shapes without numbers); the
-A100 takes the H100's shape constants.
+A100 takes the H100's shape constants. XLA's newer `default_matmul_perf_table.txtpb` (same
+folder) holds the keys "sm_100_B200", "sm_90" and "gfx942" at openxla/xla commit 336bb15c, and
+"gfx950" too at 8b82b7bc: no sm_80 (at 336bb15c its sm_90 bf16 points of batch 1 equal the 125
+below, to 0.1).
 
 A dot's time is its FLOPs at the large-shape rate times the product over its three dimensions
 of x / (x + GEMM_HALF_DIM) (tiles and waves a small dimension leaves idle), plus
