@@ -32,21 +32,20 @@ that missed some of its group's steps is bias-corrected by the group's count. Fr
 handed to the optimizer are never updated but do get states. `state_dict()` gathers every
 state whole (a temporary spike of the unsharded optimizer's size) so checkpoints are exactly
 what the unsharded optimizer writes, and any layout reads them; `load_state_dict()` keeps this
-rank's slice. No Lightning import here.
+rank's slice. The flat layout itself is `parallel/flat_shards.py`. No Lightning import here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from lightning_dist._compat import all_gather_single
 from lightning_dist.parallel.clip import copies_of
+from lightning_dist.parallel.flat_shards import FlatGroup, lay_flat, piece_like
 from lightning_dist.parallel.gradient_reduction import (
     clip_by_norm_,
     local_tensor,
@@ -67,34 +66,6 @@ built, so wrapping it would save nothing.)"""
 GATHER_ELEMENTS = 1 << 25
 """Elements one all-gather of the step brings back (all ranks' pieces together): 128 MiB of
 fp32, the most the step holds beside the parameters, gradients and states."""
-
-
-def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
-    """[start, stop) of rank `rank`'s slice of a flat space of `numel` elements over `dp` ranks:
-    ceil(numel / dp) elements each, the last shard padded (its padding lies past `numel`)."""
-    chunk = -(-numel // dp)
-    return rank * chunk, (rank + 1) * chunk
-
-
-@dataclass
-class _FlatGroup:
-    """One parameter group laid flat: its parameters' offsets and this rank's slice."""
-
-    group: dict[str, Any]
-    params: list[torch.Tensor]
-    offsets: list[int]
-    start: int
-    stop: int
-    shard: torch.Tensor
-
-    def pieces(self):
-        """(parameter, [a, b) in its flattened local elements, [s, t) in the shard) for every
-        parameter that overlaps this rank's slice."""
-        for param, offset in zip(self.params, self.offsets, strict=True):
-            local = local_tensor(param)
-            lo, hi = max(offset, self.start), min(offset + local.numel(), self.stop)
-            if lo < hi:
-                yield param, (lo - offset, hi - offset), (lo - self.start, hi - self.start)
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -132,29 +103,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             [{**self._settings(f.group), "params": [f.shard]} for f in self.flat]
         )
 
-    def _lay_flat(self, group: dict[str, Any]) -> _FlatGroup:
-        params = list(group["params"])
-        if not all(local_tensor(p).is_contiguous() for p in params):
-            raise ValueError(
-                "strategy.shard_optimizer=true writes parameters in place and needs them "
-                "contiguous; make the model's parameters contiguous, or set "
-                "strategy.shard_optimizer=false"
-            )
-        kinds = {(local_tensor(p).dtype, local_tensor(p).device) for p in params}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"strategy.shard_optimizer=true needs one dtype and device per parameter group, "
-                f"got {sorted(map(str, kinds))} in one group; give each dtype its own group in "
-                "configure_optimizers, or set strategy.shard_optimizer=false"
-            )
-        offsets, numel = [], 0
-        for param in params:
-            offsets.append(numel)
-            numel += local_tensor(param).numel()
-        start, stop = shard_bounds(numel, self.dp_size, self.dp_rank)
-        dtype, device = kinds.pop() if kinds else self._any_parameter_kind()
-        shard = torch.zeros(stop - start, dtype=dtype, device=device, requires_grad=True)
-        return _FlatGroup(group, params, offsets, start, stop, shard)
+    def _lay_flat(self, group: dict[str, Any]) -> FlatGroup:
+        return lay_flat(group, self.dp_size, self.dp_rank, self._any_parameter_kind())
 
     def _any_parameter_kind(self) -> tuple[torch.dtype, torch.device]:
         """An empty group's shard: on the device of the optimizer's parameters (NCCL gathers
@@ -193,7 +143,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 flat.shard[s:t] = local_tensor(param).reshape(-1)[a:b]
                 if id(param) in absent and mask is not None:
                     mask[s:t] = True
-                elif grad is not None and not reduced:
+                elif grad is not None and not reduced and param.grad is not None:
                     grad[s:t] = local_tensor(param.grad).reshape(-1)[a:b]
             flat.shard.grad = grad
             without.append(mask if stepped else None)
@@ -347,7 +297,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 }
 
     @staticmethod
-    def _elementwise(flat: _FlatGroup, value: Any) -> bool:
+    def _elementwise(flat: FlatGroup, value: Any) -> bool:
         return torch.is_tensor(value) and value.shape == flat.shard.shape
 
     def local_state_bytes(self) -> int:
@@ -374,7 +324,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for param, offset in zip(flat.params, flat.offsets, strict=True):
                 if held:
                     state[index] = {
-                        name: _like(param, whole[name], offset) if name in whole else value.clone()
+                        name: piece_like(param, whole[name], offset)
+                        if name in whole
+                        else value.clone()
                         for name, value in held.items()
                     }
                 ids.append(index)
@@ -410,7 +362,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     held[name] = value.clone() if torch.is_tensor(value) else value
                     continue
                 buffer = torch.zeros_like(flat.shard, requires_grad=False)
-                for (param, (a, b), (s, t)), entry in self._pieces_with(flat, entries):
+                for (param, (a, b), (s, t)), entry in flat.pieces_with(entries):
                     whole = local_tensor(entry[name])
                     if whole.numel() != local_tensor(param).numel():
                         raise ValueError(
@@ -423,23 +375,3 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 held[name] = buffer
             self.inner.state[flat.shard] = held
         self._expose_state()
-
-    @staticmethod
-    def _pieces_with(flat: _FlatGroup, entries: list[Any]):
-        by_param = dict(zip(map(id, flat.params), entries, strict=True))
-        for piece in flat.pieces():
-            entry = by_param[id(piece[0])]
-            if entry:  # a parameter without state keeps zeros, as a fresh optimizer's
-                yield piece, entry
-
-
-def _like(param: torch.Tensor, whole: torch.Tensor, offset: int) -> torch.Tensor:
-    """The piece of a gathered flat state that belongs to `param`, shaped and placed like it."""
-    local = local_tensor(param)
-    piece = whole[offset : offset + local.numel()].view(local.shape).clone()
-    if isinstance(param, DTensor):
-        return DTensor.from_local(
-            piece, param.device_mesh, param.placements, run_check=False,
-            shape=param.shape, stride=param.stride(),
-        )  # fmt: skip
-    return piece

@@ -598,7 +598,8 @@ def test_zero1_slices_evenly_and_takes_only_elementwise_optimizers():
     an optimizer whose update is not elementwise is refused before any collective."""
     import torch
 
-    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer, shard_bounds
+    from lightning_dist.parallel.flat_shards import shard_bounds
+    from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
     assert [shard_bounds(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
     assert shard_bounds(8, 2, 1) == (4, 8)
