@@ -1,7 +1,7 @@
 """The flat index space ZeRO-1 shards (`parallel/sharded_optimizer.py`): one parameter group's
-parameters (their local pieces under tensor parallelism) end to end, N elements, padded to a
-multiple of the data-parallel ranks; rank r owns [r * chunk, (r + 1) * chunk), chunk =
-ceil(N / dp). Here: the slice bounds, the group laid flat, and the mapping between a flat
+parameters (this rank's local pieces: `to_local()` of a DTensor split by tensor parallelism)
+end to end, N elements, padded to a multiple of the data-parallel ranks; rank r owns
+[r * chunk, (r + 1) * chunk), chunk = ceil(N / dp). Here: the slice bounds, the group laid flat, and the mapping between a flat
 range and each parameter's elements. No collective and no Lightning import here.
 """
 

@@ -3,10 +3,8 @@ replicated (`strategy.shard_optimizer`, under `strategy=ddp` and the mesh strate
 `dp_replicate`), as Megatron's distributed optimizer and DeepSpeed's BF16 optimizer run it.
 
 `ShardedOptimizer(optimizer, group)` wraps a torch optimizer whose update is elementwise (AdamW,
-Adam, SGD, ...). Each parameter group's parameters (this rank's local pieces: `to_local()` of a
-DTensor split by tensor parallelism) lie end to end in one flat index space of N elements,
-padded to a multiple of the dp ranks of `group`; rank r owns the contiguous slice
-[r * chunk, (r + 1) * chunk), chunk = ceil(N / dp). A step:
+Adam, SGD, ...). Each parameter group lies flat over the dp ranks of `group`, this rank owning
+one contiguous slice of it (`parallel/flat_shards.py`). A step:
 
 1. reads this rank's slice of the parameters, and of their gradients: with
    `reduce_gradients=True` (the strategies' ZeRO-1) each rank's own gradients reduce-scattered
@@ -32,7 +30,7 @@ that missed some of its group's steps is bias-corrected by the group's count. Fr
 handed to the optimizer are never updated but do get states. `state_dict()` gathers every
 state whole (a temporary spike of the unsharded optimizer's size) so checkpoints are exactly
 what the unsharded optimizer writes, and any layout reads them; `load_state_dict()` keeps this
-rank's slice. The flat layout itself is `parallel/flat_shards.py`. No Lightning import here.
+rank's slice. No Lightning import here.
 """
 
 from __future__ import annotations

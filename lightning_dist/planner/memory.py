@@ -265,7 +265,7 @@ def activation_bytes(
     The last stage adds its final norm (its input, r x d / sp, and its output, the output
     projection's input, w x d) and the logits, b x s x V / tp elements, at the cross-entropy's
     peak in its backward (`loss_bytes_per_logit`: 12 bytes each, 16 under TP's loss
-    parallelism). With the chunked loss (`model.loss_chunk_tokens`, c) only one chunk's logits
+    parallelism, 2 w with the compiled loss). With the chunked loss (`model.loss_chunk_tokens`, c) only one chunk's logits
     exist at a time, min(c, b x s) rows of them, and none are kept for backward.
     """
     tokens = settings.rank_tokens(layout)

@@ -1,7 +1,7 @@
 """A replica group frozen while the others finish (issue 48 case 8): two groups of one rank
 under `python -m lightning_dist.launch replicas` (`strategy=ft_hsdp`); once group 1 saved step 6,
-its torchrun and rank are SIGSTOPped for twice `strategy.ft_timeout_s`. Group 0 drops it, trains
-to the last step and ends. On SIGCONT, group 1 is alone at step 6: before this test's fix it
+its torchrun and rank are SIGSTOPped until group 0 has ended, and at least
+`strategy.ft_timeout_s` + 2 s. Group 0 drops it, trains to the last step and ends. On SIGCONT, group 1 is alone at step 6: before this test's fix it
 trained a lineage of its own to the last step, writing checkpoints with the same step numbers
 as group 0's (three within 3 s). Now its rank prints one line saying it was left behind, its
 summary.json keeps steps 1-6 (status `left_behind`), it writes no checkpoint after step 6, and
@@ -67,7 +67,12 @@ def test_a_group_frozen_while_the_others_finish_stops_instead_of_training_alone(
         assert frozen, "group 1 has no processes"
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
-        time.sleep(2 * FT_TIMEOUT_S)
+        stopped = time.monotonic()
+        # Group 1 wakes once group 0 has ended and the freeze has outlasted ft_timeout_s (a
+        # fixed sleep raced group 0's last steps on a loaded machine).
+        while _group_processes(marker, 0) or time.monotonic() - stopped < FT_TIMEOUT_S + 2:
+            assert time.monotonic() - stopped < 120, (tmp_path / "out").read_text()[-4000:]
+            time.sleep(0.1)
         finished = json.loads((job_dir / "group0" / "summary.json").read_text())
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)

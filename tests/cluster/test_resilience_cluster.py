@@ -2,7 +2,7 @@
 NaN stop writes no checkpoint with a NaN in it; SIGTERM or SIGUSR1 on one DDP rank checkpoints,
 and auto-resume finishes bitwise like the uninterrupted run (in the same W&B run); torchrun
 restarts a killed rank, which resumes and finishes bitwise; a checkpoint folder that turns
-unwritable stops every rank with one line, its last save in a fallback folder, bit for bit
+unwritable stops every rank with one line, its last save in a fallback folder, equal to
 the uninterrupted run's; a bad record that a streamed source reaches mid-run (in a DataLoader worker) stops
 every rank with one line naming file:line, the steps trained kept. (A stopped rank is
 test_stopped_rank.py; the NaN guard and the checkpoint scan in one process are
@@ -204,13 +204,14 @@ def test_a_signal_on_one_rank_checkpoints_and_auto_resume_finishes_bitwise(name,
 def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_steps(first_wave):
     """After step 5 the checkpoint folder turns unwritable: the save of step 10 goes to
     checkpoints.fallback/, each rank prints one line naming the folder and the OS error, rank 0
-    writes summary.json with every step trained, exit 2; the fallback holds every value of the
-    uninterrupted run's step-10 checkpoint, bit for bit (model, optimizer and loop state: what
-    a resume reads, the resumes of the signal jobs above)."""
-    jobs, resumed = first_wave
+    writes summary.json with every step trained, exit 2; the fallback holds the uninterrupted
+    run's step-10 checkpoint: every tensor bit for bit (model and optimizer), the optimizer's
+    settings, and the loops' and schedulers' state in meta.pt (what a resume reads; the resumes
+    of the signal jobs above run that path)."""
+    jobs, _ = first_wave
     job, err = jobs["unwritable"], jobs["unwritable"].stderr
     assert job.code == 2 and job.preempted, err[-3000:]
-    assert job.ended_at - job.acted_at < 30  # at the first save after, with no timeout
+    assert job.ended_at - job.acted_at < 60  # at the first save after, with no timeout
     summary, step = job.preempted, job.preempted["steps"]
     assert summary["status"] == "checkpoint_failed" and len(summary["losses"]) == step == 10
     lines = [line for line in err.splitlines() if line.startswith("error:")]
@@ -228,6 +229,16 @@ def test_an_unwritable_checkpoint_folder_stops_every_rank_and_keeps_the_trained_
     assert tensors and sorted(k for k, v in saved.items() if isinstance(v, torch.Tensor)) == tensors
     assert any(k.startswith("optimizer") for k in tensors), tensors
     assert all(torch.equal(saved[k], reference[k]) for k in tensors)
+    settings = {k: v for k, v in reference.items() if not isinstance(v, torch.Tensor)}
+    assert {k: v for k, v in saved.items() if not isinstance(v, torch.Tensor)} == settings
+    # Lightning's meta.pt: the loops' and schedulers' state a resume restores (the callbacks'
+    # differ by the folder their paths name).
+    meta = [
+        torch.load(path / f"step{step}.ckpt" / "meta.pt", weights_only=True)
+        for path in (folder.with_name("checkpoints.fallback"), jobs["full"].run_dir / "checkpoints")
+    ]
+    for key in ("loops", "global_step", "epoch", "lr_schedulers"):
+        assert meta[0].get(key) == meta[1].get(key) and key in meta[1], key
 
 
 # --- a bad record reached mid-run -----------------------------------------------------------

@@ -178,3 +178,23 @@ def test_the_cli_gives_zero1_rows_a_command_and_planner_only_rows_none(capsys):
         plan.main([*overrides, "--command", str(row), "--top", "40"])
     assert exit_info.value.code == 2
     assert f"row {row} is planner only" in capsys.readouterr().err
+
+
+def test_the_compiled_loss_holds_4_bytes_a_bf16_logit_and_leaves_no_gap():
+    """`loss="compiled"` (torchtitan's compiled cross-entropy, one held-out row): 2 w bytes a
+    logit at its peak against the eager 12, and no logits' gap in the allocator's slack
+    (bench/compiled_loss_memory.py measures both); refused under TP or PP and for a name that
+    is not a loss."""
+    from lightning_dist.planner.settings import TrainSettings
+
+    llama, node = model("llama3_8b"), hardware("dgx_h100", 4)
+    kw = dict(global_batch_size=64, seq_len=8192, micro_batch_size=2, activation_checkpointing="op")
+    eager = estimate(llama, node, Layout(dp_shard=32), **kw)
+    compiled = estimate(llama, node, Layout(dp_shard=32), loss="compiled", **kw)
+    logits = 2 * 8192 * llama.vocab_size  # this rank's micro-batch of 2 sequences
+    assert eager.memory.activations - compiled.memory.activations == pytest.approx(8 * logits)
+    assert eager.memory.allocator - compiled.memory.allocator == pytest.approx(2 * logits)
+    with pytest.raises(ValueError, match="loss='compiled' is modelled"):
+        estimate(llama, node, Layout(dp_shard=16, tp=2), loss="compiled", **kw)
+    with pytest.raises(ValueError, match="loss='fused' is not one of eager, compiled"):
+        TrainSettings(global_batch_size=8, seq_len=8, micro_batch_size=1, loss="fused")
