@@ -388,7 +388,9 @@ def mixed_split(model, hardware, layout, settings, headroom):
     split is left (then the last fitting attempt is kept and the fit check says why)."""
     if layout.pp == 1 or settings.options.pipeline.split_points:
         return settings
-    if layout.num_stages > model.n_layers:  # end chunks (`memory.end_chunk_sizes`): no speed split
+    if (
+        layout.num_stages > model.n_layers
+    ):  # end chunks (`stage_shapes.end_chunk_sizes`): no speed split
         return settings
     stages = layout.num_stages
     caps = [model.n_layers] * stages

@@ -44,7 +44,7 @@ def layer_params_on_rank(model, layer: int, tp: int, ep: int) -> tuple[float, fl
     """(parameters, routed-expert parameters, linear parameters) of block `layer` on one rank
     of a tp group and an ep group, before FSDP: the attention's projections split by tp, the
     norm scales replicated, an MoE layer's router and shared experts whole and its routed
-    experts split by ep; a dense block as `planner.memory.stage_shapes` counts it. "Linear"
+    experts split by ep; a dense block as `planner.stage_shapes.stage_shapes` counts it. "Linear"
     parameters are what float8 converts (`StageShape.block_linear`): a dense block's
     projections; in an MoE block the attention's and the shared expert's (the grouped experts
     stay in the compute dtype)."""

@@ -39,7 +39,7 @@ def layout_makers(model, pp, r, s, tp, schedules, cp=1, ep=1):
         extra = (model.n_layers + 2) // pp
         if sched in INTERLEAVED and sched != "ZBVZeroBubble" and pp * extra > model.n_layers:
             # Beside the powers of two, more chunks than layers / pp: every layer plus an
-            # embedding-only and a loss-only chunk (`memory.stage_shapes`; planner only).
+            # embedding-only and a loss-only chunk (`stage_shapes.stage_shapes`; planner only).
             depths += tuple({extra} - {*depths, 1})
         for v in depths:
             if pp_problem(model, pp, v) is None:

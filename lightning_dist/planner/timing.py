@@ -19,12 +19,7 @@ from lightning_dist.planner.compute import (
     recomputed_projections,
 )
 from lightning_dist.planner.experts import expert_degree, is_moe
-from lightning_dist.planner.memory import (
-    SHARDED_MODES,
-    StageShape,
-    checkpointed_blocks,
-    stage_shapes,
-)
+from lightning_dist.planner.memory import SHARDED_MODES, checkpointed_blocks
 from lightning_dist.planner.mixed import rank_groups, slowest
 from lightning_dist.planner.settings import (
     COMPILE_SPEEDUP,
@@ -39,6 +34,7 @@ from lightning_dist.planner.settings import (
     SELECTIVE_RECOMPUTE_SHARE,
     TrainSettings,
 )
+from lightning_dist.planner.stage_shapes import StageShape, stage_shapes
 from lightning_dist.planner.traffic import (
     allreduce_volume,
     cp_exchange,

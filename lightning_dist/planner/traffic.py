@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from lightning_dist.layout import Layout
 from lightning_dist.planner.experts import all_to_all_bytes, expert_degree
-from lightning_dist.planner.memory import SHARDED_MODES, StageShape, checkpointed_blocks
+from lightning_dist.planner.memory import SHARDED_MODES, checkpointed_blocks
 from lightning_dist.planner.settings import TrainSettings, state_bytes
+from lightning_dist.planner.stage_shapes import StageShape
 
 
 def allreduce_volume(nbytes: float, n: int) -> float:

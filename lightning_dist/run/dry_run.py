@@ -17,6 +17,9 @@ from functools import partial
 from typing import Any
 
 from lightning_dist.layout import Layout
+from lightning_dist.planner.memory import model_state_bytes
+from lightning_dist.planner.stage_shapes import stage_shapes
+from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
 
 GiB = 1024**3
 NEGLIGIBLE_BYTES = 2**20
@@ -107,8 +110,6 @@ def check_dry_run(plan: Any) -> None:
 def dry_run(plan: Any, *, progress=print) -> list[RankComparison]:
     """Dry-run the planned run (a `run.plan.RunPlan`) rank by rank; see the module doc."""
     from lightning_dist.measure.fake_rank import dry_run_rank, each_in_a_fresh_process
-    from lightning_dist.planner.memory import model_state_bytes, stage_shapes
-    from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
     from lightning_dist.run.preflight import estimate_run
 
     check_dry_run(plan)

@@ -17,7 +17,8 @@ from lightning_dist.measure.fake_rank import Traffic, dry_run_rank, each_in_a_fr
 from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.options import PRESETS
 from lightning_dist.planner import estimate
-from lightning_dist.planner.memory import model_state_bytes, stage_shapes
+from lightning_dist.planner.memory import model_state_bytes
+from lightning_dist.planner.stage_shapes import stage_shapes
 from lightning_dist.planner.traffic import ring_volume, traffic_by_dim
 from lightning_dist.run.dry_run import NEGLIGIBLE_BYTES, dry_run_ranks, options_on_device
 

@@ -9,8 +9,8 @@ import pytest
 from lightning_dist.layout import Layout
 from lightning_dist.planner import estimate, plan_layouts
 from lightning_dist.planner.labels import batch_line
-from lightning_dist.planner.memory import stage_shapes
 from lightning_dist.planner.space import CP_MIN_SEQ_LEN
+from lightning_dist.planner.stage_shapes import stage_shapes
 from lightning_dist.planner.traffic import traffic_by_dim
 from lightning_dist.run.plan_table import strategy_overrides
 from tests.unit.test_planner import hardware, model

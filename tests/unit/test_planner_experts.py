@@ -50,7 +50,7 @@ def test_an_moe_block_keeps_the_planners_bytes(choice, tolerance):
 def test_a_rank_holds_its_share_of_the_experts_and_the_planner_counts_every_parameter():
     from lightning_dist.config import compose_config, model_spec
     from lightning_dist.layout import Layout
-    from lightning_dist.planner.memory import stage_shapes
+    from lightning_dist.planner.stage_shapes import stage_shapes
 
     for name in ("mixtral_8x7b", "deepseek_v3"):
         model = model_spec(compose_config([f"model={name}", "paths.output_dir=."]))
@@ -100,7 +100,7 @@ def test_ep_halves_the_gathered_experts_and_keeps_the_shards_and_moves_all_to_al
     the same (FSDP shards every expert over all of dp_shard either way), and ep adds the
     all-to-alls: four per MoE block and microbatch of (ep - 1) / ep of k x tokens x dim."""
     from lightning_dist.layout import Layout
-    from lightning_dist.planner.memory import stage_shapes
+    from lightning_dist.planner.stage_shapes import stage_shapes
     from lightning_dist.planner.traffic import traffic_by_dim
 
     model = model_spec_of("mixtral_8x7b")
@@ -185,7 +185,7 @@ def test_the_planners_pipeline_cut_of_a_mixture_of_experts_is_the_codes():
     block's parameters (`parallel/pipeline.split_blocks`), and so does the planner."""
     from lightning_dist.layout import Layout
     from lightning_dist.parallel.pipeline import split_blocks
-    from lightning_dist.planner.memory import stage_shapes
+    from lightning_dist.planner.stage_shapes import stage_shapes
 
     model = model_spec_of("deepseek_v3")
     with torch.device("meta"):

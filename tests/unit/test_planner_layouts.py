@@ -10,8 +10,8 @@ import pytest
 from lightning_dist.layout import Layout
 from lightning_dist.models.args import ModelArgs
 from lightning_dist.planner import estimate, plan_layouts
-from lightning_dist.planner.memory import stage_shapes
 from lightning_dist.planner.space import micro_batch_values, pp_values
+from lightning_dist.planner.stage_shapes import stage_shapes
 from lightning_dist.planner.traffic import allreduce_volume, dp_volumes
 from tests.unit.test_planner import hardware, model
 
