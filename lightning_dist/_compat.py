@@ -852,7 +852,7 @@ _ENTRIES = (
            "storage-free tensors that FSDP2 accepts as materialised", TORCH,
            via="fake_tensor_mode"),
     _entry("torch.utils._python_dispatch.TorchDispatchMode", "torch.utils._python_dispatch",
-           "import", "lightning_dist.measure.fake_rank",
+           "import", "lightning_dist.measure.collective_counter",
            "sees each collective with its tensors and group; no public hook does", TORCH,
            via="dispatch_mode_class"),
     _entry("torch.distributed.checkpoint._traverse.set_element",

@@ -34,7 +34,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,100 +42,16 @@ from torch import nn
 
 from lightning_dist._compat import (
     clear_dtensor_caches,
-    dispatch_mode_class,
     fake_tensor_mode,
     pipeline_action_types,
     register_fake_backend,
 )
 from lightning_dist.layout import Layout
+from lightning_dist.measure.collective_counter import CollectiveCounter, Traffic, tensor_bytes
 from lightning_dist.parallel.sharded_optimizer import ShardedOptimizer
 
-COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 DRY_RUN_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 """Schedules whose action tables hold only whole forwards and backwards (no split I/W)."""
-
-
-@dataclass
-class Traffic:
-    """Collectives of one rank by mesh dimension: calls and ring volume in bytes."""
-
-    calls: dict[str, int] = field(default_factory=dict)
-    volume: dict[str, float] = field(default_factory=dict)
-
-    def add(self, dim: str, volume: float, calls: int = 1) -> None:
-        self.calls[dim] = self.calls.get(dim, 0) + calls
-        self.volume[dim] = self.volume.get(dim, 0.0) + volume
-
-    def combined(self, other: Traffic, times: float = 1.0) -> Traffic:
-        """This traffic plus `times` x `other`."""
-        out = Traffic()
-        for src, k in ((self, 1.0), (other, times)):
-            for dim, volume in src.volume.items():
-                out.add(dim, k * volume, round(k * src.calls[dim]))
-        return out
-
-
-def _kind(op_name: str) -> str | None:
-    name = op_name.split("::")[-1]
-    for key, kind in (
-        ("gather", "all_gather"),
-        ("reduce_scatter", "reduce_scatter"),
-        ("allreduce", "all_reduce"),
-        ("all_reduce", "all_reduce"),
-        ("all_to_all", "all_to_all"),
-        ("alltoall", "all_to_all"),
-        ("broadcast", "broadcast"),
-        ("send", "send"),
-    ):
-        if key in name:
-            return kind
-    return None  # recv, barrier, wait_tensor: nothing sent
-
-
-def _nbytes(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-class CollectiveCounter(dispatch_mode_class()):
-    """Counts every c10d collective by the mesh dimension of its group (`dims`: group name ->
-    (dimension, group size)); groups outside the mesh count as 'other'."""
-
-    def __init__(
-        self, dims: dict[str, tuple[str, int]], ring_volume: Callable[[str, float, int], float]
-    ):
-        super().__init__()
-        self.dims = dims
-        self.ring_volume = ring_volume
-        self.traffic = Traffic()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in COLLECTIVE_NAMESPACES:
-            self._count(func, args)
-        return func(*args, **(kwargs or {}))
-
-    def _count(self, func, args) -> None:
-        kind = _kind(func.name())
-        if kind is None:
-            return
-        group = None
-        for arg in args:
-            if isinstance(arg, str) and arg in self.dims:
-                group = arg
-            elif isinstance(arg, torch.ScriptObject):
-                with contextlib.suppress(RuntimeError):  # a ReduceOp, not a group
-                    group = torch.distributed.ProcessGroup.unbox(arg).group_name
-        dim, n = self.dims.get(group, ("other", 0))
-        sizes = [_nbytes(a) for a in args]
-        full = max(sizes)  # the gathered output, the scattered input, the reduced tensor
-        if func.namespace == "_c10d_functional" and kind == "all_gather":
-            full *= n  # the functional op takes the shard and returns the gathered tensor
-        if kind == "all_reduce" and func.namespace == "c10d":
-            full = sizes[0]  # allreduce_(tensors, ...)
-        self.traffic.add(dim, self.ring_volume(kind, full, n) if n else full)
 
 
 @dataclass
@@ -429,7 +345,7 @@ def _pipeline_micro_step(
             if stage == last_stage:
                 output = _loss(output, _tokens(batch, seq_len, vocab_size))
             else:
-                traffic.add("pp", _nbytes(output))  # sent to the next stage
+                traffic.add("pp", tensor_bytes(output))  # sent to the next stage
             saved[(stage, mb)] = (inputs, output)
             continue
         inputs, output = saved.pop((stage, mb))
@@ -440,4 +356,4 @@ def _pipeline_micro_step(
             part.set_requires_gradient_sync(last)
         output.backward(None if output.dim() == 0 else torch.empty_like(output))
         if inputs is not None:
-            traffic.add("pp", _nbytes(inputs.grad))  # sent to the previous stage
+            traffic.add("pp", tensor_bytes(inputs.grad))  # sent to the previous stage

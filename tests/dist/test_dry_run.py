@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from lightning_dist.config import CONF_DIR
 from lightning_dist.hardware import HardwareSpec
 from lightning_dist.layout import Layout
-from lightning_dist.measure.fake_rank import Traffic, dry_run_rank, each_in_a_fresh_process
+from lightning_dist.measure.collective_counter import Traffic
+from lightning_dist.measure.fake_rank import dry_run_rank, each_in_a_fresh_process
 from lightning_dist.models.args import ModelArgs, MoEArgs
 from lightning_dist.options import PRESETS
 from lightning_dist.planner import estimate
