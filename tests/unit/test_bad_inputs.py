@@ -63,6 +63,13 @@ def big_tokenizer(tmp: Path) -> None:
     tok.save(str(tmp / "big_tokenizer.json"))
 
 
+def empty_parquet(path: Path) -> None:
+    """A Parquet file of a `text` column and no row."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+
+
 def resumable_checkpoint(folder: Path, **model) -> Path:
     """A complete step1.ckpt of llama_debug with `model` changed, as a run's save writes it."""
     import dataclasses
@@ -257,6 +264,12 @@ CASES = [
          "docs.jsonl:3: not valid JSON", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": \n')),
     Case("missing field in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl, field: body}}]", data="mixture"),
          "body", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n')),
+    Case("empty Parquet source", fast("data.sources=[{{path: {tmp}/empty.parquet, format: parquet}}]", data="mixture"),
+         "data.sources[0].path (1 files, 0 records) holds no text in field 'text'", prepare=lambda tmp: empty_parquet(tmp / "empty.parquet")),
+    Case("records too short for a window", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", "data.seq_len=32", data="mixture"),
+         "the train split has 20 tokens, too few for one window of data.seq_len=32", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "abcdef"}\n' * 3)),
+    Case("empty file of a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", data="mixture"),
+         "holds no text; add non-empty files to data.sources[0].path", prepare=lambda tmp: write(tmp / "docs.jsonl")),
     # Chat records of supervised fine-tuning (format: chat, lm/chat.py), named by file:line.
     Case("chat record with no assistant turn", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
          "chat.jsonl:2: no assistant turn", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": [{"role": "user", "content": "hi"}]}\n')),
