@@ -30,7 +30,7 @@ import numpy as np
 from torch.utils.data import ConcatDataset
 
 from lightning_dist.data.indexed import IndexedDataset, token_file_dtype
-from lightning_dist.lm.datasets import TokenWindows, WindowSet
+from lightning_dist.lm.datasets import SplitTooSmall, TokenWindows, WindowSet
 from lightning_dist.lm.source_files import path_matches, record_files
 from lightning_dist.lm.streaming import StreamedSource
 from lightning_dist.lm.token_cache import (
@@ -94,6 +94,9 @@ class TextSource:
             self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
             self._check_compressed_text()
             self._check_splits(sizes)
+            cached = open_token_cache(self.key, self.cache_dir)
+            if cached is not None:  # tokenized by an earlier run: its counts are exact
+                self._check_train_tokens(cached.meta["tokens"]["train"], "data.paths")
         except ValueError as e:
             raise _renamed(e, where) from e
         self.inputs = {
@@ -200,7 +203,10 @@ class TextSource:
         tokens = self.cache.tokens(split)
         if split == "val" and len(tokens) <= self.seq_len:
             return []  # no validation window: the datamodule's check_validation says so if used
-        return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+        try:
+            return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+        except SplitTooSmall as e:  # other tokenizers' counts are known once tokenized
+            raise SplitTooSmall(f"{self.where}: {e}") from e
 
 
 class RecordSource(TextSource):
@@ -211,10 +217,7 @@ class RecordSource(TextSource):
     def __init__(self, spec: DataSource, *, skip_bad_records: bool = False, **kwargs):
         self.skip_bad_records = skip_bad_records
         super().__init__(spec, **kwargs)
-        cache = open_token_cache(self.key, self.cache_dir)
-        if cache is not None:  # tokenized by an earlier run: its counts are exact
-            self._check_train_tokens(cache.meta["tokens"]["train"], self.where)
-        else:
+        if open_token_cache(self.key, self.cache_dir) is None:  # else checked as text is
             # Every record is read now, on every rank, so a bad one stops all of them in one
             # line; found later, in prepare_data on one rank, it would leave the others waiting.
             files, documents = self._read()

@@ -63,6 +63,25 @@ def big_tokenizer(tmp: Path) -> None:
     tok.save(str(tmp / "big_tokenizer.json"))
 
 
+def short_text_tokenized_before(tmp: Path) -> None:
+    """short.txt, 10 words of a word-level tokenizer (its ids known only once tokenized),
+    tokenized into {tmp}/cache as an earlier run's prepare_data did."""
+    from lightning_dist.lm.data import TextDataModule
+
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {f"w{i}": i for i in range(99)} | {"[UNK]": 99}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp / "small_tokenizer.json"))
+    write(tmp / "short.txt", " ".join(f"w{i}" for i in range(10)))
+    TextDataModule(
+        paths=[str(tmp / "short.txt")],
+        tokenizer=str(tmp / "small_tokenizer.json"),
+        seq_len=32,
+        cache_dir=str(tmp / "cache"),
+    ).prepare_data()
+
+
 def empty_parquet(path: Path) -> None:
     """A Parquet file of a `text` column and no row."""
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
@@ -268,6 +287,8 @@ CASES = [
          "data.sources[0].path (1 files, 0 records) holds no text in field 'text'", prepare=lambda tmp: empty_parquet(tmp / "empty.parquet")),
     Case("records too short for a window", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", "data.seq_len=32", data="mixture"),
          "the train split has 20 tokens, too few for one window of data.seq_len=32", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "abcdef"}\n' * 3)),
+    Case("text too short for a window, tokenized before", fast("data.paths=[{tmp}/short.txt]", "data.tokenizer={tmp}/small_tokenizer.json", "data.cache_dir={tmp}/cache", "data.seq_len=32", data="text"),
+         "data.paths: the train split has 9 tokens, too few for one window of data.seq_len=32", prepare=short_text_tokenized_before),
     Case("empty file of a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", data="mixture"),
          "holds no text; add non-empty files to data.sources[0].path", prepare=lambda tmp: write(tmp / "docs.jsonl")),
     # Chat records of supervised fine-tuning (format: chat, lm/chat.py), named by file:line.
