@@ -125,6 +125,8 @@ def test_refusals_and_verify(tmp_path, capsys):
         prepare([str(tmp_path / "nothing*")], tmp_path / "x")
     with pytest.raises(ConfigError, match=r"--shard-index 2 must be in 0..1"):
         prepare([pattern], tmp_path / "x", shard_index=2, shard_count=2)
+    with pytest.raises(ConfigError, match=r"/in/\*\*' reads \(it matches .*/in/x/manifest.json\)"):
+        prepare([str(tmp_path / "in/**")], tmp_path / "in/x")  # a restart would read its shards
     with pytest.raises(SystemExit) as zero:  # 0 is not the default
         main(
             [
