@@ -543,8 +543,10 @@ PLANNER_CASES = [
     fast("hardware.devices=4", "strategy.cp=3", strategy="3d"),
     fast("hardware.devices=4", "strategy.ep=8", strategy="3d", model="moe_debug"),
     fast("hardware.devices=4", "strategy.cp=2", "data.seq_len=126", strategy="3d"),
+    fast("data.global_batch_size=-8"),
 ]
-"""Strategy settings that the planner CLI once planned around without a word."""
+"""Strategy settings that the planner CLI once planned around without a word, and a batch it
+once refused in its own words (`global_batch_size=-8 must be positive`)."""
 
 
 def test_the_planner_cli_refuses_what_plan_only_refuses(tmp_path, monkeypatch, capsys):
