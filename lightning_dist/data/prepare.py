@@ -128,7 +128,7 @@ def prepare(
     check_output_outside_inputs(inputs, files, Path(output))
     names = input_names(files)
     mine = list(range(shard_index, len(files), shard_count))
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, "--tokenizer")
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / manifest_name(shard_index, shard_count)

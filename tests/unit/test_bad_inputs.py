@@ -259,6 +259,9 @@ CASES = [
     Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
     Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
          prepare=big_tokenizer),
+    Case("tokenizer file that is not one", fast("data.tokenizer={tmp}/notes.txt", data="text"),
+         "data.tokenizer: '{tmp}/notes.txt' is not a tokenizer.json that `tokenizers` can load",
+         prepare=lambda tmp: write(tmp / "notes.txt", "some notes")),
     # Mixtures of sources (data=mixture, data.sources): weights, files, token ids.
     Case("source weight 0", fast("data.sources=[{{path: {tmp}/a.txt, weight: 0}}]", data="mixture"),
          "data.sources[0].weight=0.0 must be a finite number above 0", prepare=lambda tmp: write(tmp / "a.txt", "a" * 900)),
