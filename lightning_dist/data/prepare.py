@@ -122,8 +122,9 @@ def prepare(
     field = None if fmt == "text" else field or DEFAULT_FIELD
     if not 0 <= shard_index < shard_count:
         raise ConfigError(f"--shard-index {shard_index} must be in 0..{shard_count - 1}")
-    if workers < 1 or shard_tokens < 1:
-        raise ConfigError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
+    for option, value in (("--workers", workers), ("--shard-tokens", shard_tokens)):
+        if value < 1:
+            raise ConfigError(f"{option} {value} must be 1 or more")
     files = expand_inputs(inputs, fmt)
     check_output_outside_inputs(inputs, files, Path(output))
     names = input_names(files)

@@ -144,7 +144,7 @@ def test_refusals_and_verify(tmp_path, capsys):
             ]
         )
     assert zero.value.code == 2
-    assert capsys.readouterr().err == "error: --workers 1 and --shard-tokens 0 must be >= 1\n"
+    assert capsys.readouterr().err == "error: --shard-tokens 0 must be 1 or more\n"
 
     pattern = str(tmp_path / "in/a.jsonl")
     out = tmp_path / "out"
