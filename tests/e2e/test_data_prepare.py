@@ -209,5 +209,5 @@ def test_the_command_line_prepares_and_refuses_in_one_line(tmp_path):
     bad = run("prepare", "--input", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "b"))
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [
-        f"error: {tmp_path}/bad.jsonl:1: no field 'text' (the record's fields: 'body'); set the field"
+        f"error: {tmp_path}/bad.jsonl:1: no field 'text' (the record's fields: 'body'); set the field that holds the text (train.py: data.sources[i].field; prepare: --field)"
     ]
