@@ -131,20 +131,20 @@ def dry_run_and_print(plan: Any) -> dict[str, Any]:
 
 
 def fit(run: Any, ckpt_path: str | None) -> None:
-    """`trainer.fit`; a node placement, checkpoint or validation split problem found as the
+    """`trainer.fit`; a node placement, checkpoint or data split problem found as the
     ranks start (alike on every rank, before step 1) is a `ConfigError`: one line, exit status
     2."""
     from lightning_dist.checkpoint.fence import FencedOut
     from lightning_dist.checkpoint.safe import CheckpointError
     from lightning_dist.cluster.nodes import NodePlacementError
-    from lightning_dist.lm.data import ValidationSplitTooSmall
+    from lightning_dist.lm.datasets import SplitTooSmall
     from lightning_dist.run.errors import ConfigError
 
     try:
         run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)
     except FencedOut:
         raise  # not a config error: train.py ends this world without a restart
-    except (NodePlacementError, CheckpointError, ValidationSplitTooSmall) as e:
+    except (NodePlacementError, CheckpointError, SplitTooSmall) as e:
         raise ConfigError(str(e)) from e
 
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.workers,
             shard_index=index,
             shard_count=count,
-            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+            shard_tokens=DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens,
             skip_bad_records=args.skip_bad_records,
         )
         tokens = sum(s["tokens"] for s in manifest["shards"])

@@ -17,6 +17,7 @@ whatever the size of a file. Parallelism is across files: one huge file is one w
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import queue
@@ -58,6 +59,34 @@ def expand_inputs(patterns: list[str], fmt: str) -> list[Path]:
     return sorted(found)
 
 
+def _could_match(pattern: str, path: Path) -> bool:
+    """Whether the glob `pattern` (absolute) matches `path`: exactly, part by part, without
+    `**`; with it, `*` may cross folders too (fnmatch's, a little wider than glob's)."""
+    if "**" in pattern:
+        return fnmatch.fnmatchcase(str(path), pattern)
+    parts = Path(pattern).parts
+    return len(parts) == len(path.parts) and all(
+        fnmatch.fnmatchcase(p, q) for p, q in zip(path.parts, parts, strict=True)
+    )
+
+
+def check_output_outside_inputs(patterns: list[str], files: list[Path], output: Path) -> None:
+    """ConfigError when the globs match, or would match once written, a file of the output
+    folder: a prepare started again after a kill would read its own shards as input."""
+    out = output.expanduser().resolve()
+    written = [out / "manifest.json", out / "shard-00000.bin", out / "shard-00000.idx"]
+    for pattern in patterns:
+        absolute = os.path.abspath(os.path.expanduser(pattern))
+        matched = [f for f in files if f.is_relative_to(out) and _could_match(absolute, f)]
+        matched += [w for w in written if _could_match(absolute, w)]
+        if matched:
+            raise ConfigError(
+                f"--output {str(output)!r} lies where --input {pattern!r} reads (it matches "
+                f"{matched[0]}): prepare would read its own shards as input; give an --output "
+                "outside the input, or an --input that does not reach it"
+            )
+
+
 def input_names(files: list[Path]) -> list[str]:
     """Each file's name relative to the files' common folder (stable when the corpus moves)."""
     if len(files) == 1:
@@ -93,12 +122,14 @@ def prepare(
     field = None if fmt == "text" else field or DEFAULT_FIELD
     if not 0 <= shard_index < shard_count:
         raise ConfigError(f"--shard-index {shard_index} must be in 0..{shard_count - 1}")
-    if workers < 1 or shard_tokens < 1:
-        raise ConfigError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
+    for option, value in (("--workers", workers), ("--shard-tokens", shard_tokens)):
+        if value < 1:
+            raise ConfigError(f"{option} {value} must be 1 or more")
     files = expand_inputs(inputs, fmt)
+    check_output_outside_inputs(inputs, files, Path(output))
     names = input_names(files)
     mine = list(range(shard_index, len(files), shard_count))
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, "--tokenizer")
     folder = Path(output)
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / manifest_name(shard_index, shard_count)

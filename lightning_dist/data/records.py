@@ -44,6 +44,7 @@ SKIP_HINT = (
     "repair that record, or skip bad records with a count (train.py: "
     "data.skip_bad_records=true; prepare: --skip-bad-records)"
 )
+SET_FIELD = "set the field that holds the text (train.py: data.sources[i].field; prepare: --field)"
 
 
 class BadRecord(ConfigError):
@@ -286,7 +287,7 @@ def _field_of(line: bytes, column: str) -> tuple[str, str]:
         return "", f"a JSON {type(record).__name__}, not an object"
     if column not in record:
         fields = ", ".join(map(repr, list(record)[:20])) or "none"
-        return "", f"no field {column!r} (the record's fields: {fields}); set the field"
+        return "", f"no field {column!r} (the record's fields: {fields}); {SET_FIELD}"
     text = record[column]
     if not isinstance(text, str):
         return "", f"field {column!r} is {type(text).__name__}, not a string"
@@ -303,7 +304,7 @@ def _arrow_column(path: Path, schema, column: str, fmt: str) -> None:
 
     if column not in schema.names:
         raise ConfigError(
-            f"{path}: no column {column!r} (its columns: {', '.join(schema.names)}); set the field"
+            f"{path}: no column {column!r} (its columns: {', '.join(schema.names)}); {SET_FIELD}"
         )
     kind = schema.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):

@@ -64,11 +64,12 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer loaded from a `tokenizer.json` file."""
 
-    def __init__(self, path: str | Path):
-        """Load `path`; raises FileNotFoundError naming it when it does not exist."""
+    def __init__(self, path: str | Path, where: str = "data.tokenizer"):
+        """Load `path`; raises FileNotFoundError naming it (and `where`, the setting that gave
+        it) when it does not exist, ValueError when it is not a tokenizer.json."""
         self.path = Path(path).expanduser()
         if not self.path.is_file():
-            raise FileNotFoundError(f"data.tokenizer: tokenizer file '{self.path}' does not exist")
+            raise FileNotFoundError(f"{where}: tokenizer file '{self.path}' does not exist")
         try:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as err:
@@ -76,7 +77,13 @@ class HFTokenizer:
                 'data.tokenizer needs the `tokenizers` package: pip install -e ".[hf]"'
             ) from err
         raw = self.path.read_bytes()
-        self._tok = _HFTokenizer.from_str(raw.decode("utf-8"))
+        try:
+            self._tok = _HFTokenizer.from_str(raw.decode("utf-8"))
+        except Exception as err:  # tokenizers raises a bare Exception for a malformed file
+            raise ValueError(
+                f"{where}: '{self.path}' is not a tokenizer.json that `tokenizers` can load "
+                f"({err}); give the tokenizer.json of a Hugging Face tokenizer, or byte"
+            ) from err
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._find_eos()
         # The content hash, not the path, goes into the cache key: the same tokenizer copied
@@ -111,11 +118,12 @@ class HFTokenizer:
         return f"HFTokenizer('{self.path}')"
 
 
-def load_tokenizer(path: str | None) -> ByteTokenizer | HFTokenizer:
-    """Return the tokenizer at `path` (a tokenizer.json), or the byte tokenizer for None."""
+def load_tokenizer(path: str | None, where: str = "data.tokenizer") -> ByteTokenizer | HFTokenizer:
+    """Return the tokenizer at `path` (a tokenizer.json), or the byte tokenizer for None;
+    `where` names the setting in errors."""
     if path is None or str(path) in ("", "byte"):
         return ByteTokenizer()
-    return HFTokenizer(path)
+    return HFTokenizer(path, where)
 
 
 def describe(tokenizer: ByteTokenizer | HFTokenizer) -> str:

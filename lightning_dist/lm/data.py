@@ -21,7 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from lightning_dist.contract import contract_of
 from lightning_dist.layout import batch_plan, warn_if_deprecated_batch_knob
 from lightning_dist.lm.chat import ChatWindows, LossScaledSampler, MixedChat, with_loss_masks
-from lightning_dist.lm.datasets import SyntheticTokens, TokenWindows, WindowSet
+from lightning_dist.lm.datasets import SplitTooSmall, SyntheticTokens, TokenWindows, WindowSet
 from lightning_dist.lm.mixture import MixturePlan, MixtureSampler
 from lightning_dist.lm.sampling import GlobalBatchSampler
 from lightning_dist.lm.sources import build_source, checked_tokenizer, local_specs
@@ -50,9 +50,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ValidationSplitTooSmall(ValueError):
-    """The validation split holds less than one micro-batch for each data-parallel rank: the
-    same on every rank, so `train()` reports it as one line (a configuration error)."""
+class ValidationSplitTooSmall(SplitTooSmall):
+    """The validation split holds less than one micro-batch for each data-parallel rank."""
 
 
 def settings_signature(cls: type[LMDataModule]) -> inspect.Signature:

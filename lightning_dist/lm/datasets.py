@@ -29,6 +29,12 @@ ConcatDataset, or an empty list). torch types `Dataset` without `__len__`, so th
 follow `len()` of one; this name says what is meant where the type cannot."""
 
 
+class SplitTooSmall(ValueError):
+    """A split of the data holds less than the run needs (a window, a micro-batch per rank),
+    found as the data is set up: the same on every rank, so `train()` reports it as one line
+    (a configuration error), not a traceback per rank."""
+
+
 class TokenWindows(Dataset):
     """Consecutive windows of `seq_len + 1` tokens over a 1-D token array.
 
@@ -49,7 +55,7 @@ class TokenWindows(Dataset):
             raise ValueError(f"data.seq_len={seq_len} must be at least 1")
         n = len(tokens)
         if n < seq_len + 1:
-            raise ValueError(
+            raise SplitTooSmall(
                 f"the {split} split has {n} tokens, too few for one window of "
                 f"data.seq_len={seq_len} (needs {seq_len + 1}); add text, lower data.seq_len"
                 + (" or raise data.val_fraction" if split == "val" else "")

@@ -30,7 +30,7 @@ import numpy as np
 from torch.utils.data import ConcatDataset
 
 from lightning_dist.data.indexed import IndexedDataset, token_file_dtype
-from lightning_dist.lm.datasets import TokenWindows, WindowSet
+from lightning_dist.lm.datasets import SplitTooSmall, TokenWindows, WindowSet
 from lightning_dist.lm.source_files import path_matches, record_files
 from lightning_dist.lm.streaming import StreamedSource
 from lightning_dist.lm.token_cache import (
@@ -60,7 +60,7 @@ def _renamed(error: ValueError, where: str) -> ValueError:
     """The token cache's errors name `data.paths`; a source of a mixture is `where`."""
     if where == "data.paths":
         return error
-    return ValueError(str(error).replace("data.paths", where, 1))
+    return ValueError(str(error).replace("data.paths", where))
 
 
 class TextSource:
@@ -94,6 +94,9 @@ class TextSource:
             self.key = cache_key(self.files, tokenizer, val_fraction, reader=self.reader)
             self._check_compressed_text()
             self._check_splits(sizes)
+            cached = open_token_cache(self.key, self.cache_dir)
+            if cached is not None:  # tokenized by an earlier run: its counts are exact
+                self._check_train_tokens(cached.meta["tokens"]["train"], "data.paths")
         except ValueError as e:
             raise _renamed(e, where) from e
         self.inputs = {
@@ -151,20 +154,28 @@ class TextSource:
             raise ValueError(f"{where} holds no text; add non-empty files to data.paths")
         if self.tokenizer.name != "byte" or self.reader:
             return  # other tokenizers' and records' counts are known after tokenizing
-        per_file = [n + (self.tokenizer.eos_id is not None) for n in sizes]
+        eos = self.tokenizer.eos_id is not None
+        self._check_byte_tokens(self.files, [n + eos for n in sizes], where)
+
+    def _check_byte_tokens(self, files: list[Path], per_file: list[int], where: str) -> None:
+        """Each split holds a window, given each file's count of byte-tokenizer ids: split as
+        the token cache splits them (`build_token_cache`)."""
         if len(per_file) == 1:
             held_out = max(1, int(per_file[0] * self.val_fraction))
             counts = {"train": per_file[0] - held_out, "val": held_out}
         else:
-            is_val = split_files(relative_names(self.files), self.val_fraction)
+            is_val = split_files(relative_names(files), self.val_fraction)
             counts = {
                 "train": sum(n for n, v in zip(per_file, is_val, strict=True) if not v),
                 "val": sum(n for n, v in zip(per_file, is_val, strict=True) if v),
             }
         self.val_tokens = counts["val"]  # held to the batch by the datamodule's check
-        if counts["train"] < self.seq_len + 1:
+        self._check_train_tokens(counts["train"], where)
+
+    def _check_train_tokens(self, train: int, where: str) -> None:
+        if train < self.seq_len + 1:
             raise ValueError(
-                f"{where}: the train split has {counts['train']} tokens, too few for one window "
+                f"{where}: the train split has {train} tokens, too few for one window "
                 f"of data.seq_len={self.seq_len} (needs {self.seq_len + 1}); add text or lower "
                 "data.seq_len"
             )
@@ -192,7 +203,10 @@ class TextSource:
         tokens = self.cache.tokens(split)
         if split == "val" and len(tokens) <= self.seq_len:
             return []  # no validation window: the datamodule's check_validation says so if used
-        return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+        try:
+            return TokenWindows(tokens, self.seq_len, split=split, separator=separator)
+        except SplitTooSmall as e:  # other tokenizers' counts are known once tokenized
+            raise SplitTooSmall(f"{self.where}: {e}") from e
 
 
 class RecordSource(TextSource):
@@ -203,14 +217,33 @@ class RecordSource(TextSource):
     def __init__(self, spec: DataSource, *, skip_bad_records: bool = False, **kwargs):
         self.skip_bad_records = skip_bad_records
         super().__init__(spec, **kwargs)
-        if open_token_cache(self.key, self.cache_dir) is None:
+        if open_token_cache(self.key, self.cache_dir) is None:  # else checked as text is
             # Every record is read now, on every rank, so a bad one stops all of them in one
             # line; found later, in prepare_data on one rank, it would leave the others waiting.
             files, documents = self._read()
             assert documents is not None  # records are always read through records.py
-            for file in files:
-                for _ in documents(file):
-                    pass
+            records, text_bytes = [0] * len(files), [0] * len(files)
+            for i, file in enumerate(files):
+                for text in documents(file):
+                    records[i] += 1
+                    text_bytes[i] += len(text.encode())
+            self._check_record_text(files, records, text_bytes)
+
+    def _check_record_text(self, files: list[Path], records: list[int], text: list[int]) -> None:
+        """Before any process starts, not after: records that hold no text (an empty Parquet
+        file, empty strings), and, for the byte tokenizer (one id per byte and one end of
+        text per record), too few ids for a window of each split."""
+        where = f"{self.where} ({len(files)} files, {sum(records)} records)"
+        field = self.spec.field or "text"
+        if sum(text) == 0:
+            raise ValueError(
+                f"{where} holds no text in field {field!r}; add records with text, or set "
+                f"{self.where.removesuffix('.path')}.field to the field that holds it"
+            )
+        if self.tokenizer.name == "byte":
+            eos = self.tokenizer.eos_id is not None
+            per_file = [n + eos * r for n, r in zip(text, records, strict=True)]
+            self._check_byte_tokens(files, per_file, where)
 
     @property
     def reader(self) -> str:

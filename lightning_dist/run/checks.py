@@ -18,6 +18,7 @@ from lightning_dist._compat import config_child, config_is_none
 from lightning_dist.config.schemas import RENAMED_SCHEMAS, TrainSchema
 from lightning_dist.config.targets import check_targets
 from lightning_dist.contract import contract_of
+from lightning_dist.options.datamodules import BatchOptions
 from lightning_dist.options.knobs import options_of
 from lightning_dist.options.optim import OptimOptions
 from lightning_dist.runtime.console import warn_once
@@ -85,7 +86,7 @@ NUMBER_RULES = [
 
 
 def check_numbers(cfg: DictConfig) -> None:
-    """The numbers of the trainer and optimizer are in range; `optim.lr=0` only warns."""
+    """The numbers of the trainer, batch and optimizer are in range; `optim.lr=0` only warns."""
     for key, ok, requirement in NUMBER_RULES:
         value = OmegaConf.select(cfg, key)
         if OmegaConf.is_config(value):
@@ -93,6 +94,7 @@ def check_numbers(cfg: DictConfig) -> None:
         if not ok(value):
             raise ValueError(f"{key}={value} must be {requirement}")
     options_of(OptimOptions, cfg.optim)  # ValueError naming optim.<field>
+    options_of(BatchOptions, cfg.data)  # data.<field>: the planner CLI's too, not its own words
     if cfg.optim.lr == 0:
         warn_once("optim.lr=0: the weights will not change; set optim.lr above 0 to train")
 

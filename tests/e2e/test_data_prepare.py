@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lightning_dist.data.__main__ import main
 from lightning_dist.data.indexed import IndexedDataset
 from lightning_dist.data.manifest import load_manifests, verify
 from lightning_dist.data.prepare import prepare
@@ -110,7 +111,7 @@ def test_a_killed_prepare_resumes_without_redoing_finished_shards(tmp_path):
     assert prepare(*args, **kw, on_shard=redone.append) and len(redone) == len(set(redone))
 
 
-def test_refusals_and_verify(tmp_path):
+def test_refusals_and_verify(tmp_path, capsys):
     corpus(tmp_path / "in")
     (tmp_path / "in" / "bad.jsonl").write_bytes(b'{"text": "a"}\n{"text": \n')
     pattern = str(tmp_path / "in/*.jsonl")
@@ -124,6 +125,26 @@ def test_refusals_and_verify(tmp_path):
         prepare([str(tmp_path / "nothing*")], tmp_path / "x")
     with pytest.raises(ConfigError, match=r"--shard-index 2 must be in 0..1"):
         prepare([pattern], tmp_path / "x", shard_index=2, shard_count=2)
+    with pytest.raises(ConfigError, match=r"/in/\*\*' reads \(it matches .*/in/x/manifest.json\)"):
+        prepare([str(tmp_path / "in/**")], tmp_path / "in/x")  # a restart would read its shards
+    with pytest.raises(ValueError, match=r"--tokenizer: '.*a.jsonl' is not a tokenizer.json"):
+        prepare([pattern], tmp_path / "x", tokenizer=str(tmp_path / "in/a.jsonl"))
+    with pytest.raises(SystemExit) as zero:  # 0 is not the default
+        main(
+            [
+                "prepare",
+                "--input",
+                pattern,
+                "--output",
+                str(tmp_path / "x"),
+                "--shard-tokens",
+                "0",
+                "--workers",
+                "1",
+            ]
+        )
+    assert zero.value.code == 2
+    assert capsys.readouterr().err == "error: --shard-tokens 0 must be 1 or more\n"
 
     pattern = str(tmp_path / "in/a.jsonl")
     out = tmp_path / "out"
@@ -188,5 +209,5 @@ def test_the_command_line_prepares_and_refuses_in_one_line(tmp_path):
     bad = run("prepare", "--input", str(tmp_path / "bad.jsonl"), "--output", str(tmp_path / "b"))
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [
-        f"error: {tmp_path}/bad.jsonl:1: no field 'text' (the record's fields: 'body'); set the field"
+        f"error: {tmp_path}/bad.jsonl:1: no field 'text' (the record's fields: 'body'); set the field that holds the text (train.py: data.sources[i].field; prepare: --field)"
     ]

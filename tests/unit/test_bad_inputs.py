@@ -63,6 +63,32 @@ def big_tokenizer(tmp: Path) -> None:
     tok.save(str(tmp / "big_tokenizer.json"))
 
 
+def short_text_tokenized_before(tmp: Path) -> None:
+    """short.txt, 10 words of a word-level tokenizer (its ids known only once tokenized),
+    tokenized into {tmp}/cache as an earlier run's prepare_data did."""
+    from lightning_dist.lm.data import TextDataModule
+
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {f"w{i}": i for i in range(99)} | {"[UNK]": 99}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp / "small_tokenizer.json"))
+    write(tmp / "short.txt", " ".join(f"w{i}" for i in range(10)))
+    TextDataModule(
+        paths=[str(tmp / "short.txt")],
+        tokenizer=str(tmp / "small_tokenizer.json"),
+        seq_len=32,
+        cache_dir=str(tmp / "cache"),
+    ).prepare_data()
+
+
+def empty_parquet(path: Path) -> None:
+    """A Parquet file of a `text` column and no row."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+
+
 def resumable_checkpoint(folder: Path, **model) -> Path:
     """A complete step1.ckpt of llama_debug with `model` changed, as a run's save writes it."""
     import dataclasses
@@ -233,6 +259,9 @@ CASES = [
     Case("glob matches nothing", fast("data.paths=[nowhere/*.txt]", data="text"), "nowhere/*.txt"),
     Case("tokenizer too big", fast("data.tokenizer={tmp}/big_tokenizer.json", data="text"), "600",
          prepare=big_tokenizer),
+    Case("tokenizer file that is not one", fast("data.tokenizer={tmp}/notes.txt", data="text"),
+         "data.tokenizer: '{tmp}/notes.txt' is not a tokenizer.json that `tokenizers` can load",
+         prepare=lambda tmp: write(tmp / "notes.txt", "some notes")),
     # Mixtures of sources (data=mixture, data.sources): weights, files, token ids.
     Case("source weight 0", fast("data.sources=[{{path: {tmp}/a.txt, weight: 0}}]", data="mixture"),
          "data.sources[0].weight=0.0 must be a finite number above 0", prepare=lambda tmp: write(tmp / "a.txt", "a" * 900)),
@@ -257,6 +286,14 @@ CASES = [
          "docs.jsonl:3: not valid JSON", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": \n')),
     Case("missing field in a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl, field: body}}]", data="mixture"),
          "body", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "a"}\n')),
+    Case("empty Parquet source", fast("data.sources=[{{path: {tmp}/empty.parquet, format: parquet}}]", data="mixture"),
+         "data.sources[0].path (1 files, 0 records) holds no text in field 'text'", prepare=lambda tmp: empty_parquet(tmp / "empty.parquet")),
+    Case("records too short for a window", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", "data.seq_len=32", data="mixture"),
+         "the train split has 20 tokens, too few for one window of data.seq_len=32", prepare=lambda tmp: write(tmp / "docs.jsonl", '{"text": "abcdef"}\n' * 3)),
+    Case("text too short for a window, tokenized before", fast("data.paths=[{tmp}/short.txt]", "data.tokenizer={tmp}/small_tokenizer.json", "data.cache_dir={tmp}/cache", "data.seq_len=32", data="text"),
+         "data.paths: the train split has 9 tokens, too few for one window of data.seq_len=32", prepare=short_text_tokenized_before),
+    Case("empty file of a source", fast("data.sources=[{{path: {tmp}/docs.jsonl, format: jsonl}}]", data="mixture"),
+         "holds no text; add non-empty files to data.sources[0].path", prepare=lambda tmp: write(tmp / "docs.jsonl")),
     # Chat records of supervised fine-tuning (format: chat, lm/chat.py), named by file:line.
     Case("chat record with no assistant turn", fast("data.sources=[{{path: {tmp}/chat.jsonl, format: chat}}]", data="mixture"),
          "chat.jsonl:2: no assistant turn", prepare=lambda tmp: write(tmp / "chat.jsonl", CHAT_OK + '{"messages": [{"role": "user", "content": "hi"}]}\n')),
@@ -509,8 +546,10 @@ PLANNER_CASES = [
     fast("hardware.devices=4", "strategy.cp=3", strategy="3d"),
     fast("hardware.devices=4", "strategy.ep=8", strategy="3d", model="moe_debug"),
     fast("hardware.devices=4", "strategy.cp=2", "data.seq_len=126", strategy="3d"),
+    fast("data.global_batch_size=-8"),
 ]
-"""Strategy settings that the planner CLI once planned around without a word."""
+"""Strategy settings that the planner CLI once planned around without a word, and a batch it
+once refused in its own words (`global_batch_size=-8 must be positive`)."""
 
 
 def test_the_planner_cli_refuses_what_plan_only_refuses(tmp_path, monkeypatch, capsys):
