@@ -20,7 +20,7 @@ from lightning_dist.parallel.expert_parallel import check_expert_parallel
 from lightning_dist.parallel.fsdp import find_block_types
 from lightning_dist.parallel.pipeline import split_blocks
 from lightning_dist.parallel.tp import check_tp
-from lightning_dist.planner.estimate import float8_problem
+from lightning_dist.planner.layout_checks import float8_problem
 
 
 def check_layout(layout: Layout, options: StrategyOptions) -> None:

@@ -4,13 +4,9 @@ the hardware spec and a layout.
 Nothing here imports torch, torch.distributed or Lightning, so it answers on a laptop.
 """
 
-from lightning_dist.planner.estimate import (
-    Candidate,
-    NoLayoutFitsError,
-    check_layout,
-    estimate,
-)
+from lightning_dist.planner.estimate import Candidate, NoLayoutFitsError, estimate
 from lightning_dist.planner.labels import describe
+from lightning_dist.planner.layout_checks import check_layout
 from lightning_dist.planner.memory import MemoryBreakdown, memory_per_device
 from lightning_dist.planner.search import PlanResult, plan_layouts
 from lightning_dist.planner.settings import TrainSettings, state_bytes

@@ -5,7 +5,7 @@ The layouts come from `space.py`, pruned so that 405B on 2048 nodes answers in a
 second; micro-batch sizes are the powers of two and three times the powers of two dividing the
 per-rank batch (`space.micro_batch_values`), and a family stops growing them at the first that
 does not fit. Layouts train.py cannot run yet (embedding-only and loss-only pipeline chunks:
-`estimate.planner_only`) are ranked beside the others but never chosen.
+`layout_checks.planner_only`) are ranked beside the others but never chosen.
 """
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ from lightning_dist.planner.estimate import (
     Candidate,
     NoLayoutFitsError,
     as_model_args,
+    mixed_fit,
+    mixed_split,
+)
+from lightning_dist.planner.inputs import SearchInputs
+from lightning_dist.planner.labels import describe
+from lightning_dist.planner.layout_checks import (
     batch_problem,
     fit_problem,
     float8_problem,
-    mixed_fit,
-    mixed_split,
     planner_only,
     pp_problem,
     tp_problem,
 )
-from lightning_dist.planner.inputs import SearchInputs
-from lightning_dist.planner.labels import describe
 from lightning_dist.planner.memory import SHARDED_MODES, memory_per_device
 from lightning_dist.planner.mixed import mixed_problem
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from lightning_dist.layout import Layout
-from lightning_dist.planner.estimate import pp_problem
+from lightning_dist.planner.layout_checks import pp_problem
 
 INTERLEAVED = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 CP_MIN_SEQ_LEN = 16384

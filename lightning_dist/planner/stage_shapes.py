@@ -153,7 +153,7 @@ def end_chunk_sizes(
     n_blocks: int, num_stages: int, block: int | tuple[int, ...], first: int, last: int
 ) -> tuple[int, ...]:
     """Blocks per stage when there are more stages than blocks (at most two more,
-    `estimate.EXTRA_CHUNKS`): the embedding (`first` parameters) and the output (`last`) are
+    `layout_checks.EXTRA_CHUNKS`): the embedding (`first` parameters) and the output (`last`) are
     cut as units of their own, so the first or the last stage may hold no block at all
     (an embedding-only or a loss-only chunk); the balanced cut of `stage_sizes` otherwise."""
     blocks = list(block) if isinstance(block, tuple) else [block] * n_blocks
