@@ -125,6 +125,8 @@ def prepare(
     for option, value in (("--workers", workers), ("--shard-tokens", shard_tokens)):
         if value < 1:
             raise ConfigError(f"{option} {value} must be 1 or more")
+    if Path(output).exists() and not Path(output).is_dir():
+        raise ConfigError(f"--output {str(output)!r} is a file, not a folder; give a folder")
     files = expand_inputs(inputs, fmt)
     check_output_outside_inputs(inputs, files, Path(output))
     names = input_names(files)

@@ -234,6 +234,16 @@ PRESETS: dict[str, Preset] = {
 layout and runs the 3d strategy."""
 
 
+def presets_with_knob(name: str) -> list[str]:
+    """The strategy presets that take the knob `name` (`strategy.<name>`), in PRESETS' order:
+    for the line that refuses it under another strategy."""
+    return [
+        preset
+        for preset, spec in PRESETS.items()
+        if any(name in {f.name for f in dataclasses.fields(GROUPS[g])} for g in spec.groups)
+    ]
+
+
 def knob_reference(preset: str) -> str:
     """A docstring section listing a preset's knobs: name, default and documentation, from the
     option classes themselves (strategies append it to their class docstring)."""

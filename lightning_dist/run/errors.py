@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 
+from lightning_dist.options.presets import presets_with_knob
 from lightning_dist.runtime.console import print_line
 from lightning_dist.runtime.redaction import redact_text
 from lightning_dist.runtime.refusal import ConfigError, Refusal
@@ -49,6 +51,24 @@ def one_line(text: str) -> str:
     return out
 
 
+_FOREIGN_KNOB = re.compile(r"Could not override 'strategy\.(\w+)'\. Key '\1' not in '(\w+)Schema'")
+
+
+def foreign_knob_hint(text: str) -> str:
+    """For Hydra's refusal of a strategy knob the chosen strategy does not take (`strategy=fsdp
+    strategy.shard_optimizer=true`): which strategies take it, or '' for any other text."""
+    match = _FOREIGN_KNOB.search(text)
+    knob = match.group(1) if match else ""
+    takers = presets_with_knob(knob) if knob else []
+    if not takers:
+        return ""
+    return (
+        f"; strategy.{knob} is a setting of {', '.join(takers)}: choose "
+        f"{'that strategy' if len(takers) == 1 else 'one of those strategies'}, or drop the "
+        "override"
+    )
+
+
 def report_config_error(error: BaseException | str) -> None:
     """Print `error: <one line>` on stderr, with secrets redacted, and exit with status 2."""
     from omegaconf.errors import OmegaConfBaseException
@@ -57,7 +77,8 @@ def report_config_error(error: BaseException | str) -> None:
     cause = getattr(error, "__cause__", None)
     if isinstance(cause, OmegaConfBaseException) and str(cause) not in text:
         text += "\n" + str(cause)  # Hydra's compose errors keep the details in their cause
-    print_line(f"error: {redact_text(one_line(text))}")
+    line = one_line(text)
+    print_line(f"error: {redact_text(line + foreign_knob_hint(line))}")
     sys.exit(2)
 
 

@@ -127,6 +127,8 @@ def test_refusals_and_verify(tmp_path, capsys):
         prepare([pattern], tmp_path / "x", shard_index=2, shard_count=2)
     with pytest.raises(ConfigError, match=r"/in/\*\*' reads \(it matches .*/in/x/manifest.json\)"):
         prepare([str(tmp_path / "in/**")], tmp_path / "in/x")  # a restart would read its shards
+    with pytest.raises(ConfigError, match=r"--output '.*a.jsonl' is a file, not a folder"):
+        prepare([pattern], tmp_path / "in/a.jsonl")
     with pytest.raises(ValueError, match=r"--tokenizer: '.*a.jsonl' is not a tokenizer.json"):
         prepare([pattern], tmp_path / "x", tokenizer=str(tmp_path / "in/a.jsonl"))
     with pytest.raises(SystemExit) as zero:  # 0 is not the default

@@ -246,6 +246,8 @@ CASES = [
     Case("fp16 on CPU", fast("trainer.precision=16-mixed"),
          "trainer.precision=16-mixed: CPUs have no fp16 autocast; set trainer.precision=bf16-mixed"),
     Case("unknown top-level key", fast("+foo=1"), "unknown config key foo"),
+    Case("a knob of other strategies", fast("strategy.shard_optimizer=true", strategy="fsdp"),
+         "Key 'shard_optimizer' not in 'FSDPSchema'; strategy.shard_optimizer is a setting of ddp, fsdp2, 3d: choose one of those strategies"),
     Case("zero lr", fast("optim.lr=0"), "optim.lr=0: the weights will not change", warning=True),
     Case("more CPU processes than cores", fast("hardware.devices=100", strategy="ddp"),
          "hardware.devices=100 starts 100 CPU processes, but this machine has"),
