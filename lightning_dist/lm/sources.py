@@ -12,24 +12,18 @@ validation split apart.
   document (read by `data/records.py`), tokenized into the token cache like text.
 - `ChatSource` (format `chat`, `lm/chat.py`): chat records of supervised fine-tuning, each
   window with the loss mask of the assistant's tokens.
-- `TokenFileSource` (format `tokens`): flat little-endian arrays of ids with no header (nanoGPT's
-  `.bin`), memory-mapped; the last `val_fraction` of each file's tokens is held out. Format
-  `megatron` is one over the `.bin` files of Megatron-Core indexed datasets (`megatron_source`).
+- `TokenFileSource` and `megatron_source` (formats `tokens`, `megatron`, `lm/token_sources.py`):
+  arrays of ids read as they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from torch.utils.data import ConcatDataset
-
-from lightning_dist.data.indexed import IndexedDataset, token_file_dtype
 from lightning_dist.lm.datasets import SplitTooSmall, TokenWindows, WindowSet
 from lightning_dist.lm.source_files import path_matches, record_files
 from lightning_dist.lm.streaming import StreamedSource
@@ -44,16 +38,14 @@ from lightning_dist.lm.token_cache import (
     relative_names,
     split_files,
 )
+from lightning_dist.lm.token_sources import TokenFileSource, megatron_source
 from lightning_dist.lm.tokenizer import ByteTokenizer, HFTokenizer, describe, load_tokenizer
 from lightning_dist.options.data import DataSource
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val")
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 """Text and JSON Lines files decompressed as they are read (`data/records.py`)."""
-_SCAN_CHUNK = 1 << 24
-"""Ids read at a time when a token file is checked against the vocabulary (32 MiB of uint16)."""
 
 
 def _renamed(error: ValueError, where: str) -> ValueError:
@@ -270,122 +262,6 @@ class RecordSource(TextSource):
         )
 
 
-def _token_files(path: str | list[str], where: str) -> list[Path]:
-    """The files of a `tokens` source: a file, every file of a folder, or a glob's files, or
-    those of each entry of a list."""
-    if not isinstance(path, str):
-        return [f for entry in path for f in _token_files(entry, where)]
-    root = Path(path).expanduser()
-    if root.is_file():
-        return [root]
-    if root.is_dir():
-        found = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
-    else:
-        found = sorted(Path(p) for p in glob.glob(str(root), recursive=True) if Path(p).is_file())
-    if not found:
-        raise ValueError(f"{where}={path!r} matches no file; point it at token files")
-    return found
-
-
-class TokenFileSource:
-    """Flat token files: little-endian uint16 or uint32 ids, no header, memory-mapped.
-
-    Every id is checked against `vocab_size` when the source is built (one pass over the files,
-    `_SCAN_CHUNK` ids at a time): an id the model has no embedding for would fail mid-run, or
-    silently index another row."""
-
-    def __init__(
-        self,
-        spec: DataSource,
-        *,
-        name: str,
-        where: str,
-        seq_len: int,
-        val_fraction: float,
-        vocab_size: int | None,
-        files: list[Path] | None = None,
-        dtype: np.dtype | None = None,
-    ):
-        self.spec, self.name, self.where = spec, name, where
-        self.seq_len, self.val_fraction = seq_len, val_fraction
-        dtype = dtype or np.dtype(spec.dtype or token_file_dtype(vocab_size or 0))
-        self.dtype = dtype.newbyteorder("<")
-        self.files = files or _token_files(spec.path or "", f"{where}.path")
-        sizes = file_sizes(self.files)
-        for file, size in zip(self.files, sizes, strict=True):
-            if size % self.dtype.itemsize:
-                raise ValueError(
-                    f"{where}: {file} has {size} bytes, not a whole number of "
-                    f"{self.dtype.name} ids: a truncated file, or not {self.dtype.name} "
-                    f"(set {where}.dtype)"
-                )
-        self.counts = [size // self.dtype.itemsize for size in sizes]
-        if vocab_size is not None:
-            self._check_vocabulary(vocab_size)
-        self.inputs = {
-            "files": len(self.files),
-            "bytes": sum(sizes),
-            "tokens": sum(self.counts),
-            "first_paths": [str(f) for f in self.files[:5]],
-        }
-        log.info(
-            "Reading %d token files, %d tokens (%s)",
-            len(self.files),
-            sum(self.counts),
-            ", ".join(self.inputs["first_paths"]),
-        )
-        for split in SPLITS:  # fails now, before any process starts
-            if not self._parts(split):
-                raise ValueError(
-                    f"{where}: the {split} split holds no window of data.seq_len={seq_len} "
-                    f"({sum(self.counts)} tokens in {len(self.files)} files, data.val_fraction="
-                    f"{val_fraction}); add tokens or lower data.seq_len"
-                )
-
-    def _check_vocabulary(self, vocab_size: int) -> None:
-        for file, count in zip(self.files, self.counts, strict=True):
-            ids = np.memmap(file, dtype=self.dtype, mode="r") if count else np.zeros(0)
-            for start in range(0, count, _SCAN_CHUNK):
-                chunk = ids[start : start + _SCAN_CHUNK]
-                top = int(chunk.max())
-                if top >= vocab_size:
-                    at = start + int(np.argmax(chunk >= vocab_size))
-                    raise ValueError(
-                        f"{self.where}: {file} holds token id {top} (first at position {at}), "
-                        f"at or above the model's vocab_size={vocab_size}; use a model with "
-                        f"model.vocab_size > {top}, or check {self.where}.dtype "
-                        f"({self.dtype.name}) and the tokenizer that wrote it"
-                    )
-
-    def _parts(self, split: str) -> list[tuple[Path, int, int]]:
-        """(file, first id, ids) of each file's piece of `split` that holds a whole window."""
-        parts = []
-        for file, count in zip(self.files, self.counts, strict=True):
-            held_out = max(1, int(count * self.val_fraction))
-            start, n = (0, count - held_out) if split == "train" else (count - held_out, held_out)
-            if n >= self.seq_len + 1:
-                parts.append((file, start, n))
-        return parts
-
-    def prepare(self) -> None:
-        """Nothing to prepare: the files are read as they are."""
-
-    def windows(self, split: str, separator: int | None) -> WindowSet:
-        """The split's windows, file by file (a window never spans two files)."""
-        sets = [
-            TokenWindows(
-                np.memmap(
-                    file, dtype=self.dtype, mode="r", offset=start * self.dtype.itemsize, shape=(n,)
-                ),
-                self.seq_len,
-                split=split,
-                separator=separator,
-            )
-            for file, start, n in self._parts(split)
-        ]
-        return sets[0] if len(sets) == 1 else ConcatDataset(sets)
-
-
 def checked_tokenizer(
     path: str | None, *, pack_documents: bool, vocab_size: int | None, formats: list[str]
 ) -> tuple[ByteTokenizer | HFTokenizer, int | None]:
@@ -539,45 +415,3 @@ def local_specs(
     for i, paths in zip(remote, local, strict=True):
         out[i] = dataclasses.replace(specs[i], path=paths, name=specs[i].label(i))
     return out
-
-
-def megatron_source(
-    spec: DataSource,
-    *,
-    name: str,
-    where: str,
-    seq_len: int,
-    val_fraction: float,
-    vocab_size: int | None,
-) -> TokenFileSource:
-    """A Megatron-Core indexed dataset (`prefix.bin` + `prefix.idx`, `data/indexed.py` checks
-    both) as a token source: its documents back to back, as Megatron's GPT dataset reads them.
-    `path` is the prefix (a `.bin` or `.idx` suffix is dropped), a glob of them, or a list."""
-
-    entries = [spec.path] if isinstance(spec.path, str) else list(spec.path or [])
-    named = [e for e in entries if Path(f"{e}.idx").expanduser().is_file()]  # bare prefixes
-    globbed = [e for e in entries if e not in named]
-    matches = [Path(e).expanduser() for e in named]
-    matches += path_matches(globbed, f"{where}.path") if globbed else []
-    prefixes, dtypes = [], set()
-    for match in matches:
-        suffix = match.suffix if match.suffix in (".bin", ".idx") else ""
-        prefix = str(match)[: len(str(match)) - len(suffix)]
-        if prefix not in prefixes:
-            prefixes.append(prefix)
-            dtypes.add(IndexedDataset(prefix).dtype)
-    if len(dtypes) > 1 or dtypes & {np.dtype(np.float32), np.dtype(np.float64)}:
-        raise ValueError(
-            f"{where}: the indexed datasets hold {sorted(map(str, dtypes))} tokens; "
-            "one integer dtype per source"
-        )
-    return TokenFileSource(
-        spec,
-        name=name,
-        where=where,
-        seq_len=seq_len,
-        val_fraction=val_fraction,
-        vocab_size=vocab_size,
-        files=[Path(p + ".bin") for p in prefixes],
-        dtype=dtypes.pop(),
-    )
