@@ -155,7 +155,7 @@ class ParameterDigest(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         import hashlib
 
-        from lightning_dist.cluster.replica_groups import local_tensor
+        from lightning_dist.parallel.gradient_reduction import local_tensor
 
         digest = hashlib.sha256()
         for name, param in sorted(pl_module.named_parameters()):

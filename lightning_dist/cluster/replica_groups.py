@@ -28,10 +28,10 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from lightning_dist._compat import torchft_quorum_id
 from lightning_dist.cluster.elastic import restart_attempt
+from lightning_dist.parallel.gradient_reduction import local_tensor
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +128,6 @@ def check_lighthouse(address: str, timeout_s: float = LIGHTHOUSE_PROBE_S) -> Non
             "N --nproc-per-group M <train.py overrides>`, which starts one, or start torchft's "
             f"own (`torchft_lighthouse --min_replicas 1 --bind [::]:{port}`) on {host}"
         ) from e
-
-
-def local_tensor(value: torch.Tensor) -> torch.Tensor:
-    """The rank's own piece of a tensor (a DTensor's shard, else the tensor)."""
-    return value.to_local() if isinstance(value, DTensor) else value
 
 
 def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -14,10 +14,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from lightning_dist.parallel.gradient_reduction import local_tensor
-
-Piece = tuple[torch.Tensor, tuple[int, int], tuple[int, int]]
-"""(parameter, [a, b) in its flattened local elements, [s, t) in this rank's shard)."""
+from lightning_dist.parallel.gradient_reduction import Overlap, local_tensor, overlaps
 
 
 def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
@@ -39,15 +36,12 @@ class FlatGroup:
     stop: int
     shard: torch.Tensor
 
-    def pieces(self) -> Iterator[Piece]:
-        """Every parameter that overlaps this rank's slice, with both ranges."""
-        for param, offset in zip(self.params, self.offsets, strict=True):
-            local = local_tensor(param)
-            lo, hi = max(offset, self.start), min(offset + local.numel(), self.stop)
-            if lo < hi:
-                yield param, (lo - offset, hi - offset), (lo - self.start, hi - self.start)
+    def pieces(self) -> Iterator[Overlap]:
+        """Every parameter that overlaps this rank's slice: (parameter, [a, b) in its flattened
+        local elements, [s, t) in the shard)."""
+        return overlaps(self.params, self.offsets, self.start, self.stop)
 
-    def pieces_with(self, entries: list[Any]) -> Iterator[tuple[Piece, Any]]:
+    def pieces_with(self, entries: list[Any]) -> Iterator[tuple[Overlap, Any]]:
         """`pieces()` beside each parameter's entry of `entries` (in the group's order), for
         the parameters that have one: a parameter without saved state keeps zeros, as a fresh
         optimizer's."""

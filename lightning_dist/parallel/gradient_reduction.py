@@ -16,7 +16,7 @@ Lightning import here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,19 +35,29 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+Overlap = tuple[torch.Tensor, tuple[int, int], tuple[int, int]]
+"""(parameter, [a, b) in its flattened local elements, [s, t) in the range asked for)."""
+
+
+def overlaps(
+    params: Sequence[torch.Tensor], offsets: Sequence[int], lo: int, hi: int
+) -> Iterator[Overlap]:
+    """Every parameter of a group's flat space (its local elements from `offsets[i]` on) that
+    overlaps the elements [lo, hi), with the overlap in both index spaces."""
+    for param, offset in zip(params, offsets, strict=True):
+        a, b = max(lo, offset), min(hi, offset + local_tensor(param).numel())
+        if a < b:
+            yield param, (a - offset, b - offset), (a - lo, b - lo)
+
+
 def read_gradients(
     params: Sequence[torch.Tensor], offsets: Sequence[int], lo: int, out: torch.Tensor
 ) -> None:
     """Copy the gradient elements [lo, lo + len(out)) of a group's flat space into `out`, which
     holds zeros where a parameter has no gradient and past the last parameter (the padding)."""
-    hi = lo + out.numel()
-    for param, offset in zip(params, offsets, strict=True):
-        if param.grad is None:
-            continue
-        grad = local_tensor(param.grad)
-        a, b = max(lo, offset), min(hi, offset + grad.numel())
-        if a < b:
-            out[a - lo : b - lo] = grad.reshape(-1)[a - offset : b - offset]
+    for param, (a, b), (s, t) in overlaps(params, offsets, lo, lo + out.numel()):
+        if param.grad is not None:
+            out[s:t] = local_tensor(param.grad).reshape(-1)[a:b]
 
 
 @torch.no_grad()
@@ -79,12 +89,8 @@ def write_parameters(
 ) -> None:
     """Write `values`, elements [lo, lo + len) of a group's flat space, into its parameters
     (the padding past the last one is dropped)."""
-    hi = lo + values.numel()
-    for param, offset in zip(params, offsets, strict=True):
-        local = local_tensor(param)
-        a, b = max(lo, offset), min(hi, offset + local.numel())
-        if a < b:
-            local.view(-1)[a - offset : b - offset].copy_(values[a - lo : b - lo])
+    for param, (a, b), (s, t) in overlaps(params, offsets, lo, lo + values.numel()):
+        local_tensor(param).view(-1)[a:b].copy_(values[s:t])
 
 
 @torch.no_grad()
