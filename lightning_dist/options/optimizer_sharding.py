@@ -16,9 +16,10 @@ class OptimizerShardingOptions:
     shard_optimizer: bool = knob(
         False,
         "ZeRO-1: each data-parallel replica keeps 1/dp of the optimizer states, beside 1/dp of "
-        "the parameters it steps (parameters and gradients stay whole); the gradients are reduce-scattered into each replica's slice "
-        "instead of all-reduced, and the step all-gathers the updated parameters. Needs dp_replicate > 1 and dp_shard x cp = 1 (FSDP shards the states "
-        "already).",
+        "the parameters it steps (parameters and gradients stay whole); the gradients are "
+        "reduce-scattered into each replica's slice instead of all-reduced, and the step "
+        "all-gathers the updated parameters. Needs dp_replicate > 1 and dp_shard x cp = 1 "
+        "(FSDP shards the states already).",
     )
 
     def __post_init__(self) -> None:

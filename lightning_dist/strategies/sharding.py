@@ -51,23 +51,22 @@ def clip_sharded_gradients(plugin: Any, *, stage_size: int) -> None:
     value, since `param.grad` holds this rank's unreduced gradient there. Other optimizers
     keep the plugin's own clipping. For this plugin instance only, as the mesh strategies'
     global-norm clipping is set."""
-    by_norm, by_value = plugin.clip_grad_by_norm, plugin.clip_grad_by_value
 
-    # Manual optimization hands the plugin Lightning's wrapper of the optimizer: its own
-    # attributes are not the optimizer's, so the reduction is asked of the optimizer itself.
-    def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
-        inner = plain_optimizer(optimizer)
-        if isinstance(inner, ShardedOptimizer) and inner.reduces_gradients:
-            inner.clip_grad_norm_(clip_val, stage_size=stage_size)
-        else:
-            by_norm(optimizer, clip_val)
+    def through_zero1(own: Any, sharded: Any) -> Any:
+        # Manual optimization hands the plugin Lightning's wrapper of the optimizer: its own
+        # attributes are not the optimizer's, so the reduction is asked of the optimizer itself.
+        def clip(optimizer: Any, clip_val: float) -> None:
+            inner = plain_optimizer(optimizer)
+            if isinstance(inner, ShardedOptimizer) and inner.reduces_gradients:
+                sharded(inner, clip_val)
+            else:
+                own(optimizer, clip_val)
 
-    def clip_grad_by_value(optimizer: Any, clip_val: float) -> None:
-        inner = plain_optimizer(optimizer)
-        if isinstance(inner, ShardedOptimizer) and inner.reduces_gradients:
-            inner.clip_grad_value_(clip_val)
-        else:
-            by_value(optimizer, clip_val)
+        return clip
 
-    plugin.clip_grad_by_norm = clip_grad_by_norm
-    plugin.clip_grad_by_value = clip_grad_by_value
+    plugin.clip_grad_by_norm = through_zero1(
+        plugin.clip_grad_by_norm, lambda o, v: o.clip_grad_norm_(v, stage_size=stage_size)
+    )
+    plugin.clip_grad_by_value = through_zero1(
+        plugin.clip_grad_by_value, lambda o, v: o.clip_grad_value_(v)
+    )
