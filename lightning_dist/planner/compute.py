@@ -6,10 +6,12 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
 - **matmuls** (the projections and the output head): each at `matmul_efficiency` x
   `shape_factor(M, N, K)` of the peak, where M is the microbatch's tokens and N, K the
   per-rank weight's sizes (after TP), plus GEMM_KERNEL_SECONDS per kernel (three a projection
-  in training). Small dimensions fill fewer tiles and waves: each one of size x costs
-  x / (x + GEMM_HALF_DIM) of the large-shape rate. Both constants are least squares over
-  OpenXLA's measured H100 bf16 matmul table (`device_rates.fit_gemm_shape`), not fitted to
-  training runs;
+  in training). Small dimensions cost more: each one of size x costs x / (x + h) of the
+  large-shape rate, h = GEMM_HALF_DIM scaled by the device's matmul rate over its memory
+  bandwidth (`device_rates.gemm_half_dim`: to first order the penalty is the product's
+  operand and result bytes over the bandwidth). GEMM_HALF_DIM and the kernel time are least
+  squares over OpenXLA's measured H100 bf16 matmul table (`device_rates.fit_gemm_shape`), not
+  fitted to training runs;
 - **attention** (SDPA): flash attention at FlashAttention-2's measured rate for the sequence
   length, head dim and masking (`device_rates.flash_attention_share`: published kernel
   figures, not fitted); the math path runs QK^T and AV whole at the matmul rate and moves the
@@ -44,6 +46,7 @@ from lightning_dist.planner.device_rates import (
     FLASH2_FWD_BWD_FLOPS_PER_FORWARD,
     GEMM_KERNEL_SECONDS,
     flash_attention_share,
+    gemm_half_dim,
     gemm_shape_factor,
     sustained_clock_share,
 )
@@ -133,11 +136,12 @@ def recomputed_projections(tp: int, alternate: bool) -> tuple[int, ...]:
     return tuple(sorted(set(ROW_PARALLEL if tp > 1 else ()) | set(ALTERNATE if alternate else ())))
 
 
-def _matmul_seconds(shapes, tokens: float, speed: float) -> float:
-    """Training (forward + two backward) seconds of `shapes` over `tokens` at `speed` FLOP/s."""
+def _matmul_seconds(shapes, tokens: float, speed: float, half_dim: float) -> float:
+    """Training (forward + two backward) seconds of `shapes` over `tokens` at `speed` FLOP/s,
+    with the device's shape penalty `half_dim` (`device_rates.gemm_half_dim`)."""
     kernels = TRAINING_KERNELS * GEMM_KERNEL_SECONDS * len(shapes)
     return kernels + sum(
-        6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k)) for n, k in shapes
+        6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k, half_dim)) for n, k in shapes
     )
 
 
@@ -183,6 +187,7 @@ def microbatch_compute(
     clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16)
     speed = peak * hardware.matmul_efficiency * clock
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
+    half = gemm_half_dim(speed, bandwidth)  # float8 matmuls keep the bf16 penalty
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
     shapes = block_matmuls(model, tp)
     block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency * clock
@@ -193,7 +198,8 @@ def microbatch_compute(
         forward = (4.0 if masked else 2.0) * tokens * seq_len * d / tp
         attn = FLASH2_FWD_BWD_FLOPS_PER_FORWARD * forward / rate
     else:
-        attn = 12.0 * tokens * seq_len * d / tp / (speed * shape_factor(seq_len, seq_len, head_dim))
+        factor = shape_factor(seq_len, seq_len, head_dim, half)
+        attn = 12.0 * tokens * seq_len * d / tp / (speed * factor)
         attn += 2 * TRAINING_KERNELS * GEMM_KERNEL_SECONDS  # QK^T and AV, batched over heads
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
     sp = tp if sequence_parallel else 1
@@ -212,13 +218,13 @@ def microbatch_compute(
             seconds += POINTWISE_SCALE * FLOAT8_CAST_BYTES * weights / bandwidth
         return seconds
 
-    gemm = _matmul_seconds(shapes, tokens, block_speed)
+    gemm = _matmul_seconds(shapes, tokens, block_speed, half)
     pointwise = pointwise_seconds(shapes, ops["mlp"] * h / tp)
     block = gemm + attn + pointwise
     # Recomputation: a block in full replays its forward (a third of each term); under 'op'
     # the pointwise forward and the forward of the projections it does not keep.
     again = [shapes[i] for i in recomputed_projections(tp, alternate)]
-    replay = _replay(mode, block, pointwise, _matmul_seconds(again, tokens, block_speed))
+    replay = _replay(mode, block, pointwise, _matmul_seconds(again, tokens, block_speed, half))
     train = (layers - moe_layers) * block
     recompute = (checkpointed - min(checkpointed, moe_layers)) * replay
     if moe_layers:
@@ -232,7 +238,7 @@ def microbatch_compute(
         attention_shapes = shapes[:4]
         extra = moe_extra_matmuls(model)
         experts = sum(  # one grouped kernel over the rank's experts a pass
-            6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k))
+            6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k, half))
             + TRAINING_KERNELS * GEMM_KERNEL_SECONDS
             for m, n, k in expert_matmuls(model, moe_tokens, ep)
         )
@@ -240,8 +246,8 @@ def microbatch_compute(
         shared = ops["mlp"] * model.n_shared_experts * model.expert_dim
         moe_pointwise = pointwise_seconds(attention_shapes + extra, routed + shared)
         moe_block = (
-            _matmul_seconds(attention_shapes, tokens, block_speed)
-            + _matmul_seconds(extra, moe_tokens, block_speed)
+            _matmul_seconds(attention_shapes, tokens, block_speed, half)
+            + _matmul_seconds(extra, moe_tokens, block_speed, half)
             + experts
             + attn
             + moe_pointwise
@@ -252,11 +258,11 @@ def microbatch_compute(
             mode,
             moe_block,
             moe_pointwise,
-            _matmul_seconds(kept_attention, tokens, block_speed) + experts,
+            _matmul_seconds(kept_attention, tokens, block_speed, half) + experts,
         )
         recompute += min(checkpointed, moe_layers) * moe_replay
     if has_output:
-        output = _matmul_seconds([(model.vocab_size / tp, d)], tokens, speed)
+        output = _matmul_seconds([(model.vocab_size / tp, d)], tokens, speed, half)
         train += (
             output
             + POINTWISE_SCALE * LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size / tp / bandwidth

@@ -49,7 +49,7 @@ median CUPTI kernel time of five runs (`xla/tools/matmul_perf_table_gen.cc`), st
 and kept here in TFLOP/s to 0.1. The table names no part; 780 TFLOP/s at 4096^3 is above the
 H100 PCIe's 756 TFLOP/s peak, so an SXM one (989). No A100 table was found (XLA keeps none;
 NVIDIA's "Matrix Multiplication Background" guide plots its A100 shapes without numbers); the
-A100 takes the H100's shape constants. XLA's newer `default_matmul_perf_table.txtpb` (same
+A100 takes the H100's constants, its penalty scaled as below. XLA's newer `default_matmul_perf_table.txtpb` (same
 folder) holds the keys "sm_100_B200", "sm_90" and "gfx942" at openxla/xla commit 336bb15c, and
 "gfx950" too at 8b82b7bc: no sm_80 (at 336bb15c its sm_90 bf16 points of batch 1 equal the 125
 below, to 0.1).
@@ -61,6 +61,18 @@ two are least squares of log TFLOP/s over the table's 125 points with the large-
 held at the peak (`fit_gemm_shape`): free, it would settle above the peak. Without the
 per-kernel time the product alone fits the table only with a large-shape rate over five times
 the peak (GEMM_HALF_DIM near 1800), so both terms are taken.
+
+Other devices scale GEMM_HALF_DIM by their matmul rate over their memory bandwidth
+(`gemm_half_dim`). Read to first order, the product over x / (x + h) is 1 / (1 + h (1/M + 1/N
++ 1/K)): the FLOPs' time plus h / rate x (1/M + 1/N + 1/K) x FLOPs, which is the time of the
+product's operand and result bytes, 2 (MK + KN + MN), over a bandwidth of rate / h per
+element. The table gives h = 156.5 at 989 TFLOP/s and 3.35 TB/s: about half of those bytes'
+time is not hidden behind the math. A device moving more bytes per FLOP (an A100: 312 TFLOP/s
+over 2.0 TB/s, or any GPU held below its peak clock or efficiency) pays less for a small
+dimension (a 96-wide attention head). The rate is the one the time model runs large matmuls at
+(peak x `matmul_efficiency` x the sustained clock). This scaling is a model, not a measurement
+of an A100: no A100 table was found; the leave-one-source-out check is what tests it
+(docs/PLANNER.md).
 """
 
 from __future__ import annotations
@@ -176,6 +188,22 @@ H100_BF16_GEMM_TFLOPS (its minimum, to 0.5)."""
 GEMM_KERNEL_SECONDS = 5.62e-6
 """What each matmul kernel takes beyond its FLOPs at the shaped rate: `fit_gemm_shape` over
 H100_BF16_GEMM_TFLOPS (its minimum, to 0.01 us)."""
+
+
+GEMM_TABLE_BANDWIDTH_GBYTES_PER_SEC = 3350.0
+"""The memory bandwidth of the part OpenXLA's table was measured on: an H100 SXM (its
+datasheet: 3.35 TB/s), whose bf16 peak (989 TFLOP/s) the fit holds as the large-shape rate."""
+
+
+def gemm_half_dim(matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
+    """GEMM_HALF_DIM for a device whose large matmuls run at `matmul_flops_per_sec` and whose
+    memory moves `bandwidth_bytes_per_sec`: scaled by that ratio over the table's part's (989
+    TFLOP/s over 3.35 TB/s). To first order the shape factor's penalty is the time of the
+    product's operand and result bytes over the bandwidth, (1/M + 1/N + 1/K) x FLOPs x
+    half_dim / rate: a device that computes fewer FLOPs per byte it moves pays less for a small
+    dimension (module docstring)."""
+    table_ratio = MEASURED_PEAK_TFLOPS["h100"] * 1e12 / (GEMM_TABLE_BANDWIDTH_GBYTES_PER_SEC * 1e9)
+    return GEMM_HALF_DIM * matmul_flops_per_sec / bandwidth_bytes_per_sec / table_ratio
 
 
 def gemm_shape_factor(m: float, n: float, k: float, half_dim: float = GEMM_HALF_DIM) -> float:

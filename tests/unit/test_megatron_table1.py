@@ -1,9 +1,9 @@
 """The planner against Megatron-LM's published weak-scaling table (docs/PLANNER.md, "Megatron
-Table 1"): every published layout fits, is among the planner's six best (18.4B's is sixth: the
+Table 1"): every published layout fits, is among the planner's six best (18.4B's is fifth: the
 planner prefers tp 2 x pp 4 interleaved, whose larger matmuls it now times faster), and its predicted
 percentage of peak (the paper's FLOP count, recomputation included) is within 5 points of the
-published one but for 1.7B's (the issue's target; the time model's efficiencies and clock
-exponent were fitted on these rows and torchtitan's and llm-foundry's, bench/fit_time_model.py)."""
+published one (the issue's target; the time model's two efficiencies were fitted on these rows
+and torchtitan's and llm-foundry's, bench/fit_time_model.py)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def test_published_layouts_fit_and_rank_in_the_top_six(results):
         assert r["rank"] is not None and r["rank"] < 6, (r["row"], r["rank"])
 
 
-def test_predicted_percent_of_peak_is_within_five_points_but_the_smallest(results):
-    """GPT 1.7B is predicted 6 points too slow: its math attention's batched matmuls over head
-    dim 96 take the shape penalty of OpenXLA's H100 GEMM table, on an A100 (docs/PLANNER.md,
-    "llm-foundry, and leave-one-source-out")."""
+def test_predicted_percent_of_peak_is_within_five_points(results):
+    """Every row, the smallest too: GPT 1.7B's math attention, batched matmuls over head dim
+    96, pays the A100's shape penalty (the H100 table's scaled by the A100's matmul rate over
+    its bandwidth, device_rates.gemm_half_dim), -2.8 points; under the H100 table's own penalty
+    it was -6.3 (docs/PLANNER.md, "llm-foundry, and leave-one-source-out")."""
     gaps = {r["row"].billions: r["paper_percent"] - r["row"].percent_of_peak for r in results}
-    assert -7.0 <= gaps.pop(1.7) < -5.0
+    assert len(gaps) == 10
     for billions, gap in gaps.items():
         assert -5.0 <= gap <= 5.0, (billions, gap)
 

@@ -21,6 +21,7 @@ from lightning_dist.planner.device_rates import (
     GEMM_KERNEL_SECONDS,
     H100_BF16_GEMM_TFLOPS,
     flash_attention_share,
+    gemm_half_dim,
     gemm_shape_factor,
     gemm_table_loss,
     sustained_clock_share,
@@ -64,6 +65,19 @@ def test_the_gemm_shape_constants_are_the_published_tables_least_squares():
         flops = 2.0 * size**3
         seconds = flops / (989e12 * gemm_shape_factor(size, size, size)) + GEMM_KERNEL_SECONDS
         assert flops / seconds / 1e12 == pytest.approx(tflops, rel=0.15)
+
+
+def test_the_shape_penalty_follows_the_devices_flops_per_byte():
+    """The table's part (989 TFLOP/s over 3.35 TB/s) pays GEMM_HALF_DIM; half the bandwidth
+    doubles it, half the rate halves it; an A100 at dgx_a100's efficiency pays less for a
+    96-wide head than the table's H100 would."""
+    assert gemm_half_dim(989e12, 3350e9) == pytest.approx(GEMM_HALF_DIM)
+    assert gemm_half_dim(989e12, 1675e9) == pytest.approx(2 * GEMM_HALF_DIM)
+    assert gemm_half_dim(494.5e12, 3350e9) == pytest.approx(GEMM_HALF_DIM / 2)
+    a100 = _hardware("dgx_a100")
+    half = gemm_half_dim(312e12 * a100.matmul_efficiency, a100.memory_gbytes_per_sec * 1e9)
+    assert half < GEMM_HALF_DIM / 2
+    assert gemm_shape_factor(2048, 2048, 96, half) > 1.5 * gemm_shape_factor(2048, 2048, 96)
 
 
 def test_a_power_cap_leaves_the_clock_whose_measured_draw_fits():
