@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lightning_dist.planner import calibration  # noqa: E402
+from lightning_dist.planner import calibration, calibration_errors  # noqa: E402
 from lightning_dist.run.calibrate import (  # noqa: E402
     CATEGORIES,
     LAYOUTS,
@@ -71,9 +71,9 @@ def summary_lines(rows: list[calibration.CalibrationRow]) -> list[str]:
     """The error summary by category (median and largest |error| over the layouts)."""
     out = []
     for cat in CATEGORIES:
-        selected = calibration.select(rows, source=SOURCE, quantity=QUANTITY[cat])
+        selected = calibration_errors.select(rows, source=SOURCE, quantity=QUANTITY[cat])
         if selected:
-            out.append(f"  {cat}: {calibration.error_summary(selected)}")
+            out.append(f"  {cat}: {calibration_errors.error_summary(selected)}")
     return out
 
 

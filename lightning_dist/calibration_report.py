@@ -1,6 +1,6 @@
 """`python -m lightning_dist.calibration_report [--write] [--megatron] [--refit]`: the planner against every row of
 its calibration (lightning_dist/planner/calibration.json): predicted, measured or published,
-error, and whether the row meets its target (`calibration.TARGETS`).
+error, and whether the row meets its target (`calibration_errors.TARGETS`).
 
 The published runs, predicted here by the current planner:
 
@@ -39,14 +39,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lightning_dist.planner.calibration import (
-    TARGETS,
-    CalibrationRow,
-    _stored,
-    row_error,
-    save,
-    table,
-)
+from lightning_dist.planner.calibration import CalibrationRow, save, stored
+from lightning_dist.planner.calibration_errors import TARGETS, row_error, table
 from lightning_dist.published.runs import hardware, held_out_rows, published_rows
 
 
@@ -96,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     live = published_rows()
-    stored = _stored()
+    current = stored()
     if args.write:  # the live rows replace every stored published row (a renamed one too)
-        kept = tuple(r for r in stored.rows if r.source != "published")
-        save(replace(stored, rows=kept).with_rows(live))
-        stored = _stored()
-    others = [r for r in stored.rows if r.source != "published"]
+        kept = tuple(r for r in current.rows if r.source != "published")
+        save(replace(current, rows=kept).with_rows(live))
+        current = stored()
+    others = [r for r in current.rows if r.source != "published"]
     print(table(others + live))
     missed = _missed(live)
     print(

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lightning_dist.measure.step_memory import StepMemoryMeter, measure_step
-from lightning_dist.planner import calibration
+from lightning_dist.planner import calibration, calibration_errors
 from lightning_dist.run.calibrate import (
     CATEGORIES,
     COMMON,
@@ -133,7 +133,7 @@ def stored() -> calibration.Calibration:
 
 
 def test_the_stored_file_loads_and_holds_every_layout_and_category(stored):
-    rows = calibration.select(stored.rows, source=SOURCE)
+    rows = calibration_errors.select(stored.rows, source=SOURCE)
     assert {(r.layout, r.quantity) for r in rows} == {
         (name, QUANTITY[cat]) for name in LAYOUTS for cat in CATEGORIES
     }
@@ -150,7 +150,7 @@ def test_the_stored_predictions_are_the_planners_current_ones(stored):
     refresh them with `python bench/planner_accuracy.py --stored --repredict --write` (keeps
     the measurements) or measure again (docs/PLANNER.md, "Calibration")."""
     stale = []
-    for result in comparisons(calibration.select(stored.rows, source=SOURCE)):
+    for result in comparisons(calibration_errors.select(stored.rows, source=SOURCE)):
         candidate = predict(list(result.overrides))
         now = predicted_bytes(candidate)
         for cat in CATEGORIES:
@@ -256,19 +256,19 @@ def test_save_select_merge_and_error_summary(tmp_path):
     calibration.save(cal, path)
     assert calibration.load(path) == cal
     published, cpu = cal.rows
-    assert calibration.select(cal.rows, source=("published", "measured-gpu")) == [published]
-    assert calibration.select(cal.rows, quantity="memory.total_bytes", layout="ddp 2") == [cpu]
+    assert calibration_errors.select(cal.rows, source=("published", "measured-gpu")) == [published]
+    assert calibration_errors.select(cal.rows, quantity="memory.total_bytes", layout="ddp 2") == [cpu]
     with pytest.raises(ValueError, match="'kind' is not a row field"):
-        calibration.select(cal.rows, kind="x")
+        calibration_errors.select(cal.rows, kind="x")
     # A new measurement of the same run replaces its row; a new run is appended.
     again = dataclasses.replace(cpu, measured=80)
     other = dataclasses.replace(cpu, layout="tp 2", predicted=120.0)
     merged = cal.with_rows([other, again])
     assert merged.rows == (published, again, other)
-    summary = calibration.error_summary(merged.rows)  # the published row has no prediction
+    summary = calibration_errors.error_summary(merged.rows)  # the published row has no prediction
     assert (summary.count, summary.worst) == (2, other)
     assert summary.median == pytest.approx((0.125 + 0.2) / 2) and summary.max == pytest.approx(0.2)
     with pytest.raises(ValueError, match="no row has a prediction"):
-        calibration.error_summary([published])
+        calibration_errors.error_summary([published])
     with pytest.raises(ValueError, match=r"row \(measured-cpu 'ddp 2' .*field 'measured'"):
         dataclasses.replace(cpu, measured=-1)  # a row is checked as it is made

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_dist.calibration_report import main
-from lightning_dist.planner.calibration import TARGETS, load, row_error, select
+from lightning_dist.planner.calibration import load
+from lightning_dist.planner.calibration_errors import TARGETS, row_error, select
 from lightning_dist.published.runs import published_rows
 
 
