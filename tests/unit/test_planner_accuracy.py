@@ -257,7 +257,9 @@ def test_save_select_merge_and_error_summary(tmp_path):
     assert calibration.load(path) == cal
     published, cpu = cal.rows
     assert calibration_errors.select(cal.rows, source=("published", "measured-gpu")) == [published]
-    assert calibration_errors.select(cal.rows, quantity="memory.total_bytes", layout="ddp 2") == [cpu]
+    assert calibration_errors.select(cal.rows, quantity="memory.total_bytes", layout="ddp 2") == [
+        cpu
+    ]
     with pytest.raises(ValueError, match="'kind' is not a row field"):
         calibration_errors.select(cal.rows, kind="x")
     # A new measurement of the same run replaces its row; a new run is appended.
