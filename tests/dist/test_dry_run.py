@@ -36,7 +36,7 @@ CASES = {
     # name: (layout knobs, global batch, per-rank micro-batch or None[, model: DEBUG])
     "hsdp 2x4, 2 micro-steps": ({"dp_replicate": 2, "dp_shard": 4}, 16, 1),
     "tp2 + SP x fsdp4": ({"tp": 2, "dp_shard": 4}, 8, None),
-    # float8 linears whose weights FSDP gathers in float8 (one byte each; planner/timing.py)
+    # float8 linears whose weights FSDP gathers in float8 (one byte each; planner/traffic.py)
     "fsdp8 float8 all-gather": (
         {"dp_shard": 8, "float8": "tensorwise", "float8_all_gather": True},
         8,

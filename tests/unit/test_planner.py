@@ -28,10 +28,10 @@ from lightning_dist.planner import (
     state_bytes,
     step_time,
 )
+from lightning_dist.planner.dp_time import group_span
 from lightning_dist.planner.memory import checkpointed_blocks, inflight_microbatches
 from lightning_dist.planner.settings import COMPILE_SPEEDUP, SELECTIVE_RECOMPUTE_SHARE
 from lightning_dist.planner.stage_shapes import stage_shapes
-from lightning_dist.planner.timing import group_span
 
 
 def _yaml(group: str, name: str) -> dict:

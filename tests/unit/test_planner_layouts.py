@@ -144,7 +144,7 @@ def test_zero1_shards_the_optimizer_over_dp_and_moves_the_bytes_of_ddps_all_redu
     # The planner counts the code's pieces (it imports no torch code to read them).
     from lightning_dist.parallel.gradient_reduction import REDUCE_ELEMENTS
     from lightning_dist.parallel.sharded_optimizer import GATHER_ELEMENTS
-    from lightning_dist.planner.timing import ZERO1_GATHER_ELEMENTS
+    from lightning_dist.planner.dp_time import ZERO1_GATHER_ELEMENTS
 
     assert ZERO1_GATHER_ELEMENTS == GATHER_ELEMENTS == REDUCE_ELEMENTS
     with pytest.raises(ValueError, match="dp_shard x cp = 2 must be 1"):
