@@ -10,10 +10,8 @@ does not fit. Layouts train.py cannot run yet (embedding-only and loss-only pipe
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
-from lightning_dist.layout import Layout, ulysses_heads_problem
 from lightning_dist.options import StrategyOptions
 from lightning_dist.options.activation_checkpointing import (
     CheckpointChoice,
@@ -26,18 +24,15 @@ from lightning_dist.planner.estimate import (
     mixed_fit,
     mixed_split,
 )
+from lightning_dist.planner.families import Family, enumerate_families
 from lightning_dist.planner.inputs import SearchInputs
 from lightning_dist.planner.labels import describe
 from lightning_dist.planner.layout_checks import (
     batch_problem,
     fit_problem,
-    float8_problem,
     planner_only,
-    pp_problem,
-    tp_problem,
 )
 from lightning_dist.planner.memory import SHARDED_MODES, memory_per_device
-from lightning_dist.planner.mixed import mixed_problem
 from lightning_dist.planner.no_fit import Miss, closest_misses, no_layout_exists, nothing_fits
 from lightning_dist.planner.settings import (
     DEFAULT_DP_OVERLAP,
@@ -48,14 +43,7 @@ from lightning_dist.planner.settings import (
     with_knobs,
 )
 from lightning_dist.planner.space import (
-    cp_values,
-    dp_splits,
-    ep_values,
-    layout_makers,
     micro_batch_values,
-    powers_of_two,
-    pp_values,
-    sharded_splits,
 )
 from lightning_dist.planner.timing import step_time
 
@@ -162,7 +150,7 @@ def plan_layouts(
         headroom=headroom,
         compile_speedup=compile_speedup,
     )
-    families, min_batch = _enumerate_families(search)
+    families, min_batch = enumerate_families(search)
     best, misses, rejected = _search_families(search, families)
     rejected_list = [{"family": k, "reason": v} for k, v in rejected.items()]
     runnable = [c for c in best if c.planner_only is None]
@@ -190,22 +178,6 @@ def _checkpointing_options(setting) -> tuple[CheckpointChoice, ...]:
     return (parse_activation_checkpointing(setting),)
 
 
-@dataclass(frozen=True)
-class _Family:
-    """Degrees plus FSDP mode, searched over schedule, AC, offload and micro-batch size.
-
-    `problem` is set (and `makers` empty) when the degrees alone rule it out.
-    """
-
-    key: str
-    makers: list = field(default_factory=list)
-    mode: str = ""
-    per_rank: int = 0
-    problem: str | None = None
-    knobs: dict = field(default_factory=dict)
-    """Strategy knobs every variant of the family sets (`cp_mode` when cp > 1)."""
-
-
 @dataclass
 class _Tally:
     """What the search of one family has found so far."""
@@ -215,91 +187,8 @@ class _Tally:
     first_problem: str | None = None
 
 
-def _enumerate_families(search: SearchInputs) -> tuple[list[_Family], float]:
-    """Walk tp, then pp, then the dp splits, and list the families in that order.
-
-    Degrees that cannot work become families with a `problem`. Also returns the smallest global
-    batch any (tp, pp) could take, for the message when no layout can exist.
-    """
-    model, per_node, world = search.model, search.per_node, search.world
-    families: list[_Family] = []
-    min_batch = math.inf
-    base = search.base
-    for tp in powers_of_two(world):
-        problem = tp_problem(model, per_node, tp) or float8_problem(
-            base.options.float8.float8, tp, search.hardware
-        )
-        if problem:
-            families.append(_Family(f"tp={tp}", problem=problem))
-            if tp > per_node:
-                break  # every larger tp crosses the node boundary too
-            continue
-        for pp in pp_values(world // tp, model.n_layers):
-            problem = pp_problem(model, pp)
-            if problem:
-                families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
-                break
-            problem = mixed_problem(search.hardware, pp)
-            if problem:
-                families.append(_Family(f"tp={tp} pp={pp}", problem=problem))
-                continue
-            for cp in cp_values(world // (tp * pp), base.seq_len):
-                dp = world // (tp * pp * cp)
-                # One sequence per data-parallel rank; 1F1B wants pp microbatches per pipeline.
-                min_batch = min(min_batch, dp * (pp if "GPipe" not in search.schedules else 1))
-                for mode in _cp_modes(model, tp, cp):
-                    families += _dp_families(search, tp, pp, dp, cp, mode)
-    return families, min_batch
-
-
-def _cp_modes(model, tp: int, cp: int) -> tuple[str | None, ...]:
-    """The `cp_mode`s a family of this cp tries: none at cp = 1, else allgather, and ulysses
-    where it can split the heads of a tp rank."""
-    if cp == 1:
-        return (None,)
-    if ulysses_heads_problem(model.n_heads, model.kv_heads, cp, tp):
-        return ("allgather",)
-    return ("allgather", "ulysses")
-
-
-def _dp_families(
-    search: SearchInputs, tp: int, pp: int, dp: int, cp: int = 1, cp_mode: str | None = None
-) -> list[_Family]:
-    """The families of one (tp, pp, cp, cp_mode): one per dp split and FSDP mode, or a single
-    rejected one when the global batch does not split over dp."""
-    gbs = search.base.global_batch_size
-    degrees = f"tp={tp} pp={pp}" + (f" cp={cp} {cp_mode}" if cp > 1 else "")
-    if gbs % dp:
-        verb = "is smaller than" if gbs < dp else "is not divisible by"
-        reason = f"global_batch_size={gbs} {verb} dp={dp}"
-        return [_Family(f"{degrees} dp={dp}", problem=reason)]
-    shard_start = search.per_node // tp
-    if cp == 1:
-        splits = dp_splits(dp, pp, shard_start, search.sharding_modes)
-    else:  # FSDP shards over dp_shard x cp: no pure replication
-        splits = sharded_splits(
-            dp_splits(dp, pp, shard_start, SHARDING_MODES), search.sharding_modes, pp
-        )
-    knobs = {"cp_mode": cp_mode} if cp > 1 else {}
-    families = []
-    for r, s, mode in splits:
-        split = mode in SHARDED_MODES and search.expert_parallel
-        for ep in ep_values(search.model, s * cp) if split else [1]:
-            key = f"{degrees} dp_replicate={r} dp_shard={s}" + (f" ep={ep}" if ep > 1 else "")
-            key += f" {mode}" if s * cp > 1 or mode == "SHARD_OPTIMIZER" else ""
-            problem = Layout(dp_replicate=r, dp_shard=s, cp=cp, tp=tp, ep=ep).experts_problem(
-                search.model
-            )
-            if problem:
-                families.append(_Family(key, problem=problem))
-                continue
-            makers = layout_makers(search.model, pp, r, s, tp, search.schedules, cp, ep)
-            families.append(_Family(key, makers, mode, gbs // dp, knobs=knobs))
-    return families
-
-
 def _search_families(
-    search: SearchInputs, families: list[_Family]
+    search: SearchInputs, families: list[Family]
 ) -> tuple[list[Candidate], list[Miss], dict[str, str]]:
     """Search each family in order. Returns the fastest fitting candidate of each family that
     has one, the smallest miss of each that does not, and {family: reason} for the rejected."""
@@ -343,7 +232,7 @@ def _search_families(
     return best, misses, rejected
 
 
-def _search_family(search: SearchInputs, family: _Family) -> _Tally:
+def _search_family(search: SearchInputs, family: Family) -> _Tally:
     """Estimate the variants of one family: each AC option, schedule and micro-batch size,
     first without offload and, only if none of those fits, with it."""
     tally = _Tally()
@@ -360,7 +249,7 @@ def _search_family(search: SearchInputs, family: _Family) -> _Tally:
 
 def _sweep_micro_batches(
     search: SearchInputs,
-    family: _Family,
+    family: Family,
     make_layout,
     ac: CheckpointChoice,
     offload: bool,
