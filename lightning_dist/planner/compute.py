@@ -8,8 +8,9 @@ fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), 
   per-rank weight's sizes (after TP), plus GEMM_KERNEL_SECONDS per kernel (three a projection
   in training). Small dimensions cost more: each one of size x costs x / (x + h) of the
   large-shape rate, h = GEMM_HALF_DIM scaled by the device's matmul rate over its memory
-  bandwidth (`device_rates.gemm_half_dim`: to first order the penalty is the product's
-  operand and result bytes over the bandwidth). GEMM_HALF_DIM and the kernel time are least
+  bandwidth (`device_rates.gemm_half_dim`: to first order the penalty is proportional to
+  the product's operand and result bytes over the bandwidth, about half of their time).
+  GEMM_HALF_DIM and the kernel time are least
   squares over OpenXLA's measured H100 bf16 matmul table (`device_rates.fit_gemm_shape`), not
   fitted to training runs;
 - **attention** (SDPA): flash attention at FlashAttention-2's measured rate for the sequence
@@ -105,8 +106,13 @@ class MicrobatchCompute:
         return self.train_seconds + self.recompute_seconds
 
 
-shape_factor = gemm_shape_factor
-"""The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches."""
+def shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
+    """The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches on a device
+    whose shape penalty is `half_dim` (`device_rates.gemm_half_dim`; no default, so that no
+    call takes the table's H100 penalty by omission)."""
+    return gemm_shape_factor(m, n, k, half_dim)
+
+
 TRAINING_KERNELS = 3
 """Matmul kernels a projection runs in training: forward, input gradient, weight gradient."""
 
@@ -187,7 +193,8 @@ def microbatch_compute(
     clock = sustained_clock_share(hardware.power_w, hardware.peak_tflops_bf16)
     speed = peak * hardware.matmul_efficiency * clock
     bandwidth = hardware.memory_gbytes_per_sec * 1e9
-    half = gemm_half_dim(speed, bandwidth)  # float8 matmuls keep the bf16 penalty
+    # float8 matmuls keep the bf16 penalty: twice the rate, half the operand bytes
+    half = gemm_half_dim(speed, bandwidth)
     d, kv, h = model.dim, model.kv_heads * model.head_dim, model.hidden_dim
     shapes = block_matmuls(model, tp)
     block_speed = speed if float8_peak is None else float8_peak * hardware.matmul_efficiency * clock

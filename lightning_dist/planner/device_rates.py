@@ -8,12 +8,13 @@ two figures of Dao-AILab/flash-attention's README, `assets/flash2_a100_fwd_bwd_b
 (A100 80GB SXM4) and `assets/flash2_h100_fwd_bwd_benchmark.png` (H100 80GB SXM5), both added in
 commit 4f285b35 (2023-07-17; the FlashAttention-2 paper, Dao 2023, shows the same benchmark):
 head dim 64 and 128, causal or not, sequence 512 to 16k, batch x sequence = 16k tokens, hidden
-2048, fp16/bf16. The FLOPs are the benchmark's (`benchmarks/benchmark_flash_attention.py`, `flops`): a forward
-of 4 s^2 d per sequence (halved when causal), backward 2.5 x forward. Two bars of the A100
-figure (b, non-causal, head dim 128, at 512 and 1k; and a, head dim 64, at 1k) are hidden
-behind the legend and are left out (None) rather than guessed. FlashAttention-3 (Hopper only,
-its repository's `hopper/` kernels) ran in none of the calibration's runs (llm-foundry 2023 and
-torchtitan 2024 ran FlashAttention-2 kernels), so its figures are not used.
+2048, fp16/bf16. The FLOPs are the benchmark's (`benchmarks/benchmark_flash_attention.py`,
+`flops`): a forward of 4 s^2 d per sequence (halved when causal), backward 2.5 x forward. Two
+bars of the A100 figure (b, non-causal, head dim 128, at 512 and 1k; and a, head dim 64, at 1k)
+are hidden behind the legend and are left out (None) rather than guessed. FlashAttention-3
+(Hopper only, its repository's `hopper/` kernels) ran in none of the calibration's runs
+(llm-foundry 2023 and torchtitan 2024 ran FlashAttention-2 kernels), so its figures are not
+used.
 
 Beyond 16k the rate is held at 16k's (it is saturating: +1% to +7% from 8k to 16k); between
 lengths and head dims it is interpolated in log2. A device is read off the H100 table when it
@@ -25,34 +26,34 @@ measured card's bf16 peak (A100 312, H100 989 TFLOP/s).
 lower power limit: `A100_BF16_CLOCK_ENERGY`, Perseus's measured profile of one GPT-3 175B
 pipeline stage in bf16 on an A100 SXM (Chung et al., "Reducing Energy Bloat in Large Model
 Training", SOSP 2024; ml-energy/zeus commit 38cb3f90,
-`sosp24_data/emulation/stage_profile/gpt3-175b+a100_sxm_bf16.csv`, stage 0): the forward and
-the backward of one microbatch at each locked SM clock from 1410 (the A100's boost clock, at
-which its 312 TFLOP/s are quoted) down to 855 MHz by 15, each with its time and energy; kept
-here summed over forward and backward (time to 0.01 ms, energy to 0.1 J). Their ratio is the
-draw at that clock. A power limit makes the GPU run at the highest clock whose draw fits, so
-the clock a limit leaves is read off that curve (`sustained_clock_share`), with the draw at
-the top clock standing for the datasheet power (478 W, above the A100 SXM's 400 W: that card's
-limit was set higher, so shares are carried, not watts). The same directory's BLOOM stage
+`sosp24_data/emulation/stage_profile/gpt3-175b+a100_sxm_bf16.csv`, stage 0): the forward and the
+backward of one microbatch at each locked SM clock from 1410 (the A100's boost clock, at which
+its 312 TFLOP/s are quoted) down to 855 MHz by 15, each with its time and energy; kept here
+summed over forward and backward (time to 0.01 ms, energy to 0.1 J). Their ratio is the draw at
+that clock. A power limit makes the GPU run at the highest clock whose draw fits, so the clock a
+limit leaves is read off that curve (`sustained_clock_share`), with the draw at the top clock
+standing for the datasheet power (478 W, above the A100 SXM's 400 W: that card's limit was set
+higher, so shares are carried, not watts). The same directory's BLOOM stage
 (`bloom+a100_sxm_bf16.csv`) draws the same shares within 1.5 points at 1200, 1050 and 900 MHz.
-The curve is no power law: the top three clocks draw the same (flat above 1380 MHz); from 80%
-of the top draw down to 60% the clock goes as about the 0.5 power of the draw (least squares
-from the top down to 60%: 0.52; the CMOS f V^2 with V ~ f would give 1/3); below 1065 MHz (59%)
-the draw hardly falls (238 W at 855 MHz, 50%). H100 and H200 take the same shares of their 700 W (no bf16 sweep of
-a Hopper part was found: the H100/H200 power-capping study we found, Ujeniya et al. 2026,
-measures fp64 DGEMM), as does every GPU whose datasheet power is known.
+The curve is no power law: the top three clocks draw the same (flat above 1380 MHz); from 80% of
+the top draw down to 60% the clock goes as about the 0.5 power of the draw (least squares from
+the top down to 60%: 0.52; the CMOS f V^2 with V ~ f would give 1/3); below 1065 MHz (59%) the
+draw hardly falls (238 W at 855 MHz, 50%). H100 and H200 take the same shares of their 700 W (no
+bf16 sweep of a Hopper part was found: the H100/H200 power-capping study we found, Ujeniya et
+al. 2026, measures fp64 DGEMM), as does every GPU whose datasheet power is known.
 
 **Matmul shapes.** `H100_BF16_GEMM_TFLOPS`: OpenXLA's matmul performance table for sm_90
 (`xla/service/gpu/model/matmul_interpolator_data.h`, `kDefaultMatmulPTable`, key "sm_90", as
-re-measured in openxla/xla commit 71feeddf, 2025-10-21, and unchanged at e97611c4,
-2026-02-13): bf16 x bf16 -> bf16 dots of batch 1, every M, N and K of 256 to 4096, each the
-median CUPTI kernel time of five runs (`xla/tools/matmul_perf_table_gen.cc`), stored as FLOP/s
-and kept here in TFLOP/s to 0.1. The table names no part; 780 TFLOP/s at 4096^3 is above the
-H100 PCIe's 756 TFLOP/s peak, so an SXM one (989). No A100 table was found (XLA keeps none;
-NVIDIA's "Matrix Multiplication Background" guide plots its A100 shapes without numbers); the
-A100 takes the H100's constants, its penalty scaled as below. XLA's newer `default_matmul_perf_table.txtpb` (same
-folder) holds the keys "sm_100_B200", "sm_90" and "gfx942" at openxla/xla commit 336bb15c, and
-"gfx950" too at 8b82b7bc: no sm_80 (at 336bb15c its sm_90 bf16 points of batch 1 equal the 125
-below, to 0.1).
+re-measured in openxla/xla commit 71feeddf, 2025-10-21, and unchanged at e97611c4, 2026-02-13):
+bf16 x bf16 -> bf16 dots of batch 1, every M, N and K of 256 to 4096, each the median CUPTI
+kernel time of five runs (`xla/tools/matmul_perf_table_gen.cc`), stored as FLOP/s and kept here
+in TFLOP/s to 0.1. The table names no part; 780 TFLOP/s at 4096^3 is above the H100 PCIe's 756
+TFLOP/s peak, so an SXM one (989). No A100 table was found (XLA keeps none; NVIDIA's "Matrix
+Multiplication Background" guide plots its A100 shapes without numbers); the A100 takes the
+H100's constants, its penalty scaled as below. XLA's newer `default_matmul_perf_table.txtpb`
+(same folder) holds the keys "sm_100_B200", "sm_90" and "gfx942" at openxla/xla commit 336bb15c,
+and "gfx950" too at 8b82b7bc: no sm_80 (at 336bb15c its sm_90 bf16 points of batch 1 equal the
+125 below, to 0.1).
 
 A dot's time is its FLOPs at the large-shape rate times the product over its three dimensions
 of x / (x + GEMM_HALF_DIM) (tiles and waves a small dimension leaves idle), plus
@@ -64,15 +65,22 @@ the peak (GEMM_HALF_DIM near 1800), so both terms are taken.
 
 Other devices scale GEMM_HALF_DIM by their matmul rate over their memory bandwidth
 (`gemm_half_dim`). Read to first order, the product over x / (x + h) is 1 / (1 + h (1/M + 1/N
-+ 1/K)): the FLOPs' time plus h / rate x (1/M + 1/N + 1/K) x FLOPs, which is the time of the
-product's operand and result bytes, 2 (MK + KN + MN), over a bandwidth of rate / h per
-element. The table gives h = 156.5 at 989 TFLOP/s and 3.35 TB/s: about half of those bytes'
-time is not hidden behind the math. A device moving more bytes per FLOP (an A100: 312 TFLOP/s
-over 2.0 TB/s, or any GPU held below its peak clock or efficiency) pays less for a small
-dimension (a 96-wide attention head). The rate is the one the time model runs large matmuls at
-(peak x `matmul_efficiency` x the sustained clock). This scaling is a model, not a measurement
-of an A100: no A100 table was found; the leave-one-source-out check is what tests it
-(docs/PLANNER.md).
++ 1/K)): the FLOPs' time plus h / rate x (1/M + 1/N + 1/K) x 2 MNK = (h / rate) x 2 (MK + KN
++ MN) seconds, and 2 (MK + KN + MN) is the bf16 bytes of the two operands and the result. So
+the penalty is those bytes over rate / h bytes/s: 6.3 TB/s for the table's part (989 TFLOP/s
+over h = 156.5), about half (0.53) of their time at its 3.35 TB/s. Keeping that share, h =
+GEMM_HALF_DIM x (rate / bandwidth) / (989 TFLOP/s / 3.35 TB/s), where the rate is the one the
+time model runs large matmuls at (peak x `matmul_efficiency` x the sustained clock). Two
+consequences, the reasons for this form over the bare peak: the penalty's seconds do not depend
+on the fitted efficiency (an H100 at efficiency 0.49 pays the table's extra seconds; scaled by
+the peak, it would pay twice them), and a device that moves more bytes per FLOP pays a smaller
+share of its time for a small dimension (an A100, 312 TFLOP/s over 2.0 TB/s: more seconds than
+an H100 for the same bytes, a smaller share of its slower matmul). The bytes are bf16's: fp32
+operands would want twice the h, which is not modelled (the GPU plans are bf16). float8
+matmuls keep the bf16 h (twice the rate, half the bytes). This scaling is a model, not a
+measurement of an A100: no A100 table was found. Its form was chosen on the
+leave-one-source-out check, which therefore does not test that choice independently
+(docs/PLANNER.md, "The time model").
 """
 
 from __future__ import annotations
@@ -198,10 +206,9 @@ datasheet: 3.35 TB/s), whose bf16 peak (989 TFLOP/s) the fit holds as the large-
 def gemm_half_dim(matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -> float:
     """GEMM_HALF_DIM for a device whose large matmuls run at `matmul_flops_per_sec` and whose
     memory moves `bandwidth_bytes_per_sec`: scaled by that ratio over the table's part's (989
-    TFLOP/s over 3.35 TB/s). To first order the shape factor's penalty is the time of the
-    product's operand and result bytes over the bandwidth, (1/M + 1/N + 1/K) x FLOPs x
-    half_dim / rate: a device that computes fewer FLOPs per byte it moves pays less for a small
-    dimension (module docstring)."""
+    TFLOP/s over 3.35 TB/s), so that to first order the shape penalty stays the same share
+    (about half) of the time of the product's operand and result bytes over the bandwidth
+    (module docstring)."""
     table_ratio = MEASURED_PEAK_TFLOPS["h100"] * 1e12 / (GEMM_TABLE_BANDWIDTH_GBYTES_PER_SEC * 1e9)
     return GEMM_HALF_DIM * matmul_flops_per_sec / bandwidth_bytes_per_sec / table_ratio
 

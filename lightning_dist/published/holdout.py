@@ -6,7 +6,8 @@ The sources are torchtitan's Llama 3.1 8B H100 rows, Megatron-LM's Table 1 and l
 MPT rows (`published/foundry.py`). The constants fitted: `matmul_efficiency` of dgx_h100 and
 dgx_a100 (each at its datasheet power). The clock a lower power limit leaves (Perseus's
 measured A100 clock-versus-draw profile), the matmul shape constants (OpenXLA's H100 GEMM
-table), flash attention's rates (the kernel paper's figures) and the memory bandwidth
+table; each device's half dim then moves with its fitted efficiency,
+`device_rates.gemm_half_dim`), flash attention's rates (the kernel paper's figures) and the memory bandwidth
 pointwise kernels reach (torchao's) are published measurements (planner/device_rates.py), not
 fitted. The loss is the sum of squared errors over each row's target plus three times the
 worst one squared, minimised by Nelder-Mead from two starts (the stored values and a neutral

@@ -69,15 +69,28 @@ def test_the_gemm_shape_constants_are_the_published_tables_least_squares():
 
 def test_the_shape_penalty_follows_the_devices_flops_per_byte():
     """The table's part (989 TFLOP/s over 3.35 TB/s) pays GEMM_HALF_DIM; half the bandwidth
-    doubles it, half the rate halves it; an A100 at dgx_a100's efficiency pays less for a
-    96-wide head than the table's H100 would."""
+    doubles it, half the rate halves it. The shipped devices' values are the ones
+    docs/PLANNER.md quotes, and an A100 pays a smaller share for a 96-wide head than the
+    table's H100; dgx_h100 pays the table's extra seconds to first order, whatever its
+    efficiency (h / rate is the table's)."""
     assert gemm_half_dim(989e12, 3350e9) == pytest.approx(GEMM_HALF_DIM)
     assert gemm_half_dim(989e12, 1675e9) == pytest.approx(2 * GEMM_HALF_DIM)
     assert gemm_half_dim(494.5e12, 3350e9) == pytest.approx(GEMM_HALF_DIM / 2)
-    a100 = _hardware("dgx_a100")
-    half = gemm_half_dim(312e12 * a100.matmul_efficiency, a100.memory_gbytes_per_sec * 1e9)
-    assert half < GEMM_HALF_DIM / 2
-    assert gemm_shape_factor(2048, 2048, 96, half) > 1.5 * gemm_shape_factor(2048, 2048, 96)
+    half = {}
+    for name in ("dgx_a100", "dgx_h100", "dgx_h200"):
+        spec = _hardware(name)
+        clock = sustained_clock_share(spec.power_w, spec.peak_tflops_bf16)
+        rate = spec.peak_tflops_bf16 * 1e12 * spec.matmul_efficiency * clock
+        half[name] = gemm_half_dim(rate, spec.memory_gbytes_per_sec * 1e9)
+        if name == "dgx_h100":
+            assert half[name] / rate == pytest.approx(GEMM_HALF_DIM / 989e12)
+    assert {k: round(v) for k, v in half.items()} == {
+        "dgx_a100": 54,
+        "dgx_h100": 77,
+        "dgx_h200": 54,
+    }
+    factor = gemm_shape_factor(2048, 2048, 96, half["dgx_a100"])
+    assert factor > 1.5 * gemm_shape_factor(2048, 2048, 96)
 
 
 def test_a_power_cap_leaves_the_clock_whose_measured_draw_fits():
