@@ -4,15 +4,14 @@ On a device whose spec gives its memory bandwidth (`hardware.memory_gbytes_per_s
 fraction of its peak that large matmuls sustain (`hardware.matmul_efficiency`), three terms:
 
 - **matmuls** (the projections and the output head): each at `matmul_efficiency` x
-  `shape_factor(M, N, K)` of the peak, where M is the microbatch's tokens and N, K the
+  `gemm_shape_factor(M, N, K, h)` of the peak, where M is the microbatch's tokens and N, K the
   per-rank weight's sizes (after TP), plus GEMM_KERNEL_SECONDS per kernel (three a projection
   in training). Small dimensions cost more: each one of size x costs x / (x + h) of the
   large-shape rate, h = GEMM_HALF_DIM scaled by the device's matmul rate over its memory
   bandwidth (`device_rates.gemm_half_dim`: to first order the penalty is proportional to
   the product's operand and result bytes over the bandwidth, about half of their time).
-  GEMM_HALF_DIM and the kernel time are least
-  squares over OpenXLA's measured H100 bf16 matmul table (`device_rates.fit_gemm_shape`), not
-  fitted to training runs;
+  GEMM_HALF_DIM and the kernel time are least squares over OpenXLA's measured H100 bf16
+  matmul table (`device_rates.fit_gemm_shape`), not fitted to training runs;
 - **attention** (SDPA): flash attention at FlashAttention-2's measured rate for the sequence
   length, head dim and masking (`device_rates.flash_attention_share`: published kernel
   figures, not fitted); the math path runs QK^T and AV whole at the matmul rate and moves the
@@ -106,13 +105,6 @@ class MicrobatchCompute:
         return self.train_seconds + self.recompute_seconds
 
 
-def shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
-    """The share of the large-shape matmul rate an (m x k) @ (k x n) product reaches on a device
-    whose shape penalty is `half_dim` (`device_rates.gemm_half_dim`; no default, so that no
-    call takes the table's H100 penalty by omission)."""
-    return gemm_shape_factor(m, n, k, half_dim)
-
-
 TRAINING_KERNELS = 3
 """Matmul kernels a projection runs in training: forward, input gradient, weight gradient."""
 
@@ -147,7 +139,8 @@ def _matmul_seconds(shapes, tokens: float, speed: float, half_dim: float) -> flo
     with the device's shape penalty `half_dim` (`device_rates.gemm_half_dim`)."""
     kernels = TRAINING_KERNELS * GEMM_KERNEL_SECONDS * len(shapes)
     return kernels + sum(
-        6.0 * tokens * n * k / (speed * shape_factor(tokens, n, k, half_dim)) for n, k in shapes
+        6.0 * tokens * n * k / (speed * gemm_shape_factor(tokens, n, k, half_dim))
+        for n, k in shapes
     )
 
 
@@ -205,7 +198,7 @@ def microbatch_compute(
         forward = (4.0 if masked else 2.0) * tokens * seq_len * d / tp
         attn = FLASH2_FWD_BWD_FLOPS_PER_FORWARD * forward / rate
     else:
-        factor = shape_factor(seq_len, seq_len, head_dim, half)
+        factor = gemm_shape_factor(seq_len, seq_len, head_dim, half)
         attn = 12.0 * tokens * seq_len * d / tp / (speed * factor)
         attn += 2 * TRAINING_KERNELS * GEMM_KERNEL_SECONDS  # QK^T and AV, batched over heads
         attn += MATH_SCORE_PASSES * 2.0 * tokens * seq_len * model.n_heads / tp / bandwidth
@@ -245,7 +238,7 @@ def microbatch_compute(
         attention_shapes = shapes[:4]
         extra = moe_extra_matmuls(model)
         experts = sum(  # one grouped kernel over the rank's experts a pass
-            6.0 * m * n * k * model.num_experts / ep / (speed * shape_factor(m, n, k, half))
+            6.0 * m * n * k * model.num_experts / ep / (speed * gemm_shape_factor(m, n, k, half))
             + TRAINING_KERNELS * GEMM_KERNEL_SECONDS
             for m, n, k in expert_matmuls(model, moe_tokens, ep)
         )

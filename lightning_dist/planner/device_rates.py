@@ -213,9 +213,10 @@ def gemm_half_dim(matmul_flops_per_sec: float, bandwidth_bytes_per_sec: float) -
     return GEMM_HALF_DIM * matmul_flops_per_sec / bandwidth_bytes_per_sec / table_ratio
 
 
-def gemm_shape_factor(m: float, n: float, k: float, half_dim: float = GEMM_HALF_DIM) -> float:
+def gemm_shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
     """The share of the large-shape rate an (m x k) @ (k x n) product reaches, kernel time
-    aside: the product over its dimensions of x / (x + half_dim)."""
+    aside: the product over its dimensions of x / (x + half_dim). `half_dim` has no default:
+    a device's is `gemm_half_dim`'s, the table's part's GEMM_HALF_DIM."""
     return (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
 
 

@@ -63,7 +63,10 @@ def test_the_gemm_shape_constants_are_the_published_tables_least_squares():
     # The model against two of the table's points: 2048^3 at 641 TFLOP/s, 4096^3 at 780.
     for size, tflops in ((2048, 641.0), (4096, 780.2)):
         flops = 2.0 * size**3
-        seconds = flops / (989e12 * gemm_shape_factor(size, size, size)) + GEMM_KERNEL_SECONDS
+        seconds = (
+            flops / (989e12 * gemm_shape_factor(size, size, size, GEMM_HALF_DIM))
+            + GEMM_KERNEL_SECONDS
+        )
         assert flops / seconds / 1e12 == pytest.approx(tflops, rel=0.15)
 
 
@@ -90,7 +93,7 @@ def test_the_shape_penalty_follows_the_devices_flops_per_byte():
         "dgx_h200": 54,
     }
     factor = gemm_shape_factor(2048, 2048, 96, half["dgx_a100"])
-    assert factor > 1.5 * gemm_shape_factor(2048, 2048, 96)
+    assert factor > 1.5 * gemm_shape_factor(2048, 2048, 96, GEMM_HALF_DIM)
 
 
 def test_a_power_cap_leaves_the_clock_whose_measured_draw_fits():
